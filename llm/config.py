@@ -1,0 +1,210 @@
+"""Run configuration: flat, documented dataclasses, loaded from YAML presets plus dotted overrides.
+
+``load_config(["configs/sizes/tiny.yaml", "configs/demo.yaml"], ["model.ffn=isogmlp", "train.lr=1e-3"])``
+merges the files left to right (a file may list ``defaults:``, paths relative to itself, merged
+before it), applies the overrides with OmegaConf, converts to ``RunConfig`` (unknown keys and
+mistyped values fail there) and validates values. Every failure is a ``ConfigError`` whose text
+is one line naming the field.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from omegaconf import DictConfig, OmegaConf
+from omegaconf.errors import OmegaConfBaseException
+
+from llm.model.config import ConfigError, ModelConfig, check_choice
+
+__all__ = ["ConfigError", "DataConfig", "ModelConfig", "RunConfig", "TrainConfig", "load_config", "save_config"]
+
+
+@dataclass
+class DataConfig:
+    source: str = "HuggingFaceFW/fineweb"
+    """A hub dataset id, or a local parquet/jsonl/json/txt file, directory or glob."""
+    name: str | None = "sample-10BT"
+    """Hub config name (FineWeb: sample-10BT, CC-MAIN-2024-10, ...); ignored for local files."""
+    split: str = "train"
+    text_column: str = "text"
+    id_column: str | None = "id"
+    """Column hashed for the validation split; documents without it are hashed by their text."""
+    tokenizer: str | None = None
+    """Hub id, tokenizer.json or directory; None: the Qwen3 files of the `offline` extra, else the hub."""
+    seq_len: int = 2048
+    """Tokens a model sees per sequence; windows hold seq_len + 1 tokens (inputs and shifted targets)."""
+    seed: int = 0
+    """Data order seed, separate from the model seed so every run of a comparison sees the same data."""
+    shuffle_block: int = 256
+    """Windows permuted together by the deterministic window-level shuffle; 1 disables it."""
+    shuffle_shards: bool = True
+    """Shuffle the order of shards (files) per epoch with ``seed`` (exactly resumable)."""
+    val_bucket: int = 1000
+    """One document in ``val_bucket`` (by hash) is held out for validation and never trained on."""
+    val_tokens: int = 1_048_576
+    """Size of the fixed validation set, materialised once and shared by every variant and rank."""
+    num_workers: int = 0
+    """DataLoader workers per process; each reads a disjoint subset of the stream."""
+    tokenize_batch: int = 64
+    """Documents tokenized per batched tokenizer call."""
+    prepared: str | None = None
+    """Directory of pre-tokenized uint32 shards written by `isollm-data prepare`; overrides streaming."""
+    cache_dir: str = "data_cache"
+    """Where the materialised validation set is cached (keyed by source, tokenizer and seq_len)."""
+
+    def validate(self) -> DataConfig:
+        for name in ("seq_len", "shuffle_block", "val_bucket", "val_tokens", "tokenize_batch"):
+            if getattr(self, name) <= 0:
+                raise ConfigError(name, f"expected a positive integer, got {getattr(self, name)}")
+        if self.num_workers < 0:
+            raise ConfigError("num_workers", f"expected >= 0, got {self.num_workers}")
+        return self
+
+
+@dataclass
+class TrainConfig:
+    lr: float = 3e-4
+    """Peak learning rate (the papers: 3e-4)."""
+    min_lr_ratio: float = 0.1
+    """Cosine decay ends at lr * min_lr_ratio."""
+    warmup_steps: int = 100
+    max_steps: int = 0
+    """Optimizer steps; 0 derives them from ``max_tokens``."""
+    max_tokens: int = 0
+    """Token budget of the run (used when max_steps is 0); the same for every run of a comparison."""
+    global_batch_tokens: int = 524_288
+    """Tokens per optimizer step over all processes; gradient accumulation makes up the difference."""
+    micro_batch_size: int = 8
+    """Sequences per forward pass per process."""
+    weight_decay: float = 0.1
+    """Decoupled weight decay of matrices; norms, biases, gains and embeddings get none."""
+    beta1: float = 0.9
+    beta2: float = 0.95
+    eps: float = 1e-8
+    grad_clip: float = 1.0
+    """Clip the global gradient norm to this; 0 disables clipping (the pre-clip norm is logged)."""
+    precision: str = "auto"
+    """auto (bf16 on GPU, fp32 on CPU) | fp32 | bf16."""
+    compile: bool = False
+    """torch.compile the model."""
+    log_every: int = 10
+    eval_every: int = 200
+    checkpoint_every: int = 500
+    keep_checkpoints: int = 3
+    """Keep the newest K complete checkpoints."""
+    grad_norm_window: int = 100
+    """Rolling window (steps) of the gradient-norm variance and coefficient of variation."""
+    max_bad_steps: int = 5
+    """Stop after this many consecutive non-finite losses or gradients (each one is skipped)."""
+    isotropy_samples: int = 2048
+    """Token vectors per layer used for the isotropy metrics at each eval."""
+
+    def validate(self) -> TrainConfig:
+        if not self.lr > 0:
+            raise ConfigError("lr", f"expected a positive learning rate, got {self.lr}")
+        if not 0 <= self.min_lr_ratio <= 1:
+            raise ConfigError("min_lr_ratio", f"expected a value in [0, 1], got {self.min_lr_ratio}")
+        for name in ("warmup_steps", "max_steps", "max_tokens", "weight_decay", "grad_clip"):
+            if getattr(self, name) < 0:
+                raise ConfigError(name, f"expected >= 0, got {getattr(self, name)}")
+        if self.max_steps == 0 and self.max_tokens == 0:
+            raise ConfigError("max_steps", "set train.max_steps or train.max_tokens (both are 0)")
+        for name in ("global_batch_tokens", "micro_batch_size", "log_every", "eval_every",
+                     "checkpoint_every", "keep_checkpoints", "grad_norm_window", "max_bad_steps",
+                     "isotropy_samples"):
+            if getattr(self, name) <= 0:
+                raise ConfigError(name, f"expected a positive integer, got {getattr(self, name)}")
+        for name in ("beta1", "beta2"):
+            if not 0 <= getattr(self, name) < 1:
+                raise ConfigError(name, f"expected a value in [0, 1), got {getattr(self, name)}")
+        check_choice("precision", self.precision, ("auto", "fp32", "bf16"))
+        return self
+
+
+@dataclass
+class RunConfig:
+    name: str = "run"
+    """Run directory name under ``out_dir``."""
+    out_dir: str = "runs"
+    seed: int = 0
+    """Model-initialisation and dropout seed (the data order has its own, ``data.seed``)."""
+    resume: bool = False
+    """Continue from the newest complete checkpoint in the run directory."""
+    trackers: list[str] = field(default_factory=lambda: ["tensorboard"])
+    """Accelerate trackers besides metrics.jsonl: tensorboard, wandb (the `track` extra), or none."""
+    wandb_project: str = "isollm"
+    model: ModelConfig = field(default_factory=ModelConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+    train: TrainConfig = field(default_factory=TrainConfig)
+
+    @property
+    def run_dir(self) -> Path:
+        return Path(self.out_dir) / self.name
+
+    def validate(self) -> RunConfig:
+        if not self.name or "/" in self.name:
+            raise ConfigError("name", f"expected a non-empty directory name without '/', got {self.name!r}")
+        for tracker in self.trackers:
+            check_choice("trackers", tracker, ("tensorboard", "wandb"))
+        for section in ("model", "data", "train"):
+            try:
+                getattr(self, section).validate()
+            except ConfigError as err:
+                raise err.prefixed(section) from None
+        return self
+
+
+def _read_yaml(path: Path, seen: tuple[Path, ...] = ()) -> DictConfig:
+    """Read one YAML file, merging the files it lists under ``defaults:`` (relative to it) first."""
+    path = path.resolve()
+    if path in seen:
+        raise ConfigError("defaults", f"{path} includes itself")
+    if not path.is_file():
+        raise ConfigError("config", f"no such config file: {path}")
+    try:
+        node = OmegaConf.load(path)
+    except Exception as err:  # yaml errors come in several types; all mean "not valid YAML"
+        raise ConfigError("config", f"{path} is not valid YAML ({str(err).splitlines()[0]})") from None
+    if not isinstance(node, DictConfig):
+        raise ConfigError("config", f"{path} must hold a mapping at the top level")
+    merged = OmegaConf.create()
+    for include in node.pop("defaults", []) or []:
+        merged = OmegaConf.merge(merged, _read_yaml(path.parent / str(include), (*seen, path)))
+    return OmegaConf.merge(merged, node)
+
+
+def _one_line(err: OmegaConfBaseException) -> ConfigError:
+    key = getattr(err, "full_key", None) or "config"
+    message = str(err).splitlines()[0]
+    if "not in struct" in message or "Key '" in message and "not" in message:
+        message = "unknown key"
+    return ConfigError(key, message)
+
+
+def load_config(files: list[str] | str | None = None, overrides: list[str] | None = None) -> RunConfig:
+    """YAML files (merged left to right) + ``key.sub=value`` overrides -> a validated ``RunConfig``."""
+    files = [files] if isinstance(files, str) else list(files or [])
+    schema = OmegaConf.structured(RunConfig)
+    try:
+        merged = OmegaConf.merge(schema, *(_read_yaml(Path(f)) for f in files))
+        for override in overrides or []:
+            if "=" not in override:
+                raise ConfigError(override, "expected key.sub=value")
+            merged = OmegaConf.merge(merged, OmegaConf.from_dotlist([override]))
+        config = OmegaConf.to_object(merged)
+    except OmegaConfBaseException as err:
+        raise _one_line(err) from None
+    assert isinstance(config, RunConfig)
+    return config.validate()
+
+
+def config_to_dict(config: RunConfig) -> dict[str, Any]:
+    return dataclasses.asdict(config)
+
+
+def save_config(config: RunConfig, path: str | Path) -> None:
+    """Write the resolved config as YAML (loadable again with ``load_config``)."""
+    Path(path).write_text(OmegaConf.to_yaml(OmegaConf.structured(config)))

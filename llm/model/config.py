@@ -1,0 +1,143 @@
+"""The model's hyper-parameters: one flat, documented dataclass.
+
+Field names follow transformers' Qwen3 config so that the HF config (``configuration_isollm.py``)
+is this dataclass plus ``model_type``; the variant fields use the names of SPEC.md. Every string
+choice is a key into an explicit registry (``FFN_REGISTRY``, ``ATTN_SCORING_REGISTRY``, ...), and
+``validate()`` names the offending field in one line.
+
+This file is copied to the hub with the modelling code, so it imports nothing outside llm/model.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+
+QWEN3_VOCAB_SIZE = 151_680  # the Qwen3 tokenizer's 151,669 ids padded to a multiple of 128
+
+
+class ConfigError(ValueError):
+    """A bad configuration value; ``str(err)`` is ``"<field>: <what was expected>"``."""
+
+    def __init__(self, field: str, message: str) -> None:
+        self.field = field
+        self.message = message
+        super().__init__(f"{field}: {message}")
+
+    def prefixed(self, section: str) -> ConfigError:
+        return ConfigError(f"{section}.{self.field}", self.message)
+
+
+def check_choice(field: str, value: str, choices: object) -> None:
+    """Raise ``ConfigError`` unless ``value`` is one of ``choices`` (a registry dict or a sequence)."""
+    names = list(choices)
+    if value not in names:
+        raise ConfigError(field, f"unknown value {value!r}; expected one of: {', '.join(map(str, names))}")
+
+
+@dataclass
+class ModelConfig:
+    # --- Sizes (transformers' Qwen3 names) ---
+    vocab_size: int = QWEN3_VOCAB_SIZE
+    """Rows of the embedding; pad tokenizer vocabularies to a multiple of 128 for fast matmuls."""
+    hidden_size: int = 768
+    """Width d of the residual stream."""
+    intermediate_size: int = 2048
+    """Width h of the FFN's hidden layer for SwiGLU; other FFNs shrink it when ``ffn_param_match``."""
+    num_hidden_layers: int = 12
+    num_attention_heads: int = 12
+    num_key_value_heads: int = 4
+    """Grouped-query attention: query heads share ``num_attention_heads // num_key_value_heads`` KV heads."""
+    head_dim: int = 0
+    """Per-head width; 0 means ``hidden_size // num_attention_heads``."""
+    max_position_embeddings: int = 4096
+    """Longest sequence the rotary cache is built for (generation may not exceed it)."""
+    rope_theta: float = 1_000_000.0
+    rms_norm_eps: float = 1e-6
+    tie_word_embeddings: bool = True
+    """Share the input embedding with the LM head (the papers' 83M-250M models do)."""
+    qk_norm: bool = True
+    """Qwen3's per-head RMSNorm on queries and keys before RoPE."""
+    initializer_range: float = 0.02
+    """Std of the normal init of every projection and the embedding."""
+
+    # --- Variants (SPEC.md, Model) ---
+    ffn: str = "swiglu"
+    """FFN block: swiglu | isogmlp | iso_ln | iso_mlp (``ffn.FFN_REGISTRY``)."""
+    attn_scoring: str = "softmax"
+    """Attention scoring: softmax | iso_tanh (``attention.ATTN_SCORING_REGISTRY``)."""
+    ffn_linear: str = "linear"
+    """Input projections of any FFN: linear | affine_like | focus (``linear.LINEAR_REGISTRY``)."""
+    ffn_param_match: bool = False
+    """Shrink h of a wider FFN so its parameter count equals SwiGLU's at the same size."""
+    isogmlp_gate: str = "token"
+    """IsoGMLP's alpha input: token (x_t) | causal_mean (mean of x over positions <= t) | feature_mean."""
+    iso_ln_alpha: float = 0.0
+    """iso_ln ablation: a fixed alpha in [0.5, 2] instead of the learned one; 0 means learned."""
+    iso_ln_layernorm: bool = True
+    """iso_ln ablation: False drops the LayerNorm of the isotropy pathway."""
+    iso_ln_pathway: bool = True
+    """iso_ln ablation: False drops the isotropy pathway (output ``W_down(alpha*Gated + beta)``)."""
+    iso_activation: str = "tanh"
+    """iso_mlp's radial function: tanh | relu | capped_relu | leaky_relu (``isotropic.ISO_ACTIVATIONS``)."""
+    iso_r0: float = 1.0
+    """R_0 of iso-ReLU, capped iso-ReLU and iso-leaky-ReLU (isotropic-deep-learning eq. 17-20)."""
+    iso_r_cap: float = 8.0
+    """R_inf of the capped iso-ReLU (isotropic-deep-learning eq. 18)."""
+    iso_leaky_slope: float = 0.1
+    """alpha of the iso-leaky-ReLU (isotropic-deep-learning eq. 20)."""
+    focus_sigma_init: float = 0.1
+    """Initial aperture sigma of every focusing neuron (focusing-neuron eq. 6)."""
+    focus_mu_lr_mult: float = 0.1
+    """Learning-rate multiplier of the focus centres mu (the paper: 0.01 against 0.1 globally)."""
+    focus_sigma_lr_mult: float = 0.1
+    """Learning-rate multiplier of the focus apertures sigma."""
+    iso_tanh_chunk_size: int = 64
+    """Chunk length of the linear-time iso_tanh attention (exact inside a chunk, carried state across)."""
+
+    @property
+    def resolved_head_dim(self) -> int:
+        return self.head_dim or self.hidden_size // self.num_attention_heads
+
+    def validate(self) -> ModelConfig:
+        """Raise ``ConfigError`` naming the first bad field; return self so calls chain."""
+        from .attention import ATTN_SCORING_REGISTRY
+        from .ffn import FFN_REGISTRY
+        from .isotropic import ISO_ACTIVATIONS
+        from .linear import LINEAR_REGISTRY
+
+        for name in ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers",
+                     "num_attention_heads", "num_key_value_heads", "max_position_embeddings",
+                     "iso_tanh_chunk_size"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
+                raise ConfigError(name, f"expected a positive integer, got {value!r}")
+        if self.head_dim < 0:
+            raise ConfigError("head_dim", f"expected 0 (derived) or a positive integer, got {self.head_dim}")
+        if self.hidden_size % self.num_attention_heads:
+            raise ConfigError("hidden_size", f"{self.hidden_size} is not divisible by "
+                              f"num_attention_heads={self.num_attention_heads}")
+        if self.num_attention_heads % self.num_key_value_heads:
+            raise ConfigError("num_key_value_heads", f"{self.num_key_value_heads} does not divide "
+                              f"num_attention_heads={self.num_attention_heads}")
+        if self.resolved_head_dim % 2:
+            raise ConfigError("head_dim", f"rotary embedding needs an even head dimension, got {self.resolved_head_dim}")
+        for name in ("rope_theta", "rms_norm_eps", "initializer_range", "focus_sigma_init",
+                     "focus_mu_lr_mult", "focus_sigma_lr_mult"):
+            if not getattr(self, name) > 0:
+                raise ConfigError(name, f"expected a positive number, got {getattr(self, name)!r}")
+        check_choice("ffn", self.ffn, FFN_REGISTRY)
+        check_choice("attn_scoring", self.attn_scoring, ATTN_SCORING_REGISTRY)
+        check_choice("ffn_linear", self.ffn_linear, LINEAR_REGISTRY)
+        check_choice("isogmlp_gate", self.isogmlp_gate, ("token", "causal_mean", "feature_mean"))
+        check_choice("iso_activation", self.iso_activation, ISO_ACTIVATIONS)
+        if self.iso_ln_alpha and not 0.5 <= self.iso_ln_alpha <= 2.0:
+            raise ConfigError("iso_ln_alpha", f"expected 0 (learned) or a value in [0.5, 2], got {self.iso_ln_alpha}")
+        if not 0 <= self.iso_r0 < self.iso_r_cap:
+            raise ConfigError("iso_r0", f"expected 0 <= iso_r0 < iso_r_cap={self.iso_r_cap}, got {self.iso_r0}")
+        if not 0 <= self.iso_leaky_slope <= 1:
+            raise ConfigError("iso_leaky_slope", f"expected a slope in [0, 1], got {self.iso_leaky_slope}")
+        return self
+
+    @classmethod
+    def field_names(cls) -> list[str]:
+        return [f.name for f in fields(cls)]
