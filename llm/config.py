@@ -49,7 +49,8 @@ class DataConfig:
     num_workers: int = 0
     """DataLoader workers per process; each reads a disjoint subset of the stream."""
     tokenize_batch: int = 64
-    """Documents tokenized per batched tokenizer call."""
+    """Source rows read per batched tokenizer call (validation rows dropped first); also the re-read
+    granularity of a resume."""
     prepared: str | None = None
     """Directory of pre-tokenized uint32 shards written by `isollm-data prepare`; overrides streaming."""
     cache_dir: str = "data_cache"

@@ -50,7 +50,8 @@ class ModelConfig:
     head_dim: int = 0
     """Per-head width; 0 means ``hidden_size // num_attention_heads``."""
     max_position_embeddings: int = 4096
-    """Longest sequence the rotary cache is built for (generation may not exceed it)."""
+    """Longest sequence the model is meant for (written to the HF and Qwen3 configs); RoPE angles are
+    computed per position, so nothing is sized by it."""
     rope_theta: float = 1_000_000.0
     rms_norm_eps: float = 1e-6
     tie_word_embeddings: bool = True

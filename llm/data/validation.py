@@ -1,0 +1,96 @@
+"""The held-out validation set: a stable hash bucket of documents, materialised once and cached.
+
+A document is validation iff blake2b(id) mod ``val_bucket`` == 0 (its text when the source has no id
+column). blake2b rather than ``hash()``: Python salts string hashes per process, which would give every rank
+and every run a different split. Training streams drop these documents; ``build_val_windows`` packs them in
+source order into a fixed tensor that every variant, seed and rank of a comparison evaluates on.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import tempfile
+from pathlib import Path
+
+import numpy as np
+import torch
+from tokenizers import Tokenizer
+
+from llm.config import DataConfig
+from llm.data.sources import Source, open_dataset, resolve_source
+from llm.data.tokenizer import encode_documents, eos_id, tokenizer_identity
+
+__all__ = ["build_val_windows", "is_validation", "split_batch", "val_cache_path"]
+
+
+def is_validation(key: str, bucket: int) -> bool:
+    """Whether a document (by its id, or its text when there is no id) belongs to the validation bucket."""
+    digest = hashlib.blake2b(key.encode("utf-8", errors="surrogatepass"), digest_size=8).digest()
+    return int.from_bytes(digest, "little") % bucket == 0
+
+
+def split_batch(batch: dict[str, list], source: Source, bucket: int) -> tuple[list[str], list[str]]:
+    """(training texts, validation texts) of a batch of rows, in order; empty documents belong to neither."""
+    if source.text_column not in batch:
+        raise ValueError(f"data.source: {source.path} has no column {source.text_column!r} "
+                         f"(columns: {', '.join(batch)}); set data.text_column")
+    texts = batch[source.text_column]
+    keys = batch[source.id_column] if source.id_column else texts
+    train: list[str] = []
+    val: list[str] = []
+    for text, key in zip(texts, keys, strict=True):
+        if text:
+            (val if is_validation(str(key if key is not None else text), bucket) else train).append(text)
+    return train, val
+
+
+def val_cache_path(data_cfg: DataConfig, tokenizer: Tokenizer) -> Path:
+    """Cache file of the validation windows, keyed by everything that determines their tokens."""
+    source = resolve_source(data_cfg.source, data_cfg.name, data_cfg.split, data_cfg.text_column,
+                            data_cfg.id_column)
+    key = {"source": source.identity(), "tokenizer": tokenizer_identity(tokenizer),
+           "seq_len": data_cfg.seq_len, "val_bucket": data_cfg.val_bucket, "val_tokens": data_cfg.val_tokens}
+    digest = hashlib.blake2b(json.dumps(key, sort_keys=True).encode(), digest_size=10).hexdigest()
+    return Path(data_cfg.cache_dir) / f"val_{digest}.pt"
+
+
+def build_val_windows(data_cfg: DataConfig, tokenizer: Tokenizer) -> torch.Tensor:
+    """LongTensor[N, seq_len + 1] of held-out tokens, N = max(1, val_tokens // (seq_len + 1)).
+
+    Validation documents are taken in source order (no shuffle: the set must not depend on the data seed),
+    each followed by EOS, packed into non-overlapping windows. The tensor is cached in ``data_cfg.cache_dir``
+    (written to a temporary file then renamed, so concurrent ranks never read a partial file)."""
+    path = val_cache_path(data_cfg, tokenizer)
+    if path.is_file():
+        return torch.load(path, weights_only=True)
+    source = resolve_source(data_cfg.source, data_cfg.name, data_cfg.split, data_cfg.text_column,
+                            data_cfg.id_column)
+    width = data_cfg.seq_len + 1
+    num_windows = max(1, data_cfg.val_tokens // width)
+    need = num_windows * width
+    eos = eos_id(tokenizer)
+    parts, have, docs = [], 0, 0
+    for batch in open_dataset(source).iter(batch_size=data_cfg.tokenize_batch):
+        texts = split_batch(batch, source, data_cfg.val_bucket)[1]
+        if texts:
+            parts.append(encode_documents(tokenizer, texts, eos)[0])
+            have += len(parts[-1])
+            docs += len(texts)
+        if have >= need:
+            break
+    if have < need:
+        raise ValueError(
+            f"data.val_tokens: the held-out documents of {data_cfg.source} ({docs} docs, 1 in "
+            f"{data_cfg.val_bucket}) hold {have} tokens, fewer than {need} ({num_windows} window(s) of "
+            f"{width}); lower data.val_tokens or data.val_bucket"
+        )
+    flat = torch.from_numpy(np.concatenate(parts)[:need].astype(np.int64))
+    windows = flat.view(num_windows, width).clone()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name, suffix=".tmp")
+    os.close(fd)
+    torch.save(windows, tmp)
+    os.replace(tmp, path)
+    return windows

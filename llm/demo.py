@@ -1,0 +1,187 @@
+"""The README demo: train SwiGLU and IsoGMLP side by side on real text, then compare them.
+
+``python -m llm.demo [key=value ...]`` (what ``scripts/demo.sh`` / ``make demo`` run):
+
+1. text: FineWeb streamed from the hub when online (a few thousand documents, saved locally so both
+   runs read the same file); offline the FineWeb sample in ``../shared/data/`` beside the checkout
+   when present; otherwise the docstrings of this Python installation's standard library, a corpus
+   every Python carries. It says which it used.
+2. a byte-level BPE of 4,096 tokens trained on that text (``llm.data.train_tokenizer``).
+3. ``train.py --config configs/demo.yaml`` for ``model.ffn=swiglu`` and ``model.ffn=isogmlp``
+   (parameter-matched, same seeds, same batches), both at once with one thread each: tiny matmuls
+   gain little from a second thread, so two runs in parallel finish sooner than two in a row.
+4. ``eval.py compare`` on the two run directories.
+
+Runs are ``runs/demo-swiglu`` and ``runs/demo-isogmlp`` and start with ``resume=true``, so running
+the demo again continues (or just re-compares) them; delete them to start over. Extra arguments
+are passed to both ``train.py`` calls (e.g. ``train.max_steps=50``).
+"""
+
+from __future__ import annotations
+
+import ast
+import json
+import os
+import socket
+import subprocess
+import sys
+import sysconfig
+import threading
+import time
+from pathlib import Path
+from urllib.parse import urlparse
+
+REPO = Path(__file__).resolve().parents[1]
+DEMO_DATA = REPO / "data_cache" / "demo"  # beside the validation caches (git-ignored)
+SHARED_SAMPLE = REPO.parent / "shared" / "data" / "fineweb-sample"
+VARIANTS = ("swiglu", "isogmlp")
+HUB_DOCS = 4000
+HUB_TIMEOUT_S = 60.0
+VOCAB_SIZE = 4096
+
+
+def _offline() -> bool:
+    return any(os.environ.get(k, "0").lower() in ("1", "true", "yes")
+               for k in ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE"))
+
+
+def _hub_reachable(timeout_s: float = 3.0) -> bool:
+    """A TCP connection to the hub endpoint: fails in milliseconds without DNS, so an offline machine
+    does not sit through ``datasets``' retries."""
+    url = urlparse(os.environ.get("HF_ENDPOINT", "https://huggingface.co"))
+    try:
+        socket.create_connection((url.hostname, url.port or 443), timeout=timeout_s).close()
+        return True
+    except OSError:
+        return False
+
+
+def _stream_fineweb(out: Path) -> None:
+    """Save the first ``HUB_DOCS`` documents of FineWeb's sample-10BT stream as parquet."""
+    import datasets
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    stream = datasets.load_dataset("HuggingFaceFW/fineweb", name="sample-10BT", split="train", streaming=True)
+    rows = [{"text": doc["text"], "id": doc["id"]} for doc in stream.take(HUB_DOCS)]
+    out.parent.mkdir(parents=True, exist_ok=True)
+    pq.write_table(pa.Table.from_pylist(rows), out.with_suffix(".tmp"))
+    os.replace(out.with_suffix(".tmp"), out)
+
+
+def _try_hub(out: Path) -> bool:
+    """Stream FineWeb in a worker thread, giving up after ``HUB_TIMEOUT_S`` (no network: fail fast)."""
+    if out.is_file():
+        return True
+    if _offline() or not _hub_reachable():
+        return False
+    errors: list[BaseException] = []
+
+    def work() -> None:
+        try:
+            _stream_fineweb(out)
+        except Exception as err:  # any failure (DNS, HTTP, auth) means: use a local corpus
+            errors.append(err)
+
+    thread = threading.Thread(target=work, daemon=True)
+    thread.start()
+    thread.join(HUB_TIMEOUT_S)
+    if thread.is_alive() or errors:
+        reason = (f"timed out after {HUB_TIMEOUT_S:.0f} s" if thread.is_alive()
+                  else str(errors[0]).splitlines()[0])
+        print(f"demo: FineWeb from the hub is not reachable ({reason})")
+        return False
+    return out.is_file()
+
+
+def _stdlib_corpus(out: Path) -> None:
+    """One JSON-lines document per standard-library module: its docstrings (English prose and code)."""
+    out.parent.mkdir(parents=True, exist_ok=True)
+    stdlib = Path(sysconfig.get_paths()["stdlib"])
+    with open(out.with_suffix(".tmp"), "w") as f:
+        for path in sorted(stdlib.rglob("*.py")):
+            if "site-packages" in path.parts or "test" in path.parts:
+                continue
+            try:
+                tree = ast.parse(path.read_text(encoding="utf-8"))
+            except (SyntaxError, UnicodeDecodeError, ValueError):
+                continue
+            nodes = [tree, *(n for n in ast.walk(tree)
+                             if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)))]
+            docs = [d for d in (ast.get_docstring(n) for n in nodes) if d]
+            if docs:
+                f.write(json.dumps({"id": str(path.relative_to(stdlib)), "text": "\n\n".join(docs)}) + "\n")
+    os.replace(out.with_suffix(".tmp"), out)
+
+
+def choose_source() -> tuple[Path, str, list[str]]:
+    """The demo's text, a sentence saying what it is, and config overrides it needs."""
+    hub_file = DEMO_DATA / "fineweb-sample-10BT.parquet"
+    if _try_hub(hub_file):
+        return hub_file, f"FineWeb sample-10BT from the hub ({HUB_DOCS} documents, saved in {hub_file})", []
+    if any(SHARED_SAMPLE.glob("*.parquet")):
+        return SHARED_SAMPLE, f"the local FineWeb sample in {SHARED_SAMPLE} (offline)", []
+    stdlib_file = DEMO_DATA / "python-stdlib-docstrings.jsonl"
+    if not stdlib_file.is_file():
+        _stdlib_corpus(stdlib_file)
+    # ~760 documents, ~0.5M tokens: hold out 1 in 10 to get a validation set of 16K tokens
+    description = f"docstrings of the Python standard library (offline, no FineWeb sample), in {stdlib_file}"
+    return stdlib_file, description, ["data.val_bucket=10", "data.val_tokens=16384"]
+
+
+def _files(source: Path) -> list[Path]:
+    return sorted(source.glob("*.parquet")) if source.is_dir() else [source]
+
+
+def _progress(run_dir: Path) -> str:
+    metrics = run_dir / "metrics.jsonl"
+    rows = [json.loads(line) for line in metrics.read_text().splitlines()] if metrics.is_file() else []
+    train = [r for r in rows if r["kind"] == "train"]
+    if not train:
+        return f"{run_dir.name}: starting"
+    return f"{run_dir.name}: step {train[-1]['step']} loss {train[-1]['loss']:.3f}"
+
+
+def main(argv: list[str] | None = None) -> int:
+    extra = list(sys.argv[1:] if argv is None else argv)
+    if {"-h", "--help"} & set(extra):
+        print(__doc__)
+        return 0
+    source, description, source_overrides = choose_source()
+    print(f"demo: training on {description}")
+    tokenizer = DEMO_DATA / f"bpe{VOCAB_SIZE}-{source.stem}.json"
+    if not tokenizer.is_file():
+        from llm.data import train_tokenizer
+
+        print(f"demo: training a {VOCAB_SIZE}-token byte-level BPE -> {tokenizer}")
+        train_tokenizer(_files(source), VOCAB_SIZE, tokenizer)
+
+    threads = str(max(1, (os.cpu_count() or 2) // len(VARIANTS)))
+    env = {**os.environ, "OMP_NUM_THREADS": threads, "TOKENIZERS_PARALLELISM": "false"}
+    runs: dict[str, tuple[subprocess.Popen, Path]] = {}
+    for ffn in VARIANTS:
+        name = f"demo-{ffn}"
+        cmd = [sys.executable, str(REPO / "train.py"), "--config", str(REPO / "configs" / "demo.yaml"),
+               f"name={name}", f"model.ffn={ffn}", f"data.source={source}", f"data.tokenizer={tokenizer}",
+               "resume=true", *source_overrides, *extra]
+        log = REPO / "runs" / f"{name}.log"
+        log.parent.mkdir(parents=True, exist_ok=True)
+        print(f"demo: {' '.join(cmd[1:])}  (log: {log})")
+        with open(log, "w") as log_file:
+            runs[ffn] = (subprocess.Popen(cmd, cwd=REPO, env=env, stdout=log_file, stderr=subprocess.STDOUT),
+                         REPO / "runs" / name)
+    while any(proc.poll() is None for proc, _ in runs.values()):
+        time.sleep(10)
+        print("demo: " + " | ".join(_progress(run_dir) for _, run_dir in runs.values()), flush=True)
+    failed = [ffn for ffn, (proc, _) in runs.items() if proc.returncode != 0]
+    if failed:
+        print(f"demo: training failed for {', '.join(failed)}; see runs/demo-<variant>.log", file=sys.stderr)
+        return 1
+    compare = [sys.executable, str(REPO / "eval.py"), "compare", *(str(d) for _, d in runs.values()),
+               "--out", str(REPO / "runs" / "demo-comparison")]
+    print(f"demo: {' '.join(compare[1:])}")
+    return subprocess.call(compare, cwd=REPO)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

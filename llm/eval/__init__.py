@@ -1,0 +1,22 @@
+"""Evaluate a checkpoint (loss, perplexity, bits per byte, isotropy, samples), compare runs, plot, lm-eval.
+
+Entry point: ``eval.py`` (``llm.eval.cli``).
+"""
+
+from llm.eval.compare import Comparison, RunRecord, compare_runs, format_table, load_run, write_comparison
+from llm.eval.evaluate import EvalReport, evaluate_checkpoint, format_report, resolve_checkpoint
+from llm.eval.plots import write_plots
+
+__all__ = [
+    "Comparison",
+    "EvalReport",
+    "RunRecord",
+    "compare_runs",
+    "evaluate_checkpoint",
+    "format_report",
+    "format_table",
+    "load_run",
+    "resolve_checkpoint",
+    "write_comparison",
+    "write_plots",
+]

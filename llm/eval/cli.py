@@ -1,0 +1,166 @@
+"""``eval.py``: evaluate a checkpoint or hub model, compare runs, or run lm-evaluation-harness tasks.
+
+    python eval.py CHECKPOINT_OR_HUB_ID [--config data.yaml] [key=value ...] [--json] [--samples N]
+    python eval.py compare RUN_DIR... | 'runs/*' [--baseline swiglu+softmax] [--out DIR]
+    python eval.py lm-eval CHECKPOINT_OR_HUB_ID --tasks hellaswag,arc_easy [--limit N]
+
+CHECKPOINT is a run directory (its newest complete checkpoint), a checkpoint directory or its
+``model/`` directory; a local directory named ``compare`` or ``lm-eval`` is given as ``./compare``.
+Exit codes: 0 done, 2 bad arguments, path or configuration (one ``error: ...`` line on stderr).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+from typing import Any
+
+from llm.model.config import ConfigError
+
+__all__ = ["main"]
+
+
+def _common_model_args(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("target", metavar="CHECKPOINT_OR_HUB_ID",
+                        help="run directory, checkpoint directory, model/ directory or hub id")
+    parser.add_argument("--trust-remote-code", action="store_true",
+                        help="run a hub model's own modelling code (never needed for isollm checkpoints)")
+    parser.add_argument("--device", default=None, help="cuda or cpu (default: cuda when available)")
+    parser.add_argument("--json", action="store_true", help="machine-readable JSON on stdout")
+
+
+def _evaluate_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="eval.py", description="Evaluate a checkpoint or hub model: val loss, perplexity, bits per "
+        "byte, per-layer isotropy and alpha/beta, samples. Subcommands: compare, lm-eval (see their --help).")
+    _common_model_args(parser)
+    parser.add_argument("--config", action="append", default=[], metavar="FILE",
+                        help="YAML merged over the checkpoint's config.yaml (e.g. another data: section)")
+    parser.add_argument("overrides", nargs="*", metavar="key.sub=value",
+                        help="dotted overrides, e.g. data.source=/path/*.parquet data.val_tokens=65536")
+    parser.add_argument("--samples", type=int, default=3,
+                        help="generated samples, one per fixed prompt (at most 5; 0: none)")
+    parser.add_argument("--max-new-tokens", type=int, default=32)
+    parser.add_argument("--temperature", type=float, default=0.0, help="0: greedy; > 0: seeded sampling")
+    parser.add_argument("--seed", type=int, default=0, help="sampling seed")
+    return parser
+
+
+def _compare_parser() -> argparse.ArgumentParser:
+    from llm.eval.compare import DEFAULT_BASELINE
+
+    parser = argparse.ArgumentParser(
+        prog="eval.py compare", description="Table (seeds/isogmlp.txt Table 1 style) and plots of runs "
+        "grouped by variant over seeds.")
+    parser.add_argument("runs", nargs="+", metavar="RUN_DIR", help="run directories or quoted glob patterns")
+    parser.add_argument("--baseline", default=DEFAULT_BASELINE, help="variant the p-values test against")
+    parser.add_argument("--out", default="comparison", help="directory for comparison.md/.csv and PNG plots")
+    parser.add_argument("--no-plots", action="store_true")
+    return parser
+
+
+def _lm_eval_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="eval.py lm-eval", description="lm-evaluation-harness tasks on a checkpoint (extra: lmeval).")
+    _common_model_args(parser)
+    parser.add_argument("--tasks", required=True, help="comma-separated lm_eval task names")
+    parser.add_argument("--num-fewshot", type=int, default=None)
+    parser.add_argument("--limit", type=float, default=None, help="examples per task (a fraction if < 1)")
+    parser.add_argument("--batch-size", type=int, default=8)
+    parser.add_argument("--include-path", default=None, help="directory of extra task YAMLs")
+    parser.add_argument("--no-default-tasks", action="store_true",
+                        help="only the tasks under --include-path (skips indexing lm_eval's built-in tasks)")
+    return parser
+
+
+def _json_safe(value: Any) -> Any:
+    """NaN is not JSON: write null."""
+    if isinstance(value, float) and math.isnan(value):
+        return None
+    if isinstance(value, dict):
+        return {k: _json_safe(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_json_safe(v) for v in value]
+    return value
+
+
+def _evaluate(argv: list[str]) -> int:
+    from llm.eval.evaluate import evaluate_checkpoint, format_report
+
+    args = _evaluate_parser().parse_intermixed_args(argv)  # overrides may follow options
+    report = evaluate_checkpoint(args.target, config_files=args.config, overrides=args.overrides,
+                                 samples=args.samples, max_new_tokens=args.max_new_tokens,
+                                 temperature=args.temperature, seed=args.seed,
+                                 trust_remote_code=args.trust_remote_code, device=args.device)
+    if args.json:
+        print(json.dumps(_json_safe(report.to_dict()), indent=1))
+    else:
+        print(format_report(report), end="")
+    return 0
+
+
+def _compare(argv: list[str]) -> int:
+    from llm.eval.compare import compare_runs, expand_run_dirs, format_table, load_run, write_comparison
+
+    args = _compare_parser().parse_args(argv)
+    runs = [load_run(d) for d in expand_run_dirs(args.runs)]
+    comparison = compare_runs(runs, args.baseline)
+    for warning in comparison.warnings:
+        print(f"warning: {warning}", file=sys.stderr)
+    written = list(write_comparison(comparison, args.out))
+    if not args.no_plots:
+        from llm.eval.plots import write_plots
+
+        written += write_plots(runs, args.out)
+    print(format_table(comparison))
+    print("wrote " + ", ".join(str(p) for p in written))
+    return 0
+
+
+def _lm_eval(argv: list[str]) -> int:
+    from llm.eval.evaluate import load_model, resolve_checkpoint
+    from llm.eval.lm_eval_adapter import hf_tokenizer, run_lm_eval
+
+    args = _lm_eval_parser().parse_args(argv)
+    import torch
+
+    device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
+    resolved = resolve_checkpoint(args.target)
+    model = load_model(resolved, args.trust_remote_code, device)
+    limit = None if args.limit is None else int(args.limit) if args.limit >= 1 else args.limit
+    results = run_lm_eval(model, hf_tokenizer(resolved.model_path), args.tasks.split(","),
+                          num_fewshot=args.num_fewshot, limit=limit, batch_size=args.batch_size,
+                          include_path=args.include_path, include_defaults=not args.no_default_tasks,
+                          device=device)
+    if args.json:
+        print(json.dumps(_json_safe(results), indent=1, default=str))
+    else:
+        for task, metrics in results.items():
+            for name, value in metrics.items():
+                if isinstance(value, float):
+                    print(f"{task:30s} {name:30s} {value:.4f}")
+    return 0
+
+
+COMMANDS = {"compare": _compare, "lm-eval": _lm_eval}
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    command = COMMANDS.get(argv[0]) if argv else None
+    try:
+        return command(argv[1:]) if command else _evaluate(argv)
+    except (ConfigError, FileNotFoundError, ValueError, ImportError) as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+
+
+def run() -> None:
+    sys.exit(main())
+
+
+if __name__ == "__main__":
+    run()
+

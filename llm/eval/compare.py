@@ -1,0 +1,278 @@
+"""Compare training runs: a seeds/isogmlp.txt Table 1 style table from each run's ``metrics.jsonl``.
+
+Runs are grouped by ``variant`` (from the meta row); each group's seeds give the final validation
+loss as mean ± sample std (ddof=1) and a Welch t-test (unequal variances) against the baseline
+variant. "Training stability" is the variance of the pre-clip global gradient norm over the run
+after warmup (``grad_norm_var_run`` of the last train row), as in seeds/isogmlp.txt section 4.3
+("measured by gradient norm variance"); lower is more stable.
+
+Every variant of a fair comparison sees the same token budget; runs that end at different token
+counts are still tabulated but produce a warning.
+"""
+
+from __future__ import annotations
+
+import csv
+import glob
+import json
+import math
+import statistics
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from scipy import stats
+
+DEFAULT_BASELINE = "swiglu+softmax"
+
+CSV_COLUMNS = (
+    "variant", "n_seeds", "seeds", "params_total", "params_non_embedding", "val_loss_mean",
+    "val_loss_std", "p_value", "training_stability", "tokens_per_s", "final_tokens",
+)
+
+
+@dataclass
+class RunRecord:
+    """The rows of one run's ``metrics.jsonl``, deduplicated by step (a resumed run re-logs steps)."""
+
+    path: Path
+    meta: dict[str, Any]
+    train: list[dict[str, Any]]
+    evals: list[dict[str, Any]]
+
+    @property
+    def variant(self) -> str:
+        return str(self.meta["variant"])
+
+    @property
+    def seed(self) -> int:
+        return int(self.meta.get("seed", 0))
+
+    @property
+    def final_val_loss(self) -> float:
+        return float(self.evals[-1]["val_loss"])
+
+    @property
+    def final_tokens(self) -> int:
+        return int(self.evals[-1]["tokens"])
+
+    @property
+    def stability(self) -> float:
+        """``grad_norm_var_run`` of the last train row: gradient-norm variance over the run after warmup."""
+        value = self.train[-1].get("grad_norm_var_run") if self.train else None
+        return math.nan if value is None else float(value)
+
+    @property
+    def tokens_per_s(self) -> float:
+        """Median over the train rows: robust to the slow first steps (compilation, warm caches)."""
+        rates = [float(r["tokens_per_s"]) for r in self.train if r.get("tokens_per_s") is not None]
+        return statistics.median(rates) if rates else math.nan
+
+
+def _dedupe_by_step(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Keep the last row of each step, in step order: after a resume, the re-run steps supersede."""
+    by_step = {int(r["step"]): r for r in rows}
+    return [by_step[s] for s in sorted(by_step)]
+
+
+def load_run(run_dir: str | Path) -> RunRecord:
+    """Read ``run_dir/metrics.jsonl``; raise FileNotFoundError / ValueError naming the file on bad input.
+
+    A truncated last line (a run killed mid-write) is ignored; a bad line elsewhere is an error.
+    """
+    run_dir = Path(run_dir)
+    path = run_dir / "metrics.jsonl"
+    if not path.is_file():
+        raise FileNotFoundError(f"{run_dir}: no metrics.jsonl (not a run directory)")
+    lines = path.read_text().splitlines()
+    rows: list[dict[str, Any]] = []
+    for lineno, line in enumerate(lines, start=1):
+        if not line.strip():
+            continue
+        try:
+            rows.append(json.loads(line))
+        except json.JSONDecodeError:
+            if lineno == len(lines):
+                break
+            raise ValueError(f"{path}:{lineno}: not a JSON object") from None
+    metas = [r for r in rows if r.get("kind") == "meta"]
+    if not metas:
+        raise ValueError(f"{path}: no meta row (kind=meta) with the run's variant and seed")
+    if "variant" not in metas[0]:
+        raise ValueError(f"{path}: the meta row has no 'variant'")
+    evals = _dedupe_by_step([r for r in rows if r.get("kind") == "eval"])
+    if not evals:
+        raise ValueError(f"{path}: no eval rows (kind=eval); the run never evaluated")
+    train = _dedupe_by_step([r for r in rows if r.get("kind") == "train"])
+    return RunRecord(path=run_dir, meta=metas[0], train=train, evals=evals)
+
+
+def expand_run_dirs(patterns: Iterable[str]) -> list[Path]:
+    """Run directories from paths and (quoted) glob patterns; a pattern matching nothing is an error."""
+    dirs: list[Path] = []
+    for pattern in patterns:
+        if glob.has_magic(pattern):
+            matches = [Path(m) for m in sorted(glob.glob(pattern)) if Path(m).is_dir()]
+            if not matches:
+                raise FileNotFoundError(f"{pattern}: the pattern matches no run directory")
+            dirs.extend(matches)
+        else:
+            dirs.append(Path(pattern))
+    if not dirs:
+        raise ValueError("no run directories given")
+    return dirs
+
+
+@dataclass
+class VariantSummary:
+    """One row of the comparison table: a variant aggregated over its seeds."""
+
+    variant: str
+    runs: list[RunRecord]
+    params_total: int | None
+    params_non_embedding: int | None
+    val_loss_mean: float
+    val_loss_std: float
+    """Sample standard deviation (ddof=1) over seeds; NaN with a single seed."""
+    p_value: float
+    """Welch t-test of the final val losses against the baseline's; NaN when not computable."""
+    training_stability: float
+    tokens_per_s: float
+    final_tokens: int
+
+    @property
+    def seeds(self) -> list[int]:
+        return [r.seed for r in self.runs]
+
+    @property
+    def n(self) -> int:
+        return len(self.runs)
+
+    def as_csv_row(self) -> dict[str, Any]:
+        return {
+            "variant": self.variant, "n_seeds": self.n, "seeds": " ".join(map(str, self.seeds)),
+            "params_total": self.params_total, "params_non_embedding": self.params_non_embedding,
+            "val_loss_mean": self.val_loss_mean, "val_loss_std": self.val_loss_std,
+            "p_value": self.p_value, "training_stability": self.training_stability,
+            "tokens_per_s": self.tokens_per_s, "final_tokens": self.final_tokens,
+        }
+
+
+@dataclass
+class Comparison:
+    baseline: str
+    rows: list[VariantSummary]
+    warnings: list[str] = field(default_factory=list)
+
+    @property
+    def runs(self) -> list[RunRecord]:
+        return [run for row in self.rows for run in row.runs]
+
+
+def welch_p_value(sample: Sequence[float], baseline: Sequence[float]) -> float:
+    """Two-sided Welch t-test p-value; NaN when either group has fewer than 2 values."""
+    if len(sample) < 2 or len(baseline) < 2:
+        return math.nan
+    return float(stats.ttest_ind(sample, baseline, equal_var=False).pvalue)
+
+
+def _mean(values: Sequence[float]) -> float:
+    finite = [v for v in values if not math.isnan(v)]
+    return statistics.fmean(finite) if finite else math.nan
+
+
+def _single(values: list[Any], what: str, variant: str, warnings: list[str]) -> Any:
+    """The value shared by a variant's seeds (e.g. its parameter count); warn when seeds disagree."""
+    distinct = sorted(set(values), key=str)
+    if len(distinct) > 1:
+        warnings.append(f"variant {variant}: seeds differ in {what} ({', '.join(map(str, distinct))})")
+    return distinct[0] if distinct else None
+
+
+def compare_runs(runs: Sequence[RunRecord], baseline: str = DEFAULT_BASELINE) -> Comparison:
+    """Group runs by variant and aggregate over seeds; the baseline row comes first."""
+    if not runs:
+        raise ValueError("no runs to compare")
+    groups: dict[str, list[RunRecord]] = {}
+    for run in runs:
+        groups.setdefault(run.variant, []).append(run)
+    warnings: list[str] = []
+    if baseline not in groups:
+        warnings.append(f"baseline {baseline} is not among the runs' variants "
+                        f"({', '.join(sorted(groups))}); no p-values")
+    budgets = {run.final_tokens for run in runs}
+    if len(budgets) > 1:
+        ends = ", ".join(f"{run.path.name}={run.final_tokens}" for run in runs)
+        warnings.append(f"runs end at different token counts ({ends}): not a fair comparison")
+    baseline_losses = [r.final_val_loss for r in groups.get(baseline, [])]
+    rows = []
+    for variant in sorted(groups, key=lambda v: (v != baseline, v)):
+        members = sorted(groups[variant], key=lambda r: r.seed)
+        seeds = [r.seed for r in members]
+        if len(set(seeds)) < len(seeds):
+            warnings.append(f"variant {variant}: repeated seeds {seeds}; repeats are not independent samples")
+        losses = [r.final_val_loss for r in members]
+        rows.append(VariantSummary(
+            variant=variant,
+            runs=members,
+            params_total=_single([r.meta.get("params_total") for r in members], "params_total", variant,
+                                 warnings),
+            params_non_embedding=_single([r.meta.get("params_non_embedding") for r in members],
+                                         "params_non_embedding", variant, warnings),
+            val_loss_mean=statistics.fmean(losses),
+            val_loss_std=statistics.stdev(losses) if len(losses) > 1 else math.nan,
+            p_value=math.nan if variant == baseline else welch_p_value(losses, baseline_losses),
+            training_stability=_mean([r.stability for r in members]),
+            tokens_per_s=_mean([r.tokens_per_s for r in members]),
+            final_tokens=max(r.final_tokens for r in members),
+        ))
+    return Comparison(baseline=baseline, rows=rows, warnings=warnings)
+
+
+def _params(n: int | None) -> str:
+    if n is None:
+        return "n/a"
+    return f"{n / 1e9:.2f}B" if n >= 1e9 else f"{n / 1e6:.1f}M" if n >= 1e5 else f"{n:,}"
+
+
+def _num(x: float, spec: str) -> str:
+    return "n/a" if math.isnan(x) else format(x, spec)
+
+
+def format_table(comparison: Comparison) -> str:
+    """The comparison as a Markdown table with footnotes (also readable as plain text)."""
+    header = ["Variant", "Params (total)", "Params (non-emb.)", "Val loss (mean ± std)", "n",
+              f"p vs {comparison.baseline} ¹", "Training stability ²", "Tokens/s ³"]
+    lines = ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
+    for row in comparison.rows:
+        loss = f"{row.val_loss_mean:.4f}" + ("" if math.isnan(row.val_loss_std)
+                                             else f" ± {row.val_loss_std:.4f}")
+        p = "baseline" if row.variant == comparison.baseline else _num(row.p_value, ".3g")
+        cells = [row.variant, _params(row.params_total), _params(row.params_non_embedding), loss,
+                 str(row.n), p, _num(row.training_stability, ".3g"), _num(row.tokens_per_s, ",.0f")]
+        lines.append("| " + " | ".join(cells) + " |")
+    lines += ["", *(f"- {note}" for note in (
+        "Final validation loss: mean ± sample std (ddof=1) over n seeds; no std with one seed.",
+        f"¹ Two-sided Welch t-test (unequal variances) of the final val losses against "
+        f"{comparison.baseline}; n/a when either group has fewer than 2 seeds.",
+        "² Variance of the pre-clip global gradient norm over the run after warmup (last train row's "
+        "grad_norm_var_run), mean over seeds; lower is more stable.",
+        "³ Median training throughput of each run, mean over seeds.",
+        *(f"Warning: {w}" for w in comparison.warnings),
+    ))]
+    return "\n".join(lines) + "\n"
+
+
+def write_comparison(comparison: Comparison, out_dir: str | Path) -> tuple[Path, Path]:
+    """Write ``comparison.md`` (the table) and ``comparison.csv`` (full-precision numbers)."""
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    md_path, csv_path = out / "comparison.md", out / "comparison.csv"
+    md_path.write_text(format_table(comparison))
+    with csv_path.open("w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=CSV_COLUMNS)
+        writer.writeheader()
+        for row in comparison.rows:
+            writer.writerow(row.as_csv_row())
+    return md_path, csv_path

@@ -1,0 +1,311 @@
+"""Evaluate one checkpoint or hub model: val loss / perplexity / bits per byte, isotropy report, samples.
+
+The validation loss is ``llm.train.evaluate.evaluate`` on ``llm.data.build_val_windows`` with the
+run's ``train.micro_batch_size`` and precision, the exact computation the trainer logs, so the
+``val_loss`` of a checkpoint equals the logged one at that step (bit for bit on the same device).
+
+Bits per byte (tokenizer-independent, comparable across vocabularies)::
+
+    bpb = sum_t loss_t / ln 2 / sum_t bytes(target_t) = val_loss * n_tokens / (ln 2 * n_bytes)
+
+over every target token ``t`` of the validation windows (``windows[:, 1:]``), with ``loss_t`` in
+nats and ``bytes(id)`` the number of UTF-8 bytes the token decodes to: for byte-level BPE
+tokenizers (Qwen3, our trained BPE) every vocabulary symbol stands for exactly one byte, so the
+per-token counts add up to the UTF-8 length of the decoded text. Special tokens (the document
+separator ``<|endoftext|>``) count 0 bytes but their loss is included: predicting where a document
+ends is part of the model's job. For tokenizers that are not byte-level, ``bytes(id)`` is the
+UTF-8 length of ``decode([id])``, an approximation where a token holds part of a character.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import math
+import re
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+from tokenizers import Tokenizer
+from torch import nn
+
+from llm.config import RunConfig, load_config
+
+DEFAULT_PROMPTS = (
+    "The capital of France is",
+    "Once upon a time,",
+    "The most important thing to remember about machine learning is",
+    "In 1969, the first humans",
+    "Here is a simple recipe for bread:",
+)
+"""Fixed prompts for the samples: the same text for every checkpoint, so samples are comparable."""
+
+LAYER_COLUMNS = ("layer", "isoscore", "mean_cos", "eff_rank", "basis_alignment", "alpha", "beta",
+                 "pathway_ratio")
+_HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*(/[\w.-]+)?$")
+
+
+@dataclass
+class ResolvedModel:
+    """Where the weights come from: a local model directory (with its checkpoint's files) or a hub id."""
+
+    model_path: str
+    checkpoint_dir: Path | None = None
+    """The checkpoint directory holding ``config.yaml`` and ``trainer.json``; None for a bare model dir."""
+
+    @property
+    def is_local(self) -> bool:
+        return Path(self.model_path).is_dir()
+
+    @property
+    def config_file(self) -> Path | None:
+        if self.checkpoint_dir is not None and (self.checkpoint_dir / "config.yaml").is_file():
+            return self.checkpoint_dir / "config.yaml"
+        return None
+
+    @property
+    def step(self) -> int | None:
+        if self.checkpoint_dir is None or not (self.checkpoint_dir / "trainer.json").is_file():
+            return None
+        return int(json.loads((self.checkpoint_dir / "trainer.json").read_text())["state"]["step"])
+
+
+def resolve_checkpoint(target: str) -> ResolvedModel:
+    """A run directory (-> its newest complete checkpoint), a checkpoint directory, its ``model/``
+    directory, or a hub id. Raise FileNotFoundError naming ``target`` for a local path that is none."""
+    path = Path(target).expanduser()
+    if path.is_dir():
+        if (path / "checkpoints").is_dir() or (path / "metrics.jsonl").is_file():
+            from llm.train.checkpoint import latest_checkpoint
+
+            checkpoint = latest_checkpoint(path / "checkpoints")
+            if checkpoint is None:
+                raise FileNotFoundError(f"{target}: run directory without a complete checkpoint "
+                                        f"(nothing verifiable in {path / 'checkpoints'})")
+            return ResolvedModel(str(checkpoint / "model"), checkpoint)
+        if (path / "model" / "config.json").is_file():
+            return ResolvedModel(str(path / "model"), path)
+        if (path / "config.json").is_file():
+            parent = path.parent if (path.parent / "config.yaml").is_file() else None
+            return ResolvedModel(str(path), parent)
+        raise FileNotFoundError(f"{target}: not a run, checkpoint or model directory "
+                                "(no checkpoints/, model/config.json or config.json)")
+    # A hub id is "name" or "owner/name"; anything else that does not exist is a mistyped path. So is
+    # "runs/typo" when "runs" exists here: a hub lookup would only hide the mistake.
+    if path.exists() or not _HUB_ID.match(target) or Path(target.split("/")[0]).exists():
+        raise FileNotFoundError(f"{target}: no such checkpoint, model or run directory")
+    return ResolvedModel(target)
+
+
+def load_model(resolved: ResolvedModel, trust_remote_code: bool = False,
+               device: str | torch.device = "cpu") -> nn.Module:
+    """Load fp32 weights with ``AutoModelForCausalLM``: ``import llm`` registers our class, so local
+    checkpoints need no remote code; a hub model's own code runs only with ``trust_remote_code``."""
+    from transformers import AutoModelForCausalLM
+
+    import llm  # noqa: F401  (registers the isollm Auto classes)
+
+    try:
+        model = AutoModelForCausalLM.from_pretrained(resolved.model_path, dtype=torch.float32,
+                                                     trust_remote_code=trust_remote_code)
+    except (OSError, ValueError) as err:
+        first_line = str(err).splitlines()[0] if str(err) else type(err).__name__
+        raise ValueError(f"{resolved.model_path}: cannot load the model ({first_line})") from None
+    return model.to(device).eval()
+
+
+def eval_config(resolved: ResolvedModel, config_files: list[str] | None = None,
+                overrides: list[str] | None = None) -> RunConfig:
+    """The checkpoint's ``config.yaml`` (if any), then ``config_files``, then ``overrides``.
+
+    Without a checkpoint config (hub ids, bare model directories) the defaults apply: FineWeb's
+    held-out documents; ``train.max_steps`` is set only to pass validation (nothing is trained).
+    """
+    files = [str(resolved.config_file)] if resolved.config_file else []
+    base = [] if files else ["train.max_steps=1"]
+    return load_config([*files, *(config_files or [])], [*base, *(overrides or [])])
+
+
+def _gpt2_byte_alphabet() -> dict[str, int]:
+    """GPT-2's byte-level BPE table (as in ``tokenizers``' ByteLevel): printable char -> the byte it encodes.
+
+    Printable Latin-1 bytes stand for themselves; the other 68 bytes get code points 256, 257, ...
+    """
+    printable = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1),
+                 *range(ord("®"), ord("ÿ") + 1)]
+    others = [b for b in range(256) if b not in printable]
+    table = {chr(b): b for b in printable}
+    table.update({chr(256 + i): b for i, b in enumerate(others)})
+    return table
+
+
+def token_byte_lengths(tokenizer: Tokenizer, size: int) -> torch.Tensor:
+    """``LongTensor[size]``: UTF-8 bytes each token id decodes to (0 for special tokens and for the
+    padding ids beyond the tokenizer's vocabulary, which never occur in data)."""
+    decoder = json.loads(tokenizer.to_str()).get("decoder") or {}
+    byte_level = "ByteLevel" in json.dumps(decoder)
+    alphabet = _gpt2_byte_alphabet()
+    special = {t.content for t in tokenizer.get_added_tokens_decoder().values() if t.special}
+    lengths = torch.zeros(size, dtype=torch.long)
+    for token, index in tokenizer.get_vocab(with_added_tokens=True).items():
+        if index >= size or token in special:
+            continue
+        if byte_level and all(ch in alphabet for ch in token):
+            lengths[index] = len(token)  # one symbol per byte
+        else:  # added tokens (stored as text) and non-byte-level vocabularies
+            lengths[index] = len(tokenizer.decode([index], skip_special_tokens=False).encode("utf-8"))
+    return lengths
+
+
+def bits_per_byte(val_loss: float, val_windows: torch.Tensor,
+                  byte_lengths: torch.Tensor) -> tuple[float, int]:
+    """(bits per byte, number of target bytes) from the mean loss in nats over ``val_windows[:, 1:]``."""
+    targets = val_windows[:, 1:]
+    n_bytes = int(byte_lengths[targets].sum())
+    if n_bytes == 0:
+        return math.nan, 0
+    return val_loss * targets.numel() / (math.log(2) * n_bytes), n_bytes
+
+
+def _autocast_dtype(config: RunConfig, device: torch.device) -> torch.dtype | None:
+    """The trainer's precision (``_mixed_precision`` there): bf16 autocast on GPU unless fp32, none on CPU."""
+    if device.type != "cuda" or config.train.precision == "fp32":
+        return None
+    return torch.bfloat16
+
+
+@torch.no_grad()
+def generate_samples(model: nn.Module, tokenizer: Tokenizer, prompts: list[str], max_new_tokens: int,
+                     temperature: float = 0.0, seed: int = 0, eos: int | None = None) -> list[dict[str, str]]:
+    """Continue each prompt: greedy when ``temperature`` is 0, else sampling seeded with ``seed``."""
+    device = next(model.parameters()).device
+    samples = []
+    for prompt in prompts:
+        ids = torch.tensor([tokenizer.encode(prompt, add_special_tokens=False).ids], device=device)
+        torch.manual_seed(seed)
+        sampling = {"do_sample": True, "temperature": temperature, "top_k": 0} if temperature > 0 else {
+            "do_sample": False}
+        out = model.generate(ids, max_new_tokens=max_new_tokens, eos_token_id=eos, pad_token_id=eos,
+                             attention_mask=torch.ones_like(ids), **sampling)
+        completion = tokenizer.decode(out[0, ids.shape[1]:].tolist(), skip_special_tokens=True)
+        samples.append({"prompt": prompt, "completion": completion})
+    return samples
+
+
+@dataclass
+class EvalReport:
+    target: str
+    model_path: str
+    step: int | None
+    model_type: str
+    variant: str | None
+    data_source: str
+    val_windows: int
+    val_tokens: int
+    val_bytes: int
+    val_loss: float
+    val_ppl: float
+    bits_per_byte: float
+    layers: list[dict[str, float]] = field(default_factory=list)
+    samples: list[dict[str, str]] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def _variant(model: nn.Module) -> str | None:
+    cfg = model.config
+    if getattr(cfg, "model_type", None) != "isollm":
+        return None
+    from llm.train.trainer import variant_name
+
+    return variant_name(cfg.to_model_config())
+
+
+def _has_ffn_diagnostics(model: nn.Module) -> bool:
+    layers = getattr(getattr(model, "model", None), "layers", None)
+    return layers is not None and all(hasattr(block.mlp, "diagnostics") for block in layers)
+
+
+def evaluate_checkpoint(target: str, *, config_files: list[str] | None = None,
+                        overrides: list[str] | None = None, samples: int = 3, max_new_tokens: int = 32,
+                        temperature: float = 0.0, seed: int = 0, trust_remote_code: bool = False,
+                        device: str | None = None) -> EvalReport:
+    """Evaluate ``target`` (see ``resolve_checkpoint``) on its run's validation set or an overridden one."""
+    from llm.data import build_val_windows, eos_id, load_tokenizer
+    from llm.metrics import layer_report
+    from llm.train.evaluate import evaluate
+
+    resolved = resolve_checkpoint(target)
+    config = eval_config(resolved, config_files, overrides)
+    torch_device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    model = load_model(resolved, trust_remote_code, torch_device)
+    # The checkpoint's own tokenizer files unless the user changed data.tokenizer: the config may name
+    # a path that no longer exists, and the saved copy is the exact tokenizer the run trained with.
+    user_tokenizer = config.data.tokenizer != eval_config(resolved).data.tokenizer
+    own_files = resolved.is_local and (Path(resolved.model_path) / "tokenizer.json").is_file()
+    try:
+        tokenizer = load_tokenizer(resolved.model_path if own_files and not user_tokenizer
+                                   else config.data.tokenizer)
+    except RuntimeError as err:  # an unreachable hub tokenizer: a usage problem, not a crash
+        raise ValueError(str(err)) from None
+    windows = build_val_windows(config.data, tokenizer)
+
+    autocast = _autocast_dtype(config, torch_device)
+    with torch.autocast(torch_device.type, dtype=autocast) if autocast else contextlib.nullcontext():
+        metrics = evaluate(model, windows, config.train.micro_batch_size)
+    vocab = model.get_output_embeddings().weight.shape[0]
+    bpb, n_bytes = bits_per_byte(metrics["val_loss"], windows, token_byte_lengths(tokenizer, vocab))
+
+    notes = []
+    layers: list[dict[str, float]] = []
+    if _has_ffn_diagnostics(model):
+        # the trainer's fixed isotropy batch and sampling seed: the logged rows of that step
+        batch = windows[: config.train.micro_batch_size, :-1].to(torch_device)
+        layers = layer_report(model, batch, config.train.isotropy_samples, seed=config.data.seed)
+    else:
+        notes.append("no per-layer report: the model's FFNs have no diagnostics() (not an isollm model)")
+    generated = generate_samples(model, tokenizer, list(DEFAULT_PROMPTS[:samples]), max_new_tokens,
+                                 temperature, seed, eos_id(tokenizer)) if samples > 0 else []
+    return EvalReport(
+        target=target, model_path=resolved.model_path, step=resolved.step,
+        model_type=str(getattr(model.config, "model_type", "unknown")), variant=_variant(model),
+        data_source=config.data.source, val_windows=windows.shape[0], val_tokens=int(metrics["val_tokens"]),
+        val_bytes=n_bytes, val_loss=metrics["val_loss"], val_ppl=metrics["val_ppl"], bits_per_byte=bpb,
+        layers=layers, samples=generated, notes=notes,
+    )
+
+
+def _cell(value: Any) -> str:
+    if value is None:
+        return "-"
+    if isinstance(value, float):
+        return "nan" if math.isnan(value) else f"{value:.4f}"
+    return str(value)
+
+
+def format_report(report: EvalReport) -> str:
+    """Human-readable report: summary lines, the per-layer table, samples."""
+    lines = [
+        f"model       {report.model_path}" + (f" (step {report.step})" if report.step is not None else ""),
+        f"variant     {report.variant or report.model_type}",
+        f"data        {report.data_source}: {report.val_windows} windows, "
+        f"{report.val_tokens:,} target tokens, {report.val_bytes:,} bytes",
+        f"val loss    {report.val_loss:.6f} nats/token",
+        f"perplexity  {report.val_ppl:.4f}",
+        f"bits/byte   {report.bits_per_byte:.6f}",
+    ]
+    if report.layers:
+        keys = [k for k in LAYER_COLUMNS if any(k in row for row in report.layers)]
+        table = [keys, *([_cell(row.get(k)) for k in keys] for row in report.layers)]
+        widths = [max(len(r[i]) for r in table) for i in range(len(keys))]
+        lines += ["", "per-layer report (layer 0 = embedding output; hidden-state isotropy, FFN alpha/beta)"]
+        lines += ["  ".join(c.rjust(w) for c, w in zip(r, widths, strict=True)) for r in table]
+    if report.samples:
+        lines += ["", "samples"]
+        lines += [f"  {s['prompt']!r} -> {s['completion']!r}" for s in report.samples]
+    lines += [f"note: {n}" for n in report.notes]
+    return "\n".join(lines) + "\n"

@@ -1,0 +1,68 @@
+"""Downstream tasks through EleutherAI's lm-evaluation-harness (the optional ``lmeval`` extra).
+
+``pip install -e '.[lmeval]'``, then ``python eval.py lm-eval runs/NAME --tasks hellaswag,arc_easy``.
+The loaded model object (our registered HF class, no remote code) and the checkpoint's tokenizer
+are handed to lm_eval's ``HFLM`` and evaluated with ``lm_eval.simple_evaluate``. Hub tasks download
+their datasets; ``--include-path DIR`` adds task YAMLs of your own, e.g. a local jsonl::
+
+    task: my_task
+    dataset_path: json
+    dataset_kwargs: {data_files: {test: /path/data.jsonl}}
+    test_split: test
+    output_type: multiple_choice
+    doc_to_text: "{{question}}"
+    doc_to_choice: "{{choices}}"
+    doc_to_target: answer
+    metric_list: [{metric: acc}]
+"""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+from typing import Any
+
+from torch import nn
+
+__all__ = ["hf_tokenizer", "lm_eval_available", "run_lm_eval"]
+
+
+def lm_eval_available() -> bool:
+    return importlib.util.find_spec("lm_eval") is not None
+
+
+def hf_tokenizer(model_path: str) -> Any:
+    """The transformers tokenizer saved beside the weights (checkpoints save one for this purpose)."""
+    from transformers import AutoTokenizer
+
+    try:
+        return AutoTokenizer.from_pretrained(model_path)
+    except (OSError, ValueError) as err:
+        raise ValueError(f"{model_path}: no loadable tokenizer ({str(err).splitlines()[0]})") from None
+
+
+def run_lm_eval(model: nn.Module, tokenizer: Any, tasks: list[str], *, num_fewshot: int | None = None,
+                limit: int | float | None = None, batch_size: int = 8, include_path: str | None = None,
+                include_defaults: bool = True, device: str = "cpu") -> dict[str, dict[str, Any]]:
+    """``lm_eval.simple_evaluate`` on a loaded model; returns ``results`` (task -> metric -> value).
+
+    ``include_defaults=False`` knows only the tasks under ``include_path``: it skips indexing lm_eval's
+    thousands of built-in task YAMLs (tens of seconds on a small machine).
+    """
+    if not lm_eval_available():
+        raise ModuleNotFoundError("lm-eval is not installed: pip install -e '.[lmeval]'")
+    import lm_eval
+    from lm_eval.models.huggingface import HFLM
+    from lm_eval.tasks import TaskManager
+
+    if include_path is not None and not Path(include_path).is_dir():
+        raise FileNotFoundError(f"--include-path: no such directory: {include_path}")
+    lm = HFLM(pretrained=model, tokenizer=tokenizer, batch_size=batch_size, device=device,
+              max_length=model.config.max_position_embeddings)
+    task_manager = TaskManager(include_path=include_path, include_defaults=include_defaults)
+    unknown = [t for t in tasks if t not in task_manager.all_tasks]
+    if unknown:
+        raise ValueError(f"--tasks: unknown task(s) {', '.join(unknown)} (see lm_eval --tasks list)")
+    out = lm_eval.simple_evaluate(model=lm, tasks=tasks, num_fewshot=num_fewshot, limit=limit,
+                                  task_manager=task_manager)
+    return out["results"]

@@ -1,0 +1,175 @@
+"""Model FLOPs per token for the configured variant, peak device FLOP/s, and MFU.
+
+Convention (Kaplan et al. 2020; PaLM, Chowdhery et al. 2022, App. B; nanoGPT's ``estimate_mfu``):
+
+- only matrix multiplications count, 2 FLOPs per multiply-add; norms, activations, rotary,
+  softmax / tanh gains and the embedding lookup are left out;
+- a forward pass costs ``2 N`` per token for the ``N`` weights used in matmuls (every linear
+  layer of every block plus the LM head, which is a matmul even when tied to the embedding);
+- plus the attention mixing, which has no weights (below);
+- training (forward + backward) costs 3x the forward: the backward pass computes the gradients
+  of both the activations and the weights, each as large as the forward matmul.
+
+Attention mixing, per token and layer, with H query heads, K KV heads, head width D, length T:
+
+- ``softmax``: scores ``q.k`` and the weighted sum of values, ``2 * 2 * D`` per (query, key) pair
+  and head. We count the *visible* keys only, ``(T + 1) / 2`` on average over positions (causal
+  halving, which is what a causal FlashAttention kernel does); PaLM and nanoGPT count all T keys
+  (their ``12 L H Q T``), so their attention term is about twice ours.
+- ``iso_tanh`` (chunked, chunk C = min(iso_tanh_chunk_size, T); SPEC.md "attn_scoring"): the exact
+  scores and weighted values inside the chunk over ``(C + 1) / 2`` visible keys on average,
+  ``2 * D * (C + 1)`` per query head; ``q^T [S | G]`` against the carried state, ``2 * D * 2D``
+  per query head (the ``q^T G q`` dot that follows is elementwise); the state update
+  ``[S | G] += k [v | k]^T``, ``2 * D * 2D`` per KV head.
+
+MFU = achieved model FLOP/s over the peak FLOP/s of the same hardware (PaLM's definition).
+"""
+
+from __future__ import annotations
+
+import functools
+import time
+from collections.abc import Callable
+
+import torch
+
+from llm.model.config import ModelConfig
+from llm.model.ffn import resolve_intermediate_size
+
+# Width of isogmlp's alpha projection w_a: the token's vector (or its causal mean: the gate projects
+# first and averages the scalars) has d features, the feature mean is one scalar.
+ISOGMLP_GATE_WEIGHTS: dict[str, Callable[[ModelConfig], int]] = {
+    "token": lambda c: c.hidden_size,
+    "causal_mean": lambda c: c.hidden_size,
+    "feature_mean": lambda c: 1,
+}
+
+# Weights used in matmuls by one FFN block of width d = hidden_size and h = the resolved
+# intermediate size. Projections that only scale or shift channels (isogmlp's gamma/beta, the
+# LayerNorm of iso_ln, affine_like's bias) are elementwise and do not count. ``focus`` builds its
+# effective weight W * Phi once per forward, a cost of the weight size that the tokens of a batch
+# share, so it is left out like any other per-step (not per-token) cost.
+FFN_MATMUL_WEIGHTS: dict[str, Callable[[ModelConfig, int], int]] = {
+    # W_gate, W_up: d -> h; W_down: h -> d
+    "swiglu": lambda c, h: 3 * c.hidden_size * h,
+    # W_g, W_u, W_i: d -> h; W_down; the alpha gate's w_a (isogmlp eq. 3)
+    "isogmlp": lambda c, h: 4 * c.hidden_size * h + ISOGMLP_GATE_WEIGHTS[c.isogmlp_gate](c),
+    # W_g, W_u (and W_i unless the pathway is ablated): d -> h; W_down
+    "iso_ln": lambda c, h: (4 if c.iso_ln_pathway else 3) * c.hidden_size * h,
+    # W_up: d -> h; W_down
+    "iso_mlp": lambda c, h: 2 * c.hidden_size * h,
+}
+
+
+def _softmax_mixing_flops(c: ModelConfig, seq_len: int) -> float:
+    # per head: (q.k and w.v) x 2 FLOPs x D for each of the (T + 1) / 2 visible keys on average
+    return c.num_attention_heads * 2 * 2 * c.resolved_head_dim * (seq_len + 1) / 2
+
+
+def _iso_tanh_mixing_flops(c: ModelConfig, seq_len: int) -> float:
+    d = c.resolved_head_dim
+    chunk = min(c.iso_tanh_chunk_size, seq_len)
+    # exact part inside the chunk, as softmax over (C + 1) / 2 keys; then q^T [S | G], D x 2D
+    per_query_head = 2 * 2 * d * (chunk + 1) / 2 + 2 * d * 2 * d
+    per_kv_head = 2 * d * 2 * d  # [S | G] += k [v | k]^T
+    return c.num_attention_heads * per_query_head + c.num_key_value_heads * per_kv_head
+
+
+# Forward FLOPs of the weight-free attention mixing, per token and layer (see the module docstring).
+ATTN_MIXING_FLOPS: dict[str, Callable[[ModelConfig, int], float]] = {
+    "softmax": _softmax_mixing_flops,
+    "iso_tanh": _iso_tanh_mixing_flops,
+}
+
+
+def matmul_weights(config: ModelConfig) -> int:
+    """Weights used in matmuls for one token: every block's projections plus the LM head."""
+    d, head_dim = config.hidden_size, config.resolved_head_dim
+    q_width = config.num_attention_heads * head_dim
+    kv_width = config.num_key_value_heads * head_dim
+    attention = d * (q_width + 2 * kv_width) + q_width * d  # qkv_proj, o_proj
+    ffn = FFN_MATMUL_WEIGHTS[config.ffn](config, resolve_intermediate_size(config))
+    return config.num_hidden_layers * (attention + ffn) + d * config.vocab_size
+
+
+def flops_per_token(config: ModelConfig, seq_len: int, training: bool = True) -> float:
+    """Model FLOPs per token at sequence length ``seq_len``: ``2 N`` + attention mixing, x3 to train."""
+    if seq_len <= 0:
+        raise ValueError(f"seq_len: expected a positive integer, got {seq_len}")
+    mixing = config.num_hidden_layers * ATTN_MIXING_FLOPS[config.attn_scoring](config, seq_len)
+    forward = 2.0 * matmul_weights(config) + mixing
+    return 3.0 * forward if training else forward
+
+
+def mfu(tokens_per_s: float, flops_per_token: float, peak_flops: float) -> float:
+    """Model FLOPs utilisation: ``tokens_per_s * flops_per_token / peak_flops``.
+
+    ``tokens_per_s`` and ``peak_flops`` must cover the same devices (e.g. global throughput and
+    the peak of one device times the number of processes).
+    """
+    if not peak_flops > 0:
+        raise ValueError(f"peak_flops: expected a positive number, got {peak_flops}")
+    return tokens_per_s * flops_per_token / peak_flops
+
+
+# Dense (no 2:4 sparsity) peak FLOP/s from NVIDIA's datasheets. "fp32" is the CUDA-core rate that
+# fp32 matmuls run at under torch's default ``float32_matmul_precision("highest")``; "tf32" applies
+# when that is "high" or "medium". Keys are matched as substrings of ``torch.cuda.get_device_name``
+# in this order, so the specific names come before the plain "H100" (SXM) entry.
+_H100_SXM = {"bf16": 989.4e12, "fp16": 989.4e12, "tf32": 494.7e12, "fp32": 66.9e12}
+GPU_PEAK_FLOPS: dict[str, dict[str, float]] = {
+    "H100 PCIe": {"bf16": 756.5e12, "fp16": 756.5e12, "tf32": 378.0e12, "fp32": 51.2e12},
+    "H100 NVL": {"bf16": 835.5e12, "fp16": 835.5e12, "tf32": 417.5e12, "fp32": 60.0e12},
+    "H100": _H100_SXM,
+    "H200": _H100_SXM,  # same GH100 compute as the H100 SXM, more and faster memory
+    "A100": {"bf16": 312.0e12, "fp16": 312.0e12, "tf32": 156.0e12, "fp32": 19.5e12},
+}
+
+_DTYPE_KEYS: dict[torch.dtype, str] = {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp32"}
+
+
+def measure_matmul_flops(n: int = 1024, dtype: torch.dtype = torch.float32,
+                         device: str | torch.device = "cpu", repeats: int = 5) -> float:
+    """Best FLOP/s of ``repeats`` timed ``[n, n] @ [n, n]`` matmuls (after one warm-up) on ``device``."""
+    device = torch.device(device)
+    a = torch.randn(n, n, device=device).to(dtype)
+    b = torch.randn(n, n, device=device).to(dtype)
+
+    def sync() -> None:
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+
+    torch.mm(a, b)
+    sync()
+    best = float("inf")
+    for _ in range(repeats):
+        start = time.perf_counter()
+        torch.mm(a, b)
+        sync()
+        best = min(best, time.perf_counter() - start)
+    return 2.0 * n**3 / best
+
+
+@functools.cache
+def _measured_peak(device: str, dtype: torch.dtype) -> float:
+    return measure_matmul_flops(dtype=dtype, device=device)
+
+
+def peak_flops(device: str | torch.device, dtype: torch.dtype) -> float:
+    """Peak matmul FLOP/s of one ``device`` computing in ``dtype``.
+
+    Known GPUs come from ``GPU_PEAK_FLOPS``; anything else (CPU, other GPUs) is measured once per
+    process with ``measure_matmul_flops``, a practical peak rather than a datasheet one.
+    """
+    device = torch.device(device)
+    if dtype not in _DTYPE_KEYS:
+        raise ValueError(f"dtype: expected one of {list(_DTYPE_KEYS)}, got {dtype}")
+    if device.type == "cuda":
+        name = torch.cuda.get_device_name(device)
+        key = _DTYPE_KEYS[dtype]
+        if key == "fp32" and torch.get_float32_matmul_precision() != "highest":
+            key = "tf32"
+        for pattern, table in GPU_PEAK_FLOPS.items():
+            if pattern in name:
+                return table[key]
+    return _measured_peak(str(device), dtype)

@@ -1,0 +1,151 @@
+"""Isotropy of a point cloud ``X [N, d]`` (N token vectors of width d), computed in float64.
+
+Four views of "how uniformly do the representations use their space":
+
+- ``isoscore``: spread of variance over the principal axes (1 = every direction used equally).
+- ``mean_cosine_similarity``: do the vectors share a common direction (0 = no, 1 = all the same)?
+- ``effective_rank``: how many principal axes carry the variance (d = all, 1 = a single one).
+- ``basis_alignment``: is the mass concentrated on the *standard-basis* axes (outlier features),
+  which the three rotation-invariant scores above cannot see? (1 = no preferred basis.)
+
+Each function is pure; ``isotropy_metrics`` computes all four sharing one eigen-decomposition.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+
+def _as_points(X: torch.Tensor) -> torch.Tensor:
+    if X.dim() != 2 or X.shape[0] < 2 or X.shape[1] < 2:
+        raise ValueError(f"X: expected a [N, d] point cloud with N >= 2 and d >= 2, "
+                         f"got shape {tuple(X.shape)}")
+    return X.detach().to(torch.float64)
+
+
+def _covariance_spectrum(X: torch.Tensor) -> torch.Tensor:
+    """Eigenvalues of the sample covariance of ``X`` (float64, >= 0, ascending).
+
+    These are the variances of the points after PCA reorientation (the coordinates along the
+    principal axes are uncorrelated, so their covariance is the diagonal of eigenvalues).
+    """
+    centered = X - X.mean(dim=0)
+    cov = centered.T @ centered / (X.shape[0] - 1)
+    return torch.linalg.eigvalsh(cov).clamp_min(0.0)  # rounding leaves tiny negative eigenvalues
+
+
+def _isoscore_from_spectrum(variances: torch.Tensor) -> float:
+    d = variances.numel()
+    norm = variances.norm()
+    if norm == 0:
+        return math.nan
+    # Rudman et al. 2022, Algorithm 1: step 4 rescales the PCA variance vector to norm sqrt(d),
+    # the norm of the all-ones vector that an isotropic cloud would give.
+    normalized = variances * math.sqrt(d) / norm
+    # Step 5: isotropy defect, the distance to the all-ones vector divided by its largest value
+    # sqrt(2(d - sqrt(d))) (all variance on one axis), so delta lies in [0, 1].
+    defect = (normalized - 1.0).norm().item() / math.sqrt(2.0 * (d - math.sqrt(d)))
+    # Step 6: k(X) = (d - delta^2 (d - sqrt(d)))^2 / d dimensions are "used"; IsoScore maps
+    # k in [1, d] linearly onto [0, 1].
+    dims_used = (d - defect**2 * (d - math.sqrt(d))) ** 2 / d
+    return (dims_used - 1.0) / (d - 1.0)
+
+
+def _effective_rank_from_spectrum(variances: torch.Tensor) -> float:
+    total = variances.sum()
+    if total == 0:
+        return math.nan
+    p = variances / total
+    entropy = -torch.special.xlogy(p, p).sum()  # xlogy(0, 0) = 0: empty directions add nothing
+    return math.exp(entropy.item())
+
+
+def isoscore(X: torch.Tensor) -> float:
+    """IsoScore of the point cloud ``X [N, d]`` in [0, 1].
+
+    Rudman, Gillman, Rayne, Eickhoff, "IsoScore: Measuring the Uniformity of Embedding Space
+    Utilization", Findings of ACL 2022, Algorithm 1:
+
+    1. reorient by PCA and take the variance vector ``Sigma_D`` (the covariance eigenvalues);
+    2. normalise it to ``hat Sigma_D = sqrt(d) Sigma_D / |Sigma_D|``;
+    3. isotropy defect ``delta = |hat Sigma_D - 1| / sqrt(2 (d - sqrt(d)))``;
+    4. dimensions used ``k = (d - delta^2 (d - sqrt(d)))^2 / d``;
+    5. ``IsoScore = (k - 1) / (d - 1)``.
+
+    1 for an isotropic cloud, 0 when all variance lies on one axis; exactly ``(k - 1) / (d - 1)``
+    when the variance is spread equally over k of the d principal axes. Invariant to rotation,
+    translation and scale. ``nan`` when all points coincide.
+    """
+    return _isoscore_from_spectrum(_covariance_spectrum(_as_points(X)))
+
+
+def mean_cosine_similarity(X: torch.Tensor) -> float:
+    """Mean cosine similarity over the ``N (N - 1) / 2`` distinct pairs of rows of ``X``.
+
+    With unit vectors ``u_i = x_i / |x_i|`` and ``s = sum_i u_i``,
+    ``sum_{i != j} u_i . u_j = |s|^2 - N``, so the mean is ``(|s|^2 - N) / (N (N - 1))``: O(N d)
+    time and memory instead of the N x N similarity matrix. Not centred: a common offset of all
+    vectors (the "narrow cone" of Ethayarajh 2019) is exactly what it measures. Zero vectors have
+    no direction and are left out; ``nan`` if fewer than two remain.
+    """
+    X = _as_points(X)
+    norms = X.norm(dim=1)
+    units = X[norms > 0] / norms[norms > 0, None]
+    n = units.shape[0]
+    if n < 2:
+        return math.nan
+    s = units.sum(dim=0)
+    return ((s @ s).item() - n) / (n * (n - 1))
+
+
+def effective_rank(X: torch.Tensor) -> float:
+    """Effective rank of the covariance of ``X [N, d]``, in [1, d].
+
+    Roy & Vetterli, "The effective rank: a measure of effective dimensionality", EUSIPCO 2007,
+    eq. 1-2, applied to the covariance matrix: with its eigenvalues ``lambda_k`` and
+    ``p_k = lambda_k / sum_j lambda_j``, ``erank = exp(-sum_k p_k log p_k)``. Exactly k when the
+    variance is spread equally over k principal axes; invariant to rotation, translation and
+    scale. ``nan`` when all points coincide.
+    """
+    return _effective_rank_from_spectrum(_covariance_spectrum(_as_points(X)))
+
+
+def basis_alignment(X: torch.Tensor) -> float:
+    """How much more the rows of ``X`` concentrate on standard-basis axes than a random basis would.
+
+    The statistic ``kappa(X) = E[sum_i x_i^4] / E[|x|^4]`` (expectations over the rows, not
+    centred) is 1 when every row lies on an axis and 1/d when every coordinate is equal in size.
+    SPEC.md scores it relative to the same statistic after a random rotation ``R``. Its average
+    over Haar-random rotations has a closed form, for every distribution of x: ``Rx`` is uniform
+    on the sphere of radius ``|x|``, whose coordinates have ``E[u_i^4] = 3 / (d (d + 2))``, so
+    ``E_R[sum_i (Rx)_i^4] = 3 |x|^4 / (d + 2)`` and ``E_R[kappa(XR^T)] = 3 / (d + 2)``. We use this
+    exact average instead of a few sampled rotations, so the score carries no sampling noise:
+
+        basis_alignment(X) = kappa(X) (d + 2) / 3,   in [(d + 2) / (3 d), (d + 2) / 3].
+
+    ~1: no preferred basis (exactly 1 in expectation for an isotropic Gaussian). > 1: mass sits
+    on a few coordinates, e.g. the outlier / massive-activation features of LLM residual streams
+    (not centred, so a large constant offset on one coordinate counts). Not rotation invariant,
+    by design. ``nan`` for an all-zero cloud.
+    """
+    X = _as_points(X)
+    squares = X * X
+    mean_norm4 = (squares.sum(dim=1) ** 2).mean()
+    if mean_norm4 == 0:
+        return math.nan
+    kappa = (squares * squares).sum(dim=1).mean() / mean_norm4
+    return kappa.item() * (X.shape[1] + 2) / 3.0
+
+
+def isotropy_metrics(X: torch.Tensor) -> dict[str, float]:
+    """All four scores of ``X [N, d]`` keyed as in metrics.jsonl, with one eigen-decomposition."""
+    X = _as_points(X)
+    spectrum = _covariance_spectrum(X)
+    return {
+        "isoscore": _isoscore_from_spectrum(spectrum),
+        "mean_cos": mean_cosine_similarity(X),
+        "eff_rank": _effective_rank_from_spectrum(spectrum),
+        "basis_alignment": basis_alignment(X),
+    }

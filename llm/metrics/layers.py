@@ -1,0 +1,93 @@
+"""Per-layer isotropy and FFN diagnostics on a fixed validation batch (the ``layers`` of eval rows).
+
+``layer_report`` is called at every eval with the same batch and seed, so the rows of a run, and of
+every variant of a comparison, describe the same tokens. Under FSDP every rank must call it (the
+forward pass gathers parameters); only the main process needs to log the result.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import nn
+
+from .isotropy import isotropy_metrics
+
+FFN_DIAGNOSTIC_KEYS = ("alpha", "beta", "pathway_ratio")
+"""Keys of ``mlp.diagnostics(x)`` that go into a layer row (the variant decides which exist)."""
+
+
+@torch.no_grad()
+def layer_report(model: nn.Module, input_ids: torch.Tensor, samples: int,
+                 seed: int) -> list[dict[str, float]]:
+    """Isotropy of every hidden state and the FFN diagnostics of every block, one forward pass.
+
+    Row ``layer = 0`` is the embedding output, row ``i`` the output of block ``i`` (before the final
+    norm); each has ``isoscore``, ``mean_cos``, ``eff_rank``, ``basis_alignment`` (see
+    ``llm.metrics.isotropy``) over the same ``samples`` token positions, drawn without replacement
+    by a generator seeded with ``seed`` (all ``B * T`` positions when there are fewer). Row ``i >= 1``
+    also has block ``i``'s ``model.model.layers[i - 1].mlp.diagnostics(x)`` on the FFN's whole input
+    ``x [B, T, d]``, captured by a forward pre-hook.
+
+    ``model`` is an unwrapped ``IsoLLMForCausalLM`` (``accelerator.unwrap_model``); it is run in eval
+    mode and its training mode restored afterwards. A ``torch.compile`` wrapper (which
+    ``unwrap_model`` keeps by default) is bypassed: one eager forward is cheap, and hooks added to a
+    compiled module would force a recompilation.
+    """
+    if samples <= 0:
+        raise ValueError(f"samples: expected a positive integer, got {samples}")
+    model = getattr(model, "_orig_mod", model)
+    ffn_inputs: dict[int, torch.Tensor] = {}
+
+    def capture(index: int) -> Any:
+        def hook(module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+            ffn_inputs[index] = args[0] if args else kwargs["x"]
+        return hook
+
+    blocks = model.model.layers
+    handles = [block.mlp.register_forward_pre_hook(capture(i), with_kwargs=True)
+               for i, block in enumerate(blocks)]
+    was_training = model.training
+    model.eval()
+    try:
+        hidden_states = model(input_ids, output_hidden_states=True).hidden_states
+    finally:
+        model.train(was_training)
+        for handle in handles:
+            handle.remove()
+
+    positions = input_ids.numel()
+    generator = torch.Generator().manual_seed(seed)
+    chosen = torch.randperm(positions, generator=generator)[:samples].to(input_ids.device)
+    rows: list[dict[str, float]] = []
+    for layer, hidden in enumerate(hidden_states):
+        row: dict[str, float] = {"layer": layer, **isotropy_metrics(hidden.flatten(0, -2)[chosen])}
+        if layer >= 1:
+            diagnostics = blocks[layer - 1].mlp.diagnostics(ffn_inputs[layer - 1])
+            row.update({key: float(diagnostics[key]) for key in FFN_DIAGNOSTIC_KEYS if key in diagnostics})
+        rows.append(row)
+    return rows
+
+
+def flatten_for_tracker(row: dict[str, Any]) -> dict[str, float]:
+    """Flat scalars of a metrics.jsonl row for TensorBoard / W&B.
+
+    Top-level numbers keep their names (``val_loss``; ``step`` is passed to the tracker separately
+    and is dropped); each entry of ``layers`` becomes ``iso/layer03/isoscore`` for the isotropy
+    scores and ``ffn/layer03/alpha`` for the FFN diagnostics. Non-finite values are kept (trackers
+    plot them as gaps).
+    """
+    flat: dict[str, float] = {
+        key: float(value) for key, value in row.items()
+        if key != "step" and isinstance(value, (int, float)) and not isinstance(value, bool)
+    }
+    for layer_row in row.get("layers", []):
+        layer = int(layer_row["layer"])
+        for key, value in layer_row.items():
+            if key == "layer":
+                continue
+            group = "ffn" if key in FFN_DIAGNOSTIC_KEYS else "iso"
+            flat[f"{group}/layer{layer:02d}/{key}"] = float(value)
+    return flat
+

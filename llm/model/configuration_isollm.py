@@ -1,0 +1,47 @@
+"""The Hugging Face config of an isollm model: ``ModelConfig``'s fields on a ``PreTrainedConfig``.
+
+transformers 5 makes every ``PreTrainedConfig`` subclass a keyword-only dataclass, so inheriting
+from the ``ModelConfig`` dataclass as well gives exactly its fields (Qwen3 names plus the variant
+fields) without restating them; a field added to ``ModelConfig`` appears here, in ``config.json``
+and in ``AutoConfig.for_model("isollm", ...)`` at once.
+
+Copied to the hub with the modelling code: relative imports only.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict
+from typing import Any, ClassVar
+
+from transformers import PreTrainedConfig
+
+from .config import ModelConfig
+
+
+class IsoLLMConfig(ModelConfig, PreTrainedConfig):
+    """``ModelConfig`` + ``model_type = "isollm"``; validated on construction (``ConfigError`` names a field).
+
+    ``ModelConfig`` comes first in the bases so that its ``validate`` and defaults win (e.g.
+    ``tie_word_embeddings=True``, where ``PreTrainedConfig`` would leave weights untied).
+    """
+
+    model_type = "isollm"
+    keys_to_ignore_at_inference: ClassVar[list[str]] = ["past_key_values"]
+
+    def __post_init__(self, **kwargs: Any) -> None:
+        super().__post_init__(**kwargs)
+        ModelConfig.validate(self)
+
+    def validate(self) -> IsoLLMConfig:
+        """Run transformers' own checks (called by ``save_pretrained``), then ``ModelConfig``'s."""
+        PreTrainedConfig.validate(self)
+        ModelConfig.validate(self)
+        return self
+
+    def to_model_config(self) -> ModelConfig:
+        return ModelConfig(**{name: getattr(self, name) for name in ModelConfig.field_names()})
+
+    @classmethod
+    def from_model_config(cls, config: ModelConfig, **kwargs: Any) -> IsoLLMConfig:
+        """The HF config of a training config; ``kwargs`` are extra HF fields (e.g. ``eos_token_id``)."""
+        return cls(**asdict(config), **kwargs)

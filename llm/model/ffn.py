@@ -1,0 +1,391 @@
+"""Feed-forward blocks (``ModelConfig.ffn``): swiglu | isogmlp | iso_ln | iso_mlp, and parameter matching.
+
+Every block is ``down_proj(hidden(x))``: one fused input projection ``in_proj = make_linear(config, d,
+k*h, groups=k)`` computes all k input pathways of the variant in a single matmul (rows in the order of
+``projection_names``, e.g. swiglu's ``[gate; up]``, which the stock-Qwen3 export splits back into
+``gate_proj`` / ``up_proj``), the variant mixes them into an h-vector, and ``down_proj`` (a plain
+bias-free nn.Linear h -> d) maps it back. With d the hidden size and x one token's vector:
+
+    swiglu   W_down( SiLU(W_g x) * (W_u x) )
+    isogmlp  W_down( alpha*Gated + (1-alpha)*Iso ),  Iso = gamma*(W_i x) + beta, alpha = sigmoid(...)
+    iso_ln   W_down( alpha*Gated + (2-alpha)*LayerNorm(W_i x) + beta ),  alpha in [0.5, 2], |beta| <= 0.1
+    iso_mlp  W_down( f(W_up x) ),  f an isotropic activation (isotropic.py)
+
+``forward(x, cache)`` takes ``x`` ``[B, T, d]``; ``cache`` is None in training and, in generation, one
+dict per layer that persists across steps (only isogmlp's ``causal_mean`` gate keeps state in it).
+"""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar, NamedTuple
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from .config import ConfigError, ModelConfig
+from .isotropic import make_iso_activation
+from .linear import make_linear
+
+Cache = dict[str, Any]
+
+
+def swiglu(gate: Tensor, up: Tensor) -> Tensor:
+    """The gated pathway shared by every gated variant: ``SiLU(W_g x) * (W_u x)`` (isogmlp eq. 1)."""
+    return F.silu(gate) * up
+
+
+class FeedForward(nn.Module):
+    """Base block: fused ``in_proj`` -> ``hidden`` (per variant) -> ``down_proj``.
+
+    ``intermediate_size`` is h; None resolves it from the config (``ffn_param_match`` shrinks it so the
+    block has SwiGLU's parameter count). Parameter matching itself builds blocks with an explicit h.
+    """
+
+    PROJECTIONS: ClassVar[tuple[str, ...]]
+    """The fused input projections, in the row order of ``in_proj.weight``."""
+
+    def __init__(self, config: ModelConfig, intermediate_size: int | None = None) -> None:
+        super().__init__()
+        if intermediate_size is None:
+            intermediate_size = _matched_intermediate_size(type(self), config)
+        self.hidden_size = config.hidden_size
+        self.intermediate_size = intermediate_size
+        self.init_std = config.initializer_range
+        self.projections = self.projection_names(config)
+        k = len(self.projections)
+        self.in_proj = make_linear(config, config.hidden_size, k * intermediate_size, groups=k)
+        self.down_proj = nn.Linear(intermediate_size, config.hidden_size, bias=False)
+        nn.init.normal_(self.down_proj.weight, std=self.init_std)
+
+    def projection_names(self, config: ModelConfig) -> tuple[str, ...]:
+        """Names of the pathways fused into ``in_proj`` (its row blocks, in order)."""
+        return self.PROJECTIONS
+
+    def reset_parameters(self) -> None:
+        """Re-initialise the block as its constructor does (e.g. after building on the meta device)."""
+        self.in_proj.reset_parameters()
+        nn.init.normal_(self.down_proj.weight, std=self.init_std)
+
+    def project(self, x: Tensor) -> tuple[Tensor, ...]:
+        """All input pathways from one matmul, split into h-wide blocks."""
+        return self.in_proj(x).split(self.intermediate_size, dim=-1)
+
+    def hidden(self, x: Tensor, cache: Cache | None) -> Tensor:
+        """The h-vector fed to ``down_proj``."""
+        raise NotImplementedError
+
+    def forward(self, x: Tensor, cache: Cache | None = None) -> Tensor:
+        return self.down_proj(self.hidden(x, cache))
+
+    def diagnostics(self, x: Tensor) -> dict[str, float]:
+        """Learned mixing statistics on the block input ``x``; none for single-pathway blocks."""
+        return {}
+
+    def extra_repr(self) -> str:
+        return f"intermediate_size={self.intermediate_size}, projections={self.projections}"
+
+
+class SwiGLU(FeedForward):
+    """``W_down( SiLU(W_g x) * (W_u x) )``, the Qwen3 baseline."""
+
+    PROJECTIONS = ("gate", "up")
+
+    def hidden(self, x: Tensor, cache: Cache | None) -> Tensor:
+        gate, up = self.project(x)
+        return swiglu(gate, up)
+
+
+class IsoMLP(FeedForward):
+    """``W_down( f(W_up x) )`` with f an isotropic activation on the whole h-vector (isotropic-dl eq. 13).
+
+    Rotation-equivariant: ``W_up -> R W_up``, ``W_down -> W_down R^T`` leaves the block unchanged
+    (isotropic-deep-learning eq. 15), so no hidden basis direction is privileged.
+    """
+
+    PROJECTIONS = ("up",)
+
+    def __init__(self, config: ModelConfig, intermediate_size: int | None = None) -> None:
+        super().__init__(config, intermediate_size)
+        self.act = make_iso_activation(config)
+
+    def hidden(self, x: Tensor, cache: Cache | None) -> Tensor:
+        (up,) = self.project(x)
+        return self.act(up)
+
+
+class Mixture(NamedTuple):
+    """A two-pathway block's hidden vector ``gated + iso + offset`` and the learned mixing it used."""
+
+    gated: Tensor
+    """The gated pathway's contribution, already weighted by alpha."""
+    iso: Tensor | None
+    """The isotropy pathway's weighted contribution; None when the pathway is ablated."""
+    offset: Tensor | float
+    """A shift of every hidden feature (iso_ln's beta; 0 for isogmlp)."""
+    alpha: Tensor | float
+    """The gated pathway's weight: per token ``[B, T, 1]`` or one scalar."""
+    beta: Tensor
+    """The learned bias reported as ``beta`` (isogmlp: the per-channel vector; iso_ln: a scalar)."""
+
+
+def _widened(t: Tensor | float) -> Tensor:
+    """``t`` in at least fp32, for statistics (fp64 stays fp64)."""
+    t = torch.as_tensor(t)
+    return t.to(torch.promote_types(t.dtype, torch.float32))
+
+
+def _rms(t: Tensor) -> Tensor:
+    return _widened(t).pow(2).mean().sqrt()
+
+
+class TwoPathwayFFN(FeedForward):
+    """Shared by isogmlp and iso_ln: a SwiGLU pathway mixed with an isotropy pathway."""
+
+    def mixture(self, x: Tensor, cache: Cache | None) -> Mixture:
+        raise NotImplementedError
+
+    def hidden(self, x: Tensor, cache: Cache | None) -> Tensor:
+        mix = self.mixture(x, cache)
+        out = mix.gated + mix.offset
+        return out if mix.iso is None else out + mix.iso
+
+    @torch.no_grad()
+    def diagnostics(self, x: Tensor) -> dict[str, float]:
+        """``alpha`` (mean over tokens), ``beta`` (mean over channels for isogmlp's vector) and
+        ``pathway_ratio`` = RMS of the weighted gated contribution / RMS of the weighted isotropy one
+        (absent when the isotropy pathway is ablated)."""
+        mix = self.mixture(x, None)
+        stats = {
+            "alpha": _widened(mix.alpha).mean().item(),
+            "beta": _widened(mix.beta).mean().item(),
+        }
+        if mix.iso is not None:
+            stats["pathway_ratio"] = (_rms(mix.gated) / _rms(mix.iso)).item()
+        return stats
+
+
+class AlphaGate(nn.Module):
+    """IsoGMLP's mixing weight ``alpha = sigmoid(logit)`` per token, ``[B, T, 1]`` (isogmlp eq. 3).
+
+    ``proj`` is ``w_a . s + b_a`` on a per-token summary s of x (its width: ``summary_size``); weight
+    normal(0, initializer_range) and bias 0, so alpha starts near 1/2, an even mix of the pathways.
+    """
+
+    def __init__(self, config: ModelConfig, summary_size: int) -> None:
+        super().__init__()
+        self.init_std = config.initializer_range
+        self.proj = nn.Linear(summary_size, 1)
+        self.reset_parameters()
+
+    def reset_parameters(self) -> None:
+        nn.init.normal_(self.proj.weight, std=self.init_std)
+        nn.init.zeros_(self.proj.bias)
+
+    def logit(self, x: Tensor, cache: Cache | None) -> Tensor:
+        raise NotImplementedError
+
+    def forward(self, x: Tensor, cache: Cache | None = None) -> Tensor:
+        return torch.sigmoid(self.logit(x, cache)).to(x.dtype)
+
+
+class TokenGate(AlphaGate):
+    """``alpha_t = sigmoid(w_a . x_t + b_a)``: the token's own vector (the causal reading of eq. 3)."""
+
+    def __init__(self, config: ModelConfig) -> None:
+        super().__init__(config, config.hidden_size)
+
+    def logit(self, x: Tensor, cache: Cache | None) -> Tensor:
+        return self.proj(x)
+
+
+class CausalMeanGate(TokenGate):
+    """``alpha_t = sigmoid(w_a . mean_{s<=t} x_s + b_a)``: eq. 3's ``mean(x)`` over the visible prefix.
+
+    A mean over the whole sequence would let a token see its future. As the projection is affine,
+    ``w_a . mean(x) + b_a = mean(w_a . x + b_a)``: we project first and take the running mean of a
+    scalar (in fp32). In generation the running sum and the number of positions seen live in ``cache``.
+    """
+
+    SUM_KEY = "ffn_alpha_logit_sum"
+    COUNT_KEY = "ffn_alpha_positions"
+
+    def logit(self, x: Tensor, cache: Cache | None) -> Tensor:
+        running_sum = self.proj(x).float().cumsum(dim=1)
+        seen = 0
+        if cache is not None:
+            if self.SUM_KEY in cache:
+                running_sum = running_sum + cache[self.SUM_KEY]
+                seen = cache[self.COUNT_KEY]
+            cache[self.SUM_KEY] = running_sum[:, -1:]
+            cache[self.COUNT_KEY] = seen + x.shape[1]
+        positions = torch.arange(seen + 1, seen + x.shape[1] + 1, device=x.device, dtype=torch.float32)
+        return running_sum / positions[:, None]
+
+
+class FeatureMeanGate(AlphaGate):
+    """``alpha_t = sigmoid(w * mean_i x_t,i + b)`` with scalar w, b: eq. 3's mean taken over features."""
+
+    def __init__(self, config: ModelConfig) -> None:
+        super().__init__(config, 1)
+
+    def logit(self, x: Tensor, cache: Cache | None) -> Tensor:
+        return self.proj(x.mean(dim=-1, keepdim=True))
+
+
+ISOGMLP_GATES: dict[str, type[AlphaGate]] = {
+    "token": TokenGate,
+    "causal_mean": CausalMeanGate,
+    "feature_mean": FeatureMeanGate,
+}
+"""``ModelConfig.isogmlp_gate`` -> alpha gate class."""
+
+
+class IsoGMLP(TwoPathwayFFN):
+    """isogmlp eq. 1-4: ``W_down( alpha*Gated + (1-alpha)*Iso )``, ``Iso = gamma*(W_i x) + beta``.
+
+    gamma, beta are per-channel in R^h (init 1 and 0); alpha comes from ``config.isogmlp_gate``.
+    """
+
+    PROJECTIONS = ("gate", "up", "iso")
+
+    def __init__(self, config: ModelConfig, intermediate_size: int | None = None) -> None:
+        super().__init__(config, intermediate_size)
+        self.gamma = nn.Parameter(torch.ones(self.intermediate_size))
+        self.beta = nn.Parameter(torch.zeros(self.intermediate_size))
+        self.alpha_gate = ISOGMLP_GATES[config.isogmlp_gate](config)
+
+    def reset_parameters(self) -> None:
+        super().reset_parameters()
+        nn.init.ones_(self.gamma)
+        nn.init.zeros_(self.beta)
+        self.alpha_gate.reset_parameters()
+
+    def mixture(self, x: Tensor, cache: Cache | None) -> Mixture:
+        gate, up, iso = self.project(x)
+        alpha = self.alpha_gate(x, cache)
+        return Mixture(
+            gated=alpha * swiglu(gate, up),
+            iso=(1 - alpha) * (self.gamma * iso + self.beta),
+            offset=0.0,
+            alpha=alpha,
+            beta=self.beta,
+        )
+
+
+class IsoLN(TwoPathwayFFN):
+    """isotropy-ln-pathway: ``W_down( alpha*Gated + (2-alpha)*Iso + beta )``, ``Iso = LayerNorm(W_i x)``.
+
+    ``alpha = 0.5 + 1.5*sigmoid(alpha_raw)`` in [0.5, 2] and ``beta = 0.1*tanh(beta_raw)`` in
+    [-0.1, 0.1], learned scalars per layer (raw init 0: alpha 1.25, beta 0). Ablations:
+    ``iso_ln_alpha`` fixes alpha (no ``alpha_raw`` parameter), ``iso_ln_layernorm: false`` uses
+    ``W_i x`` as is, ``iso_ln_pathway: false`` drops ``W_i`` and the pathway: ``W_down(alpha*Gated + beta)``.
+    Ablated parts create no parameters, so distributed training sees no unused ones.
+    """
+
+    def __init__(self, config: ModelConfig, intermediate_size: int | None = None) -> None:
+        super().__init__(config, intermediate_size)
+        self.fixed_alpha = config.iso_ln_alpha or None
+        if self.fixed_alpha is None:
+            self.alpha_raw = nn.Parameter(torch.zeros(()))
+        self.beta_raw = nn.Parameter(torch.zeros(()))
+        self.has_iso_pathway = config.iso_ln_pathway
+        if self.has_iso_pathway:
+            self.iso_norm = (nn.LayerNorm(self.intermediate_size, eps=config.rms_norm_eps)
+                             if config.iso_ln_layernorm else nn.Identity())
+
+    def projection_names(self, config: ModelConfig) -> tuple[str, ...]:
+        return ("gate", "up", "iso") if config.iso_ln_pathway else ("gate", "up")
+
+    def reset_parameters(self) -> None:
+        super().reset_parameters()
+        if self.fixed_alpha is None:
+            nn.init.zeros_(self.alpha_raw)
+        nn.init.zeros_(self.beta_raw)
+        if self.has_iso_pathway and isinstance(self.iso_norm, nn.LayerNorm):
+            self.iso_norm.reset_parameters()
+
+    def alpha(self) -> Tensor | float:
+        if self.fixed_alpha is not None:
+            return self.fixed_alpha
+        return 0.5 + 1.5 * torch.sigmoid(self.alpha_raw)
+
+    def beta(self) -> Tensor:
+        return 0.1 * torch.tanh(self.beta_raw)
+
+    def mixture(self, x: Tensor, cache: Cache | None) -> Mixture:
+        gate, up, *iso = self.project(x)
+        alpha, beta = self.alpha(), self.beta()
+        return Mixture(
+            gated=alpha * swiglu(gate, up),
+            iso=(2 - alpha) * self.iso_norm(iso[0]) if self.has_iso_pathway else None,
+            offset=beta,
+            alpha=alpha,
+            beta=beta,
+        )
+
+
+FFN_REGISTRY: dict[str, type[FeedForward]] = {
+    "swiglu": SwiGLU,
+    "isogmlp": IsoGMLP,
+    "iso_ln": IsoLN,
+    "iso_mlp": IsoMLP,
+}
+"""``ModelConfig.ffn`` -> block class, constructed ``(config)``."""
+
+
+# --- Parameter matching ---------------------------------------------------------------------------
+
+# Prefer an intermediate size that is a multiple of 8 (tensor-core friendly) when its parameter count
+# stays this close to the target; otherwise take the nearest integer.
+_ROUNDING_TOLERANCE = 0.005
+
+
+def swiglu_param_count(config: ModelConfig) -> int:
+    """The matching target: SwiGLU with plain projections at ``config.intermediate_size`` (3*d*h)."""
+    return 3 * config.hidden_size * config.intermediate_size
+
+
+def _count_parameters(cls: type[FeedForward], config: ModelConfig, intermediate_size: int) -> int:
+    with torch.device("meta"):  # shapes only: no memory, no init cost
+        block = cls(config, intermediate_size=intermediate_size)
+    return sum(p.numel() for p in block.parameters())
+
+
+def _matched_intermediate_size(cls: type[FeedForward], config: ModelConfig) -> int:
+    """h for block ``cls`` (with ``config.ffn_linear``): ``config.intermediate_size`` unless
+    ``ffn_param_match``, then the h whose parameter count equals ``swiglu_param_count(config)``.
+
+    A block's count is affine in h (matrices d*h, per-channel vectors h, scalars), so two builds on
+    the meta device give it exactly and any new variant is matched without a formula of its own.
+    """
+    if not config.ffn_param_match:
+        return config.intermediate_size
+    target = swiglu_param_count(config)
+    low, high = 8, 16
+    count_low = _count_parameters(cls, config, low)
+    per_unit = (_count_parameters(cls, config, high) - count_low) / (high - low)
+    fixed = count_low - per_unit * low
+
+    def rel_error(h: int) -> float:
+        return abs(fixed + per_unit * h - target) / target
+
+    exact = (target - fixed) / per_unit
+    multiple_of_8 = 8 * round(exact / 8)
+    if multiple_of_8 >= 8 and rel_error(multiple_of_8) <= _ROUNDING_TOLERANCE:
+        return multiple_of_8
+    nearest = round(exact)
+    if nearest < 1:
+        raise ConfigError("intermediate_size", f"{config.intermediate_size} is too small to parameter-match "
+                          f"ffn={config.ffn!r} (needs h={exact:.2f})")
+    return nearest
+
+
+def resolve_intermediate_size(config: ModelConfig) -> int:
+    """The h that ``FFN_REGISTRY[config.ffn](config)`` uses (see ``_matched_intermediate_size``)."""
+    return _matched_intermediate_size(FFN_REGISTRY[config.ffn], config)
+
+
+def ffn_param_count(config: ModelConfig) -> int:
+    """Parameters of one FFN block as built for ``config`` (after parameter matching)."""
+    return _count_parameters(FFN_REGISTRY[config.ffn], config, resolve_intermediate_size(config))

@@ -1,0 +1,141 @@
+"""Input projections of the FFN blocks (``ModelConfig.ffn_linear``): linear | affine_like | focus.
+
+Every projection keeps nn.Linear's layout (``weight`` is ``[out_features, in_features]``), so a fused
+``in_proj`` is split into per-pathway matrices by slicing rows (the stock-Qwen3 export relies on it).
+``groups`` says how many equal output blocks the projection fuses; only ``focus`` uses it.
+
+Initialisation: every weight is normal(0, ``initializer_range``), like every other projection of the
+model, so that variants differ only in their functional form. For ``focus`` this keeps the effective
+weight ``W * Phi`` at the dense neuron's scale because eq. 7 normalises each row of Phi to norm
+sqrt(m), i.e. mean square 1; the paper's eq. 10 (uniform with bound sqrt(6)/|phi_j| = sqrt(6/m), a
+He-uniform init) would give focus layers a different, width-dependent scale from the baseline's
+projections and break the like-for-like comparison.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from .config import ModelConfig
+
+# Smallest aperture the focus coefficients use. The paper clips sigma to [0.01, 1.0] after each update
+# (focusing-neuron Algorithm 3); we clamp in the forward pass instead so no optimizer hook is needed.
+# Only the lower bound matters for stability: a wide aperture just makes the neuron dense (s -> 1).
+FOCUS_SIGMA_MIN = 0.01
+
+
+class Projection(nn.Module):
+    """A bias-free ``[out, in]`` weight, normal(0, ``initializer_range``); subclasses add their form."""
+
+    def __init__(self, in_features: int, out_features: int, config: ModelConfig, groups: int = 1) -> None:
+        super().__init__()
+        if groups < 1 or out_features % groups:
+            raise ValueError(f"out_features={out_features} must split into groups={groups} equal blocks")
+        self.in_features = in_features
+        self.out_features = out_features
+        self.groups = groups
+        self.init_std = config.initializer_range
+        self.weight = nn.Parameter(torch.empty(out_features, in_features))
+        self.add_form_parameters(config)
+        self.reset_parameters()
+
+    def add_form_parameters(self, config: ModelConfig) -> None:
+        """Register the parameters a subclass adds to the weight (uninitialised; see ``reset_parameters``)."""
+
+    def reset_parameters(self) -> None:
+        nn.init.normal_(self.weight, std=self.init_std)
+
+    def extra_repr(self) -> str:
+        return f"in_features={self.in_features}, out_features={self.out_features}, groups={self.groups}"
+
+
+class Linear(Projection):
+    """``z = W x`` (no bias, as every projection of a Qwen3 decoder)."""
+
+    def forward(self, x: Tensor) -> Tensor:
+        return F.linear(x, self.weight)
+
+
+class AffineLike(Projection):
+    """affine-divergence eq. 19: ``z = (W x + b) / sqrt(|x|^2 + 1)``, with a learned bias b (init 0).
+
+    Dividing weight and bias alike by ``sqrt(|x|^2 + 1)`` (the norm of the augmented input ``[x, 1]``)
+    makes the update of z follow the ideal steepest-descent direction (the paper's affine divergence)
+    while keeping |x| as information, unlike a normaliser.
+    """
+
+    def add_form_parameters(self, config: ModelConfig) -> None:
+        self.bias = nn.Parameter(torch.empty(self.out_features))
+
+    def reset_parameters(self) -> None:
+        super().reset_parameters()
+        nn.init.zeros_(self.bias)
+
+    def forward(self, x: Tensor) -> Tensor:
+        # The squared norm is summed in fp32 at least: bf16 would round |x|^2 over d features badly.
+        sq_norm = x.pow(2).sum(dim=-1, keepdim=True, dtype=torch.promote_types(x.dtype, torch.float32))
+        return F.linear(x, self.weight, self.bias) * torch.rsqrt(sq_norm + 1).to(x.dtype)
+
+
+class Focus(Projection):
+    """Focusing neurons (focusing-neuron eq. 5-7): effective weight ``W * Phi``, ``Phi`` ``[out, in]``,
+
+        Phi[j, i] = s_j exp(-(tau_i - mu_j)^2 / (2 sigma_j^2)),   tau_i = i/m (i = 1..m),
+        s_j = sqrt(m) / |phi_j|                                    (eq. 7, not Algorithm 2's sum)
+
+    so each neuron j sees a Gaussian window of the m inputs centred at ``focus_mu[j]`` with aperture
+    ``focus_sigma[j]``, and ``|Phi[j, :]| = sqrt(m)`` exactly. The centres are spread evenly over [0, 1]
+    within each of the ``groups`` output blocks, so that each pathway of a fused projection covers
+    the whole input. The parameter names end in ``focus_mu`` / ``focus_sigma`` so the optimizer can
+    give them their own learning-rate multipliers.
+    """
+
+    def add_form_parameters(self, config: ModelConfig) -> None:
+        self.sigma_init = config.focus_sigma_init
+        self.focus_mu = nn.Parameter(torch.empty(self.out_features))
+        self.focus_sigma = nn.Parameter(torch.empty(self.out_features))
+
+    def reset_parameters(self) -> None:
+        super().reset_parameters()
+        block = self.out_features // self.groups
+        # Midpoints of `block` equal cells of [0, 1]: even spacing without piling up on the borders.
+        centres = (torch.arange(block, device=self.focus_mu.device, dtype=torch.float32) + 0.5) / block
+        with torch.no_grad():
+            self.focus_mu.copy_(centres.repeat(self.groups))
+            self.focus_sigma.fill_(self.sigma_init)
+
+    def focus_coefficients(self) -> Tensor:
+        """Phi ``[out, in]`` of eq. 6-7 for the current ``focus_mu`` / ``focus_sigma``.
+
+        With ``d_ji = (tau_i - mu_j)^2 / (2 sigma_j^2)``, eq. 7 gives
+        ``Phi_ji = sqrt(m) exp(-d_ji) / sqrt(sum_i exp(-2 d_ji))
+                 = sqrt(m) exp(-d_ji - logsumexp_i(-2 d_ji) / 2)``.
+        The log-sum-exp form stays finite when a centre drifts far from every input and all the
+        Gaussian values underflow (the literal quotient would be 0/0).
+        """
+        m = self.in_features
+        mu = self.focus_mu
+        tau = torch.arange(1, m + 1, device=mu.device, dtype=mu.dtype) / m
+        sigma = self.focus_sigma.clamp_min(FOCUS_SIGMA_MIN)
+        dist = (tau[None, :] - mu[:, None]).pow(2) / (2 * sigma[:, None].pow(2))
+        return math.sqrt(m) * torch.exp(-dist - 0.5 * torch.logsumexp(-2 * dist, dim=1, keepdim=True))
+
+    def forward(self, x: Tensor) -> Tensor:
+        return F.linear(x, self.weight * self.focus_coefficients().to(self.weight.dtype))
+
+
+LINEAR_REGISTRY: dict[str, type[Projection]] = {
+    "linear": Linear,
+    "affine_like": AffineLike,
+    "focus": Focus,
+}
+"""``ModelConfig.ffn_linear`` -> projection class, built ``(in_features, out_features, config, groups)``."""
+
+
+def make_linear(config: ModelConfig, in_features: int, out_features: int, groups: int = 1) -> Projection:
+    """The FFN input projection named by ``config.ffn_linear``."""
+    return LINEAR_REGISTRY[config.ffn_linear](in_features, out_features, config, groups)

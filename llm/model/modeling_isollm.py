@@ -1,0 +1,274 @@
+"""The isollm decoder: a Qwen3-style transformer with swappable FFN blocks and attention scoring.
+
+One module serves plain-PyTorch training (``model(input_ids).logits``) and the Hugging Face hub
+(``PreTrainedModel`` + ``GenerationMixin``). Module and parameter names follow transformers' Qwen3
+(``model.layers[i].self_attn.o_proj`` ...), except that the attention's q/k/v projections are fused
+into ``qkv_proj`` and the FFN's input projections into ``mlp.in_proj`` (one matmul each); the stock
+Qwen3 export (``llm/hf``) splits them back.
+
+    x = embed_tokens(ids)
+    for each layer:  x = x + self_attn(input_layernorm(x))           # RoPE, GQA, QK-norm, scoring
+                     x = x + mlp(post_attention_layernorm(x))         # FFN_REGISTRY[config.ffn]
+    logits = lm_head(norm(x))                                         # lm_head tied to embed_tokens
+
+Generation keeps an ``IsoLLMCache``: per layer, the scoring's opaque state (the KV cache for softmax,
+the O(1) ``(S, G)`` sums for iso_tanh) and a dict the FFN may keep running statistics in.
+
+Copied to the hub with its relative imports: torch and transformers only.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.utils._pytree import tree_map
+from transformers import GenerationMixin, PreTrainedModel
+from transformers.modeling_outputs import CausalLMOutputWithPast
+
+from .attention import ATTN_SCORING_REGISTRY
+from .config import ModelConfig
+from .configuration_isollm import IsoLLMConfig
+from .ffn import FFN_REGISTRY
+
+
+class RMSNorm(nn.Module):
+    """``weight * x / sqrt(mean(x^2) + eps)``, normalised in fp32 as in Qwen3 (bf16 would round the mean)."""
+
+    def __init__(self, dim: int, eps: float) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(dim))
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x32 = x.float()
+        x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.weight * x32.to(x.dtype)
+
+
+def rotary_cos_sin(position_ids: torch.Tensor, head_dim: int, theta: float,
+                   dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    """RoPE's cos and sin, ``[B, T, head_dim]``, for integer positions ``[B, T]`` (Su et al. 2021).
+
+    Frequencies ``theta^(-2i/head_dim)`` are laid out as ``[f_0..f_{D/2-1}, f_0..f_{D/2-1}]``, the
+    rotate-half convention of Llama and Qwen3 (not interleaved pairs), so that an exported model gives
+    stock Qwen3's logits. Computed per call in fp32 rather than kept as a buffer: it is a tiny
+    ``T x D`` table shared by all layers, and a buffer would be cast to bf16 by ``model.to(bf16)``.
+    """
+    exponent = torch.arange(0, head_dim, 2, dtype=torch.float32, device=position_ids.device) / head_dim
+    inv_freq = 1.0 / (theta**exponent)
+    freqs = position_ids[..., None].float() * inv_freq
+    angles = torch.cat([freqs, freqs], dim=-1)
+    return angles.cos().to(dtype), angles.sin().to(dtype)
+
+
+def rotate_half(x: torch.Tensor) -> torch.Tensor:
+    x1, x2 = x.chunk(2, dim=-1)
+    return torch.cat([-x2, x1], dim=-1)
+
+
+def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Rotate ``x`` ``[B, heads, T, D]`` by its positions' angles (cos, sin ``[B, T, D]``)."""
+    return x * cos[:, None] + rotate_half(x) * sin[:, None]
+
+
+@dataclass
+class LayerState:
+    """What one decoder layer carries from one generation step to the next."""
+
+    attention: Any = None
+    """The scoring's opaque ``present``: ``(k, v)`` for softmax, ``(S, G)`` for iso_tanh."""
+    ffn: dict[str, torch.Tensor] = field(default_factory=dict)
+    """The FFN's own running state (isogmlp's causal_mean gate keeps its prefix sum here)."""
+
+
+class IsoLLMCache:
+    """Generation state of all layers plus the number of tokens seen (the next token's position).
+
+    Not a ``transformers.cache_utils.Cache``: iso_tanh has no keys or values to cache. It offers what
+    ``generate()`` asks of a cache for greedy decoding, sampling and beam search (``get_seq_length``,
+    ``reorder_cache``); it is not compileable or croppable, so assisted decoding is not supported.
+    """
+
+    is_compileable = False
+    is_croppable = False
+
+    def __init__(self, num_layers: int) -> None:
+        self.layers = [LayerState() for _ in range(num_layers)]
+        self.seen_tokens = 0
+
+    def get_seq_length(self, layer_idx: int = 0) -> int:
+        return self.seen_tokens
+
+    def reorder_cache(self, beam_idx: torch.LongTensor) -> None:
+        """Beam search: keep the rows of the surviving beams (every state tensor is batch-first)."""
+        def select(value: Any) -> Any:
+            if isinstance(value, torch.Tensor):
+                return value.index_select(0, beam_idx.to(value.device))
+            return value
+
+        for layer in self.layers:
+            layer.attention, layer.ffn = tree_map(select, (layer.attention, layer.ffn))
+
+
+class IsoLLMAttention(nn.Module):
+    """Grouped-query attention: fused ``qkv_proj``, Qwen3's per-head ``q_norm``/``k_norm`` before RoPE,
+    scoring from ``ATTN_SCORING_REGISTRY[config.attn_scoring]``, ``o_proj``; no biases."""
+
+    def __init__(self, config: ModelConfig) -> None:
+        super().__init__()
+        self.num_heads = config.num_attention_heads
+        self.num_kv_heads = config.num_key_value_heads
+        self.head_dim = config.resolved_head_dim
+        qkv_size = (self.num_heads + 2 * self.num_kv_heads) * self.head_dim
+        self.qkv_proj = nn.Linear(config.hidden_size, qkv_size, bias=False)
+        self.o_proj = nn.Linear(self.num_heads * self.head_dim, config.hidden_size, bias=False)
+        norm = (lambda: RMSNorm(self.head_dim, config.rms_norm_eps)) if config.qk_norm else nn.Identity
+        self.q_norm = norm()
+        self.k_norm = norm()
+        self.scoring = ATTN_SCORING_REGISTRY[config.attn_scoring](config)
+
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, past: Any = None,
+                use_cache: bool = False) -> tuple[torch.Tensor, Any]:
+        b, t, _ = x.shape
+        qkv = self.qkv_proj(x).view(b, t, self.num_heads + 2 * self.num_kv_heads, self.head_dim)
+        q, k, v = qkv.split([self.num_heads, self.num_kv_heads, self.num_kv_heads], dim=2)
+        q = apply_rotary(self.q_norm(q).transpose(1, 2), cos, sin)
+        k = apply_rotary(self.k_norm(k).transpose(1, 2), cos, sin)
+        out, present = self.scoring(q, k, v.transpose(1, 2), past=past, use_cache=use_cache)
+        return self.o_proj(out.transpose(1, 2).reshape(b, t, -1)), present
+
+
+class IsoLLMDecoderLayer(nn.Module):
+    """Pre-norm block: ``x + self_attn(norm(x))``, then ``x + mlp(norm(x))``."""
+
+    def __init__(self, config: ModelConfig) -> None:
+        super().__init__()
+        self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.self_attn = IsoLLMAttention(config)
+        self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.mlp = FFN_REGISTRY[config.ffn](config)
+
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+                state: LayerState | None = None) -> torch.Tensor:
+        past = state.attention if state is not None else None
+        attn_out, present = self.self_attn(self.input_layernorm(x), cos, sin, past=past,
+                                           use_cache=state is not None)
+        x = x + attn_out
+        if state is not None:
+            state.attention = present
+        return x + self.mlp(self.post_attention_layernorm(x), cache=state.ffn if state is not None else None)
+
+
+class IsoLLMModel(nn.Module):
+    """Embedding, decoder layers and final norm: token ids -> normalised hidden states."""
+
+    def __init__(self, config: ModelConfig) -> None:
+        super().__init__()
+        self.head_dim = config.resolved_head_dim
+        self.rope_theta = config.rope_theta
+        self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
+        self.layers = nn.ModuleList(IsoLLMDecoderLayer(config) for _ in range(config.num_hidden_layers))
+        self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+
+    def forward(self, input_ids: torch.Tensor, position_ids: torch.Tensor | None = None,
+                cache: IsoLLMCache | None = None,
+                output_hidden_states: bool = False) -> tuple[torch.Tensor, tuple[torch.Tensor, ...] | None]:
+        """Return ``norm(x_L)`` and, if asked, ``(x_0, ..., x_L)``: the embedding output and every block's
+        output, before the final norm (the per-layer isotropy metrics read these)."""
+        x = self.embed_tokens(input_ids)
+        if position_ids is None:
+            start = cache.seen_tokens if cache is not None else 0
+            position_ids = torch.arange(start, start + input_ids.shape[1], device=input_ids.device)[None]
+        cos, sin = rotary_cos_sin(position_ids, self.head_dim, self.rope_theta, x.dtype)
+        hidden = [x] if output_hidden_states else None
+        for i, layer in enumerate(self.layers):
+            x = layer(x, cos, sin, cache.layers[i] if cache is not None else None)
+            if hidden is not None:
+                hidden.append(x)
+        if cache is not None:
+            cache.seen_tokens += input_ids.shape[1]
+        return self.norm(x), (tuple(hidden) if hidden is not None else None)
+
+
+class IsoLLMForCausalLM(PreTrainedModel, GenerationMixin):
+    """The decoder plus LM head; the training module and the hub model at once."""
+
+    config_class = IsoLLMConfig
+    config: IsoLLMConfig
+    base_model_prefix = "model"
+    _no_split_modules: ClassVar[list[str]] = ["IsoLLMDecoderLayer"]
+    # A dict in transformers 5; without it tie_word_embeddings is silently ignored.
+    _tied_weights_keys: ClassVar[dict[str, str]] = {"lm_head.weight": "model.embed_tokens.weight"}
+
+    def __init__(self, config: IsoLLMConfig) -> None:
+        super().__init__(config)
+        self.model = IsoLLMModel(config)
+        self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
+        self.post_init()  # transformers' init (normal(0, initializer_range), norms to 1) and weight tying
+
+    def get_input_embeddings(self) -> nn.Embedding:
+        return self.model.embed_tokens
+
+    def get_output_embeddings(self) -> nn.Linear:
+        return self.lm_head
+
+    def forward(
+        self,
+        input_ids: torch.LongTensor,
+        attention_mask: torch.Tensor | None = None,
+        position_ids: torch.LongTensor | None = None,
+        past_key_values: IsoLLMCache | None = None,
+        use_cache: bool | None = None,
+        labels: torch.LongTensor | None = None,
+        output_hidden_states: bool | None = None,
+        logits_to_keep: int = 0,
+        **kwargs: Any,
+    ) -> CausalLMOutputWithPast:
+        """Logits ``[B, T, V]`` (only the last ``logits_to_keep`` positions when > 0, as ``generate()``
+        asks); with ``labels``, the mean next-token cross-entropy in fp32 over labels != -100
+        (transformers' shift: position t predicts ``labels[:, t + 1]``).
+
+        ``past_key_values``: an ``IsoLLMCache`` from an earlier call; ``input_ids`` then holds only
+        the new tokens. ``use_cache=True`` without one starts a cache. Padding is not supported:
+        ``attention_mask`` must be all ones (``generate()`` drops such a mask itself).
+        """
+        if attention_mask is not None and not bool(attention_mask.all()):
+            raise ValueError("attention_mask: padded batches are not supported (iso_tanh attention has no "
+                             "mask); generate from prompts of equal length")
+        if past_key_values is None and use_cache:
+            past_key_values = IsoLLMCache(self.config.num_hidden_layers)
+        hidden, all_hidden = self.model(input_ids, position_ids, past_key_values,
+                                        bool(output_hidden_states))
+        logits = self.lm_head(hidden[:, -logits_to_keep:] if logits_to_keep else hidden)
+        loss = None
+        if labels is not None:
+            loss = F.cross_entropy(logits[:, :-1].flatten(0, 1).float(), labels[:, 1:].flatten(),
+                                   ignore_index=-100)
+        return CausalLMOutputWithPast(loss=loss, logits=logits, past_key_values=past_key_values,
+                                      hidden_states=all_hidden)
+
+    def _prepare_cache_for_generation(self, generation_config: Any, model_kwargs: dict[str, Any],
+                                      *args: Any, **kwargs: Any) -> None:
+        """``generate()`` would build a KV ``DynamicCache``; every scoring uses an ``IsoLLMCache`` instead."""
+        if model_kwargs.get("past_key_values") is None and generation_config.use_cache is not False:
+            model_kwargs["past_key_values"] = IsoLLMCache(self.config.num_hidden_layers)
+
+
+def param_counts(config: ModelConfig) -> tuple[int, int]:
+    """``(total, non_embedding)`` parameters of the model ``config`` describes, built on the meta device.
+
+    Tied weights count once. ``non_embedding`` leaves out ``embed_tokens`` and an untied ``lm_head``
+    (the usual convention for scaling laws: both are lookups/readouts of size V x d).
+    """
+    hf_config = config if isinstance(config, IsoLLMConfig) else IsoLLMConfig.from_model_config(config)
+    with torch.device("meta"):
+        model = IsoLLMForCausalLM(hf_config)
+    total = sum(p.numel() for p in model.parameters())
+    embedding = model.model.embed_tokens.weight.numel()
+    if not hf_config.tie_word_embeddings:
+        embedding += model.lm_head.weight.numel()
+    return total, total - embedding

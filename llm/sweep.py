@@ -1,0 +1,306 @@
+"""Sweep launcher: expand a grid of config overrides into named runs, then print, run or submit them.
+
+A sweep file (``launch/sweeps/*.yaml``)::
+
+    name: ffn-attn                      # slurm job name and array-script file name
+    configs: [configs/sizes/tiny.yaml]  # base config files of every run (relative to the repo root)
+    files:                              # optional axes over config files: axis -> {label: file}
+      size: {tiny: configs/sizes/tiny.yaml, 83m: configs/sizes/83m.yaml}
+    grid:                               # axes over dotted config keys: key -> list of values
+      model.ffn: [swiglu, isogmlp]
+      seed: [0, 1, 2]
+    overrides: {train.max_tokens: 1000000}    # fixed for every run
+    run_name: "{size}-{model.ffn}-s{seed}"    # placeholders: the axes
+    command: python train.py                  # what runs one config (or `accelerate launch ... train.py`)
+    slurm: {nodes: 1, gpus_per_node: 8, time: "24:00:00", accelerate_config: launch/accelerate/ddp.yaml}
+
+The runs are the cartesian product of all axes (``files`` first, then ``grid``, in file order). Every
+run's config is resolved with ``load_config`` before anything starts, so a typo fails the whole sweep
+at once, and the runs must agree on everything that makes a comparison fair (SPEC.md: same data
+order, same validation tokens, same token budget): the whole ``data`` section and the fields in
+``COMPARISON_INVARIANTS``. A ``data.*`` grid axis is therefore refused.
+
+    python launch/sweep.py launch/sweeps/ffn_attn.yaml --mode print|local|slurm [--dry-run]
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import re
+import shlex
+import shutil
+import subprocess
+import sys
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from omegaconf import OmegaConf
+
+from llm.config import RunConfig, load_config
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+COMPARISON_INVARIANTS = ("train.global_batch_tokens", "train.max_tokens", "train.max_steps")
+"""Run-config fields (besides the whole ``data`` section) that every run of a sweep must share."""
+SWEEP_KEYS = ("name", "configs", "files", "grid", "overrides", "run_name", "command", "slurm")
+SLURM_DEFAULTS: dict[str, Any] = {
+    "nodes": 1,
+    "gpus_per_node": 8,
+    "cpus_per_task": 64,
+    "time": "24:00:00",
+    "partition": None,
+    "max_parallel": 0,
+    "accelerate_config": "launch/accelerate/ddp.yaml",
+}
+"""``slurm:`` keys; ``max_parallel`` 0 means no limit on array tasks running at once."""
+PLACEHOLDER = re.compile(r"\{([A-Za-z_][A-Za-z0-9_.]*)\}")
+
+
+@dataclass
+class Run:
+    """One point of the grid: its name, the config files it merges and the overrides on top."""
+
+    name: str
+    configs: list[str]
+    overrides: list[str]
+    axes: dict[str, str] = field(default_factory=dict)
+    """Axis -> the value (or file label) this run takes, as it appears in the name."""
+
+    def train_args(self) -> list[str]:
+        """Arguments of train.py: ``--config FILE ... key=value ... name=<run name>``."""
+        files = [arg for path in self.configs for arg in ("--config", path)]
+        return [*files, *self.overrides, f"name={self.name}"]
+
+
+@dataclass
+class Sweep:
+    name: str
+    runs: list[Run]
+    command: list[str]
+    slurm: dict[str, Any]
+    source: Path
+
+    def commands(self) -> list[list[str]]:
+        return [[*self.command, *run.train_args()] for run in self.runs]
+
+
+def format_value(value: Any) -> str:
+    """A YAML scalar as an OmegaConf dotlist value (``true``, ``null``, ``[1, 2]``, ``3e-4`` as written)."""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if value is None:
+        return "null"
+    if isinstance(value, list | dict):
+        return json.dumps(value, separators=(",", ":"))
+    return str(value)
+
+
+def _fail(path: Path, key: str, message: str) -> ValueError:
+    return ValueError(f"{path}: {key}: {message}")
+
+
+def _resolve_file(path: Path, key: str, file: str) -> str:
+    """Config paths are relative to the repository root (as in train.py's --config); check they exist."""
+    resolved = Path(file) if Path(file).is_absolute() else REPO_ROOT / file
+    if not resolved.is_file():
+        raise _fail(path, key, f"no such config file: {resolved}")
+    return file
+
+
+def _render_name(path: Path, template: str, axes: dict[str, str]) -> str:
+    def substitute(match: re.Match[str]) -> str:
+        if match.group(1) not in axes:
+            raise _fail(path, "run_name", f"placeholder {{{match.group(1)}}} is not an axis "
+                        f"(axes: {', '.join(axes) or 'none'})")
+        return axes[match.group(1)]
+
+    return PLACEHOLDER.sub(substitute, template)
+
+
+def expand(spec: dict[str, Any], path: Path) -> list[Run]:
+    """The cartesian product of the ``files`` and ``grid`` axes as named runs (names checked unique)."""
+    configs = [_resolve_file(path, "configs", f) for f in spec.get("configs") or []]
+    files: dict[str, dict[str, str]] = spec.get("files") or {}
+    grid: dict[str, list[Any]] = spec.get("grid") or {}
+    overrides = [f"{key}={format_value(value)}" for key, value in (spec.get("overrides") or {}).items()]
+    for axis, choices in files.items():
+        if not isinstance(choices, dict) or not choices:
+            raise _fail(path, f"files.{axis}", "expected a non-empty mapping label -> config file")
+        for label, file in choices.items():
+            _resolve_file(path, f"files.{axis}.{label}", file)
+    for key, values in grid.items():
+        if not isinstance(values, list) or not values:
+            raise _fail(path, f"grid.{key}", "expected a non-empty list of values")
+        if key == "name" or key.startswith("data.") or key == "data":
+            raise _fail(path, f"grid.{key}", "runs of a comparison must share the data order and "
+                        "validation tokens (and are named by run_name); put it under overrides instead")
+    if set(files) & set(grid):
+        raise _fail(path, "files", f"axes {sorted(set(files) & set(grid))} are also grid keys")
+
+    axis_names = [*files, *grid]
+    axis_choices = [[(label, [file]) for label, file in files[a].items()] for a in files]
+    axis_choices += [[(format_value(v), [f"{key}={format_value(v)}"]) for v in grid[key]] for key in grid]
+    template = spec.get("run_name") or "-".join(f"{{{a}}}" for a in axis_names) or str(spec["name"])
+    runs: list[Run] = []
+    for point in itertools.product(*axis_choices):
+        axes = {axis: label for axis, (label, _) in zip(axis_names, point, strict=True)}
+        extra_files = [item for (_, items), axis in zip(point, axis_names, strict=True)
+                       if axis in files for item in items]
+        grid_overrides = [item for (_, items), axis in zip(point, axis_names, strict=True)
+                          if axis in grid for item in items]
+        runs.append(Run(_render_name(path, template, axes), [*configs, *extra_files],
+                        [*overrides, *grid_overrides], axes))
+    names = [run.name for run in runs]
+    duplicates = sorted({n for n in names if names.count(n) > 1})
+    if duplicates:
+        raise _fail(path, "run_name", f"{template!r} gives several runs the same name ({duplicates[0]!r}); "
+                    "include every axis with more than one value")
+    return runs
+
+
+def _field(config: RunConfig, dotted: str) -> Any:
+    value: Any = config
+    for part in dotted.split("."):
+        value = getattr(value, part)
+    return value
+
+
+def check_comparable(runs: list[Run], path: Path) -> list[RunConfig]:
+    """Resolve every run's config (fails on any bad key or value) and check they form a fair comparison."""
+    resolved: list[RunConfig] = []
+    for run in runs:
+        try:
+            files = [str(REPO_ROOT / f) for f in run.configs]
+            resolved.append(load_config(files, [*run.overrides, f"name={run.name}"]))
+        except ValueError as err:
+            raise ValueError(f"{path}: run {run.name}: {err}") from None
+    first, reference = resolved[0], runs[0].name
+    for run, config in zip(runs[1:], resolved[1:], strict=True):
+        if config.data != first.data:
+            diff = [k for k, v in asdict(config.data).items() if asdict(first.data)[k] != v]
+            raise ValueError(f"{path}: runs {reference} and {run.name} differ in data.{diff[0]}: every run "
+                             "of a comparison must see the same data order and validation tokens")
+        for key in COMPARISON_INVARIANTS:
+            if _field(config, key) != _field(first, key):
+                values = f"{_field(first, key)} vs {_field(config, key)}"
+                raise ValueError(f"{path}: runs {reference} and {run.name} differ in {key} ({values}): "
+                                 "the token budget must match")
+    return resolved
+
+
+def load_sweep(path: str | Path, check: bool = True) -> Sweep:
+    """Read a sweep file, expand its grid and (``check``) resolve and compare every run's config."""
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"no such sweep file: {path}")
+    spec = OmegaConf.to_container(OmegaConf.load(path), resolve=True)
+    if not isinstance(spec, dict):
+        raise ValueError(f"{path}: expected a mapping at the top level")
+    unknown = sorted(set(spec) - set(SWEEP_KEYS))
+    if unknown:
+        raise _fail(path, unknown[0], f"unknown key; expected one of: {', '.join(SWEEP_KEYS)}")
+    if not spec.get("name") or not re.fullmatch(r"[A-Za-z0-9_.-]+", str(spec["name"])):
+        raise _fail(path, "name", f"expected letters, digits, '_', '.', '-', got {spec.get('name')!r}")
+    slurm = {**SLURM_DEFAULTS, **(spec.get("slurm") or {})}
+    unknown = sorted(set(slurm) - set(SLURM_DEFAULTS))
+    if unknown:
+        raise _fail(path, f"slurm.{unknown[0]}", f"unknown key; expected one of: {', '.join(SLURM_DEFAULTS)}")
+    runs = expand(spec, path)
+    if check:
+        check_comparable(runs, path)
+    command = shlex.split(str(spec.get("command") or "python train.py"))
+    return Sweep(str(spec["name"]), runs, command, slurm, path)
+
+
+def slurm_array_script(sweep: Sweep) -> str:
+    """A Slurm array job: task i runs run i through launch/slurm/train.sbatch (rendezvous, requeue, logs).
+
+    train.sbatch is executed (``exec bash``), not submitted, so it runs inside this array task's
+    allocation and keeps its PID: the ``--signal`` sent before the time limit reaches its trap.
+    """
+    s = sweep.slurm
+    directives = [
+        f"--job-name={sweep.name}",
+        f"--array=0-{len(sweep.runs) - 1}" + (f"%{s['max_parallel']}" if s["max_parallel"] else ""),
+        f"--nodes={s['nodes']}",
+        "--ntasks-per-node=1",
+        f"--gpus-per-node={s['gpus_per_node']}",
+        f"--cpus-per-task={s['cpus_per_task']}",
+        f"--time={s['time']}",
+        *([f"--partition={s['partition']}"] if s["partition"] else []),
+        "--requeue",
+        "--signal=B:USR1@600",
+        "--open-mode=append",
+        "--output=logs/%x-%A_%a.out",
+    ]
+    cases = "\n".join(f"    {i}) args=({shlex.join(run.train_args())}) ;;  # {run.name}"
+                      for i, run in enumerate(sweep.runs))
+    return "\n".join([
+        "#!/usr/bin/env bash",
+        f"# Generated by launch/sweep.py from {sweep.source}: {len(sweep.runs)} runs, one per array task.",
+        *(f"#SBATCH {d}" for d in directives),
+        "set -euo pipefail",
+        'cd "${SLURM_SUBMIT_DIR:-.}"',
+        'case "$SLURM_ARRAY_TASK_ID" in',
+        cases,
+        '    *) echo "no run for array task $SLURM_ARRAY_TASK_ID" >&2; exit 2 ;;',
+        "esac",
+        f"export ACCELERATE_CONFIG={shlex.quote(str(s['accelerate_config']))}",
+        f"export GPUS_PER_NODE={int(s['gpus_per_node'])}",
+        'exec bash launch/slurm/train.sbatch "${args[@]}"',
+        "",
+    ])
+
+
+def run_local(sweep: Sweep, dry_run: bool) -> int:
+    """Run the sweep's commands one after another from the repo root; return how many failed."""
+    failed = []
+    for i, cmd in enumerate(sweep.commands()):
+        print(f"[{i + 1}/{len(sweep.runs)}] {shlex.join(cmd)}", flush=True)
+        if not dry_run and subprocess.run(cmd, cwd=REPO_ROOT).returncode != 0:
+            failed.append(sweep.runs[i].name)
+    if failed:
+        print(f"{len(failed)} of {len(sweep.runs)} runs failed: {', '.join(failed)}", file=sys.stderr)
+    return len(failed)
+
+
+def submit_slurm(sweep: Sweep, dry_run: bool, script_dir: Path) -> Path:
+    """Write the array script under ``script_dir`` and submit it with sbatch (unless ``dry_run``)."""
+    script_dir.mkdir(parents=True, exist_ok=True)
+    script = script_dir / f"{sweep.name}.sbatch"
+    script.write_text(slurm_array_script(sweep))
+    command = ["sbatch", str(script)]
+    print(f"wrote {script} ({len(sweep.runs)} array tasks); submit: mkdir -p logs && {shlex.join(command)}")
+    if not dry_run:
+        if shutil.which("sbatch") is None:
+            raise FileNotFoundError(f"sbatch not found here; submit {script} from a Slurm login node")
+        (REPO_ROOT / "logs").mkdir(exist_ok=True)
+        subprocess.run(command, cwd=REPO_ROOT, check=True)
+    return script
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("sweep", help="sweep YAML file (launch/sweeps/*.yaml)")
+    parser.add_argument("--mode", choices=("print", "local", "slurm"), default="print",
+                        help="print the commands, run them one after another here, or submit a Slurm array")
+    parser.add_argument("--dry-run", action="store_true",
+                        help="local: only print; slurm: write the array script without calling sbatch")
+    parser.add_argument("--script-dir", default=str(REPO_ROOT / "runs" / "sweeps"),
+                        help="where --mode slurm writes <sweep name>.sbatch")
+    args = parser.parse_args(argv)
+    try:
+        sweep = load_sweep(args.sweep)
+        if args.mode == "print":
+            for cmd in sweep.commands():
+                print(shlex.join(cmd))
+        elif args.mode == "local":
+            return 1 if run_local(sweep, args.dry_run) else 0
+        else:
+            submit_slurm(sweep, args.dry_run, Path(args.script_dir))
+    except (ValueError, FileNotFoundError) as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    return 0

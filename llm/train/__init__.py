@@ -1,0 +1,9 @@
+"""Training: ``fit`` (the loop), ``train_step``, ``evaluate``, optimizer/schedule and checkpoints."""
+
+from llm.train.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
+from llm.train.evaluate import evaluate, lm_loss
+from llm.train.trainer import fit, train_step
+
+__all__ = [
+    "evaluate", "fit", "latest_checkpoint", "lm_loss", "load_checkpoint", "save_checkpoint", "train_step",
+]

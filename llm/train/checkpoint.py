@@ -1,0 +1,264 @@
+"""Atomic, resumable checkpoints (layout: docs/ARCHITECTURE.md, "Run directory").
+
+A checkpoint is written into ``step_XXXXXXXX.tmp/``; every file is flushed and fsynced, a
+``manifest.json`` of file sizes is written last inside it, the directory is renamed to
+``step_XXXXXXXX/`` and only then is the ``latest`` pointer replaced (write a temp file, fsync,
+``os.replace``). A crash at any point therefore leaves the previous checkpoint and pointer
+intact; at worst a stale ``.tmp`` directory, which the next save removes. On resume a checkpoint
+whose files do not match its manifest (truncated, missing, unreadable) is skipped with a
+``CheckpointWarning`` and the previous complete one is used.
+
+Contents::
+
+    model/          HF save_pretrained (safetensors + config + tokenizer): loads with from_pretrained
+    state/          accelerator.save_state: model, optimizer, scheduler, RNG (torch/numpy/python/cuda)
+                    + data_rank<r>.pt, the data-loader state of each rank
+    trainer.json    step, tokens, bad-step counters, grad-norm tracker
+    config.yaml     the resolved run config
+    manifest.json   relative path -> size in bytes of every other file
+
+Every collective step (``save_state``, ``get_state_dict``) runs on every rank; files that exist
+once are written by the main process only.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import warnings
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+import torch
+from accelerate import Accelerator
+from omegaconf import OmegaConf
+from safetensors import safe_open
+from tokenizers import Tokenizer
+from torch import nn
+
+from llm.config import RunConfig, save_config
+from llm.model.config import ConfigError
+from llm.train.distributed import all_ranks_agree, is_main_process, rank_and_world_size
+
+__all__ = [
+    "CheckpointError",
+    "CheckpointWarning",
+    "has_checkpoints",
+    "latest_checkpoint",
+    "load_checkpoint",
+    "save_checkpoint",
+    "verify_checkpoint",
+]
+
+POINTER = "latest"
+MANIFEST = "manifest.json"
+PREFIX = "step_"
+
+
+class CheckpointError(RuntimeError):
+    """A checkpoint could not be written or read."""
+
+
+class CheckpointWarning(UserWarning):
+    """A checkpoint was skipped on resume (incomplete or corrupt)."""
+
+
+def checkpoint_name(step: int) -> str:
+    return f"{PREFIX}{step:08d}"
+
+
+def _fsync_path(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _fsync_tree(root: Path) -> None:
+    """fsync every file, then every directory bottom-up, so the rename publishes durable data."""
+    for dirpath, _, filenames in os.walk(root, topdown=False):
+        for filename in filenames:
+            _fsync_path(Path(dirpath) / filename)
+        _fsync_path(Path(dirpath))
+
+
+def _write_manifest(root: Path) -> None:
+    sizes = {
+        str(p.relative_to(root)): p.stat().st_size for p in sorted(root.rglob("*")) if p.is_file()
+    }
+    (root / MANIFEST).write_text(json.dumps(sizes, indent=1, sort_keys=True))
+
+
+def _write_pointer(ckpt_dir: Path, name: str) -> None:
+    tmp = ckpt_dir / f".{POINTER}.tmp"
+    with open(tmp, "w") as f:
+        f.write(name + "\n")
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, ckpt_dir / POINTER)
+    _fsync_path(ckpt_dir)
+
+
+def _complete_dirs(ckpt_dir: Path) -> list[Path]:
+    """Renamed (not ``.tmp``) checkpoint directories, newest first."""
+    if not ckpt_dir.is_dir():
+        return []
+    dirs = [p for p in ckpt_dir.iterdir() if p.is_dir() and p.name[len(PREFIX):].isdigit()
+            and p.name.startswith(PREFIX)]
+    return sorted(dirs, key=lambda p: int(p.name[len(PREFIX):]), reverse=True)
+
+
+def has_checkpoints(ckpt_dir: str | Path) -> bool:
+    return bool(_complete_dirs(Path(ckpt_dir)))
+
+
+def _prune(ckpt_dir: Path, keep: int, current: str) -> None:
+    for stale in ckpt_dir.glob(f"{PREFIX}*.tmp"):
+        shutil.rmtree(stale, ignore_errors=True)
+    for old in _complete_dirs(ckpt_dir)[keep:]:
+        if old.name != current:
+            shutil.rmtree(old, ignore_errors=True)
+
+
+def _hf_tokenizer(tokenizer: Tokenizer) -> Any:
+    """The run's tokenizer as a transformers fast tokenizer, so ``AutoTokenizer`` loads model/."""
+    from transformers import PreTrainedTokenizerFast
+
+    from llm.data.tokenizer import EOS_TOKEN
+
+    return PreTrainedTokenizerFast(tokenizer_object=tokenizer, eos_token=EOS_TOKEN)
+
+
+def save_checkpoint(
+    ckpt_dir: str | Path,
+    step: int,
+    *,
+    accelerator: Accelerator,
+    model: nn.Module,
+    tokenizer: Tokenizer,
+    config: RunConfig,
+    trainer_state: dict[str, Any],
+    loader: Any,
+    keep: int,
+) -> Path:
+    """Write checkpoint ``step`` atomically on every rank together; return its final path.
+
+    Raises ``CheckpointError`` (on every rank) when any rank fails to write its part, after removing
+    the partial ``.tmp`` directory; the previous checkpoint and the ``latest`` pointer are untouched.
+    """
+    ckpt_dir = Path(ckpt_dir)
+    name = checkpoint_name(step)
+    tmp, final = ckpt_dir / f"{name}.tmp", ckpt_dir / name
+    main = is_main_process()
+    if main:
+        if tmp.exists():
+            shutil.rmtree(tmp)
+        (tmp / "state").mkdir(parents=True)
+    accelerator.wait_for_everyone()
+
+    error: BaseException | None = None
+    try:
+        accelerator.save_state(str(tmp / "state"))
+        torch.save(loader.state_dict(), tmp / "state" / f"data_rank{rank_and_world_size()[0]}.pt")
+        state_dict = accelerator.get_state_dict(model)
+        if main:
+            hf_model = accelerator.unwrap_model(model)
+            hf_model.save_pretrained(tmp / "model", state_dict=state_dict)
+            _hf_tokenizer(tokenizer).save_pretrained(tmp / "model")
+            (tmp / "trainer.json").write_text(json.dumps(trainer_state, indent=1))
+            save_config(config, tmp / "config.yaml")
+    except OSError as err:
+        error = err
+    ok = all_ranks_agree(error is None, any_rank=False)
+    if ok and main:
+        try:
+            _write_manifest(tmp)
+            _fsync_tree(tmp)
+            if final.exists():  # a re-save of the same step (e.g. SIGTERM right after a periodic save)
+                shutil.rmtree(final)
+            os.rename(tmp, final)
+            _fsync_path(ckpt_dir)
+            _write_pointer(ckpt_dir, name)
+            _prune(ckpt_dir, keep, name)
+        except OSError as err:
+            error = err
+    ok = all_ranks_agree(ok and error is None, any_rank=False)
+    if not ok:
+        if main:
+            shutil.rmtree(tmp, ignore_errors=True)
+        previous = latest_checkpoint(ckpt_dir, warn=False)
+        raise CheckpointError(
+            f"could not write checkpoint {tmp} ({error or 'a write failed on another rank'}); "
+            f"the previous checkpoint is intact: {previous or 'none'}"
+        )
+    return final
+
+
+def verify_checkpoint(path: str | Path) -> None:
+    """Raise ``CheckpointError`` unless every file of the manifest exists with its size and the
+    safetensors files parse."""
+    path = Path(path)
+    manifest = path / MANIFEST
+    try:
+        sizes = json.loads(manifest.read_text())
+    except (OSError, ValueError) as err:
+        raise CheckpointError(f"{path}: unreadable {MANIFEST} ({err})") from None
+    for rel, size in sizes.items():
+        file = path / rel
+        actual = file.stat().st_size if file.is_file() else None
+        if actual != size:
+            raise CheckpointError(f"{path}: {rel} has {actual} bytes, expected {size}")
+        if file.suffix == ".safetensors":
+            try:
+                with safe_open(str(file), framework="pt"):
+                    pass
+            except Exception as err:  # safetensors raises its own error types for a bad header
+                raise CheckpointError(f"{path}: {rel} is not a valid safetensors file ({err})") from None
+
+
+def latest_checkpoint(ckpt_dir: str | Path, *, warn: bool = True) -> Path | None:
+    """The newest complete checkpoint: the ``latest`` pointer's target when it verifies, else the
+    newest one that does (skipping, with a ``CheckpointWarning``, each that does not); None if none."""
+    ckpt_dir = Path(ckpt_dir)
+    candidates = _complete_dirs(ckpt_dir)
+    pointer = ckpt_dir / POINTER
+    if pointer.is_file():
+        target = ckpt_dir / pointer.read_text().strip()
+        if target in candidates:
+            candidates.remove(target)
+            candidates.insert(0, target)
+    for candidate in candidates:
+        try:
+            verify_checkpoint(candidate)
+            return candidate
+        except CheckpointError as err:
+            if warn:
+                warnings.warn(f"skipping checkpoint {candidate}: {err}", CheckpointWarning, stacklevel=2)
+    return None
+
+
+def check_model_config(path: str | Path, config: RunConfig) -> None:
+    """Raise ``ConfigError`` naming every model field that differs between checkpoint and config."""
+    saved = OmegaConf.to_container(OmegaConf.load(Path(path) / "config.yaml"))["model"]
+    current = asdict(config.model)
+    diffs = [f"{k} (checkpoint {saved.get(k)!r}, config {current.get(k)!r})"
+             for k in sorted(set(saved) | set(current)) if saved.get(k) != current.get(k)]
+    if diffs:
+        raise ConfigError("model", f"checkpoint {path} has a different model: {', '.join(diffs)}")
+
+
+def load_checkpoint(path: str | Path, *, accelerator: Accelerator, loader: Any, config: RunConfig) -> dict:
+    """Restore model, optimizer, scheduler, RNG and this rank's data-loader state from ``path``
+    (after checking the model config matches); return the saved ``trainer.json`` dict."""
+    path = Path(path)
+    check_model_config(path, config)
+    accelerator.load_state(str(path / "state"))
+    rank = rank_and_world_size()[0]
+    data_state = path / "state" / f"data_rank{rank}.pt"
+    if not data_state.is_file():
+        raise CheckpointError(f"{path}: no data-loader state for rank {rank} (saved with fewer processes?)")
+    loader.load_state_dict(torch.load(data_state, weights_only=True))
+    return json.loads((path / "trainer.json").read_text())

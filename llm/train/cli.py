@@ -1,0 +1,60 @@
+"""``python train.py --config configs/X.yaml [--config more.yaml] key.sub=value ...``
+
+Exit codes: 0 done (or stopped by SIGTERM/SIGINT after checkpointing), 1 the run failed
+(non-finite steps, a checkpoint that could not be written), 2 bad configuration or arguments,
+reported as one ``error: <field>: <message>`` line before any work starts.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+from llm.config import load_config
+from llm.model.config import ConfigError
+from llm.train.checkpoint import CheckpointError
+
+__all__ = ["main"]
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="train.py",
+        description="Pretrain an isollm decoder (configs merged left to right, then overrides).")
+    parser.add_argument("--config", action="append", default=[], metavar="FILE",
+                        help="YAML config; repeat to merge several (later files win)")
+    parser.add_argument("overrides", nargs="*", metavar="key.sub=value",
+                        help="dotted overrides, e.g. model.ffn=isogmlp train.lr=1e-3 resume=true")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    try:
+        config = load_config(args.config, args.overrides)
+    except (ConfigError, FileNotFoundError) as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    from llm.train.trainer import TrainingError, fit  # heavy imports after the arguments are known good
+
+    try:
+        fit(config)
+    except (ConfigError, FileNotFoundError) as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    except (TrainingError, CheckpointError) as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 1
+    return 0
+
+
+def run() -> None:
+    """Entry point: exit with ``main``'s code. Multi-process runs end with ``os._exit`` (after flushing),
+    which SPEC.md found avoids gloo's abort at interpreter exit."""
+    code = main()
+    if int(os.environ.get("WORLD_SIZE", "1")) > 1:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
+    sys.exit(code)

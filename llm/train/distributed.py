@@ -1,0 +1,39 @@
+"""The few torch.distributed facts the trainer needs, read from torch rather than from Accelerate.
+
+Through Accelerate on CPU with DeepSpeed, ``process_index`` / ``num_processes`` read 0 / 1 on every
+rank (SPEC.md, "Verified on these machines"), so data sharding and cross-rank agreement use
+``torch.distributed`` directly whenever a process group exists.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+
+__all__ = ["all_ranks_agree", "is_distributed", "is_main_process", "rank_and_world_size"]
+
+
+def is_distributed() -> bool:
+    return dist.is_available() and dist.is_initialized()
+
+
+def rank_and_world_size() -> tuple[int, int]:
+    """``(rank, world_size)`` of the process group, ``(0, 1)`` without one."""
+    if is_distributed():
+        return dist.get_rank(), dist.get_world_size()
+    return 0, 1
+
+
+def is_main_process() -> bool:
+    """Rank 0 of the process group (or the only process): the one that writes shared files."""
+    return rank_and_world_size()[0] == 0
+
+
+def all_ranks_agree(flag: bool, *, any_rank: bool) -> bool:
+    """``flag`` reduced over ranks: True if it holds on any rank (``any_rank``) or on every rank."""
+    if not is_distributed():
+        return flag
+    device = torch.device("cuda", torch.cuda.current_device()) if dist.get_backend() == "nccl" else None
+    t = torch.tensor([int(flag)], device=device)
+    dist.all_reduce(t, op=dist.ReduceOp.MAX if any_rank else dist.ReduceOp.MIN)
+    return bool(t.item())

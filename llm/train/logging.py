@@ -1,0 +1,110 @@
+"""Where the training signals go: metrics.jsonl, Accelerate trackers and a progress bar.
+
+metrics.jsonl is the record of a run (rows documented in docs/ARCHITECTURE.md); every row is
+appended and flushed at once, so a crashed run keeps everything it logged. TensorBoard / W&B
+receive the same rows flattened by ``llm.metrics.flatten_for_tracker``. Only the main process
+writes (rank 0 of torch.distributed: under DeepSpeed on CPU Accelerate calls every rank main).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import resource
+import sys
+from pathlib import Path
+from typing import Any
+
+import torch
+from accelerate import Accelerator
+from tqdm.auto import tqdm
+
+from llm.metrics.layers import flatten_for_tracker
+from llm.train.distributed import is_main_process
+
+__all__ = ["MetricsLog", "ProgressBar", "main_print", "peak_memory", "truncate_metrics"]
+
+
+def peak_memory(device: torch.device) -> tuple[int, str]:
+    """Peak memory in bytes and what was measured: CUDA max allocated on GPU, max RSS on CPU."""
+    if device.type == "cuda":
+        return torch.cuda.max_memory_allocated(device), "cuda_max_allocated"
+    rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return rss * (1 if sys.platform == "darwin" else 1024), "cpu_max_rss"  # Linux reports KiB
+
+
+def main_print(message: str) -> None:
+    """Print on rank 0 only."""
+    if is_main_process():
+        print(message, flush=True)
+
+
+def _json_safe(value: Any) -> Any:
+    """NaN/inf as JSON's NaN/Infinity (what ``json`` reads back); tensors as floats."""
+    if isinstance(value, torch.Tensor):
+        return value.item()
+    return value
+
+
+def truncate_metrics(path: str | Path, step: int) -> None:
+    """Drop the train/eval rows past ``step`` (logged by a run after its last checkpoint and about to
+    be logged again by the resumed run), so each step appears once in the file; also drop a torn
+    last line."""
+    path = Path(path)
+    if not path.is_file():
+        return
+    kept = []
+    for line in path.read_text().splitlines():
+        try:
+            row = json.loads(line)
+        except ValueError:  # a line torn by a crash mid-write
+            continue
+        if row.get("kind") == "meta" or row["step"] <= step:
+            kept.append(line)
+    tmp = path.with_suffix(".jsonl.tmp")
+    tmp.write_text("".join(line + "\n" for line in kept))
+    os.replace(tmp, path)
+
+
+class MetricsLog:
+    """Append rows to metrics.jsonl (flushed per row) and to the Accelerate trackers (main process)."""
+
+    def __init__(self, path: str | Path, accelerator: Accelerator) -> None:
+        self.accelerator = accelerator
+        self.main = is_main_process()
+        self._file = open(path, "a") if self.main else None  # noqa: SIM115 - open for the run's lifetime
+
+    def log(self, kind: str, step: int, tokens: int, **fields: Any) -> dict[str, Any]:
+        row = {"kind": kind, "step": step, "tokens": tokens, **{k: _json_safe(v) for k, v in fields.items()}}
+        if self._file is not None:
+            self._file.write(json.dumps(row) + "\n")
+            self._file.flush()
+        if kind != "meta" and self.main:
+            self.accelerator.log(flatten_for_tracker(row), step=step)
+        return row
+
+    def close(self) -> None:
+        if self._file is not None:
+            self._file.close()
+            self._file = None
+
+
+class ProgressBar:
+    """tqdm over optimizer steps on the main process (loss, tokens/s; tqdm gives the ETA)."""
+
+    def __init__(self, accelerator: Accelerator, start: int, total: int) -> None:
+        self._main = is_main_process()
+        self._bar = tqdm(total=total, initial=start, unit="step", dynamic_ncols=True, disable=not self._main)
+
+    def update(self, loss: float, tokens_per_s: float) -> None:
+        self._bar.set_postfix(loss=f"{loss:.4f}" if math.isfinite(loss) else str(loss),
+                              tok_s=f"{tokens_per_s:,.0f}", refresh=False)
+        self._bar.update(1)
+
+    def write(self, message: str) -> None:
+        if self._main:  # tqdm.write prints even when the bar is disabled
+            self._bar.write(message)
+
+    def close(self) -> None:
+        self._bar.close()

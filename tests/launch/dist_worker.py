@@ -1,0 +1,190 @@
+"""Test-side worker: a few optimizer steps of the tiny model under DDP, FSDP2 or DeepSpeed ZeRO-2 on CPU.
+
+Under torchrun (2 processes) each rank draws its micro-batches from the real training loader
+(``build_train_loader`` with its torch.distributed rank), checks after every step that all ranks hold
+bit-identical full parameters, and writes ``batches_rank<r>.pt`` plus ``result.pt`` (per-step losses,
+final full parameters). Run as one plain process with ``--reference DIR`` it replays the batches of the
+2-process run in DIR as gradient-accumulation micro-batches through the trainer's ``train_step``: the
+same global batch, so the losses and parameters must agree to fp32 round-off.
+
+    torchrun --nproc_per_node 2 dist_worker.py --mode fsdp2 --out DIR --data SRC --tokenizer TOK
+    python dist_worker.py --mode fsdp2 --out REF --data SRC --tokenizer TOK --reference DIR
+
+Why not Accelerate for FSDP2 / ZeRO-2: on CPU Accelerate ignores its FSDP plugin and reports rank 0 of
+1 under DeepSpeed (SPEC.md, Verified), so the engines are used directly; DDP goes through Accelerate
+exactly as train.py does.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+from accelerate import Accelerator
+from torch import nn
+
+from llm.config import RunConfig, load_config
+from llm.data import build_train_loader, load_tokenizer
+from llm.train.distributed import rank_and_world_size
+from llm.train.evaluate import lm_loss
+from llm.train.optim import build_optimizer, build_scheduler
+from llm.train.trainer import build_model, gradient_accumulation_steps, train_step
+
+STEPS = 3
+TINY = [
+    "model.vocab_size=512", "model.hidden_size=32", "model.intermediate_size=64",
+    "model.num_hidden_layers=2", "model.num_attention_heads=2", "model.num_key_value_heads=1",
+    "model.max_position_embeddings=64", "data.seq_len=32", "data.shuffle_block=8", "data.val_bucket=50",
+    "train.lr=3e-3", "train.warmup_steps=1", f"train.max_steps={STEPS}", "train.micro_batch_size=4",
+    "train.global_batch_tokens=256", "train.grad_clip=1.0", "trackers=[]",
+]
+DEEPSPEED_JSON = Path(__file__).resolve().parents[2] / "launch" / "deepspeed" / "zero2.json"
+
+
+def full_params(model: nn.Module) -> dict[str, torch.Tensor]:
+    """Every parameter gathered in full (a collective under FSDP2: call on all ranks)."""
+    out = {}
+    for name, p in model.named_parameters():
+        t = p.detach()
+        out[name.removeprefix("module.")] = (t.full_tensor() if hasattr(t, "full_tensor") else t).clone()
+    return out
+
+
+def assert_ranks_identical(params: dict[str, torch.Tensor], step: int) -> None:
+    flat = torch.cat([p.flatten() for p in params.values()])
+    gathered = [torch.empty_like(flat) for _ in range(dist.get_world_size())]
+    dist.all_gather(gathered, flat)
+    for rank, other in enumerate(gathered):
+        if not torch.equal(other, gathered[0]):
+            raise AssertionError(f"step {step}: rank {rank}'s parameters differ from rank 0's by "
+                                 f"{(other - gathered[0]).abs().max().item():.3e}")
+
+
+def assert_disjoint(batches: torch.Tensor) -> None:
+    """No training window of this rank appears on another rank."""
+    gathered = [torch.empty_like(batches) for _ in range(dist.get_world_size())]
+    dist.all_gather(gathered, batches)
+    seen = [{tuple(row.tolist()) for row in b.flatten(0, 1)} for b in gathered]
+    shared = set.intersection(*seen)
+    if shared:
+        raise AssertionError(f"{len(shared)} training windows were given to every rank")
+
+
+def deepspeed_engine(model: nn.Module, config: RunConfig, accum: int) -> nn.Module:
+    """``deepspeed.initialize`` with launch/deepspeed/zero2.json, its "auto" values filled as Accelerate
+    fills them (from the trainer's micro batch, accumulation, clipping and fp32 precision)."""
+    import deepspeed
+
+    ds = json.loads(DEEPSPEED_JSON.read_text())
+    world = dist.get_world_size()
+    ds.update(train_micro_batch_size_per_gpu=config.train.micro_batch_size, gradient_accumulation_steps=accum,
+              train_batch_size=config.train.micro_batch_size * accum * world,
+              gradient_clipping=config.train.grad_clip, bf16={"enabled": False})
+    optimizer = build_optimizer(model, config)
+    engine, *_ = deepspeed.initialize(model=model, optimizer=optimizer, config=ds,
+                                      lr_scheduler=build_scheduler(optimizer, config, STEPS))
+    return engine
+
+
+def deepspeed_step(engine: nn.Module, batches: list[torch.Tensor]) -> float:
+    """One optimizer step: DeepSpeed scales by accumulation, reduces and clips inside backward/step."""
+    loss_sum = torch.zeros(())
+    for batch in batches:
+        loss = lm_loss(engine(input_ids=batch[:, :-1]).logits, batch[:, 1:])
+        engine.backward(loss)
+        engine.step()
+        loss_sum += loss.detach()
+    dist.all_reduce(loss_sum)
+    return (loss_sum / (len(batches) * dist.get_world_size())).item()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--mode", choices=("ddp", "fsdp2", "zero2"), required=True)
+    parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--data", required=True)
+    parser.add_argument("--tokenizer", required=True)
+    parser.add_argument("--reference", type=Path, help="replay this 2-process run's batches in one process")
+    args = parser.parse_args()
+    config = load_config(None, [*TINY, f"data.source={args.data}", f"data.tokenizer={args.tokenizer}"])
+    args.out.mkdir(parents=True, exist_ok=True)
+
+    if args.mode == "zero2" and args.reference is None:
+        import importlib
+
+        import deepspeed
+
+        # DeepSpeed's CPU accelerator JIT-compiles a shared-memory all-reduce op at init (a C++ build,
+        # minutes on a busy machine); without it DeepSpeed uses gloo's all-reduce, the same numbers.
+        # (``deepspeed.comm.torch`` as an attribute is the torch package: patch the module itself.)
+        importlib.import_module("deepspeed.comm.torch").build_shm_op = lambda: None
+        deepspeed.init_distributed(dist_backend="gloo")
+        accelerator = None
+    else:  # initialises gloo from torchrun's environment, as train.py does
+        # As in fit(): the scheduler steps once per optimizer step (Accelerate's default would step it
+        # once per process).
+        accelerator = Accelerator(cpu=True, step_scheduler_with_optimizer=False)
+    rank, world = rank_and_world_size()
+    accum = gradient_accumulation_steps(config, world)
+    torch.manual_seed(config.seed)
+    model = build_model(config.model)
+
+    if args.reference is not None:
+        per_rank = [torch.load(args.reference / f"batches_rank{r}.pt") for r in range(2)]
+        steps = [[per_rank[r][i] for r in range(2)] for i in range(STEPS)]
+    else:
+        loader = iter(build_train_loader(config.data, load_tokenizer(args.tokenizer),
+                                         config.train.micro_batch_size, rank, world))
+        steps = [[next(loader) for _ in range(accum)] for _ in range(STEPS)]
+        mine = torch.stack([b for step in steps for b in step])
+        torch.save(mine, args.out / f"batches_rank{rank}.pt")
+        assert_disjoint(mine)
+
+    if args.mode == "zero2" and args.reference is None:
+        engine = deepspeed_engine(model, config, accum)
+        run_step = lambda batches: deepspeed_step(engine, batches)  # noqa: E731
+        module = engine.module
+    else:
+        if args.mode == "fsdp2" and world > 1:
+            from torch.distributed.fsdp import fully_shard
+
+            for layer in model.model.layers:  # the wrap unit of launch/accelerate/fsdp2.yaml
+                fully_shard(layer)
+            fully_shard(model)
+        optimizer = build_optimizer(model, config)
+        scheduler = build_scheduler(optimizer, config, STEPS)
+        if args.mode == "ddp":
+            model, optimizer, scheduler = accelerator.prepare(model, optimizer, scheduler)
+        accelerator.gradient_accumulation_steps = accum
+        run_step = lambda batches: train_step(model, batches, optimizer, scheduler, accelerator,  # noqa: E731
+                                              config.train.grad_clip).loss
+        module = model
+
+    losses = []
+    for i, batches in enumerate(steps):
+        losses.append(run_step(batches))
+        params = full_params(module)
+        if world > 1:
+            assert_ranks_identical(params, i + 1)
+    if rank == 0:
+        torch.save({"losses": losses, "params": params, "world_size": world, "accum": accum},
+                   args.out / "result.pt")
+    if args.mode == "fsdp2" and world > 1:
+        import torch.distributed.checkpoint as dcp
+
+        # Sharded save (each rank writes its shards), as accelerator.save_state does under FSDP2.
+        dcp.save({"model": model.state_dict()}, checkpoint_id=str(args.out / "dcp"))
+    if world > 1:  # SPEC.md, Verified: avoids gloo's abort at interpreter exit
+        dist.barrier()
+        dist.destroy_process_group()
+        sys.stdout.flush()
+        os._exit(0)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,293 @@
+"""Attention scoring: iso_tanh's chunked / recurrent / linear-attention forms against the O(T^2)
+reference, causality and state passing, and softmax against an explicit masked softmax."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from llm.model.attention import (
+    ATTN_SCORING_REGISTRY,
+    IsoTanhScoring,
+    SoftmaxScoring,
+    _exclusive_cumsum,
+    iso_tanh_chunked,
+    iso_tanh_linear_attention,
+    iso_tanh_naive,
+    iso_tanh_recurrent,
+)
+from llm.model.config import ModelConfig
+
+B, H, HKV, D, CHUNK = 2, 4, 2, 8, 8
+EXACT = {"rtol": 0.0, "atol": 1e-10}
+
+
+def make_qkv(t: int, dtype: torch.dtype = torch.float64, seed: int = 0, h: int = H, hkv: int = HKV,
+             requires_grad: bool = False) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Random q, k, v scaled so |s_i| spans the curved part of tanh (not all saturated, not all linear)."""
+    gen = torch.Generator().manual_seed(seed)
+    qkv = (0.7 * torch.randn(B, heads, t, D, generator=gen, dtype=torch.float64) for heads in (h, hkv, hkv))
+    return tuple(x.to(dtype).requires_grad_(requires_grad) for x in qkv)
+
+
+def config(chunk: int = CHUNK) -> ModelConfig:
+    return ModelConfig(vocab_size=256, hidden_size=H * D, intermediate_size=64, num_hidden_layers=2,
+                       num_attention_heads=H, num_key_value_heads=HKV, iso_tanh_chunk_size=chunk)
+
+
+def softmax_reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    """Explicit causal softmax attention; the queries are the LAST q.shape[2] of k's positions."""
+    tq, tk = q.shape[2], k.shape[2]
+    k = k.repeat_interleave(q.shape[1] // k.shape[1], dim=1)
+    v = v.repeat_interleave(q.shape[1] // v.shape[1], dim=1)
+    scores = q @ k.transpose(-1, -2) / math.sqrt(q.shape[-1])
+    query_pos = torch.arange(tk - tq, tk)[:, None]
+    scores = scores.masked_fill(torch.arange(tk)[None, :] > query_pos, float("-inf"))
+    return scores.softmax(-1) @ v
+
+
+def torch_linear_attn(q, k, v, scale, initial_state=None, output_final_state=False, normalize=True):
+    """Plain-torch stand-in for fla's ``chunk_linear_attn`` ([B, T, H, K] layout, unnormalised)."""
+    assert not normalize, "iso_tanh needs the raw linear attention"
+    scores = torch.einsum("bihk,bjhk->bhij", q, k).tril() * scale
+    o = scores @ v.transpose(1, 2)
+    state = torch.zeros(q.shape[0], q.shape[2], q.shape[3], v.shape[3], dtype=q.dtype)
+    if initial_state is not None:
+        o = o + scale * q.transpose(1, 2) @ initial_state
+        state = initial_state
+    final = state + torch.einsum("bthk,bthv->bhkv", k, v)
+    return o.transpose(1, 2), (final if output_final_state else None)
+
+
+# --- iso_tanh: the fast forms equal the reference ---------------------------------------------------
+
+@pytest.mark.parametrize("t", [1, 7, 16, 37])
+@pytest.mark.parametrize("hkv", [1, 2, 4])
+def test_chunked_and_recurrent_equal_naive(t: int, hkv: int) -> None:
+    q, k, v = make_qkv(t, hkv=hkv)
+    ref = iso_tanh_naive(q, k, v)
+    chunked, (s, g) = iso_tanh_chunked(q, k, v, CHUNK)
+    recurrent, (s_rec, g_rec) = iso_tanh_recurrent(q, k, v, None)
+    torch.testing.assert_close(chunked, ref, **EXACT)
+    torch.testing.assert_close(recurrent, ref, **EXACT)
+    # The final state is the plain sums over all tokens, one per KV head.
+    torch.testing.assert_close(s, k.transpose(-1, -2) @ v, **EXACT)
+    torch.testing.assert_close(g, k.transpose(-1, -2) @ k, **EXACT)
+    torch.testing.assert_close(s_rec, s, **EXACT)
+    torch.testing.assert_close(g_rec, g, **EXACT)
+
+
+def test_strided_inputs() -> None:
+    """The modelling code passes [B, T, heads, D] projections transposed to [B, heads, T, D] views."""
+    q, k, v = make_qkv(21)
+    strided = [x.transpose(1, 2).contiguous().transpose(1, 2) for x in (q, k, v)]
+    assert not strided[0].is_contiguous()
+    torch.testing.assert_close(iso_tanh_chunked(*strided, CHUNK)[0], iso_tanh_naive(q, k, v), **EXACT)
+    torch.testing.assert_close(iso_tanh_recurrent(*strided, None)[0], iso_tanh_naive(q, k, v), **EXACT)
+
+
+def test_naive_weights_are_iso_tanh_of_visible_scores() -> None:
+    """The reference itself, on one query: w = tanh(|s|) s/|s| over the visible scores only."""
+    q, k, v = make_qkv(5, h=1, hkv=1)
+    i = 3
+    s = (k[0, 0, : i + 1] @ q[0, 0, i]) / math.sqrt(D)
+    w = torch.tanh(s.norm()) * s / s.norm()
+    torch.testing.assert_close(iso_tanh_naive(q, k, v)[0, 0, i], w @ v[0, 0, : i + 1], **EXACT)
+
+
+@pytest.mark.parametrize("n", [1, 5, 16, 17, 40, 300])
+def test_exclusive_cumsum(n: int) -> None:
+    """The blocked prefix sum over chunks (one level up to 16 chunks, recursive beyond)."""
+    x = torch.randn(2, 3, n, 5, dtype=torch.float64)
+    expected = x.cumsum(2) - x
+    torch.testing.assert_close(_exclusive_cumsum(x), expected, **EXACT)
+
+
+def test_many_chunks_equal_naive() -> None:
+    """chunk_size 1 and 2: 37 and 19 chunks, so the prefix sum over chunks takes its blocked path."""
+    q, k, v = make_qkv(37)
+    ref = iso_tanh_naive(q, k, v)
+    for chunk in (1, 2):
+        torch.testing.assert_close(iso_tanh_chunked(q, k, v, chunk)[0], ref, **EXACT)
+
+
+@pytest.mark.parametrize("split", [(13,), (8, 16), (3, 4, 29)])
+def test_chunked_with_carried_state_equals_whole(split: tuple[int, ...]) -> None:
+    q, k, v = make_qkv(37)
+    whole, whole_state = iso_tanh_chunked(q, k, v, CHUNK)
+    outs, state = [], None
+    for lo, hi in zip((0, *split), (*split, 37), strict=True):
+        out, state = iso_tanh_chunked(q[:, :, lo:hi], k[:, :, lo:hi], v[:, :, lo:hi], CHUNK, state)
+        outs.append(out)
+    torch.testing.assert_close(torch.cat(outs, dim=2), whole, **EXACT)
+    torch.testing.assert_close(state, whole_state, **EXACT)
+
+
+def test_prefill_then_recurrent_equals_whole() -> None:
+    q, k, v = make_qkv(30)
+    whole = iso_tanh_naive(q, k, v)
+    out, state = iso_tanh_chunked(q[:, :, :19], k[:, :, :19], v[:, :, :19], CHUNK)
+    outs = [out]
+    for t in range(19, 30):
+        out, state = iso_tanh_recurrent(q[:, :, t:t + 1], k[:, :, t:t + 1], v[:, :, t:t + 1], state)
+        outs.append(out)
+    torch.testing.assert_close(torch.cat(outs, dim=2), whole, **EXACT)
+
+
+@pytest.mark.parametrize("impl", ["naive", "chunked", "recurrent", "softmax"])
+@pytest.mark.parametrize("which", [0, 1, 2])
+def test_causal(impl: str, which: int) -> None:
+    """Perturbing q, k or v at position t changes no output before t, and changes the output at t."""
+    fn = {
+        "naive": iso_tanh_naive,
+        "chunked": lambda q, k, v: iso_tanh_chunked(q, k, v, CHUNK)[0],
+        "recurrent": lambda q, k, v: iso_tanh_recurrent(q, k, v, None)[0],
+        "softmax": lambda q, k, v: SoftmaxScoring(config())(q, k, v)[0],
+    }[impl]
+    t = 11  # inside the second chunk, so earlier positions of the same chunk are checked too
+    qkv = list(make_qkv(20))
+    base = fn(*qkv)
+    qkv[which] = qkv[which].clone()
+    qkv[which][:, :, t] += 1.0
+    moved = fn(*qkv)
+    torch.testing.assert_close(moved[:, :, :t], base[:, :, :t], rtol=0.0, atol=1e-13)
+    assert (moved[:, :, t] - base[:, :, t]).abs().amax() > 1e-3
+
+
+def test_zero_and_tiny_queries() -> None:
+    """|s| = 0 takes the limit g(0) = 1: a zero query gives 0, a tiny one the plain sum of s_ij v_j."""
+    q, k, v = make_qkv(20)
+    q = q.clone()
+    q[:, :, 0] = 0.0
+    q[:, :, 9] *= 1e-7
+    q.requires_grad_(True)
+    out, _ = iso_tanh_chunked(q, k, v, CHUNK)
+    kk = k.repeat_interleave(H // HKV, dim=1)[:, :, :10]
+    vv = v.repeat_interleave(H // HKV, dim=1)[:, :, :10]
+    linear = ((kk @ q[:, :, 9, :, None]).squeeze(-1) / math.sqrt(D))[..., None, :] @ vv
+    torch.testing.assert_close(out[:, :, 9], linear.squeeze(-2), rtol=1e-12, atol=0.0)
+    assert torch.equal(out[:, :, 0], torch.zeros_like(out[:, :, 0]))
+    out.sum().backward()
+    assert torch.isfinite(q.grad).all()
+    # At q = 0 the output is linear in q with g = 1: d out / d q = S / sqrt(D) (here S = k_0 v_0^T).
+    expected = (kk[:, :, 0] * vv[:, :, 0].sum(-1, keepdim=True)) / math.sqrt(D)
+    torch.testing.assert_close(q.grad[:, :, 0], expected, **EXACT)
+
+
+def test_gradients_equal_naive() -> None:
+    q, k, v = make_qkv(21, requires_grad=True)
+    weights = torch.randn(B, H, 21, D, dtype=torch.float64, generator=torch.Generator().manual_seed(1))
+    grads = {}
+    for name, fn in {"naive": iso_tanh_naive,
+                     "chunked": lambda q, k, v: iso_tanh_chunked(q, k, v, CHUNK)[0],
+                     "recurrent": lambda q, k, v: iso_tanh_recurrent(q, k, v, None)[0]}.items():
+        grads[name] = torch.autograd.grad((fn(q, k, v) * weights).sum(), (q, k, v))
+        assert all(torch.isfinite(g).all() for g in grads[name])
+    for name in ("chunked", "recurrent"):
+        for got, ref in zip(grads[name], grads["naive"], strict=True):
+            torch.testing.assert_close(got, ref, **EXACT)
+
+
+def test_gradcheck_chunked() -> None:
+    """Small (gradcheck runs one forward per input element): 2 chunks + a padded one, GQA."""
+    q, k, v = (x[:1, :, :, :4].detach().clone().requires_grad_(True) for x in make_qkv(7, h=2, hkv=1))
+    assert torch.autograd.gradcheck(lambda q, k, v: iso_tanh_chunked(q, k, v, 3)[0], (q, k, v))
+
+
+@pytest.mark.parametrize(("dtype", "tol"), [(torch.float32, 1e-5), (torch.bfloat16, 2**-8)])
+def test_low_precision_inputs_accumulate_in_fp32(dtype: torch.dtype, tol: float) -> None:
+    """bf16: only the rounding of the output (unit roundoff 2^-8) is allowed; accumulating the
+    running sums of T = 512 tokens in bf16 gives about 1e-2."""
+    q, k, v = make_qkv(512, dtype=dtype)
+    ref = iso_tanh_naive(*(x.double() for x in (q, k, v)))
+    out, (s, g) = iso_tanh_chunked(q, k, v, 64)
+    assert out.dtype == dtype and s.dtype == torch.float32 and g.dtype == torch.float32
+    err = (out.double() - ref).abs().amax() / ref.abs().amax()
+    assert err < tol, f"relative error {err:.2e} >= {tol:.0e}"
+
+
+def test_autocast_does_not_lower_accumulation() -> None:
+    """Under a bf16 autocast the running sums still accumulate in fp32 (bf16 matmuls give ~1e-2)."""
+    q, k, v = make_qkv(512, dtype=torch.float32)
+    ref = iso_tanh_naive(*(x.double() for x in (q, k, v)))
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        chunked, _ = iso_tanh_chunked(q, k, v, 64)
+        recurrent, _ = iso_tanh_recurrent(q[:, :, :64], k[:, :, :64], v[:, :, :64], None)
+    torch.testing.assert_close(chunked.double(), ref, rtol=0.0, atol=1e-5)
+    torch.testing.assert_close(recurrent.double(), ref[:, :, :64], rtol=0.0, atol=1e-5)
+
+
+def test_bad_inputs_raise() -> None:
+    q, k, v = make_qkv(5)
+    with pytest.raises(ValueError, match="chunk_size"):
+        iso_tanh_chunked(q, k, v, 0)
+    with pytest.raises(ValueError, match="Hkv dividing H"):
+        iso_tanh_chunked(q, k[:, :1].expand(B, 3, 5, D), v[:, :1].expand(B, 3, 5, D), CHUNK)
+    with pytest.raises(ValueError, match="state"):
+        iso_tanh_recurrent(q, k, v, (torch.zeros(B, H, D, D), torch.zeros(B, H, D, D)))
+
+
+# --- the linear-attention kernel identity (fla on GPU) -------------------------------------------
+
+@pytest.mark.parametrize("hkv", [1, 2])
+def test_linear_attention_identity(hkv: int) -> None:
+    """LA(q, k, [v|k]) gives the numerator and |s|^2 = q . LA(q, k, k) / sqrt(D); with a state, too."""
+    q, k, v = make_qkv(23, hkv=hkv)
+    ref = iso_tanh_naive(q, k, v)
+    head, state = iso_tanh_linear_attention(q[:, :, :9], k[:, :, :9], v[:, :, :9], None, torch_linear_attn)
+    tail, final = iso_tanh_linear_attention(q[:, :, 9:], k[:, :, 9:], v[:, :, 9:], state, torch_linear_attn)
+    torch.testing.assert_close(torch.cat([head, tail], dim=2), ref, **EXACT)
+    torch.testing.assert_close(final, iso_tanh_chunked(q, k, v, CHUNK)[1], **EXACT)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_fla_kernel_matches_naive(dtype: torch.dtype) -> None:
+    pytest.importorskip("fla.ops.linear_attn")
+    q, k, v = make_qkv(300, dtype=dtype)
+    ref = iso_tanh_naive(*(x.double() for x in (q, k, v)))
+    scoring = IsoTanhScoring(config(64))
+    out, state = scoring(*(x.cuda() for x in (q, k, v)), use_cache=True)
+    err = (out.double().cpu() - ref).abs().amax() / ref.abs().amax()
+    assert err < (1e-3 if dtype == torch.float32 else 3e-2)
+    torch.testing.assert_close(state[1].cpu().double(), (k.double().transpose(-1, -2) @ k.double()),
+                               rtol=1e-2, atol=1e-2)
+
+
+# --- softmax ---------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize(("past_len", "t"), [(0, 13), (7, 1), (7, 5), (7, 7)])
+def test_softmax_matches_masked_reference(past_len: int, t: int) -> None:
+    q, k, v = make_qkv(past_len + t)
+    scoring = SoftmaxScoring(config())
+    past = (k[:, :, :past_len], v[:, :, :past_len]) if past_len else None
+    new = slice(past_len, None)
+    out, present = scoring(q[:, :, new], k[:, :, new], v[:, :, new], past=past, use_cache=True)
+    torch.testing.assert_close(out, softmax_reference(q[:, :, past_len:], k, v), **EXACT)
+    torch.testing.assert_close(present, (k, v), rtol=0.0, atol=0.0)
+
+
+# --- the registry modules: use_cache states are usable as past ----------------------------------
+
+def test_registry() -> None:
+    assert set(ATTN_SCORING_REGISTRY) == {"softmax", "iso_tanh"}
+    assert ATTN_SCORING_REGISTRY["iso_tanh"] is IsoTanhScoring
+    assert ATTN_SCORING_REGISTRY["softmax"] is SoftmaxScoring
+
+
+@pytest.mark.parametrize("name", sorted(ATTN_SCORING_REGISTRY))
+def test_module_cache_continues_sequence(name: str) -> None:
+    scoring = ATTN_SCORING_REGISTRY[name](config())
+    q, k, v = make_qkv(26)
+    whole, no_state = scoring(q, k, v)
+    assert no_state is None
+    reference = softmax_reference(q, k, v) if name == "softmax" else iso_tanh_naive(q, k, v)
+    torch.testing.assert_close(whole, reference, **EXACT)
+    outs, past = [], None
+    for lo, hi in [(0, 10), (10, 11), (11, 20), (20, 21), (21, 22), (22, 26)]:  # prefill, tokens, pieces
+        out, past = scoring(q[:, :, lo:hi], k[:, :, lo:hi], v[:, :, lo:hi], past=past, use_cache=True)
+        outs.append(out)
+    torch.testing.assert_close(torch.cat(outs, dim=2), whole, **EXACT)

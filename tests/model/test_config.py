@@ -1,0 +1,114 @@
+"""IsoLLMConfig mirrors ModelConfig; bad values fail with one ConfigError naming the field; size presets."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, fields
+from pathlib import Path
+
+import pytest
+from transformers import AutoConfig, AutoModelForCausalLM
+
+import llm  # noqa: F401  (registers the Auto classes)
+from llm.config import load_config
+from llm.model import IsoLLMConfig, IsoLLMForCausalLM, ModelConfig, param_counts
+from llm.model.config import ConfigError
+from llm.params import main as params_main
+
+SIZES = Path(__file__).resolve().parents[2] / "configs" / "sizes"
+TINY = dict(vocab_size=256, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+            num_key_value_heads=2)
+
+
+def test_hf_config_has_exactly_the_model_config_fields_and_defaults():
+    hf_fields = {f.name: f for f in fields(IsoLLMConfig)}
+    for f in fields(ModelConfig):
+        assert f.name in hf_fields
+        assert getattr(IsoLLMConfig(), f.name) == getattr(ModelConfig(), f.name), f.name
+    assert IsoLLMConfig.model_type == "isollm"
+    assert IsoLLMConfig().tie_word_embeddings is True
+
+
+def test_for_model_builds_any_variant_and_round_trips():
+    config = AutoConfig.for_model("isollm", ffn="iso_ln", ffn_linear="focus", attn_scoring="iso_tanh",
+                                  iso_ln_alpha=1.5, **TINY)
+    assert isinstance(config, IsoLLMConfig)
+    model_config = config.to_model_config()
+    assert model_config == ModelConfig(ffn="iso_ln", ffn_linear="focus", attn_scoring="iso_tanh",
+                                       iso_ln_alpha=1.5, **TINY)
+    assert IsoLLMConfig.from_model_config(model_config).to_model_config() == model_config
+    assert isinstance(AutoModelForCausalLM.from_config(config), IsoLLMForCausalLM)
+
+
+def test_config_json_round_trip(tmp_path):
+    config = IsoLLMConfig(ffn="isogmlp", isogmlp_gate="causal_mean", **TINY)
+    config.save_pretrained(tmp_path)
+    saved = json.loads((tmp_path / "config.json").read_text())
+    assert saved["model_type"] == "isollm" and saved["ffn"] == "isogmlp"
+    assert saved["auto_map"]["AutoConfig"] == "configuration_isollm.IsoLLMConfig"
+    loaded = AutoConfig.from_pretrained(tmp_path)
+    assert loaded.to_model_config() == config.to_model_config()
+
+
+BAD_VALUES = [
+    ({"ffn": "relu_mlp"}, "ffn"),
+    ({"hidden_size": 30}, "hidden_size"),  # not divisible by 4 heads
+    ({"num_key_value_heads": 3}, "num_key_value_heads"),  # does not divide 4 heads
+    ({"attn_scoring": "linear"}, "attn_scoring"),
+    ({"isogmlp_gate": "sequence_mean"}, "isogmlp_gate"),  # the non-causal gate does not exist
+]
+
+
+@pytest.mark.parametrize(("bad", "field"), BAD_VALUES, ids=[f for _, f in BAD_VALUES])
+def test_bad_values_raise_one_config_error_naming_the_field(bad, field):
+    for build in (lambda: ModelConfig(**{**TINY, **bad}).validate(),
+                  lambda: IsoLLMConfig(**{**TINY, **bad}),
+                  lambda: AutoConfig.for_model("isollm", **{**TINY, **bad})):
+        with pytest.raises(ConfigError) as info:
+            build()
+        assert info.value.field == field
+        assert str(info.value).startswith(f"{field}: ") and "\n" not in str(info.value)
+    overrides = [f"model.{key}={value}" for key, value in bad.items()]
+    with pytest.raises(ConfigError) as info:
+        load_config([str(SIZES / "tiny.yaml")], ["train.max_steps=1", *overrides])
+    assert info.value.field == f"model.{field}"
+
+
+PRESETS = {"83m": 83e6, "134m": 134e6, "250m": 250e6}
+
+
+@pytest.mark.parametrize("name", sorted(PRESETS))
+def test_presets_total_parameters_match_their_names(name):
+    config = load_config([str(SIZES / f"{name}.yaml")], ["train.max_steps=1"]).model
+    assert config.vocab_size == 151_680 and config.tie_word_embeddings and config.ffn == "swiglu"
+    total, non_embedding = param_counts(config)
+    assert abs(total / PRESETS[name] - 1) < 0.02
+    assert total - non_embedding == 151_680 * config.hidden_size
+    header = (SIZES / f"{name}.yaml").read_text().split("model:")[0]
+    assert f"{total:,}" in header and f"{non_embedding:,}" in header  # the comment states both counts
+
+
+@pytest.mark.parametrize("name", ["tiny", "small-cpu"])
+def test_cpu_sizes_load_and_state_their_counts(name):
+    config = load_config([str(SIZES / f"{name}.yaml")], ["train.max_steps=1"]).model
+    total, non_embedding = param_counts(config)
+    header = (SIZES / f"{name}.yaml").read_text().split("model:")[0]
+    assert f"{total:,}" in header and f"{non_embedding:,}" in header
+    assert set(asdict(config)) == {f.name for f in fields(ModelConfig)}
+
+
+def test_params_cli_prints_counts_and_resolved_intermediate_size(capsys):
+    assert params_main([str(SIZES / "83m.yaml"), "model.ffn=isogmlp", "model.ffn_param_match=true"]) == 0
+    out = capsys.readouterr().out
+    total, non_embedding = param_counts(ModelConfig(**{**asdict(load_config(
+        [str(SIZES / "83m.yaml")], ["train.max_steps=1"]).model), "ffn": "isogmlp", "ffn_param_match": True}))
+    assert f"{total:,}" in out and f"{non_embedding:,}" in out
+    assert "ffn intermediate size: 768 (config 1024, parameter-matched)" in out
+
+
+def test_params_cli_reports_a_bad_value_in_one_line(capsys):
+    with pytest.raises(SystemExit) as info:
+        params_main([str(SIZES / "tiny.yaml"), "model.ffn=bogus"])
+    assert info.value.code == 2
+    assert capsys.readouterr().err.strip().endswith("model.ffn: unknown value 'bogus'; expected one of: "
+                                                    "swiglu, isogmlp, iso_ln, iso_mlp")

@@ -1,0 +1,239 @@
+"""The decoder: causality of every variant, cached decoding, generate(), loss, tying, parameter counts."""
+
+from __future__ import annotations
+
+import itertools
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from llm.model import IsoLLMCache, IsoLLMConfig, IsoLLMForCausalLM, ModelConfig, param_counts
+from llm.model.attention import ATTN_SCORING_REGISTRY
+from llm.model.ffn import FFN_REGISTRY, ISOGMLP_GATES
+from llm.model.linear import LINEAR_REGISTRY
+
+VOCAB, T = 256, 12
+TINY = dict(vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+            num_attention_heads=4, num_key_value_heads=2,
+            iso_tanh_chunk_size=4)  # T = 3 chunks: the state carried across chunks is exercised
+
+
+def build(seed: int = 0, dtype: torch.dtype = torch.float64, **overrides) -> IsoLLMForCausalLM:
+    torch.manual_seed(seed)
+    return IsoLLMForCausalLM(IsoLLMConfig(**{**TINY, **overrides})).to(dtype).eval()
+
+
+def tokens(batch: int = 2, seq: int = T, seed: int = 0) -> torch.Tensor:
+    return torch.randint(0, VOCAB, (batch, seq), generator=torch.Generator().manual_seed(seed))
+
+
+VARIANTS = [dict(ffn=f, attn_scoring=a) for f, a in itertools.product(sorted(FFN_REGISTRY),
+                                                                         sorted(ATTN_SCORING_REGISTRY))]
+VARIANTS += [dict(ffn="isogmlp", isogmlp_gate=g, attn_scoring=a)
+             for g, a in itertools.product(sorted(ISOGMLP_GATES), sorted(ATTN_SCORING_REGISTRY))]
+VARIANTS += [dict(ffn="iso_ln", ffn_linear=lin, attn_scoring=a)
+             for lin, a in itertools.product(sorted(LINEAR_REGISTRY), sorted(ATTN_SCORING_REGISTRY))]
+VARIANTS += [dict(qk_norm=False), dict(tie_word_embeddings=False), dict(num_key_value_heads=4)]
+
+
+def variant_id(variant: dict) -> str:
+    return ",".join(f"{k}={v}" for k, v in variant.items())
+
+
+@pytest.mark.parametrize("variant", VARIANTS, ids=variant_id)
+def test_no_logit_depends_on_a_later_token(variant):
+    """Perturbing token t leaves every logit before t bit-identical (fp64) and changes the logits at t."""
+    model = build(**variant)
+    ids = tokens()
+    with torch.no_grad():
+        base = model(ids).logits
+        for t in (1, 5, T - 1):
+            perturbed = ids.clone()
+            perturbed[:, t] = (perturbed[:, t] + 1) % VOCAB
+            logits = model(perturbed).logits
+            assert torch.equal(logits[:, :t], base[:, :t]), f"logits before {t} changed"
+            assert not torch.allclose(logits[:, t], base[:, t])
+
+
+CACHE_VARIANTS = [dict(attn_scoring="softmax"), dict(attn_scoring="iso_tanh"),
+                  dict(ffn="isogmlp", isogmlp_gate="causal_mean", attn_scoring="iso_tanh"),
+                  dict(ffn="isogmlp", isogmlp_gate="causal_mean", attn_scoring="softmax")]
+
+
+@pytest.mark.parametrize("variant", CACHE_VARIANTS, ids=variant_id)
+def test_incremental_forward_with_past_equals_the_full_forward(variant):
+    """Prefill, then one token, then a 3-token piece, then single tokens: each step's logits are the full
+    forward's at those positions (positions and the FFN's running state carried by the cache)."""
+    model = build(**variant)
+    ids = tokens()
+    with torch.no_grad():
+        full = model(ids).logits
+        out = model(ids[:, :5], use_cache=True)
+        cache = out.past_key_values
+        assert isinstance(cache, IsoLLMCache) and cache.get_seq_length() == 5
+        torch.testing.assert_close(out.logits, full[:, :5], rtol=0, atol=1e-12)
+        for start, stop in [(5, 6), (6, 9), *((t, t + 1) for t in range(9, T))]:
+            step = model(ids[:, start:stop], past_key_values=cache, use_cache=True)
+            assert step.past_key_values is cache and cache.get_seq_length() == stop
+            torch.testing.assert_close(step.logits, full[:, start:stop], rtol=0, atol=1e-12)
+
+
+def test_iso_tanh_generation_state_does_not_grow_with_length():
+    """iso_tanh carries (S, G) of fixed size [B, Hkv, D, D] per layer: no KV cache."""
+    model = build(attn_scoring="iso_tanh")
+    with torch.no_grad():
+        cache = model(tokens(seq=3), use_cache=True).past_key_values
+        shapes = [tuple(t.shape) for layer in cache.layers for t in layer.attention]
+        model(tokens(seq=T), past_key_values=cache, use_cache=True)
+    assert shapes == [tuple(t.shape) for layer in cache.layers for t in layer.attention]
+    assert set(shapes) == {(2, 2, 8, 8)}
+
+
+def greedy_by_recomputation(model: IsoLLMForCausalLM, prompt: torch.Tensor, steps: int) -> torch.Tensor:
+    """Reference decoding: the full forward over the whole sequence at every step, no cache."""
+    seq = prompt
+    with torch.no_grad():
+        for _ in range(steps):
+            seq = torch.cat([seq, model(seq).logits[:, -1].argmax(-1, keepdim=True)], dim=1)
+    return seq
+
+
+@pytest.mark.parametrize("variant", CACHE_VARIANTS, ids=variant_id)
+def test_generate_with_cache_equals_greedy_recomputation(variant):
+    # fp32, as generate() is used; random tiny models have near-tied logits now and then, so the
+    # seed is fixed and the argmax gaps are far above fp32 rounding.
+    model = build(dtype=torch.float32, **variant)
+    prompt = tokens(seq=5)
+    out = model.generate(prompt, max_new_tokens=10, do_sample=False, return_dict_in_generate=True)
+    assert isinstance(out.past_key_values, IsoLLMCache)
+    assert out.past_key_values.get_seq_length() == 5 + 10 - 1  # the last token is sampled, never fed
+    assert torch.equal(out.sequences, greedy_by_recomputation(model, prompt, 10))
+    no_cache = model.generate(prompt, max_new_tokens=10, do_sample=False, use_cache=False)
+    assert torch.equal(no_cache, out.sequences)
+
+
+@pytest.mark.parametrize("variant", CACHE_VARIANTS, ids=variant_id)
+def test_reorder_cache_selects_every_state_of_the_chosen_rows(variant):
+    """Attention and FFN states alike: continuing a reordered cache equals running the reordered batch."""
+    model = build(**variant)
+    ids = tokens(batch=3)
+    rows = torch.tensor([2, 0, 0])
+    with torch.no_grad():
+        cache = model(ids[:, :6], use_cache=True).past_key_values
+        cache.reorder_cache(rows)
+        continued = model(ids[rows, 6:], past_key_values=cache).logits
+        # 1e-6: the causal-mean gate sums in fp32 even in an fp64 model; a wrong row is off by ~1e-2
+        torch.testing.assert_close(continued, model(ids[rows]).logits[:, 6:], rtol=0, atol=1e-6)
+
+
+@pytest.mark.parametrize("variant", CACHE_VARIANTS[:2], ids=variant_id)
+def test_beam_search_with_cache_equals_beam_search_without(variant):
+    """Beam search reorders the cache's states (reorder_cache); recomputation needs none. With this
+    seed the beams swap places at most steps, so skipping the reorder changes the output."""
+    model = build(seed=1, dtype=torch.float32, **variant)
+    prompt = tokens(seq=4, seed=1)
+    kwargs = dict(max_new_tokens=8, num_beams=4, num_return_sequences=2, do_sample=False,
+                  early_stopping=False)
+    assert torch.equal(model.generate(prompt, **kwargs), model.generate(prompt, use_cache=False, **kwargs))
+
+
+@pytest.mark.parametrize("scoring", sorted(ATTN_SCORING_REGISTRY))
+def test_sampling_generate(scoring):
+    model = build(dtype=torch.float32, attn_scoring=scoring)
+    prompt = tokens(seq=4)
+    torch.manual_seed(1)
+    first = model.generate(prompt, max_new_tokens=8, do_sample=True, top_k=20)
+    torch.manual_seed(1)
+    again = model.generate(prompt, max_new_tokens=8, do_sample=True, top_k=20)
+    assert first.shape == (2, 12) and torch.equal(first[:, :4], prompt) and torch.equal(first, again)
+    assert int(first.max()) < VOCAB
+    top1 = model.generate(prompt, max_new_tokens=8, do_sample=True, top_k=1)
+    assert torch.equal(top1, greedy_by_recomputation(model, prompt, 8))
+
+
+def test_padded_attention_mask_is_refused():
+    model = build()
+    ids = tokens()
+    mask = torch.ones_like(ids)
+    torch.testing.assert_close(model(ids, attention_mask=mask).logits, model(ids).logits, rtol=0, atol=0)
+    mask[0, 0] = 0
+    with pytest.raises(ValueError, match="attention_mask"):
+        model(ids, attention_mask=mask)
+
+
+def test_loss_is_the_shifted_cross_entropy_in_fp32():
+    model = build(dtype=torch.float32)
+    ids = tokens()
+    labels = ids.clone()
+    labels[0, 3:6] = -100
+    out = model(ids, labels=labels)
+    manual = F.cross_entropy(out.logits[:, :-1].double().reshape(-1, VOCAB), labels[:, 1:].reshape(-1),
+                             ignore_index=-100)
+    assert out.loss.dtype == torch.float32
+    torch.testing.assert_close(out.loss.double(), manual, rtol=1e-6, atol=0)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        assert model(ids, labels=labels).loss.dtype == torch.float32
+
+
+def test_training_forward_returns_logits_only():
+    out = build()(tokens())
+    assert out.logits.shape == (2, T, VOCAB)
+    assert out.loss is None and out.past_key_values is None and out.hidden_states is None
+
+
+def test_hidden_states_are_the_embedding_and_every_block_output():
+    model = build(num_hidden_layers=3)
+    ids = tokens()
+    with torch.no_grad():
+        out = model(ids, output_hidden_states=True)
+        assert len(out.hidden_states) == 4
+        torch.testing.assert_close(out.hidden_states[0], model.model.embed_tokens(ids), rtol=0, atol=0)
+        torch.testing.assert_close(model.lm_head(model.model.norm(out.hidden_states[-1])), out.logits,
+                                   rtol=0, atol=0)
+        last = model(ids, logits_to_keep=1).logits
+        torch.testing.assert_close(last, out.logits[:, -1:], rtol=0, atol=1e-12)
+
+
+def test_rotary_embedding_makes_scores_depend_on_relative_position_only():
+    """Shifting every position by a constant leaves the logits unchanged (RoPE's defining property), up
+    to the fp32 rounding of the angles (computed in fp32, as Qwen3 does)."""
+    model = build()
+    ids = tokens()
+    positions = torch.arange(T)[None]
+    with torch.no_grad():
+        torch.testing.assert_close(model(ids, position_ids=positions + 17).logits,
+                                   model(ids, position_ids=positions).logits, rtol=0, atol=1e-6)
+        assert not torch.allclose(model(ids, position_ids=positions.flip(-1)).logits, model(ids).logits)
+
+
+@pytest.mark.parametrize("tied", [True, False])
+def test_weight_tying_and_init(tied):
+    model = build(dtype=torch.float32, tie_word_embeddings=tied, vocab_size=4096, hidden_size=64)
+    embed, head = model.model.embed_tokens.weight, model.lm_head.weight
+    assert (head is embed) == tied
+    for weight in (embed, head, model.model.layers[0].self_attn.qkv_proj.weight):  # normal(0, 0.02)
+        assert abs(weight.std().item() - 0.02) < 0.001 and abs(weight.mean().item()) < 0.001
+    assert torch.equal(model.model.layers[0].input_layernorm.weight, torch.ones(64))
+
+
+@pytest.mark.parametrize("tied", [True, False])
+@pytest.mark.parametrize("ffn", sorted(FFN_REGISTRY))
+def test_param_counts_match_the_built_model(ffn, tied):
+    config = ModelConfig(**TINY, ffn=ffn, tie_word_embeddings=tied, ffn_param_match=True)
+    model = IsoLLMForCausalLM(IsoLLMConfig.from_model_config(config))
+    total, non_embedding = param_counts(config)
+    assert total == sum(p.numel() for p in model.parameters())  # tied weights counted once
+    assert total - non_embedding == VOCAB * 32 * (1 if tied else 2)
+    assert param_counts(IsoLLMConfig.from_model_config(config)) == (total, non_embedding)
+
+
+def test_parameter_names_follow_qwen3():
+    names = set(dict(build(tie_word_embeddings=False).named_parameters()))
+    for name in ("model.embed_tokens.weight", "model.norm.weight", "lm_head.weight",
+                 "model.layers.1.input_layernorm.weight", "model.layers.1.post_attention_layernorm.weight",
+                 "model.layers.1.self_attn.qkv_proj.weight", "model.layers.1.self_attn.o_proj.weight",
+                 "model.layers.1.self_attn.q_norm.weight", "model.layers.1.self_attn.k_norm.weight",
+                 "model.layers.1.mlp.in_proj.weight", "model.layers.1.mlp.down_proj.weight"):
+        assert name in names
+    assert not any(name.endswith("bias") for name in names)

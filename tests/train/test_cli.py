@@ -1,0 +1,86 @@
+"""``train.py``: one-line errors with exit code 2 before any work, and SIGTERM -> checkpoint + exit 0."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from llm.train.cli import main
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+@pytest.mark.parametrize(("override", "field", "message"), [
+    ("model.ffn=nope", "model.ffn", "unknown value 'nope'"),
+    ("train.lr=-1", "train.lr", "expected a positive learning rate"),
+    ("train.nope=1", "train.nope", "unknown key"),
+])
+def test_bad_config_is_one_line_exit_2(override: str, field: str, message: str, tmp_path: Path,
+                                      capsys: pytest.CaptureFixture) -> None:
+    assert main([f"out_dir={tmp_path}", "train.max_steps=1", override]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith(f"error: {field}: ") and message in err
+    assert not any(tmp_path.iterdir())  # no run directory was created
+
+
+def test_missing_config_file(tmp_path: Path, capsys) -> None:
+    assert main(["--config", str(tmp_path / "nope.yaml")]) == 2
+    assert capsys.readouterr().err.startswith("error: config: no such config file")
+
+
+def test_batch_that_does_not_divide_fails_before_work(tiny_config, capsys) -> None:
+    config = tiny_config()
+    args = [f"data.source={config.data.source}", f"data.tokenizer={config.data.tokenizer}",
+            f"out_dir={config.out_dir}", "train.max_steps=2", "train.global_batch_tokens=1000",
+            "train.micro_batch_size=4", "data.seq_len=32", "trackers=[]"]
+    assert main(args) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: train.global_batch_tokens: 1000 is not a positive multiple")
+    assert not Path(config.out_dir).exists()
+
+
+def _train(tmp_path: Path, *args: str) -> subprocess.Popen:
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1"}
+    return subprocess.Popen([sys.executable, str(REPO / "train.py"), *args], cwd=tmp_path, env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+@pytest.mark.slow
+def test_subprocess_exit_code_for_bad_value(tmp_path: Path) -> None:
+    proc = _train(tmp_path, "model.ffn=nope")
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 2, err
+    assert err.strip().splitlines() == [err.strip()] and err.startswith("error: model.ffn: ")
+    assert not (tmp_path / "runs").exists()
+
+
+@pytest.mark.slow
+def test_sigterm_checkpoints_and_exits_0(tiny_config, tiny_overrides: list[str], tmp_path: Path) -> None:
+    config = tiny_config()
+    run_dir = tmp_path / "runs" / "sig"
+    proc = _train(tmp_path, f"data.source={config.data.source}", f"data.tokenizer={config.data.tokenizer}",
+                  f"data.cache_dir={config.data.cache_dir}", *tiny_overrides, "name=sig",
+                  "train.max_steps=100000", "train.checkpoint_every=100000")
+    metrics = run_dir / "metrics.jsonl"
+    deadline = time.monotonic() + 180
+    while time.monotonic() < deadline and proc.poll() is None:
+        lines = metrics.read_text().splitlines() if metrics.is_file() else []
+        if sum('"kind": "train"' in line for line in lines) >= 3:
+            break
+        time.sleep(0.2)
+    assert proc.poll() is None, proc.communicate()[1]
+    proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 0, err
+    last = [json.loads(line) for line in metrics.read_text().splitlines()][-1]
+    pointer = (run_dir / "checkpoints" / "latest").read_text().strip()
+    assert pointer == f"step_{last['step']:08d}"
+    saved = json.loads((run_dir / "checkpoints" / pointer / "trainer.json").read_text())["state"]
+    assert saved["step"] == last["step"] >= 3

@@ -1,0 +1,164 @@
+"""In-process ``fit`` runs of a tiny model on the real FineWeb sample (a few seconds each)."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import signal
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+import llm.train.trainer as trainer
+from llm.model.config import ConfigError
+from llm.train.trainer import TrainingError, fit
+
+
+def _rows(run_dir: Path, kind: str) -> list[dict]:
+    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    return [r for r in rows if r["kind"] == kind]
+
+
+def _weights(checkpoint: Path) -> dict[str, torch.Tensor]:
+    return load_file(checkpoint / "model" / "model.safetensors")
+
+
+TRAIN_KEYS = {"kind", "step", "tokens", "loss", "ppl", "lr", "grad_norm", "grad_norm_var_rolling",
+              "grad_norm_cv_rolling", "grad_norm_var_run", "grad_norm_cv_run", "grad_norm_nonfinite",
+              "tokens_per_s", "mfu", "peak_mem_bytes", "peak_mem_kind", "data_wait_s", "skipped_steps"}
+LAYER_KEYS = {"layer", "isoscore", "mean_cos", "eff_rank", "basis_alignment"}
+
+
+def test_loss_falls_and_metrics_rows_are_documented(tiny_config) -> None:
+    config = tiny_config("model.ffn=isogmlp", "model.ffn_param_match=true", "train.eval_every=15",
+                         "trackers=[tensorboard]")
+    result = fit(config)
+    run_dir = result.run_dir
+    assert result.step == 30 and result.tokens == 30 * 256
+
+    (meta,) = _rows(run_dir, "meta")
+    assert meta["variant"] == "isogmlp+softmax"
+    assert meta["params_total"] > meta["params_non_embedding"] > 0
+    assert meta["params_total"] - meta["params_non_embedding"] == 512 * 32  # tied embedding counted once
+    assert meta["flops_per_token"] > 0 and meta["config"]["model"]["ffn"] == "isogmlp"
+
+    train = _rows(run_dir, "train")
+    assert [r["step"] for r in train] == list(range(1, 31))
+    for row in train:
+        assert set(row) == TRAIN_KEYS
+        assert row["tokens"] == row["step"] * 256
+        assert row["peak_mem_kind"] == "cpu_max_rss" and row["peak_mem_bytes"] > 0
+        assert row["skipped_steps"] == 0 and math.isfinite(row["grad_norm"]) and row["mfu"] > 0
+        assert row["ppl"] == pytest.approx(math.exp(row["loss"]))
+    first, last = train[0]["loss"], sum(r["loss"] for r in train[-5:]) / 5
+    assert first == pytest.approx(math.log(512), abs=0.3)  # a fresh model is close to uniform
+    assert last < first - 0.4, (first, last)
+    lrs = [r["lr"] for r in train]
+    assert lrs[4] == pytest.approx(3e-3) and lrs[0] == pytest.approx(3e-3 / 5)  # warmup_steps=5
+    assert lrs[-1] < lrs[10]  # cosine decay
+
+    evals = _rows(run_dir, "eval")
+    assert [r["step"] for r in evals] == [15, 30]
+    for row in evals:
+        assert math.isfinite(row["val_loss"]) and row["val_ppl"] == pytest.approx(math.exp(row["val_loss"]))
+        assert [layer["layer"] for layer in row["layers"]] == [0, 1, 2]
+        assert all(set(layer) >= LAYER_KEYS for layer in row["layers"])
+        assert all({"alpha", "pathway_ratio"} <= set(layer) for layer in row["layers"][1:])  # isogmlp
+    assert evals[1]["val_loss"] < evals[0]["val_loss"] + 0.1
+    assert any((run_dir / "tensorboard").rglob("events.out.tfevents.*"))
+    assert (run_dir / "config.yaml").is_file()
+
+
+def _stop_after(monkeypatch: pytest.MonkeyPatch, steps: int) -> None:
+    """Deliver SIGTERM to this process during optimizer step ``steps`` (as a scheduler would)."""
+    calls = {"n": 0}
+    real = trainer.train_step
+
+    def train_step(*args, **kwargs):
+        calls["n"] += 1
+        if calls["n"] == steps:
+            os.kill(os.getpid(), signal.SIGTERM)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(trainer, "train_step", train_step)
+
+
+def test_stop_and_resume_equals_uninterrupted_run(tiny_config, monkeypatch: pytest.MonkeyPatch) -> None:
+    overrides = ("train.max_steps=12", "train.checkpoint_every=100", "train.eval_every=100")
+    whole = fit(tiny_config(*overrides, "name=whole"))
+
+    _stop_after(monkeypatch, 5)
+    stopped = fit(tiny_config(*overrides, "name=split"))
+    assert stopped.stopped_by_signal and stopped.step == 5
+    assert stopped.last_checkpoint.name == "step_00000005"
+    monkeypatch.undo()
+    resumed = fit(tiny_config(*overrides, "name=split", "resume=true"))
+    assert resumed.step == 12
+
+    losses = lambda run: [(r["step"], r["loss"], r["grad_norm"], r["lr"]) for r in _rows(run, "train")]  # noqa: E731
+    assert losses(resumed.run_dir) == losses(whole.run_dir)  # bitwise: every step's loss, norm and lr
+    assert _rows(resumed.run_dir, "eval")[-1]["val_loss"] == _rows(whole.run_dir, "eval")[-1]["val_loss"]
+    a, b = _weights(whole.last_checkpoint), _weights(resumed.last_checkpoint)
+    assert a.keys() == b.keys()
+    for key in a:
+        assert torch.equal(a[key], b[key]), key
+    # the grad-norm statistics continued rather than restarted
+    assert _rows(resumed.run_dir, "train")[-1]["grad_norm_var_run"] == _rows(whole.run_dir, "train")[-1][
+        "grad_norm_var_run"]
+    (_, meta_2) = _rows(resumed.run_dir, "meta")
+    assert meta_2["resumed_from"].endswith("step_00000005") and meta_2["step"] == 5
+
+
+def _nan_loss_on(monkeypatch: pytest.MonkeyPatch, bad_steps: set[int], accum: int = 2) -> None:
+    """Make the loss of every micro-batch of the given optimizer steps (1-based) NaN."""
+    calls = {"n": 0}
+    real = trainer.lm_loss
+
+    def lm_loss(logits, targets, reduction="mean"):
+        calls["n"] += 1
+        loss = real(logits, targets, reduction)
+        step = (calls["n"] - 1) // accum + 1
+        return loss * float("nan") if step in bad_steps else loss
+
+    monkeypatch.setattr(trainer, "lm_loss", lm_loss)
+
+
+def test_nonfinite_step_is_skipped_and_counted(tiny_config, monkeypatch: pytest.MonkeyPatch) -> None:
+    _nan_loss_on(monkeypatch, {4})
+    result = fit(tiny_config("train.max_steps=8"))
+    train = {r["step"]: r for r in _rows(result.run_dir, "train")}
+    assert math.isnan(train[4]["loss"]) and not math.isfinite(train[4]["grad_norm"])
+    assert [train[s]["skipped_steps"] for s in range(1, 9)] == [0, 0, 0, 1, 1, 1, 1, 1]
+    assert train[4]["grad_norm_nonfinite"] == 1
+    # no scheduler step on the skipped step: step 5 trains at the lr step 4 would have used
+    assert train[5]["lr"] == train[4]["lr"]
+    assert all(math.isfinite(train[s]["loss"]) for s in (5, 6, 7, 8))  # the weights were not poisoned
+    assert result.step == 8 and result.tokens == 8 * 256  # the step counter and the data advance
+
+
+def test_consecutive_nonfinite_steps_stop_with_state_saved(tiny_config, monkeypatch) -> None:
+    _nan_loss_on(monkeypatch, set(range(3, 100)))
+    config = tiny_config("train.max_steps=20", "train.max_bad_steps=3")
+    with pytest.raises(TrainingError, match=r"3 consecutive steps.*step_00000005"):
+        fit(config)
+    ckpt = config.run_dir / "checkpoints" / "step_00000005"
+    saved = json.loads((ckpt / "trainer.json").read_text())["state"]
+    assert saved == {"step": 5, "tokens": 5 * 256, "skipped_steps": 3, "consecutive_bad_steps": 3}
+    assert all(torch.isfinite(t).all() for t in _weights(ckpt).values())
+    assert (config.run_dir / "checkpoints" / "latest").read_text().strip() == "step_00000005"
+
+
+def test_new_run_refuses_a_directory_with_checkpoints(tiny_config) -> None:
+    fit(tiny_config("train.max_steps=2"))
+    with pytest.raises(ConfigError, match=r"^resume: .*pass resume=true"):
+        fit(tiny_config("train.max_steps=4"))
+    assert fit(tiny_config("train.max_steps=4", "resume=true")).step == 4
+
+
+def test_resume_rejects_a_different_model(tiny_config) -> None:
+    fit(tiny_config("train.max_steps=2"))
+    with pytest.raises(ConfigError, match=r"^model: .*hidden_size \(checkpoint 32, config 64\)"):
+        fit(tiny_config("train.max_steps=4", "resume=true", "model.hidden_size=64"))

@@ -1,0 +1,113 @@
+"""AdamW parameter groups, the warmup + cosine schedule and the gradient-accumulation arithmetic."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from llm.config import load_config
+from llm.model.config import ConfigError
+from llm.train.optim import build_optimizer, build_scheduler, lr_lambda, param_groups
+from llm.train.trainer import build_model, gradient_accumulation_steps, resolve_max_steps
+
+
+@pytest.fixture
+def config_of(tiny_overrides: list[str]):
+    return lambda *overrides: load_config(None, [*tiny_overrides, *overrides])
+
+
+@pytest.mark.parametrize(("ffn", "linear"),
+                         [("isogmlp", "focus"), ("iso_ln", "affine_like"), ("swiglu", "linear")])
+def test_param_groups_decay_only_matrices(config_of, ffn: str, linear: str) -> None:
+    config = config_of(f"model.ffn={ffn}", f"model.ffn_linear={linear}", "model.focus_mu_lr_mult=0.01",
+                     "model.focus_sigma_lr_mult=0.5")
+    model = build_model(config.model)
+    groups = {g["name"]: g for g in param_groups(model, config)}
+    names = {id(p): n for n, p in model.named_parameters()}
+    by_group = {key: {names[id(p)] for p in g["params"]} for key, g in groups.items()}
+
+    decay = by_group["decay"]
+    focus = ("focus_mu", "focus_sigma")
+    assert decay == {n for n, p in model.named_parameters()
+                     if p.ndim >= 2 and "embed_tokens" not in n and not n.endswith(focus)}
+    assert "model.embed_tokens.weight" in by_group["no_decay"]  # also the tied lm_head: one tensor
+    assert not any("lm_head" in n for group in by_group.values() for n in group)
+    no_decay_kinds = ("norm.weight", "layernorm.weight", "mlp.gamma", "mlp.beta", "alpha_raw", "beta_raw",
+                      "in_proj.bias", "iso_norm.bias", "alpha_gate.proj.bias")
+    for name, p in model.named_parameters():
+        if name.endswith(no_decay_kinds):
+            assert name in by_group["no_decay"], name
+            assert p.ndim <= 1
+    assert groups["decay"]["weight_decay"] == config.train.weight_decay == 0.1
+    assert all(g["weight_decay"] == 0.0 for key, g in groups.items() if key != "decay")
+    # Every parameter is in exactly one group.
+    assert sum(len(g["params"]) for g in groups.values()) == len(list(model.parameters()))
+
+    if linear == "focus":
+        assert by_group["focus_mu"] == {n for n in names.values() if n.endswith("focus_mu")}
+        optimizer = build_optimizer(model, config)
+        lrs = {g["name"]: g["lr"] for g in optimizer.param_groups}
+        assert lrs["focus_mu"] == pytest.approx(config.train.lr * 0.01)
+        assert lrs["focus_sigma"] == pytest.approx(config.train.lr * 0.5)
+        assert lrs["decay"] == lrs["no_decay"] == config.train.lr
+    else:
+        assert "focus_mu" not in groups and "focus_sigma" not in groups
+
+
+def test_schedule_warmup_cosine_values() -> None:
+    f = lr_lambda(warmup_steps=10, max_steps=110, min_lr_ratio=0.1)
+    assert f(0) == pytest.approx(0.1)  # step 0 trains at lr / warmup, not at 0
+    assert f(4) == pytest.approx(0.5)
+    assert f(9) == 1.0  # end of warmup
+    assert f(10) == 1.0  # cosine starts at the peak
+    assert f(60) == pytest.approx(0.55)  # half way: min + (1 - min) / 2
+    assert f(35) == pytest.approx(0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi / 4)))
+    assert f(110) == pytest.approx(0.1)  # end: lr * min_lr_ratio
+    assert f(500) == pytest.approx(0.1)  # and it stays there
+
+
+def test_scheduler_drives_every_group_with_its_multiplier(config_of) -> None:
+    config = config_of("model.ffn_linear=focus", "model.focus_mu_lr_mult=0.01", "train.warmup_steps=4",
+                     "train.lr=1e-3")
+    model = build_model(config.model)
+    optimizer = build_optimizer(model, config)
+    scheduler = build_scheduler(optimizer, config, max_steps=20)
+    for _ in range(3):
+        optimizer.step()
+        scheduler.step()
+    lrs = {g["name"]: g["lr"] for g in optimizer.param_groups}  # the lr of step index 3: warmup end
+    assert lrs["decay"] == pytest.approx(1e-3)
+    assert lrs["focus_mu"] == pytest.approx(1e-5)
+    state = scheduler.state_dict()
+    fresh = build_scheduler(build_optimizer(model, config), config, max_steps=20)
+    fresh.load_state_dict(state)
+    assert fresh.last_epoch == 3
+
+
+def test_gradient_accumulation_arithmetic(config_of) -> None:
+    config = config_of("train.global_batch_tokens=1024", "train.micro_batch_size=4", "data.seq_len=32")
+    assert gradient_accumulation_steps(config, world_size=1) == 8
+    assert gradient_accumulation_steps(config, world_size=2) == 4
+    assert gradient_accumulation_steps(config, world_size=8) == 1
+    with pytest.raises(ConfigError, match=r"^train\.global_batch_tokens: .*4 \* 32 \* 16 = 2048"):
+        gradient_accumulation_steps(config, world_size=16)
+    bad = config_of("train.global_batch_tokens=1000")
+    with pytest.raises(ConfigError, match=r"^train\.global_batch_tokens"):
+        gradient_accumulation_steps(bad, world_size=1)
+
+
+def test_max_steps_from_token_budget(config_of) -> None:
+    assert resolve_max_steps(config_of("train.max_steps=0", "train.max_tokens=2560")) == 10
+    assert resolve_max_steps(config_of("train.max_steps=0", "train.max_tokens=2561")) == 11
+    assert resolve_max_steps(config_of("train.max_steps=7", "train.max_tokens=2561")) == 7
+
+
+def test_param_groups_are_deterministic(config_of) -> None:
+    """The optimizer state of a checkpoint is matched to groups by position: same order every time."""
+    config = config_of("model.ffn=isogmlp", "model.ffn_linear=focus")
+    torch.manual_seed(0)
+    a = [g["name"] for g in param_groups(build_model(config.model), config)]
+    b = [g["name"] for g in param_groups(build_model(config.model), config)]
+    assert a == b == ["decay", "no_decay", "focus_mu", "focus_sigma"]
