@@ -23,8 +23,10 @@ FAKES = {
     "srun": 'echo "srun $*" >> "$FAKE_LOG"; while [[ "$1" == --* ]]; do shift; done; '
             'SLURM_NODEID=0 exec "$@"',
     # accelerate: record the arguments; with FAKE_SLEEP, "train" until SIGTERM, then "checkpoint" and exit 0.
-    "accelerate": 'printf "%s\\n" "$@" > "$FAKE_ARGS"; echo $$ > "$FAKE_PID"; '
-                  'trap \'kill $!; echo "trainer got SIGTERM" >> "$FAKE_LOG"; exit 0\' TERM; '
+    # (The pid file is written last, atomically, so the test signals only a fully set-up fake.)
+    "accelerate": 'trap \'kill $!; echo "trainer got SIGTERM" >> "$FAKE_LOG"; exit 0\' TERM; '
+                  'printf "%s\\n" "$@" > "$FAKE_ARGS"; '
+                  'echo $$ > "$FAKE_PID.tmp"; mv "$FAKE_PID.tmp" "$FAKE_PID"; '
                   'if [[ -n "${FAKE_SLEEP:-}" ]]; then sleep 60 > /dev/null & wait; fi',
 }
 
@@ -66,7 +68,6 @@ def test_sbatch_time_limit_checkpoints_then_requeues(slurm: dict[str, str]) -> N
         deadline = time.monotonic() + 60
         while not Path(slurm["FAKE_PID"]).exists() and time.monotonic() < deadline:
             time.sleep(0.1)
-        print("waited", time.monotonic() - deadline + 60, Path(slurm["FAKE_PID"]).exists(), flush=True)
         os.kill(job.pid, signal.SIGUSR1)  # what `#SBATCH --signal=B:USR1@600` sends before the limit
         _, err = job.communicate(timeout=60)
     finally:

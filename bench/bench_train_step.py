@@ -1,0 +1,152 @@
+"""Training-step throughput of every ffn x attn_scoring, next to transformers' Qwen3 and the roofline.
+
+    .venv/bin/python bench/bench_train_step.py                 # 6 layers, hidden 384, vocab 8192, 8 x 256
+    .venv/bin/python bench/bench_train_step.py --quick         # fewer timed steps
+    .venv/bin/python bench/bench_train_step.py --device cuda --dtype bf16 --compile --preset 134m --seq 2048
+
+A step is what the trainer does per micro-batch: forward, fp32 cross-entropy, backward, AdamW. All
+models are built first and then timed round-robin (one step of each, repeated), so that a change in
+machine load hits every variant alike; each figure is the median over rounds. The non-SwiGLU FFNs are
+parameter-matched (``ffn_param_match``), as in a fair comparison.
+
+Columns: tokens/s; ``vs qwen3``: our tokens/s over transformers' ``Qwen3ForCausalLM`` at the identical
+shape (same layers, heads, widths, vocab, tied embeddings, qk-norm); ``roofline``: the machine's measured
+matmul FLOP/s divided by the variant's training FLOPs per token (``llm.metrics.flops``), the tokens/s a
+step would reach if it ran at matmul speed; ``of roofline``: tokens/s over that; ``vs swiglu``: tokens/s
+over swiglu+softmax's. On CUDA it also prints MFU against the GPU's dense peak.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+from collections.abc import Callable
+from dataclasses import asdict, replace
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from transformers import Qwen3Config, Qwen3ForCausalLM
+
+from llm.config import load_config
+from llm.metrics.flops import flops_per_token, measure_matmul_flops, peak_flops
+from llm.model import IsoLLMConfig, IsoLLMForCausalLM, ModelConfig
+from llm.model.ffn import FFN_REGISTRY
+from llm.model.attention import ATTN_SCORING_REGISTRY
+
+DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
+
+
+def qwen3_twin(config: ModelConfig) -> Qwen3ForCausalLM:
+    """transformers' own Qwen3 at our shape (SDPA attention, as ours)."""
+    hf = Qwen3Config(
+        vocab_size=config.vocab_size, hidden_size=config.hidden_size,
+        intermediate_size=config.intermediate_size, num_hidden_layers=config.num_hidden_layers,
+        num_attention_heads=config.num_attention_heads, num_key_value_heads=config.num_key_value_heads,
+        head_dim=config.resolved_head_dim, max_position_embeddings=config.max_position_embeddings,
+        rms_norm_eps=config.rms_norm_eps, tie_word_embeddings=config.tie_word_embeddings,
+        rope_parameters={"rope_type": "default", "rope_theta": config.rope_theta},
+    )
+    hf._attn_implementation = "sdpa"
+    return Qwen3ForCausalLM(hf)
+
+
+def make_step(model: nn.Module, batch: torch.Tensor, dtype: torch.dtype) -> Callable[[], None]:
+    """One training micro-step exactly as the trainer runs it (loss in fp32 from the logits)."""
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=batch.is_cuda)
+    inputs, targets = batch[:, :-1], batch[:, 1:]
+    autocast = torch.autocast(batch.device.type, dtype=dtype, enabled=dtype != torch.float32)
+
+    def step() -> None:
+        with autocast:
+            logits = model(inputs).logits
+        loss = F.cross_entropy(logits.flatten(0, 1).float(), targets.flatten())
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+
+    return step
+
+
+def synchronize(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--preset", default="small-cpu", help="configs/sizes/<preset>.yaml")
+    parser.add_argument("--batch", type=int, default=8)
+    parser.add_argument("--seq", type=int, default=256)
+    parser.add_argument("--rounds", type=int, default=6, help="timed steps per model (median reported)")
+    parser.add_argument("--quick", action="store_true", help="3 rounds")
+    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    parser.add_argument("--dtype", choices=DTYPES, default="fp32")
+    parser.add_argument("--compile", action="store_true", help="torch.compile every model")
+    parser.add_argument("--threads", type=int, default=0, help="torch threads on CPU (0: torch's default)")
+    args = parser.parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    rounds = 3 if args.quick else args.rounds
+    device, dtype = torch.device(args.device), DTYPES[args.dtype]
+    base = load_config(f"configs/sizes/{args.preset}.yaml", ["train.max_steps=1"]).model
+    base = replace(base, max_position_embeddings=max(base.max_position_embeddings, args.seq))
+
+    variants: dict[str, ModelConfig] = {
+        f"{ffn}+{scoring}": replace(base, ffn=ffn, attn_scoring=scoring, ffn_param_match=ffn != "swiglu")
+        for scoring in ATTN_SCORING_REGISTRY for ffn in FFN_REGISTRY
+    }
+    torch.manual_seed(0)
+    models: dict[str, nn.Module] = {
+        name: IsoLLMForCausalLM(IsoLLMConfig(**asdict(cfg))) for name, cfg in variants.items()
+    }
+    models["transformers Qwen3"] = qwen3_twin(base)
+    batch = torch.randint(0, base.vocab_size, (args.batch, args.seq + 1), device=device)
+    steps = {}
+    for name, model in models.items():
+        model.to(device).train()
+        if args.compile:
+            model = torch.compile(model)
+        steps[name] = make_step(model, batch, dtype)
+        steps[name]()  # warm-up: allocator, AdamW state, compilation
+    synchronize(device)
+
+    times: dict[str, list[float]] = {name: [] for name in steps}
+    for _ in range(rounds):
+        for name, step in steps.items():
+            synchronize(device)
+            start = time.perf_counter()
+            step()
+            synchronize(device)
+            times[name].append(time.perf_counter() - start)
+
+    tokens = args.batch * args.seq
+    tps = {name: tokens / statistics.median(t) for name, t in times.items()}
+    matmul = measure_matmul_flops(n=1024, dtype=dtype, device=device.type) if device.type == "cpu" else None
+    gpu_peak = peak_flops(device, dtype) if device.type == "cuda" else None
+    print(f"# training step, {args.preset} ({base.num_hidden_layers} layers, hidden {base.hidden_size}, "
+          f"vocab {base.vocab_size}), batch {args.batch} x {args.seq}, {args.dtype}, {device.type}"
+          f"{', compiled' if args.compile else ''}, median of {rounds} steps")
+    if matmul:
+        print(f"# measured fp32 matmul: {matmul / 1e9:.1f} GFLOP/s")
+    header = f"{'variant':<26}{'tokens/s':>10}{'vs qwen3':>10}{'vs swiglu':>10}{'roofline':>10}{'of roofline':>12}"
+    print(header + (f"{'MFU':>8}" if gpu_peak else ""))
+    qwen = tps["transformers Qwen3"]
+    swiglu = tps["swiglu+softmax"]
+    for name, value in tps.items():
+        cfg = variants.get(name, base)
+        fpt = flops_per_token(cfg, args.seq, training=True)
+        row = f"{name:<26}{value:>10.0f}{value / qwen:>9.2f}x{value / swiglu:>9.2f}x"
+        if matmul:
+            roof = matmul / fpt
+            row += f"{roof:>10.0f}{value / roof:>11.0%} "
+        else:
+            row += f"{'':>10}{'':>12}"
+        if gpu_peak:
+            row += f"{value * fpt / gpu_peak:>8.1%}"
+        print(row)
+
+
+if __name__ == "__main__":
+    main()
