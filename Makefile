@@ -17,8 +17,18 @@ $(STAMP): pyproject.toml
 
 venv: $(STAMP)
 
+demo: $(STAMP)
+	PYTHON=$(BIN)/python scripts/demo.sh
+
 test: $(STAMP)
 	$(BIN)/python -m pytest -n 2 -q
+
+# Speed and memory, side by side in one run each (issue: numbers are ratios, never asserted in tests).
+bench: $(STAMP)
+	$(BIN)/python bench/bench_train_step.py --threads 2
+	$(BIN)/python bench/bench_attention.py --threads 2
+	$(BIN)/python bench/bench_generate.py --threads 2
+	$(BIN)/python bench/bench_data.py
 
 lint: $(STAMP)
 	$(BIN)/ruff check llm tests bench launch train.py eval.py

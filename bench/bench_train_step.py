@@ -32,8 +32,8 @@ from transformers import Qwen3Config, Qwen3ForCausalLM
 from llm.config import load_config
 from llm.metrics.flops import flops_per_token, measure_matmul_flops, peak_flops
 from llm.model import IsoLLMConfig, IsoLLMForCausalLM, ModelConfig
-from llm.model.ffn import FFN_REGISTRY
 from llm.model.attention import ATTN_SCORING_REGISTRY
+from llm.model.ffn import FFN_REGISTRY
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
 

@@ -55,13 +55,20 @@ class DataConfig:
     """Directory of pre-tokenized uint32 shards written by `isollm-data prepare`; overrides streaming."""
     cache_dir: str = "data_cache"
     """Where the materialised validation set is cached (keyed by source, tokenizer and seq_len)."""
+    read_retries: int = 5
+    """Retries of a failed streaming read (connection drop, timeout, unreadable shard) before the run stops
+    with a ``DataError`` naming the shard; each retry re-opens the shard at the last good position. Counted
+    per failure: a successful read resets it, so transient drops over a long run never add up."""
+    retry_backoff_s: float = 1.0
+    """Sleep before retry k (1-based) is ``retry_backoff_s * 2**(k - 1)``: 1+2+4+8+16 s over the defaults."""
 
     def validate(self) -> DataConfig:
         for name in ("seq_len", "shuffle_block", "val_bucket", "val_tokens", "tokenize_batch"):
             if getattr(self, name) <= 0:
                 raise ConfigError(name, f"expected a positive integer, got {getattr(self, name)}")
-        if self.num_workers < 0:
-            raise ConfigError("num_workers", f"expected >= 0, got {self.num_workers}")
+        for name in ("num_workers", "read_retries", "retry_backoff_s"):
+            if getattr(self, name) < 0:
+                raise ConfigError(name, f"expected >= 0, got {getattr(self, name)}")
         return self
 
 
@@ -180,7 +187,7 @@ def _read_yaml(path: Path, seen: tuple[Path, ...] = ()) -> DictConfig:
 def _one_line(err: OmegaConfBaseException) -> ConfigError:
     key = getattr(err, "full_key", None) or "config"
     message = str(err).splitlines()[0]
-    if "not in struct" in message or "Key '" in message and "not" in message:
+    if "not in struct" in message or ("Key '" in message and "not" in message):
         message = "unknown key"
     return ConfigError(key, message)
 

@@ -10,7 +10,8 @@
 3. ``train.py --config configs/demo.yaml`` for ``model.ffn=swiglu`` and ``model.ffn=isogmlp``
    (parameter-matched, same seeds, same batches), both at once with one thread each: tiny matmuls
    gain little from a second thread, so two runs in parallel finish sooner than two in a row.
-4. ``eval.py compare`` on the two run directories.
+4. ``eval.py`` on each final checkpoint (val loss, bits per byte, isotropy, samples), then
+   ``eval.py compare`` on the two run directories.
 
 Runs are ``runs/demo-swiglu`` and ``runs/demo-isogmlp`` and start with ``resume=true``, so running
 the demo again continues (or just re-compares) them; delete them to start over. Extra arguments
@@ -177,9 +178,15 @@ def main(argv: list[str] | None = None) -> int:
     if failed:
         print(f"demo: training failed for {', '.join(failed)}; see runs/demo-<variant>.log", file=sys.stderr)
         return 1
+    for _, run_dir in runs.values():  # each final checkpoint: val loss, bits/byte, isotropy, samples
+        evaluate = [sys.executable, str(REPO / "eval.py"), str(run_dir), "--samples", "2",
+                    "--max-new-tokens", "32"]
+        print(f"demo: {' '.join(evaluate[1:])}", flush=True)
+        if subprocess.call(evaluate, cwd=REPO, env=env) != 0:
+            return 1
     compare = [sys.executable, str(REPO / "eval.py"), "compare", *(str(d) for _, d in runs.values()),
                "--out", str(REPO / "runs" / "demo-comparison")]
-    print(f"demo: {' '.join(compare[1:])}")
+    print(f"demo: {' '.join(compare[1:])}", flush=True)
     return subprocess.call(compare, cwd=REPO)
 
 

@@ -195,7 +195,10 @@ def load_sweep(path: str | Path, check: bool = True) -> Sweep:
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"no such sweep file: {path}")
-    spec = OmegaConf.to_container(OmegaConf.load(path), resolve=True)
+    try:
+        spec = OmegaConf.to_container(OmegaConf.load(path), resolve=True)
+    except Exception as err:  # yaml and omegaconf raise several types; all mean "not a valid sweep file"
+        raise ValueError(f"{path}: not valid YAML ({str(err).splitlines()[0]})") from None
     if not isinstance(spec, dict):
         raise ValueError(f"{path}: expected a mapping at the top level")
     unknown = sorted(set(spec) - set(SWEEP_KEYS))

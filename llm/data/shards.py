@@ -20,6 +20,7 @@ import numpy as np
 from tokenizers import Tokenizer
 
 from llm.config import DataConfig
+from llm.data.errors import DataError
 from llm.data.stream import State, StreamingTokens, node_shards, shard_order
 from llm.data.tokenizer import encode_documents, tokenizer_identity
 
@@ -68,10 +69,10 @@ class PreparedTokens:
                                     "(write it with `isollm-data prepare`)")
         self.index = json.loads(index_path.read_text())
         if self.index["tokenizer"] != tokenizer_identity(tokenizer):
-            raise ValueError(f"data.prepared: {self.root} was tokenized with another tokenizer "
+            raise DataError(f"data.prepared: {self.root} was tokenized with another tokenizer "
                              "than data.tokenizer")
         if self.index["val_bucket"] != data_cfg.val_bucket:
-            raise ValueError(f"data.prepared: {self.root} holds out 1/{self.index['val_bucket']} documents, "
+            raise DataError(f"data.prepared: {self.root} holds out 1/{self.index['val_bucket']} documents, "
                              f"data.val_bucket is {data_cfg.val_bucket}; prepare again")
         self.num_shards = len(self.index["shards"])
         self.cfg = data_cfg

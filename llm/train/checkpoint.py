@@ -255,10 +255,14 @@ def load_checkpoint(path: str | Path, *, accelerator: Accelerator, loader: Any, 
     (after checking the model config matches); return the saved ``trainer.json`` dict."""
     path = Path(path)
     check_model_config(path, config)
+    rank, world_size = rank_and_world_size()
+    saved_world = len(list((path / "state").glob("data_rank*.pt")))
+    if saved_world != world_size:
+        # Each rank streams its own slice of the data; re-slicing would change the data order.
+        raise ConfigError("resume", f"{path} was written by {saved_world} processes, resuming with {world_size}: "
+                          f"the data-loader state is per rank, so the data order would change; relaunch with "
+                          f"{saved_world} processes, or start a new run from the weights in {path / 'model'}")
     accelerator.load_state(str(path / "state"))
-    rank = rank_and_world_size()[0]
     data_state = path / "state" / f"data_rank{rank}.pt"
-    if not data_state.is_file():
-        raise CheckpointError(f"{path}: no data-loader state for rank {rank} (saved with fewer processes?)")
     loader.load_state_dict(torch.load(data_state, weights_only=True))
     return json.loads((path / "trainer.json").read_text())

@@ -1,8 +1,9 @@
 """``python train.py --config configs/X.yaml [--config more.yaml] key.sub=value ...``
 
 Exit codes: 0 done (or stopped by SIGTERM/SIGINT after checkpointing), 1 the run failed
-(non-finite steps, a checkpoint that could not be written), 2 bad configuration or arguments,
-reported as one ``error: <field>: <message>`` line before any work starts.
+(non-finite steps, a checkpoint that could not be written), 2 bad configuration, arguments or data
+inputs (a missing or unreadable file, a checkpoint that does not fit this launch), reported as one
+``error: <field>: <message>`` line before any training step.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ import os
 import sys
 
 from llm.config import load_config
+from llm.data.errors import DataError
 from llm.model.config import ConfigError
 from llm.train.checkpoint import CheckpointError
 
@@ -40,7 +42,7 @@ def main(argv: list[str] | None = None) -> int:
 
     try:
         fit(config)
-    except (ConfigError, FileNotFoundError) as err:
+    except (ConfigError, DataError, FileNotFoundError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
     except (TrainingError, CheckpointError) as err:

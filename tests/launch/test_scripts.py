@@ -27,7 +27,7 @@ FAKES = {
     "accelerate": 'trap \'kill $!; echo "trainer got SIGTERM" >> "$FAKE_LOG"; exit 0\' TERM; '
                   'printf "%s\\n" "$@" > "$FAKE_ARGS"; '
                   'echo $$ > "$FAKE_PID.tmp"; mv "$FAKE_PID.tmp" "$FAKE_PID"; '
-                  'if [[ -n "${FAKE_SLEEP:-}" ]]; then sleep 60 > /dev/null & wait; fi',
+                  'if [[ -n "${FAKE_SLEEP:-}" ]]; then sleep 60 > /dev/null 2>&1 & wait; fi',
 }
 
 

@@ -1,0 +1,73 @@
+"""Generation speed and state memory at growing context: softmax with its KV cache vs iso_tanh's O(1) state.
+
+    .venv/bin/python bench/bench_generate.py                      # contexts 256 .. 4096, 32 new tokens
+    .venv/bin/python bench/bench_generate.py --contexts 512 2048 --new-tokens 16
+
+For each context length the prompt is prefilled once (timed separately), then ``--new-tokens``
+tokens are decoded one at a time through the model's ``IsoLLMCache``, exactly as ``generate()``
+does. "state MiB" is the bytes held by the cache after decoding (KV tensors for softmax, the
+``(S, G)`` sums for iso_tanh), an exact count rather than a noisy process measurement. Ratios are
+iso_tanh over softmax at the same context.
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+from dataclasses import asdict, replace
+
+import torch
+from torch.utils._pytree import tree_leaves
+
+from llm.config import load_config
+from llm.model import IsoLLMCache, IsoLLMConfig, IsoLLMForCausalLM
+
+
+def cache_bytes(cache: IsoLLMCache) -> int:
+    return sum(t.numel() * t.element_size() for layer in cache.layers
+               for t in tree_leaves((layer.attention, layer.ffn)) if isinstance(t, torch.Tensor))
+
+
+@torch.no_grad()
+def decode(model: IsoLLMForCausalLM, prompt: torch.Tensor, new_tokens: int) -> tuple[float, float, int]:
+    """Prefill seconds, decode tokens/s and final cache bytes for greedy decoding."""
+    cache = IsoLLMCache(model.config.num_hidden_layers)
+    start = time.perf_counter()
+    logits = model(prompt, past_key_values=cache, use_cache=True, logits_to_keep=1).logits
+    prefill = time.perf_counter() - start
+    start = time.perf_counter()
+    for _ in range(new_tokens):
+        token = logits[:, -1:].argmax(-1)
+        logits = model(token, past_key_values=cache, use_cache=True).logits
+    return prefill, new_tokens / (time.perf_counter() - start), cache_bytes(cache)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--preset", default="small-cpu", help="configs/sizes/<preset>.yaml")
+    parser.add_argument("--contexts", type=int, nargs="+", default=[256, 1024, 2048, 4096])
+    parser.add_argument("--new-tokens", type=int, default=32)
+    parser.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
+    args = parser.parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    base = load_config(f"configs/sizes/{args.preset}.yaml", ["train.max_steps=1"]).model
+    base = replace(base, max_position_embeddings=max(args.contexts) + args.new_tokens)
+    torch.manual_seed(0)
+    models = {scoring: IsoLLMForCausalLM(IsoLLMConfig(**asdict(replace(base, attn_scoring=scoring)))).eval()
+              for scoring in ("softmax", "iso_tanh")}
+    print(f"# generation, {args.preset} ({base.num_hidden_layers} layers, hidden {base.hidden_size}), batch 1, "
+          f"fp32, {args.new_tokens} new tokens after the prompt")
+    print(f"{'context':>8}{'scoring':>10}{'prefill s':>11}{'decode tok/s':>14}{'state MiB':>11}"
+          f"{'tok/s ratio':>13}{'state ratio':>13}")
+    for context in args.contexts:
+        prompt = torch.randint(0, base.vocab_size, (1, context))
+        results = {scoring: decode(model, prompt, args.new_tokens) for scoring, model in models.items()}
+        soft = results["softmax"]
+        for scoring, (prefill, tps, nbytes) in results.items():
+            print(f"{context:>8}{scoring:>10}{prefill:>11.3f}{tps:>14.1f}{nbytes / 2**20:>11.2f}"
+                  f"{tps / soft[1]:>12.2f}x{nbytes / soft[2]:>12.3f}x")
+
+
+if __name__ == "__main__":
+    main()

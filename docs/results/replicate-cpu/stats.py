@@ -1,0 +1,135 @@
+"""Statistics that ``eval.py compare`` does not print, for the reading in README.md.
+
+    python docs/results/replicate-cpu/stats.py 'runs/replicate-*' > docs/results/replicate-cpu/stats.md
+
+From the same ``metrics.jsonl`` files (read with ``llm.eval.compare.load_run``):
+
+1. final validation loss: each variant's difference to the baseline with the Welch 95% confidence
+   interval (the table gives only the p-value);
+2. gradient-norm stability (seeds/isogmlp.txt section 4.3, "gradient norm variance"): the per-seed
+   ``grad_norm_var_run`` and the scale-free ``grad_norm_cv_run`` of the last train row, with a two-sided
+   Welch t-test against the baseline (the table gives only the mean variance);
+3. the learned mixing weight alpha per layer at the last evaluation (isogmlp eq. 3;
+   isotropy-ln-pathway section 3.3, where the paper reports alpha = 1.81 ± 0.03);
+4. validation loss at every evaluation, mean over seeds (the curves of val_loss.png as numbers).
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import statistics
+import sys
+from collections.abc import Sequence
+
+from scipy import stats
+
+from llm.eval.compare import DEFAULT_BASELINE, RunRecord, expand_run_dirs, load_run
+
+
+def _mean_std(values: Sequence[float]) -> str:
+    if len(values) < 2:
+        return f"{values[0]:.4g}"
+    return f"{statistics.fmean(values):.4g} ± {statistics.stdev(values):.2g}"
+
+
+def _welch(sample: Sequence[float], baseline: Sequence[float]) -> tuple[float, float, float]:
+    """Two-sided Welch t-test: p-value and the 95% confidence interval of mean(sample) - mean(baseline)."""
+    if len(sample) < 2 or len(baseline) < 2:
+        return math.nan, math.nan, math.nan
+    result = stats.ttest_ind(sample, baseline, equal_var=False)
+    interval = result.confidence_interval(0.95)
+    return float(result.pvalue), float(interval.low), float(interval.high)
+
+
+def _last_train(run: RunRecord, key: str) -> float:
+    value = run.train[-1].get(key) if run.train else None
+    return math.nan if value is None else float(value)
+
+
+def _final_alpha(run: RunRecord) -> dict[int, float]:
+    """Layer index of the transformer block (0-based) -> alpha at the last evaluation.
+
+    Eval rows index hidden states, 0 being the embedding output, so block i's FFN is entry i + 1.
+    """
+    return {int(entry["layer"]) - 1: float(entry["alpha"])
+            for entry in run.evals[-1].get("layers") or [] if entry.get("alpha") is not None}
+
+
+def report(runs: Sequence[RunRecord], baseline: str) -> str:
+    groups: dict[str, list[RunRecord]] = {}
+    for run in sorted(runs, key=lambda r: (r.variant != baseline, r.variant, r.seed)):
+        groups.setdefault(run.variant, []).append(run)
+    if baseline not in groups:
+        raise ValueError(f"baseline {baseline} is not among the variants ({', '.join(groups)})")
+    base = groups[baseline]
+    lines = [f"Baseline: {baseline}. Two-sided Welch t-tests (unequal variances) over seeds; "
+             "CI: 95% interval of the difference of means.", ""]
+
+    lines += ["## Final validation loss: difference to the baseline", "",
+              "| Variant | n | Val loss per seed | Δ vs baseline | 95% CI of Δ | p |", "|---|---|---|---|---|---|"]
+    base_loss = [r.final_val_loss for r in base]
+    for variant, members in groups.items():
+        losses = [r.final_val_loss for r in members]
+        per_seed = ", ".join(f"{x:.4f}" for x in losses)
+        if variant == baseline:
+            lines.append(f"| {variant} | {len(members)} | {per_seed} | baseline | | |")
+            continue
+        p, low, high = _welch(losses, base_loss)
+        delta = statistics.fmean(losses) - statistics.fmean(base_loss)
+        lines.append(f"| {variant} | {len(members)} | {per_seed} | {delta:+.4f} | [{low:+.4f}, {high:+.4f}] | "
+                     f"{p:.3g} |")
+
+    lines += ["", "## Gradient-norm stability (after warmup, whole run)", "",
+              "| Variant | grad-norm variance per seed | mean ± std | p vs baseline | "
+              "grad-norm CV per seed | mean ± std | p vs baseline |", "|---|---|---|---|---|---|---|"]
+    for variant, members in groups.items():
+        cells = [variant]
+        for key in ("grad_norm_var_run", "grad_norm_cv_run"):
+            values = [_last_train(r, key) for r in members]
+            p, _, _ = _welch(values, [_last_train(r, key) for r in base])
+            cells += [", ".join(f"{v:.3g}" for v in values), _mean_std(values),
+                      "baseline" if variant == baseline else f"{p:.3g}"]
+        lines.append("| " + " | ".join(cells) + " |")
+
+    with_alpha = {v: m for v, m in groups.items() if any(_final_alpha(r) for r in m)}
+    if with_alpha:
+        lines += ["", "## Learned alpha per transformer block at the end of training (mean ± std over seeds)",
+                  ""]
+        n_layers = max(len(_final_alpha(r)) for m in with_alpha.values() for r in m)
+        lines += ["| Variant | " + " | ".join(f"block {i}" for i in range(n_layers)) + " | all blocks |",
+                  "|---|" + "---|" * (n_layers + 1)]
+        for variant, members in with_alpha.items():
+            per_layer = [[_final_alpha(r)[i] for r in members] for i in range(n_layers)]
+            everything = [a for values in per_layer for a in values]
+            lines.append(f"| {variant} | " + " | ".join(_mean_std(v) for v in per_layer)
+                         + f" | {_mean_std(everything)} |")
+
+    lines += ["", "## Validation loss at each evaluation (mean over seeds)", ""]
+    tokens = sorted({int(row["tokens"]) for r in runs for row in r.evals})
+    lines += ["| Variant | " + " | ".join(f"{t:,} tok" for t in tokens) + " |", "|---|" + "---|" * len(tokens)]
+    for variant, members in groups.items():
+        cells = []
+        for t in tokens:
+            values = [float(row["val_loss"]) for r in members for row in r.evals if int(row["tokens"]) == t]
+            cells.append(f"{statistics.fmean(values):.4f}" if values else "n/a")
+        lines.append(f"| {variant} | " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("runs", nargs="+", help="run directories or quoted glob patterns")
+    parser.add_argument("--baseline", default=DEFAULT_BASELINE)
+    args = parser.parse_args(argv)
+    try:
+        runs = [load_run(d) for d in expand_run_dirs(args.runs)]
+        sys.stdout.write(report(runs, args.baseline))
+    except (ValueError, FileNotFoundError) as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
