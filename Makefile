@@ -8,10 +8,9 @@ STAMP := $(VENV)/.installed
 
 $(STAMP): pyproject.toml
 	$(PY) -m venv $(VENV)
-	$(BIN)/pip install -q --upgrade pip
 	# CPU build of torch first (a file of it is on disk here); the range in pyproject keeps it.
 	$(BIN)/pip install -q torch==2.13.0
-	$(BIN)/pip install -q -e '.[dev,offline]'
+	$(BIN)/pip install -q -e '.[dev,offline,lmeval]'
 	DS_BUILD_OPS=0 $(BIN)/pip install -q --no-build-isolation 'deepspeed>=0.16'
 	touch $(STAMP)
 

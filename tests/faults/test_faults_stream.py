@@ -3,7 +3,9 @@ unchanged; a source that keeps failing (or a corrupt file) ends in one ``DataErr
 
 from __future__ import annotations
 
+import re
 import shutil
+import warnings
 from collections.abc import Iterator
 from itertools import islice
 from pathlib import Path
@@ -19,13 +21,14 @@ from llm.data.stream import build_train_loader
 from llm.data.tokenizer import load_tokenizer
 from llm.model.config import ConfigError
 
-BATCHES = 12
+BATCHES = 40
+"""About 5,000 tokens: 8 or 9 reads of 4 documents (~150 tokens each)."""
 
 
 def _cfg(source: Path, **fields) -> DataConfig:
-    # tokenize_batch=16 over 100-document files: a file is 7 reads, so read 3 resumes mid-file
+    # tokenize_batch=4 over 100-document files: 25 reads a file, so read 3 resumes mid-file
     return DataConfig(source=str(source), seq_len=32, shuffle_block=8, val_bucket=10, val_tokens=330,
-                      tokenize_batch=16, retry_backoff_s=1e-3, **fields)
+                      tokenize_batch=4, retry_backoff_s=1e-3, **fields)
 
 
 def _stream(cfg: DataConfig, bpe: Path, batches: int = BATCHES) -> torch.Tensor:
@@ -54,6 +57,10 @@ def _record_sleeps(monkeypatch: pytest.MonkeyPatch) -> list[float]:
     sleeps: list[float] = []
     monkeypatch.setattr(stream.time, "sleep", sleeps.append)
     return sleeps
+
+
+def _retry_of(warning: warnings.WarningMessage) -> str:
+    return re.search(r"retry \d+ of \d+", str(warning.message)).group()
 
 
 @pytest.mark.parametrize("fail_at", [1, 3])
@@ -87,8 +94,9 @@ def test_source_that_keeps_failing_raises_data_error(corpus: Path, bpe: Path,
     cfg = _cfg(corpus, read_retries=3)
     reads = _fail_reads(monkeypatch, set(range(1, 100)), ConnectionError("Server Disconnected"))
     sleeps = _record_sleeps(monkeypatch)
-    with pytest.warns(UserWarning, match="retry 3 of 3"), pytest.raises(DataError) as raised:
+    with pytest.warns(UserWarning) as caught, pytest.raises(DataError) as raised:
         _stream(cfg, bpe)
+    assert [_retry_of(w) for w in caught] == ["retry 1 of 3", "retry 2 of 3", "retry 3 of 3"]
     message = str(raised.value)
     assert message.startswith("data.source: could not read ") and "\n" not in message
     assert str(corpus) in message and "after 3 retries (ConnectionError: Server Disconnected)" in message
@@ -108,8 +116,9 @@ def test_corrupt_parquet_page_names_the_file(corpus: Path, bpe: Path, tmp_path: 
     bad.write_bytes(bytes(data))
     sleeps = _record_sleeps(monkeypatch)
     cfg = _cfg(source, read_retries=2, shuffle_shards=False)
-    with pytest.warns(UserWarning, match="retry 2 of 2"), pytest.raises(DataError) as raised:
-        _stream(cfg, bpe, batches=200)  # reads past file 0 into file 1
+    with pytest.warns(UserWarning) as caught, pytest.raises(DataError) as raised:
+        _stream(cfg, bpe, batches=400)  # reads on through file 1
+    assert [_retry_of(w) for w in caught] == ["retry 1 of 2", "retry 2 of 2"]
     assert f"could not read {bad} after 2 retries (OSError: " in str(raised.value)
     assert len(sleeps) == 2
 
