@@ -31,22 +31,30 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _report(err: BaseException) -> None:
+    """One ``error:`` line. An error re-raised from a DataLoader worker carries the worker's traceback in
+    its message; its last line is the original one-line message."""
+    lines = [line for line in str(err).splitlines() if line.strip()] or [type(err).__name__]
+    message = lines[-1].split(": ", 1)[1] if len(lines) > 1 and ": " in lines[-1] else lines[-1]
+    print(f"error: {message}", file=sys.stderr)
+
+
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     try:
         config = load_config(args.config, args.overrides)
     except (ConfigError, FileNotFoundError) as err:
-        print(f"error: {err}", file=sys.stderr)
+        _report(err)
         return 2
     from llm.train.trainer import TrainingError, fit  # heavy imports after the arguments are known good
 
     try:
         fit(config)
     except (ConfigError, DataError, FileNotFoundError) as err:
-        print(f"error: {err}", file=sys.stderr)
+        _report(err)
         return 2
     except (TrainingError, CheckpointError) as err:
-        print(f"error: {err}", file=sys.stderr)
+        _report(err)
         return 1
     return 0
 

@@ -1,38 +1,18 @@
-"""A tiny run trained once per session on the real FineWeb sample, with a small BPE trained here."""
+"""A tiny run trained once per session on the real FineWeb sample (``fineweb``, ``bpe``: tests/conftest.py)."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
 import pytest
-
-FINEWEB = Path(__file__).resolve().parents[2].parent / "shared" / "data" / "fineweb-sample"
+from tiny import TINY_MODEL
 
 TINY = [
-    "model.vocab_size=512", "model.hidden_size=32", "model.intermediate_size=64", "model.num_hidden_layers=2",
-    "model.num_attention_heads=2", "model.num_key_value_heads=1", "model.max_position_embeddings=64",
-    "data.seq_len=32", "data.shuffle_block=8", "data.val_bucket=50", "data.val_tokens=2048",
-    "train.lr=3e-3", "train.warmup_steps=2", "train.max_steps=4", "train.micro_batch_size=3",
-    "train.global_batch_tokens=192", "train.log_every=1", "train.eval_every=2", "train.checkpoint_every=2",
-    "train.isotropy_samples=64", "train.grad_norm_window=4", "trackers=[]", "seed=3",
+    *TINY_MODEL, "data.val_bucket=50", "data.val_tokens=2048", "train.lr=3e-3", "train.warmup_steps=2",
+    "train.max_steps=4", "train.micro_batch_size=3", "train.global_batch_tokens=192", "train.log_every=1",
+    "train.eval_every=2", "train.checkpoint_every=2", "train.isotropy_samples=64", "train.grad_norm_window=4",
+    "seed=3",
 ]
-
-
-@pytest.fixture(scope="session")
-def fineweb() -> Path:
-    if not any(FINEWEB.glob("*.parquet")):
-        pytest.skip(f"no FineWeb sample at {FINEWEB}")
-    return FINEWEB
-
-
-@pytest.fixture(scope="session")
-def bpe(fineweb: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A 512-token byte-level BPE trained on one shard of the sample."""
-    from llm.data import train_tokenizer
-
-    out = tmp_path_factory.mktemp("bpe") / "tokenizer.json"
-    train_tokenizer(sorted(fineweb.glob("*.parquet"))[:1], 512, out)
-    return out
 
 
 @pytest.fixture(scope="session")

@@ -12,15 +12,13 @@ import pytest
 import torch
 from launch_helpers import PYTHON, REPO, run, torchrun
 from safetensors.torch import load_file
+from tiny import TINY_MODEL
 
 WORKER = str(REPO / "tests" / "launch" / "dist_worker.py")
 TINY_RUN = [
-    "model.vocab_size=512", "model.hidden_size=32", "model.intermediate_size=64", "model.num_hidden_layers=2",
-    "model.num_attention_heads=2", "model.num_key_value_heads=1", "model.max_position_embeddings=64",
-    "data.seq_len=32", "data.shuffle_block=8", "data.val_bucket=50", "data.val_tokens=1024",
-    "train.warmup_steps=1", "train.max_steps=4", "train.micro_batch_size=4", "train.global_batch_tokens=256",
+    *TINY_MODEL, "data.val_bucket=50", "data.val_tokens=1024", "train.warmup_steps=1", "train.max_steps=4",
+    "train.micro_batch_size=4", "train.global_batch_tokens=256",
     "train.log_every=1", "train.eval_every=4", "train.checkpoint_every=4", "train.isotropy_samples=64",
-    "trackers=[]",
 ]
 
 
