@@ -179,7 +179,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"demo: training failed for {', '.join(failed)}; see runs/demo-<variant>.log", file=sys.stderr)
         return 1
     for _, run_dir in runs.values():  # each final checkpoint: val loss, bits/byte, isotropy, samples
-        evaluate = [sys.executable, str(REPO / "eval.py"), str(run_dir), "--samples", "2",
+        evaluate = [sys.executable, str(REPO / "eval.py"), str(run_dir), "--samples", "2", "--temperature", "0.8",
                     "--max-new-tokens", "32"]
         print(f"demo: {' '.join(evaluate[1:])}", flush=True)
         if subprocess.call(evaluate, cwd=REPO, env=env) != 0:
