@@ -109,11 +109,14 @@ def load_run(run_dir: str | Path) -> RunRecord:
 
 
 def expand_run_dirs(patterns: Iterable[str]) -> list[Path]:
-    """Run directories from paths and (quoted) glob patterns; a pattern matching nothing is an error."""
+    """Run directories from paths and (quoted) glob patterns; a pattern matching nothing is an error.
+
+    A pattern keeps only directories holding a ``metrics.jsonl`` (so ``runs/x-*`` may also match a
+    log folder); a directory named explicitly is kept and fails later if it is not a run."""
     dirs: list[Path] = []
     for pattern in patterns:
         if glob.has_magic(pattern):
-            matches = [Path(m) for m in sorted(glob.glob(pattern)) if Path(m).is_dir()]
+            matches = [Path(m) for m in sorted(glob.glob(pattern)) if (Path(m) / "metrics.jsonl").is_file()]
             if not matches:
                 raise FileNotFoundError(f"{pattern}: the pattern matches no run directory")
             dirs.extend(matches)

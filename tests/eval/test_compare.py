@@ -143,6 +143,7 @@ def test_errors_name_the_file(tmp_path: Path) -> None:
         load_run(run)
     with pytest.raises(FileNotFoundError, match=r"nothing\*: the pattern matches no run directory"):
         expand_run_dirs([str(tmp_path / "nothing*")])
+    assert expand_run_dirs([str(tmp_path / "*")]) == [run]  # a glob skips folders without metrics.jsonl
 
 
 def test_mixed_token_budgets_warn(tmp_path: Path) -> None:
