@@ -34,31 +34,19 @@ from collections.abc import Callable
 import torch
 
 from llm.model.config import ModelConfig
-from llm.model.ffn import resolve_intermediate_size
+from llm.model.ffn import FFN_REGISTRY
 
-# Width of isogmlp's alpha projection w_a: the token's vector (or its causal mean: the gate projects
-# first and averages the scalars) has d features, the feature mean is one scalar.
-ISOGMLP_GATE_WEIGHTS: dict[str, Callable[[ModelConfig], int]] = {
-    "token": lambda c: c.hidden_size,
-    "causal_mean": lambda c: c.hidden_size,
-    "feature_mean": lambda c: 1,
-}
 
-# Weights used in matmuls by one FFN block of width d = hidden_size and h = the resolved
-# intermediate size. Projections that only scale or shift channels (isogmlp's gamma/beta, the
-# LayerNorm of iso_ln, affine_like's bias) are elementwise and do not count. ``focus`` builds its
-# effective weight W * Phi once per forward, a cost of the weight size that the tokens of a batch
-# share, so it is left out like any other per-step (not per-token) cost.
-FFN_MATMUL_WEIGHTS: dict[str, Callable[[ModelConfig, int], int]] = {
-    # W_gate, W_up: d -> h; W_down: h -> d
-    "swiglu": lambda c, h: 3 * c.hidden_size * h,
-    # W_g, W_u, W_i: d -> h; W_down; the alpha gate's w_a (isogmlp eq. 3)
-    "isogmlp": lambda c, h: 4 * c.hidden_size * h + ISOGMLP_GATE_WEIGHTS[c.isogmlp_gate](c),
-    # W_g, W_u (and W_i unless the pathway is ablated): d -> h; W_down
-    "iso_ln": lambda c, h: (4 if c.iso_ln_pathway else 3) * c.hidden_size * h,
-    # W_up: d -> h; W_down
-    "iso_mlp": lambda c, h: 2 * c.hidden_size * h,
-}
+def ffn_matmul_weights(config: ModelConfig) -> int:
+    """Weights one FFN block uses in matmuls: every 2-D ``weight`` of its modules (the fused input
+    projection, ``down_proj``, isogmlp's alpha gate), counted on the block itself built on the meta
+    device, so a new variant needs no formula here. Parameters that only scale or shift channels
+    (isogmlp's gamma/beta, iso_ln's LayerNorm, affine_like's bias) are elementwise and do not count;
+    ``focus`` builds its effective weight W * Phi once per forward, a per-step cost the tokens share."""
+    with torch.device("meta"):
+        block = FFN_REGISTRY[config.ffn](config)
+    return sum(m.weight.numel() for m in block.modules()
+               if isinstance(getattr(m, "weight", None), torch.Tensor) and m.weight.dim() == 2)
 
 
 def _softmax_mixing_flops(c: ModelConfig, seq_len: int) -> float:
@@ -88,7 +76,7 @@ def matmul_weights(config: ModelConfig) -> int:
     q_width = config.num_attention_heads * head_dim
     kv_width = config.num_key_value_heads * head_dim
     attention = d * (q_width + 2 * kv_width) + q_width * d  # qkv_proj, o_proj
-    ffn = FFN_MATMUL_WEIGHTS[config.ffn](config, resolve_intermediate_size(config))
+    ffn = ffn_matmul_weights(config)
     return config.num_hidden_layers * (attention + ffn) + d * config.vocab_size
 
 

@@ -102,7 +102,7 @@ class ModelConfig:
     def validate(self) -> ModelConfig:
         """Raise ``ConfigError`` naming the first bad field; return self so calls chain."""
         from .attention import ATTN_SCORING_REGISTRY
-        from .ffn import FFN_REGISTRY
+        from .ffn import FFN_REGISTRY, ISOGMLP_GATES
         from .isotropic import ISO_ACTIVATIONS
         from .linear import LINEAR_REGISTRY
 
@@ -130,7 +130,7 @@ class ModelConfig:
         check_choice("ffn", self.ffn, FFN_REGISTRY)
         check_choice("attn_scoring", self.attn_scoring, ATTN_SCORING_REGISTRY)
         check_choice("ffn_linear", self.ffn_linear, LINEAR_REGISTRY)
-        check_choice("isogmlp_gate", self.isogmlp_gate, ("token", "causal_mean", "feature_mean"))
+        check_choice("isogmlp_gate", self.isogmlp_gate, ISOGMLP_GATES)
         check_choice("iso_activation", self.iso_activation, ISO_ACTIVATIONS)
         if self.iso_ln_alpha and not 0.5 <= self.iso_ln_alpha <= 2.0:
             raise ConfigError("iso_ln_alpha", f"expected 0 (learned) or a value in [0.5, 2], got {self.iso_ln_alpha}")
