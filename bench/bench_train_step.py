@@ -6,7 +6,8 @@
 
 A step is what the trainer does per micro-batch: forward, fp32 cross-entropy, backward, AdamW. All
 models are built first and then timed round-robin (one step of each, repeated), so that a change in
-machine load hits every variant alike; each figure is the median over rounds. The non-SwiGLU FFNs are
+machine load hits every variant alike; each figure is the best round (on a shared machine the spread
+comes from other processes, which only ever slow a step down). The non-SwiGLU FFNs are
 parameter-matched (``ffn_param_match``), as in a fair comparison.
 
 Columns: tokens/s; ``vs qwen3``: our tokens/s over transformers' ``Qwen3ForCausalLM`` at the identical
@@ -19,7 +20,6 @@ over swiglu+softmax's. On CUDA it also prints MFU against the GPU's dense peak.
 from __future__ import annotations
 
 import argparse
-import statistics
 import time
 from collections.abc import Callable
 from dataclasses import asdict, replace
@@ -53,15 +53,22 @@ def qwen3_twin(config: ModelConfig) -> Qwen3ForCausalLM:
 
 
 def make_step(model: nn.Module, batch: torch.Tensor, dtype: torch.dtype) -> Callable[[], None]:
-    """One training micro-step exactly as the trainer runs it (loss in fp32 from the logits)."""
-    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=batch.is_cuda)
+    """One training micro-step as each model trains: forward, loss, backward, fused AdamW (the trainer's
+    ``build_optimizer``). Ours computes its loss itself, fused with the LM head (``shift_labels``, as the
+    trainer calls it); transformers' Qwen3 computes fp32 cross-entropy from its logits, as its
+    ``loss_function`` does."""
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=True)
     inputs, targets = batch[:, :-1], batch[:, 1:]
     autocast = torch.autocast(batch.device.type, dtype=dtype, enabled=dtype != torch.float32)
+    fused_loss = isinstance(getattr(model, "_orig_mod", model), IsoLLMForCausalLM)
 
     def step() -> None:
         with autocast:
-            logits = model(inputs).logits
-        loss = F.cross_entropy(logits.flatten(0, 1).float(), targets.flatten())
+            if fused_loss:
+                loss = model(inputs, shift_labels=targets).loss
+            else:
+                logits = model(inputs).logits
+                loss = F.cross_entropy(logits.flatten(0, 1).float(), targets.flatten())
         loss.backward()
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
@@ -79,12 +86,16 @@ def main() -> None:
     parser.add_argument("--preset", default="small-cpu", help="configs/sizes/<preset>.yaml")
     parser.add_argument("--batch", type=int, default=8)
     parser.add_argument("--seq", type=int, default=256)
-    parser.add_argument("--rounds", type=int, default=6, help="timed steps per model (median reported)")
+    parser.add_argument("--rounds", type=int, default=8, help="timed steps per model (best reported)")
     parser.add_argument("--quick", action="store_true", help="3 rounds")
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--dtype", choices=DTYPES, default="fp32")
     parser.add_argument("--compile", action="store_true", help="torch.compile every model")
     parser.add_argument("--threads", type=int, default=0, help="torch threads on CPU (0: torch's default)")
+    parser.add_argument("--ffn", nargs="+", choices=FFN_REGISTRY, default=list(FFN_REGISTRY),
+                        help="FFN variants to time (swiglu is always included: the ratios need it)")
+    parser.add_argument("--attn-scoring", nargs="+", choices=ATTN_SCORING_REGISTRY,
+                        default=list(ATTN_SCORING_REGISTRY), help="attention scorings to time")
     args = parser.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -93,9 +104,11 @@ def main() -> None:
     base = load_config(f"configs/sizes/{args.preset}.yaml", ["train.max_steps=1"]).model
     base = replace(base, max_position_embeddings=max(base.max_position_embeddings, args.seq))
 
+    ffns = ["swiglu", *(f for f in args.ffn if f != "swiglu")]
+    scorings = ["softmax", *(a for a in args.attn_scoring if a != "softmax")]
     variants: dict[str, ModelConfig] = {
         f"{ffn}+{scoring}": replace(base, ffn=ffn, attn_scoring=scoring, ffn_param_match=ffn != "swiglu")
-        for scoring in ATTN_SCORING_REGISTRY for ffn in FFN_REGISTRY
+        for scoring in scorings for ffn in ffns
     }
     torch.manual_seed(0)
     models: dict[str, nn.Module] = {
@@ -122,12 +135,12 @@ def main() -> None:
             times[name].append(time.perf_counter() - start)
 
     tokens = args.batch * args.seq
-    tps = {name: tokens / statistics.median(t) for name, t in times.items()}
+    tps = {name: tokens / min(t) for name, t in times.items()}
     matmul = measure_matmul_flops(n=1024, dtype=dtype, device=device.type) if device.type == "cpu" else None
     gpu_peak = peak_flops(device, dtype) if device.type == "cuda" else None
     print(f"# training step, {args.preset} ({base.num_hidden_layers} layers, hidden {base.hidden_size}, "
           f"vocab {base.vocab_size}), batch {args.batch} x {args.seq}, {args.dtype}, {device.type}"
-          f"{', compiled' if args.compile else ''}, median of {rounds} steps")
+          f"{', compiled' if args.compile else ''}, best of {rounds} steps")
     if matmul:
         print(f"# measured fp32 matmul: {matmul / 1e9:.1f} GFLOP/s")
     header = f"{'variant':<26}{'tokens/s':>10}{'vs qwen3':>10}{'vs swiglu':>10}{'roofline':>10}{'of roofline':>12}"

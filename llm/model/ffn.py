@@ -115,16 +115,16 @@ class IsoMLP(FeedForward):
 
 
 class Mixture(NamedTuple):
-    """A two-pathway block's hidden vector ``gated + iso + offset`` and the learned mixing it used."""
+    """A two-pathway block's pathways before mixing, and the learned weights that mix them."""
 
     gated: Tensor
-    """The gated pathway's contribution, already weighted by alpha."""
+    """The gated pathway ``SiLU(W_g x) * (W_u x)``, unweighted."""
     iso: Tensor | None
-    """The isotropy pathway's weighted contribution; None when the pathway is ablated."""
-    offset: Tensor | float
-    """A shift of every hidden feature (iso_ln's beta; 0 for isogmlp)."""
-    alpha: Tensor | float
-    """The gated pathway's weight: per token ``[B, T, 1]`` or one scalar."""
+    """The isotropy pathway, unweighted; None when the pathway is ablated."""
+    alpha: Tensor
+    """The gated pathway's weight: per token ``[B, T, 1]`` or a 0-dim tensor."""
+    iso_weight: Tensor
+    """The isotropy pathway's weight (``1 - alpha`` for isogmlp, ``2 - alpha`` for iso_ln)."""
     beta: Tensor
     """The learned bias reported as ``beta`` (isogmlp: the per-channel vector; iso_ln: a scalar)."""
 
@@ -140,15 +140,21 @@ def _rms(t: Tensor) -> Tensor:
 
 
 class TwoPathwayFFN(FeedForward):
-    """Shared by isogmlp and iso_ln: a SwiGLU pathway mixed with an isotropy pathway."""
+    """Shared by isogmlp and iso_ln: a SwiGLU pathway mixed with an isotropy pathway.
+
+    ``mixture`` returns the unweighted pathways and their weights; ``combine`` mixes them with as few
+    passes over the ``[B, T, h]`` activations as the variant allows (fused ``lerp`` / ``addcmul``), which
+    is what keeps these blocks near SwiGLU's speed (bench/bench_train_step.py).
+    """
 
     def mixture(self, x: Tensor, cache: Cache | None) -> Mixture:
         raise NotImplementedError
 
+    def combine(self, mix: Mixture) -> Tensor:
+        raise NotImplementedError
+
     def hidden(self, x: Tensor, cache: Cache | None) -> Tensor:
-        mix = self.mixture(x, cache)
-        out = mix.gated + mix.offset
-        return out if mix.iso is None else out + mix.iso
+        return self.combine(self.mixture(x, cache))
 
     @torch.no_grad()
     def diagnostics(self, x: Tensor) -> dict[str, float]:
@@ -161,7 +167,7 @@ class TwoPathwayFFN(FeedForward):
             "beta": _widened(mix.beta).mean().item(),
         }
         if mix.iso is not None:
-            stats["pathway_ratio"] = (_rms(mix.gated) / _rms(mix.iso)).item()
+            stats["pathway_ratio"] = (_rms(mix.alpha * mix.gated) / _rms(mix.iso_weight * mix.iso)).item()
         return stats
 
 
@@ -263,14 +269,18 @@ class IsoGMLP(TwoPathwayFFN):
 
     def mixture(self, x: Tensor, cache: Cache | None) -> Mixture:
         gate, up, iso = self.project(x)
+        gated = swiglu(gate, up)
         alpha = self.alpha_gate(x, cache)
         return Mixture(
-            gated=alpha * swiglu(gate, up),
-            iso=(1 - alpha) * (self.gamma * iso + self.beta),
-            offset=0.0,
+            gated=gated,
+            iso=torch.addcmul(self.beta, self.gamma, iso).to(gated.dtype),  # eq. 2: gamma * (W_i x) + beta
             alpha=alpha,
+            iso_weight=1 - alpha,
             beta=self.beta,
         )
+
+    def combine(self, mix: Mixture) -> Tensor:
+        return torch.lerp(mix.iso, mix.gated, mix.alpha)  # eq. 4: alpha*Gated + (1-alpha)*Iso in one pass
 
 
 class IsoLN(TwoPathwayFFN):
@@ -305,9 +315,9 @@ class IsoLN(TwoPathwayFFN):
         if self.has_iso_pathway and isinstance(self.iso_norm, nn.LayerNorm):
             self.iso_norm.reset_parameters()
 
-    def alpha(self) -> Tensor | float:
+    def alpha(self) -> Tensor:
         if self.fixed_alpha is not None:
-            return self.fixed_alpha
+            return torch.tensor(self.fixed_alpha, device=self.beta_raw.device)
         return 0.5 + 1.5 * torch.sigmoid(self.alpha_raw)
 
     def beta(self) -> Tensor:
@@ -315,14 +325,19 @@ class IsoLN(TwoPathwayFFN):
 
     def mixture(self, x: Tensor, cache: Cache | None) -> Mixture:
         gate, up, *iso = self.project(x)
-        alpha, beta = self.alpha(), self.beta()
+        alpha = self.alpha()
         return Mixture(
-            gated=alpha * swiglu(gate, up),
-            iso=(2 - alpha) * self.iso_norm(iso[0]) if self.has_iso_pathway else None,
-            offset=beta,
+            gated=swiglu(gate, up),
+            iso=self.iso_norm(iso[0]) if self.has_iso_pathway else None,
             alpha=alpha,
-            beta=beta,
+            iso_weight=2 - alpha,
+            beta=self.beta(),
         )
+
+    def combine(self, mix: Mixture) -> Tensor:
+        # alpha*Gated + (2-alpha)*Iso + beta as two fused multiply-adds (0-dim weights keep the dtype)
+        shifted = mix.beta if mix.iso is None else torch.addcmul(mix.beta, mix.iso, mix.iso_weight)
+        return torch.addcmul(shifted, mix.gated, mix.alpha)
 
 
 FFN_REGISTRY: dict[str, type[FeedForward]] = {

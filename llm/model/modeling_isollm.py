@@ -33,6 +33,7 @@ from .attention import ATTN_SCORING_REGISTRY
 from .config import ModelConfig
 from .configuration_isollm import IsoLLMConfig
 from .ffn import FFN_REGISTRY
+from .lm_head import IGNORE_INDEX, LMHead
 
 
 class RMSNorm(nn.Module):
@@ -65,14 +66,45 @@ def rotary_cos_sin(position_ids: torch.Tensor, head_dim: int, theta: float,
     return angles.cos().to(dtype), angles.sin().to(dtype)
 
 
-def rotate_half(x: torch.Tensor) -> torch.Tensor:
-    x1, x2 = x.chunk(2, dim=-1)
-    return torch.cat([-x2, x1], dim=-1)
+class _Rotary(torch.autograd.Function):
+    """``x * cos + rotate_half(x) * sin``, with ``rotate_half([x1, x2]) = [-x2, x1]``, written half by half
+    into one output (two passes over x where the composed ops take five); the backward pass is the
+    rotation by the opposite angles, ``rotate(grad, cos, -sin)``."""
+
+    @staticmethod
+    def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        half = x.shape[-1] // 2
+        x1, x2 = x[..., :half], x[..., half:]
+        cos, sin = cos[..., :half], sin[..., :half]  # both halves of the tables are equal
+        out = torch.empty(torch.broadcast_shapes(x.shape, (*cos.shape[:-1], x.shape[-1])),
+                          dtype=torch.promote_types(x.dtype, cos.dtype), device=x.device)
+        torch.mul(x1, cos, out=out[..., :half]).addcmul_(x2, sin, value=-1)  # x1 cos - x2 sin
+        torch.mul(x2, cos, out=out[..., half:]).addcmul_(x1, sin)  # x2 cos + x1 sin
+        return out
+
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        ctx.save_for_backward(cos, sin)
+        ctx.x_dtype = x.dtype
+        return _Rotary.rotate(x, cos, sin)
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None, None]:
+        cos, sin = ctx.saved_tensors
+        return _Rotary.rotate(grad, cos, -sin).to(ctx.x_dtype), None, None
 
 
 def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """Rotate ``x`` ``[B, heads, T, D]`` by its positions' angles (cos, sin ``[B, T, D]``)."""
-    return x * cos[:, None] + rotate_half(x) * sin[:, None]
+    """Rotate ``x`` ``[B, heads, T, D]`` by its positions' angles (cos, sin ``[B, T, D]``, no gradient).
+
+    Under ``torch.compile`` the composed ops are left to the compiler, which fuses them itself (and does
+    not support the ``out=`` writes into slices that ``_Rotary`` uses).
+    """
+    cos, sin = cos[:, None], sin[:, None]
+    if torch.compiler.is_compiling():
+        x1, x2 = x.chunk(2, dim=-1)
+        return x * cos + torch.cat([-x2, x1], dim=-1) * sin
+    return _Rotary.apply(x, cos, sin)
 
 
 @dataclass
@@ -207,7 +239,7 @@ class IsoLLMForCausalLM(PreTrainedModel, GenerationMixin):
     def __init__(self, config: IsoLLMConfig) -> None:
         super().__init__(config)
         self.model = IsoLLMModel(config)
-        self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
+        self.lm_head = LMHead(config.hidden_size, config.vocab_size)
         self.post_init()  # transformers' init (normal(0, initializer_range), norms to 1) and weight tying
 
     def get_input_embeddings(self) -> nn.Embedding:
@@ -224,13 +256,19 @@ class IsoLLMForCausalLM(PreTrainedModel, GenerationMixin):
         past_key_values: IsoLLMCache | None = None,
         use_cache: bool | None = None,
         labels: torch.LongTensor | None = None,
+        shift_labels: torch.LongTensor | None = None,
         output_hidden_states: bool | None = None,
         logits_to_keep: int = 0,
         **kwargs: Any,
     ) -> CausalLMOutputWithPast:
         """Logits ``[B, T, V]`` (only the last ``logits_to_keep`` positions when > 0, as ``generate()``
-        asks); with ``labels``, the mean next-token cross-entropy in fp32 over labels != -100
-        (transformers' shift: position t predicts ``labels[:, t + 1]``).
+        asks) and, given targets, the mean next-token cross-entropy in fp32 over targets != -100.
+
+        Targets come as ``labels`` (transformers' convention: position t predicts ``labels[:, t + 1]``)
+        or as ``shift_labels`` (already aligned: position t predicts ``shift_labels[:, t]``, so a packed
+        ``[B, T + 1]`` window trains on all T predictions). In training mode (``model.train()``) the loss
+        is fused with the LM head (``lm_head.linear_cross_entropy``) and ``logits`` is None: the
+        ``[B, T, V]`` logits are never materialised. In eval mode the logits are returned as well.
 
         ``past_key_values``: an ``IsoLLMCache`` from an earlier call; ``input_ids`` then holds only
         the new tokens. ``use_cache=True`` without one starts a cache. Padding is not supported:
@@ -243,11 +281,17 @@ class IsoLLMForCausalLM(PreTrainedModel, GenerationMixin):
             past_key_values = IsoLLMCache(self.config.num_hidden_layers)
         hidden, all_hidden = self.model(input_ids, position_ids, past_key_values,
                                         bool(output_hidden_states))
-        logits = self.lm_head(hidden[:, -logits_to_keep:] if logits_to_keep else hidden)
-        loss = None
-        if labels is not None:
-            loss = F.cross_entropy(logits[:, :-1].flatten(0, 1).float(), labels[:, 1:].flatten(),
-                                   ignore_index=-100)
+        if shift_labels is None and labels is not None:
+            shift_labels = F.pad(labels[:, 1:], (0, 1), value=IGNORE_INDEX)
+        logits = loss = None
+        if shift_labels is not None and self.training:
+            loss = self.lm_head(hidden, shift_labels)
+        else:
+            logits = self.lm_head(hidden[:, -logits_to_keep:] if logits_to_keep else hidden)
+            if shift_labels is not None:
+                stats_dtype = torch.promote_types(logits.dtype, torch.float32)  # fp32, or fp64 in tests
+                loss = F.cross_entropy(logits.flatten(0, 1).to(stats_dtype), shift_labels.flatten(),
+                                       ignore_index=IGNORE_INDEX)
         return CausalLMOutputWithPast(loss=loss, logits=logits, past_key_values=past_key_values,
                                       hidden_states=all_hidden)
 

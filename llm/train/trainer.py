@@ -46,7 +46,7 @@ from llm.model import IsoLLMConfig, IsoLLMForCausalLM, param_counts
 from llm.model.config import ConfigError, ModelConfig
 from llm.train.checkpoint import has_checkpoints, latest_checkpoint, load_checkpoint, save_checkpoint
 from llm.train.distributed import is_distributed, is_main_process, rank_and_world_size
-from llm.train.evaluate import evaluate, lm_loss
+from llm.train.evaluate import evaluate
 from llm.train.logging import MetricsLog, ProgressBar, main_print, peak_memory, truncate_metrics
 from llm.train.optim import build_optimizer, build_scheduler
 from llm.train.signals import StopRequest
@@ -148,8 +148,9 @@ def train_step(
     Works with any model ``accelerator.prepare`` returned (DDP, FSDP, DeepSpeed): ``accumulate``
     skips the gradient all-reduce on all but the last micro-batch and ``backward`` divides each
     micro-batch loss by the number of micro-batches, so the gradient is that of the mean loss over
-    the whole global batch (all micro-batches hold the same number of tokens). The loss is computed
-    in fp32 from the logits. The norm is the global pre-clip norm (``grad_clip = 0``: no clipping).
+    the whole global batch (all micro-batches hold the same number of tokens). The model computes the
+    loss itself (in training mode: fused with the LM head, softmax in fp32, no ``[B, T, V]`` logits).
+    The norm is the global pre-clip norm (``grad_clip = 0``: no clipping).
     The decision to skip uses rank-averaged loss and the all-reduced gradient norm, so every rank
     takes the same branch.
     """
@@ -157,8 +158,7 @@ def train_step(
     loss_sum = torch.zeros((), device=accelerator.device)
     for batch in batches:
         with accelerator.accumulate(model):
-            logits = model(input_ids=batch[:, :-1]).logits
-            loss = lm_loss(logits, batch[:, 1:])
+            loss = model(input_ids=batch[:, :-1], shift_labels=batch[:, 1:]).loss
             accelerator.backward(loss)
             loss_sum += loss.detach()
     mean_loss = _mean_over_ranks(loss_sum / len(batches)).item()

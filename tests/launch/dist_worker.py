@@ -31,7 +31,6 @@ from torch import nn
 from llm.config import RunConfig, load_config
 from llm.data import build_train_loader, load_tokenizer
 from llm.train.distributed import rank_and_world_size
-from llm.train.evaluate import lm_loss
 from llm.train.optim import build_optimizer, build_scheduler
 from llm.train.trainer import build_model, gradient_accumulation_steps, train_step
 
@@ -95,7 +94,7 @@ def deepspeed_step(engine: nn.Module, batches: list[torch.Tensor]) -> float:
     """One optimizer step: DeepSpeed scales by accumulation, reduces and clips inside backward/step."""
     loss_sum = torch.zeros(())
     for batch in batches:
-        loss = lm_loss(engine(input_ids=batch[:, :-1]).logits, batch[:, 1:])
+        loss = engine(input_ids=batch[:, :-1], shift_labels=batch[:, 1:]).loss
         engine.backward(loss)
         engine.step()
         loss_sum += loss.detach()

@@ -280,6 +280,6 @@ def test_reset_parameters_after_meta_init(ffn, linear):
         a, b = dict(fresh[0].named_parameters())[name], dict(fresh[1].named_parameters())[name]
         if torch.equal(a, b):  # deterministic init (gains, biases, focus centres): identical values
             assert torch.equal(p, a), name
-        else:  # random weights: the same distribution
+        else:  # random weights: the same distribution (the sample std's relative error is ~1/sqrt(2n))
             std = config.initializer_range
-            assert p.dim() == 2 and abs(p.std().item() - std) < 0.2 * std, name
+            assert p.dim() == 2 and abs(p.std().item() - std) < 5 * std / math.sqrt(2 * p.numel()), name

@@ -12,6 +12,7 @@ from llm.model import IsoLLMCache, IsoLLMConfig, IsoLLMForCausalLM, ModelConfig,
 from llm.model.attention import ATTN_SCORING_REGISTRY
 from llm.model.ffn import FFN_REGISTRY, ISOGMLP_GATES
 from llm.model.linear import LINEAR_REGISTRY
+from llm.model.modeling_isollm import apply_rotary, rotary_cos_sin
 
 VOCAB, T = 256, 12
 TINY = dict(vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
@@ -237,3 +238,17 @@ def test_parameter_names_follow_qwen3():
                  "model.layers.1.mlp.in_proj.weight", "model.layers.1.mlp.down_proj.weight"):
         assert name in names
     assert not any(name.endswith("bias") for name in names)
+
+
+def test_rotary_equals_rotate_half_formula_and_its_gradient():
+    """RoPE with Qwen3's rotate-half layout, ``x cos + rotate_half(x) sin``; backward checked numerically."""
+    x = torch.randn(2, 3, 5, 8, dtype=torch.float64, requires_grad=True)
+    cos, sin = rotary_cos_sin(torch.arange(5)[None] + 3, 8, 10000.0, torch.float64)
+    x1, x2 = x.chunk(2, dim=-1)
+    expected = x * cos[:, None] + torch.cat([-x2, x1], dim=-1) * sin[:, None]
+    torch.testing.assert_close(apply_rotary(x, cos, sin), expected, rtol=0, atol=1e-15)
+    assert torch.autograd.gradcheck(lambda t: apply_rotary(t, cos, sin), (x,))
+    with torch.autocast("cpu", dtype=torch.bfloat16):  # a bf16 input keeps a bf16 gradient
+        x16 = x.detach().bfloat16().requires_grad_()
+        apply_rotary(x16, cos.float(), sin.float()).sum().backward()
+    assert x16.grad.dtype == torch.bfloat16

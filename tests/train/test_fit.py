@@ -12,6 +12,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
+import llm.model.lm_head as lm_head
 import llm.train.trainer as trainer
 from llm.model.config import ConfigError
 from llm.train.trainer import TrainingError, fit
@@ -115,15 +116,15 @@ def test_stop_and_resume_equals_uninterrupted_run(tiny_config, monkeypatch: pyte
 def _nan_loss_on(monkeypatch: pytest.MonkeyPatch, bad_steps: set[int], accum: int = 2) -> None:
     """Make the loss of every micro-batch of the given optimizer steps (1-based) NaN."""
     calls = {"n": 0}
-    real = trainer.lm_loss
+    real = lm_head.linear_cross_entropy
 
-    def lm_loss(logits, targets, reduction="mean"):
+    def linear_cross_entropy(*args, **kwargs):  # the training loss (evaluation goes through the logits)
         calls["n"] += 1
-        loss = real(logits, targets, reduction)
+        loss = real(*args, **kwargs)
         step = (calls["n"] - 1) // accum + 1
         return loss * float("nan") if step in bad_steps else loss
 
-    monkeypatch.setattr(trainer, "lm_loss", lm_loss)
+    monkeypatch.setattr(lm_head, "linear_cross_entropy", linear_cross_entropy)
 
 
 def test_nonfinite_step_is_skipped_and_counted(tiny_config, monkeypatch: pytest.MonkeyPatch) -> None:

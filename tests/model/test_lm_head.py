@@ -1,0 +1,125 @@
+"""The fused LM-head cross-entropy equals the plain one, in value and gradient (fp64), in every mode."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from llm.model import IsoLLMConfig, IsoLLMForCausalLM
+from llm.model.lm_head import IGNORE_INDEX, linear_cross_entropy
+
+N, D, V = 37, 16, 50  # N not a multiple of any chunk size below
+
+
+def problem(dtype: torch.dtype = torch.float64, ignored: bool = True):
+    g = torch.Generator().manual_seed(0)
+    hidden = torch.randn(N, D, generator=g, dtype=dtype).requires_grad_()
+    weight = torch.randn(V, D, generator=g, dtype=dtype).requires_grad_()
+    targets = torch.randint(0, V, (N,), generator=g)
+    if ignored:
+        targets[[0, 5, 6, 36]] = IGNORE_INDEX
+    return hidden, weight, targets
+
+
+def reference(hidden, weight, targets):
+    return F.cross_entropy((hidden @ weight.T).float() if hidden.dtype != torch.float64 else hidden @ weight.T,
+                           targets, ignore_index=IGNORE_INDEX)
+
+
+@pytest.mark.parametrize("chunk_rows", [1, 8, 36, 37, 64])
+@pytest.mark.parametrize("ignored", [False, True])
+def test_loss_and_gradients_equal_plain_cross_entropy_fp64(chunk_rows, ignored):
+    hidden, weight, targets = problem(ignored=ignored)
+    expected = reference(hidden, weight, targets)
+    grads = torch.autograd.grad(expected * 3.0, (hidden, weight))  # a non-unit upstream gradient
+    loss = linear_cross_entropy(hidden, weight, targets, chunk_rows=chunk_rows)
+    fused_grads = torch.autograd.grad(loss * 3.0, (hidden, weight))
+    torch.testing.assert_close(loss, expected, rtol=1e-13, atol=0)
+    for got, want in zip(fused_grads, grads, strict=True):
+        torch.testing.assert_close(got, want, rtol=1e-12, atol=1e-15)
+    assert fused_grads[0][targets == IGNORE_INDEX].abs().max() == 0 if ignored else True
+
+
+def test_batched_targets_and_no_grad():
+    hidden, weight, targets = problem()
+    expected = reference(hidden, weight, targets)
+    loss = linear_cross_entropy(hidden.detach().view(1, N, D), weight.detach(), targets.view(1, N))
+    torch.testing.assert_close(loss, expected.detach(), rtol=1e-13, atol=0)
+    with torch.no_grad():
+        assert not linear_cross_entropy(hidden, weight, targets).requires_grad
+    with pytest.raises(ValueError, match="targets: expected shape"):
+        linear_cross_entropy(hidden, weight, targets[:-1])
+
+
+def test_fp32_and_bf16_autocast_match_the_logits_path():
+    hidden, weight, targets = problem(torch.float32)
+    torch.testing.assert_close(linear_cross_entropy(hidden, weight, targets, chunk_rows=8),
+                               reference(hidden, weight, targets), rtol=1e-6, atol=0)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        fused = linear_cross_entropy(hidden, weight, targets, chunk_rows=8)
+        plain = F.cross_entropy(F.linear(hidden, weight).float(), targets, ignore_index=IGNORE_INDEX)
+    assert fused.dtype == torch.float32
+    torch.testing.assert_close(fused, plain, rtol=1e-5, atol=0)  # same bf16 logits, fp32 softmax
+    grad_fp32 = torch.autograd.grad(reference(hidden, weight, targets), weight)[0]
+    grad_fused = torch.autograd.grad(fused, weight)[0]
+    grad_plain = torch.autograd.grad(plain, weight)[0]
+    assert grad_fused.dtype == torch.float32
+
+    def error(grad: torch.Tensor) -> float:  # relative to the fp32 gradient
+        return ((grad - grad_fp32).norm() / grad_fp32.norm()).item()
+
+    assert error(grad_fused) < 0.01 and error(grad_fused) < 2 * error(grad_plain)  # bf16's rounding, no worse
+
+
+@pytest.mark.parametrize("tied", [True, False])
+def test_model_training_mode_fuses_the_loss_and_matches_eval_mode(tied):
+    torch.manual_seed(0)
+    config = IsoLLMConfig(vocab_size=V, hidden_size=D, intermediate_size=32, num_hidden_layers=2,
+                          num_attention_heads=2, num_key_value_heads=1, tie_word_embeddings=tied)
+    model = IsoLLMForCausalLM(config).double()
+    ids = torch.randint(0, V, (3, 9))
+    targets = torch.randint(0, V, (3, 9))
+    targets[1, 2] = IGNORE_INDEX
+
+    def loss_and_grads(train: bool, **kwargs):
+        model.train(train)
+        model.zero_grad()
+        out = model(ids, **kwargs)
+        out.loss.backward()
+        return out, [p.grad.clone() for p in model.parameters()]
+
+    fused, fused_grads = loss_and_grads(True, shift_labels=targets)
+    plain, plain_grads = loss_and_grads(False, shift_labels=targets)
+    assert fused.logits is None and plain.logits.shape == (3, 9, V)
+    torch.testing.assert_close(fused.loss, plain.loss, rtol=1e-13, atol=0)
+    for got, want in zip(fused_grads, plain_grads, strict=True):
+        torch.testing.assert_close(got, want, rtol=1e-10, atol=1e-14)
+    # ``labels`` (unshifted, transformers' convention) is the same loss with the last position unscored
+    shifted = torch.cat([ids[:, 1:], torch.full((3, 1), IGNORE_INDEX)], dim=1)
+    by_labels, _ = loss_and_grads(True, labels=ids)
+    by_shift, _ = loss_and_grads(True, shift_labels=shifted)
+    torch.testing.assert_close(by_labels.loss, by_shift.loss, rtol=0, atol=0)
+
+
+def test_torch_compile_training_step_equals_eager():
+    """``train.compile``: the compiled model (rotary left to the compiler, the fused loss run eagerly)
+    gives the eager loss and gradients."""
+    torch.manual_seed(0)
+    config = IsoLLMConfig(vocab_size=V, hidden_size=D, intermediate_size=32, num_hidden_layers=2,
+                          num_attention_heads=2, num_key_value_heads=1, ffn="isogmlp", attn_scoring="iso_tanh",
+                          iso_tanh_chunk_size=4)
+    model = IsoLLMForCausalLM(config).train()
+    ids = torch.randint(0, V, (2, 11))
+
+    def loss_and_grads(module):
+        model.zero_grad()
+        loss = module(ids[:, :-1], shift_labels=ids[:, 1:]).loss
+        loss.backward()
+        return loss.detach(), [p.grad.clone() for p in model.parameters()]
+
+    eager_loss, eager_grads = loss_and_grads(model)
+    compiled_loss, compiled_grads = loss_and_grads(torch.compile(model))
+    torch.testing.assert_close(compiled_loss, eager_loss, rtol=1e-5, atol=0)
+    for got, want in zip(compiled_grads, eager_grads, strict=True):
+        torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-6)
