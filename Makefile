@@ -24,7 +24,8 @@ test: $(STAMP)
 
 # Speed and memory, side by side in one run each (issue: numbers are ratios, never asserted in tests).
 bench: $(STAMP)
-	$(BIN)/python bench/bench_train_step.py --threads 2
+	$(BIN)/python bench/bench_train_step.py --threads 2 --rounds 12 --profile
+	$(BIN)/python bench/bench_train_step.py --threads 2 --rounds 10 --compile --ffn swiglu isogmlp iso_ln --attn-scoring softmax
 	$(BIN)/python bench/bench_attention.py --threads 2
 	$(BIN)/python bench/bench_generate.py --threads 2
 	$(BIN)/python bench/bench_data.py

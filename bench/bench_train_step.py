@@ -6,20 +6,22 @@
 
 A step is what the trainer does per micro-batch: forward, fp32 cross-entropy, backward, AdamW. All
 models are built first and then timed round-robin (one step of each, repeated), so that a change in
-machine load hits every variant alike; each figure is the best round (on a shared machine the spread
-comes from other processes, which only ever slow a step down). The non-SwiGLU FFNs are
+machine load hits every variant alike. tokens/s is the best round (on a shared machine the spread comes
+from other processes, which only ever slow a step down); the ratios are medians of the ratios measured
+within each round, which cancel slower swings of the machine's speed. The non-SwiGLU FFNs are
 parameter-matched (``ffn_param_match``), as in a fair comparison.
 
 Columns: tokens/s; ``vs qwen3``: our tokens/s over transformers' ``Qwen3ForCausalLM`` at the identical
 shape (same layers, heads, widths, vocab, tied embeddings, qk-norm); ``roofline``: the machine's measured
 matmul FLOP/s divided by the variant's training FLOPs per token (``llm.metrics.flops``), the tokens/s a
 step would reach if it ran at matmul speed; ``of roofline``: tokens/s over that; ``vs swiglu``: tokens/s
-over swiglu+softmax's. On CUDA it also prints MFU against the GPU's dense peak.
+over that of swiglu with the same attention scoring. On CUDA it also prints MFU against the GPU's dense peak.
 """
 
 from __future__ import annotations
 
 import argparse
+import statistics
 import time
 from collections.abc import Callable
 from dataclasses import asdict, replace
@@ -76,6 +78,40 @@ def make_step(model: nn.Module, batch: torch.Tensor, dtype: torch.dtype) -> Call
     return step
 
 
+ROOFLINE_MATMUL_N = 1024
+"""The roofline's matmul: ``[n, n] @ [n, n]`` in the step's dtype, timed once per round (best kept)."""
+
+MATMUL_OPS = {"aten::mm", "aten::addmm", "aten::addmm_", "aten::bmm", "aten::baddbmm"}
+
+
+def time_breakdown(step: Callable[[], None], device: torch.device, steps: int = 3) -> str:
+    """Where a step's time goes, from torch.profiler's self times: matmuls, attention kernels, the rest
+    (with its three largest ops). Explains the distance to the roofline, which only matmuls can reach."""
+    activities = [torch.profiler.ProfilerActivity.CPU]
+    if device.type == "cuda":
+        activities.append(torch.profiler.ProfilerActivity.CUDA)
+    with torch.profiler.profile(activities=activities) as prof:
+        for _ in range(steps):
+            step()
+        synchronize(device)
+    attr = "self_device_time_total" if device.type == "cuda" else "self_cpu_time_total"
+    times = {e.key: getattr(e, attr) for e in prof.key_averages() if getattr(e, attr) > 0}
+    total = sum(times.values())
+    matmul = sum(t for k, t in times.items() if k in MATMUL_OPS)
+    attention = sum(t for k, t in times.items() if "scaled_dot_product" in k)
+    rest = sorted(((t, k) for k, t in times.items() if k not in MATMUL_OPS and "scaled_dot_product" not in k),
+                  reverse=True)[:3]
+    top = ", ".join(f"{k.removeprefix('aten::')} {t / total:.0%}" for t, k in rest)
+    return (f"matmul {matmul / total:.0%}, attention kernels {attention / total:.0%}, "
+            f"other {(total - matmul - attention) / total:.0%} (largest: {top})")
+
+
+def paired_speedup(times: list[float], reference: list[float]) -> float:
+    """Median over rounds of ``reference time / time`` within the same round: a slow spell of the
+    machine hits both steps of a round alike and cancels out of the ratio."""
+    return statistics.median(ref / t for t, ref in zip(times, reference, strict=True))
+
+
 def synchronize(device: torch.device) -> None:
     if device.type == "cuda":
         torch.cuda.synchronize()
@@ -96,6 +132,8 @@ def main() -> None:
                         help="FFN variants to time (swiglu is always included: the ratios need it)")
     parser.add_argument("--attn-scoring", nargs="+", choices=ATTN_SCORING_REGISTRY,
                         default=list(ATTN_SCORING_REGISTRY), help="attention scorings to time")
+    parser.add_argument("--profile", action="store_true",
+                        help="also print where swiglu+softmax's and Qwen3's step time goes (torch.profiler)")
     args = parser.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -126,31 +164,36 @@ def main() -> None:
     synchronize(device)
 
     times: dict[str, list[float]] = {name: [] for name in steps}
-    for _ in range(rounds):
-        for name, step in steps.items():
+    matmul_rates: list[float] = []
+    names = list(steps)
+    for r in range(rounds):
+        for name in names[r % len(names):] + names[:r % len(names)]:  # rotated: no model always goes first
+            step = steps[name]
             synchronize(device)
             start = time.perf_counter()
             step()
             synchronize(device)
             times[name].append(time.perf_counter() - start)
+        if device.type == "cpu":  # the roofline's matmul rate, measured in the same rounds as the steps
+            matmul_rates.append(measure_matmul_flops(n=ROOFLINE_MATMUL_N, dtype=dtype, device=device, repeats=1))
 
     tokens = args.batch * args.seq
     tps = {name: tokens / min(t) for name, t in times.items()}
-    matmul = measure_matmul_flops(n=1024, dtype=dtype, device=device.type) if device.type == "cpu" else None
+    matmul = max(matmul_rates, default=None)
     gpu_peak = peak_flops(device, dtype) if device.type == "cuda" else None
     print(f"# training step, {args.preset} ({base.num_hidden_layers} layers, hidden {base.hidden_size}, "
           f"vocab {base.vocab_size}), batch {args.batch} x {args.seq}, {args.dtype}, {device.type}"
           f"{', compiled' if args.compile else ''}, best of {rounds} steps")
     if matmul:
-        print(f"# measured fp32 matmul: {matmul / 1e9:.1f} GFLOP/s")
+        print(f"# measured {args.dtype} matmul ({ROOFLINE_MATMUL_N}^3, best of {rounds}): {matmul / 1e9:.1f} GFLOP/s")
     header = f"{'variant':<26}{'tokens/s':>10}{'vs qwen3':>10}{'vs swiglu':>10}{'roofline':>10}{'of roofline':>12}"
     print(header + (f"{'MFU':>8}" if gpu_peak else ""))
-    qwen = tps["transformers Qwen3"]
-    swiglu = tps["swiglu+softmax"]
     for name, value in tps.items():
         cfg = variants.get(name, base)
         fpt = flops_per_token(cfg, args.seq, training=True)
-        row = f"{name:<26}{value:>10.0f}{value / qwen:>9.2f}x{value / swiglu:>9.2f}x"
+        vs_qwen = paired_speedup(times[name], times["transformers Qwen3"])
+        vs_swiglu = paired_speedup(times[name], times[f"swiglu+{cfg.attn_scoring}"])  # same attention
+        row = f"{name:<26}{value:>10.0f}{vs_qwen:>9.2f}x{vs_swiglu:>9.2f}x"
         if matmul:
             roof = matmul / fpt
             row += f"{roof:>10.0f}{value / roof:>11.0%} "
@@ -159,6 +202,9 @@ def main() -> None:
         if gpu_peak:
             row += f"{value * fpt / gpu_peak:>8.1%}"
         print(row)
+    if args.profile:
+        for name in ("swiglu+softmax", "transformers Qwen3"):
+            print(f"# {name}: {time_breakdown(steps[name], device)}")
 
 
 if __name__ == "__main__":

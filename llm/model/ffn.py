@@ -142,19 +142,14 @@ def _rms(t: Tensor) -> Tensor:
 class TwoPathwayFFN(FeedForward):
     """Shared by isogmlp and iso_ln: a SwiGLU pathway mixed with an isotropy pathway.
 
-    ``mixture`` returns the unweighted pathways and their weights; ``combine`` mixes them with as few
-    passes over the ``[B, T, h]`` activations as the variant allows (fused ``lerp`` / ``addcmul``), which
-    is what keeps these blocks near SwiGLU's speed (bench/bench_train_step.py).
+    ``mixture`` returns the unweighted pathways and their weights, for ``diagnostics``; each variant's
+    ``hidden`` mixes them with as few passes over the ``[B, T, h]`` activations as its formula allows
+    (fused ``lerp`` / ``addcmul`` / LayerNorm affine), which is what keeps these blocks near SwiGLU's
+    speed (bench/bench_train_step.py).
     """
 
     def mixture(self, x: Tensor, cache: Cache | None) -> Mixture:
         raise NotImplementedError
-
-    def combine(self, mix: Mixture) -> Tensor:
-        raise NotImplementedError
-
-    def hidden(self, x: Tensor, cache: Cache | None) -> Tensor:
-        return self.combine(self.mixture(x, cache))
 
     @torch.no_grad()
     def diagnostics(self, x: Tensor) -> dict[str, float]:
@@ -279,7 +274,8 @@ class IsoGMLP(TwoPathwayFFN):
             beta=self.beta,
         )
 
-    def combine(self, mix: Mixture) -> Tensor:
+    def hidden(self, x: Tensor, cache: Cache | None) -> Tensor:
+        mix = self.mixture(x, cache)
         return torch.lerp(mix.iso, mix.gated, mix.alpha)  # eq. 4: alpha*Gated + (1-alpha)*Iso in one pass
 
 
@@ -334,10 +330,26 @@ class IsoLN(TwoPathwayFFN):
             beta=self.beta(),
         )
 
-    def combine(self, mix: Mixture) -> Tensor:
-        # alpha*Gated + (2-alpha)*Iso + beta as two fused multiply-adds (0-dim weights keep the dtype)
-        shifted = mix.beta if mix.iso is None else torch.addcmul(mix.beta, mix.iso, mix.iso_weight)
-        return torch.addcmul(shifted, mix.gated, mix.alpha)
+    def hidden(self, x: Tensor, cache: Cache | None) -> Tensor:
+        """``alpha*Gated + (2-alpha)*Iso + beta`` as fused multiply-adds (0-dim weights keep the dtype).
+
+        With the LayerNorm, ``(2-alpha)*LayerNorm(v) + beta`` is the LayerNorm with its affine scaled by
+        ``2-alpha`` and shifted by beta: one fused kernel, whose backward already reduces the gradients
+        of its ``[h]`` affine, from which those of alpha and beta follow at the cost of ``[h]`` vectors.
+        """
+        gate, up, *iso = self.project(x)
+        alpha, beta = self.alpha(), self.beta()
+        gated = swiglu(gate, up)
+        if not self.has_iso_pathway:
+            return torch.addcmul(beta, gated, alpha)
+        iso_weight = 2 - alpha
+        if isinstance(self.iso_norm, nn.LayerNorm):
+            norm = self.iso_norm
+            shifted = F.layer_norm(iso[0], norm.normalized_shape, norm.weight * iso_weight,
+                                   norm.bias * iso_weight + beta, norm.eps)
+        else:
+            shifted = torch.addcmul(beta, iso[0], iso_weight)
+        return torch.addcmul(shifted, gated, alpha)
 
 
 FFN_REGISTRY: dict[str, type[FeedForward]] = {
