@@ -17,6 +17,8 @@ import math
 import sys
 from typing import Any
 
+from llm.data.errors import DataError
+from llm.eval.errors import EvalError
 from llm.model.config import ConfigError
 
 __all__ = ["main"]
@@ -31,6 +33,18 @@ def _common_model_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--json", action="store_true", help="machine-readable JSON on stdout")
 
 
+def _at_least(low: float, kind: type = int) -> Any:
+    """An argparse ``type`` accepting ``kind`` values >= ``low`` (argparse then prints a one-line error)."""
+    def parse(text: str) -> float:
+        value = kind(text)
+        if value < low:
+            raise argparse.ArgumentTypeError(f"expected a value >= {low}, got {text}")
+        return value
+
+    parse.__name__ = kind.__name__  # argparse names the type in "invalid int value" messages
+    return parse
+
+
 def _evaluate_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="eval.py", description="Evaluate a checkpoint or hub model: val loss, perplexity, bits per "
@@ -40,10 +54,11 @@ def _evaluate_parser() -> argparse.ArgumentParser:
                         help="YAML merged over the checkpoint's config.yaml (e.g. another data: section)")
     parser.add_argument("overrides", nargs="*", metavar="key.sub=value",
                         help="dotted overrides, e.g. data.source=/path/*.parquet data.val_tokens=65536")
-    parser.add_argument("--samples", type=int, default=3,
+    parser.add_argument("--samples", type=_at_least(0), default=3,
                         help="generated samples, one per fixed prompt (at most 5; 0: none)")
-    parser.add_argument("--max-new-tokens", type=int, default=32)
-    parser.add_argument("--temperature", type=float, default=0.0, help="0: greedy; > 0: seeded sampling")
+    parser.add_argument("--max-new-tokens", type=_at_least(1), default=32)
+    parser.add_argument("--temperature", type=_at_least(0.0, float), default=0.0,
+                        help="0: greedy; > 0: seeded sampling")
     parser.add_argument("--seed", type=int, default=0, help="sampling seed")
     return parser
 
@@ -66,9 +81,10 @@ def _lm_eval_parser() -> argparse.ArgumentParser:
         prog="eval.py lm-eval", description="lm-evaluation-harness tasks on a checkpoint (extra: lmeval).")
     _common_model_args(parser)
     parser.add_argument("--tasks", required=True, help="comma-separated lm_eval task names")
-    parser.add_argument("--num-fewshot", type=int, default=None)
-    parser.add_argument("--limit", type=float, default=None, help="examples per task (a fraction if < 1)")
-    parser.add_argument("--batch-size", type=int, default=8)
+    parser.add_argument("--num-fewshot", type=_at_least(0), default=None)
+    parser.add_argument("--limit", type=_at_least(0.0, float), default=None,
+                        help="examples per task (a fraction if < 1)")
+    parser.add_argument("--batch-size", type=_at_least(1), default=8)
     parser.add_argument("--include-path", default=None, help="directory of extra task YAMLs")
     parser.add_argument("--no-default-tasks", action="store_true",
                         help="only the tasks under --include-path (skips indexing lm_eval's built-in tasks)")
@@ -152,7 +168,7 @@ def main(argv: list[str] | None = None) -> int:
     command = COMMANDS.get(argv[0]) if argv else None
     try:
         return command(argv[1:]) if command else _evaluate(argv)
-    except (ConfigError, FileNotFoundError, ValueError, ImportError) as err:
+    except (ConfigError, DataError, EvalError, FileNotFoundError, ImportError) as err:  # not bugs: one line
         print(f"error: {err}", file=sys.stderr)
         return 2
 

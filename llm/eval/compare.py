@@ -24,6 +24,8 @@ from typing import Any
 
 from scipy import stats
 
+from llm.eval.errors import EvalError
+
 DEFAULT_BASELINE = "swiglu+softmax"
 
 CSV_COLUMNS = (
@@ -95,15 +97,15 @@ def load_run(run_dir: str | Path) -> RunRecord:
         except json.JSONDecodeError:
             if lineno == len(lines):
                 break
-            raise ValueError(f"{path}:{lineno}: not a JSON object") from None
+            raise EvalError(f"{path}:{lineno}: not a JSON object") from None
     metas = [r for r in rows if r.get("kind") == "meta"]
     if not metas:
-        raise ValueError(f"{path}: no meta row (kind=meta) with the run's variant and seed")
+        raise EvalError(f"{path}: no meta row (kind=meta) with the run's variant and seed")
     if "variant" not in metas[0]:
-        raise ValueError(f"{path}: the meta row has no 'variant'")
+        raise EvalError(f"{path}: the meta row has no 'variant'")
     evals = _dedupe_by_step([r for r in rows if r.get("kind") == "eval"])
     if not evals:
-        raise ValueError(f"{path}: no eval rows (kind=eval); the run never evaluated")
+        raise EvalError(f"{path}: no eval rows (kind=eval); the run never evaluated")
     train = _dedupe_by_step([r for r in rows if r.get("kind") == "train"])
     return RunRecord(path=run_dir, meta=metas[0], train=train, evals=evals)
 
@@ -123,7 +125,7 @@ def expand_run_dirs(patterns: Iterable[str]) -> list[Path]:
         else:
             dirs.append(Path(pattern))
     if not dirs:
-        raise ValueError("no run directories given")
+        raise EvalError("no run directories given")
     return dirs
 
 
@@ -196,7 +198,7 @@ def _single(values: list[Any], what: str, variant: str, warnings: list[str]) -> 
 def compare_runs(runs: Sequence[RunRecord], baseline: str = DEFAULT_BASELINE) -> Comparison:
     """Group runs by variant and aggregate over seeds; the baseline row comes first."""
     if not runs:
-        raise ValueError("no runs to compare")
+        raise EvalError("no runs to compare")
     groups: dict[str, list[RunRecord]] = {}
     for run in runs:
         groups.setdefault(run.variant, []).append(run)

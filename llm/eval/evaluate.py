@@ -32,6 +32,7 @@ from tokenizers import Tokenizer
 from torch import nn
 
 from llm.config import RunConfig, load_config
+from llm.eval.errors import EvalError
 
 DEFAULT_PROMPTS = (
     "The capital of France is",
@@ -112,7 +113,7 @@ def load_model(resolved: ResolvedModel, trust_remote_code: bool = False,
                                                      trust_remote_code=trust_remote_code)
     except (OSError, ValueError) as err:
         first_line = str(err).splitlines()[0] if str(err) else type(err).__name__
-        raise ValueError(f"{resolved.model_path}: cannot load the model ({first_line})") from None
+        raise EvalError(f"{resolved.model_path}: cannot load the model ({first_line})") from None
     return model.to(device).eval()
 
 
@@ -251,7 +252,7 @@ def evaluate_checkpoint(target: str, *, config_files: list[str] | None = None,
         tokenizer = load_tokenizer(resolved.model_path if own_files and not user_tokenizer
                                    else config.data.tokenizer)
     except RuntimeError as err:  # an unreachable hub tokenizer: a usage problem, not a crash
-        raise ValueError(str(err)) from None
+        raise EvalError(str(err)) from None
     windows = build_val_windows(config.data, tokenizer)
 
     autocast = _autocast_dtype(config, torch_device)

@@ -24,6 +24,8 @@ from typing import Any
 
 from torch import nn
 
+from llm.eval.errors import EvalError
+
 __all__ = ["hf_tokenizer", "lm_eval_available", "run_lm_eval"]
 
 
@@ -38,7 +40,7 @@ def hf_tokenizer(model_path: str) -> Any:
     try:
         return AutoTokenizer.from_pretrained(model_path)
     except (OSError, ValueError) as err:
-        raise ValueError(f"{model_path}: no loadable tokenizer ({str(err).splitlines()[0]})") from None
+        raise EvalError(f"{model_path}: no loadable tokenizer ({str(err).splitlines()[0]})") from None
 
 
 def run_lm_eval(model: nn.Module, tokenizer: Any, tasks: list[str], *, num_fewshot: int | None = None,
@@ -62,7 +64,7 @@ def run_lm_eval(model: nn.Module, tokenizer: Any, tasks: list[str], *, num_fewsh
     task_manager = TaskManager(include_path=include_path, include_defaults=include_defaults)
     unknown = [t for t in tasks if t not in task_manager.all_tasks]
     if unknown:
-        raise ValueError(f"--tasks: unknown task(s) {', '.join(unknown)} (see lm_eval --tasks list)")
+        raise EvalError(f"--tasks: unknown task(s) {', '.join(unknown)} (see lm_eval --tasks list)")
     out = lm_eval.simple_evaluate(model=lm, tasks=tasks, num_fewshot=num_fewshot, limit=limit,
                                   task_manager=task_manager)
     return out["results"]

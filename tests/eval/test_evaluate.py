@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 
+import llm.eval.cli as cli
 from llm.eval.cli import main
 from llm.eval.evaluate import (
     bits_per_byte,
@@ -139,6 +140,30 @@ def test_bad_path_is_one_line_exit_2(tmp_path: Path) -> None:
     assert proc.returncode == 2
     expected = f"error: {missing}: no such checkpoint, model or run directory"
     assert proc.stderr.strip().splitlines() == [expected]
+
+
+@pytest.mark.parametrize(("argv", "message"), [
+    (["run", "--samples", "-1"], "argument --samples: expected a value >= 0, got -1"),
+    (["run", "--max-new-tokens", "0"], "argument --max-new-tokens: expected a value >= 1, got 0"),
+    (["run", "--temperature", "-0.5"], "argument --temperature: expected a value >= 0.0, got -0.5"),
+    (["lm-eval", "run", "--tasks", "t", "--batch-size", "0"], "argument --batch-size: expected a value >= 1"),
+])
+def test_bad_numeric_argument_is_one_line_exit_2(argv: list[str], message: str,
+                                                 capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exit_info:
+        main(argv)
+    assert exit_info.value.code == 2
+    assert message in capsys.readouterr().err.strip().splitlines()[-1]
+
+
+def test_bug_keeps_its_traceback(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """Only unusable inputs become one-line errors; an internal ValueError is not swallowed."""
+    def broken(*args, **kwargs):
+        raise ValueError("shape mismatch inside the model")
+
+    monkeypatch.setattr(cli, "_evaluate", broken)
+    with pytest.raises(ValueError, match="shape mismatch"):
+        main([str(tmp_path)])
 
 
 def test_run_dir_without_checkpoint(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
