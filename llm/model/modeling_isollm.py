@@ -45,9 +45,34 @@ class RMSNorm(nn.Module):
         self.eps = eps
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x32 = x.float()
-        x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
-        return self.weight * x32.to(x.dtype)
+        if torch.compiler.is_compiling():  # the composed ops, which the compiler fuses itself
+            x32 = x.float()
+            x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
+            return self.weight * x32.to(x.dtype)
+        return _RMSNorm.apply(x, self.weight, self.eps)
+
+
+class _RMSNorm(torch.autograd.Function):
+    """``RMSNorm.forward`` with a hand-written backward: 3 passes over x forward and about 6 backward,
+    where autograd's record of the composed ops takes 4 and 10."""
+
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+        x32 = x.to(torch.promote_types(x.dtype, torch.float32))
+        rstd = torch.linalg.vecdot(x32, x32).unsqueeze(-1).div_(x.shape[-1]).add_(eps).rsqrt_()
+        ctx.save_for_backward(x, weight, rstd)
+        return weight * (x32 * rstd).to(x.dtype)
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, None]:
+        x, weight, rstd = ctx.saved_tensors
+        normed = x.to(rstd.dtype) * rstd
+        grad_weight = torch.linalg.vecdot(grad.reshape(-1, x.shape[-1]), normed.reshape(-1, x.shape[-1]), dim=0)
+        grad_normed = grad * weight
+        # d/dx of x * rstd(x): rstd * (g - normed * mean(g * normed))
+        mean_dot = torch.linalg.vecdot(grad_normed, normed).unsqueeze(-1).div_(x.shape[-1])
+        grad_x = torch.addcmul(grad_normed, normed, mean_dot, value=-1).mul_(rstd)
+        return grad_x.to(x.dtype), grad_weight.to(weight.dtype), None
 
 
 def rotary_cos_sin(position_ids: torch.Tensor, head_dim: int, theta: float,

@@ -12,7 +12,7 @@ from llm.model import IsoLLMCache, IsoLLMConfig, IsoLLMForCausalLM, ModelConfig,
 from llm.model.attention import ATTN_SCORING_REGISTRY
 from llm.model.ffn import FFN_REGISTRY, ISOGMLP_GATES
 from llm.model.linear import LINEAR_REGISTRY
-from llm.model.modeling_isollm import apply_rotary, rotary_cos_sin
+from llm.model.modeling_isollm import RMSNorm, _RMSNorm, apply_rotary, rotary_cos_sin
 
 VOCAB, T = 256, 12
 TINY = dict(vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
@@ -251,4 +251,24 @@ def test_rotary_equals_rotate_half_formula_and_its_gradient():
     with torch.autocast("cpu", dtype=torch.bfloat16):  # a bf16 input keeps a bf16 gradient
         x16 = x.detach().bfloat16().requires_grad_()
         apply_rotary(x16, cos.float(), sin.float()).sum().backward()
+    assert x16.grad.dtype == torch.bfloat16
+
+
+def test_rms_norm_equals_its_formula_and_its_gradient():
+    """``weight * x / sqrt(mean(x^2) + eps)``; the hand-written backward checked numerically, for the
+    hidden states and for a strided per-head view as q_norm/k_norm get it."""
+    norm = RMSNorm(8, eps=1e-6).double()
+    with torch.no_grad():
+        norm.weight.uniform_(0.5, 1.5)
+    qkv = torch.randn(2, 5, 3, 8, dtype=torch.float64, requires_grad=True)
+    for x in (qkv[:, :, 0], qkv[:, :, :2]):
+        expected = norm.weight * x / torch.sqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6)
+        torch.testing.assert_close(norm(x), expected, rtol=1e-14, atol=0)
+    x = qkv[:1, :2, :2]  # a strided view, as q_norm/k_norm see it
+    weight = norm.weight.detach().clone().requires_grad_()
+    assert torch.autograd.gradcheck(lambda t, w: _RMSNorm.apply(t, w, 1e-6), (x, weight))
+    x16 = torch.randn(3, 8, dtype=torch.bfloat16, requires_grad=True)
+    out = RMSNorm(8, eps=1e-6)(x16)  # Qwen3's dtypes: normalised in fp32, rounded to bf16, fp32 gain
+    assert out.dtype == torch.float32
+    out.sum().backward()
     assert x16.grad.dtype == torch.bfloat16
