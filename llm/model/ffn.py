@@ -319,12 +319,17 @@ class IsoLN(TwoPathwayFFN):
     def beta(self) -> Tensor:
         return 0.1 * torch.tanh(self.beta_raw)
 
-    def mixture(self, x: Tensor, cache: Cache | None) -> Mixture:
+    def pathways(self, x: Tensor) -> tuple[Tensor, Tensor | None]:
+        """The gated pathway and the isotropy projection ``W_i x`` before its norm (None when ablated)."""
         gate, up, *iso = self.project(x)
+        return swiglu(gate, up), (iso[0] if iso else None)
+
+    def mixture(self, x: Tensor, cache: Cache | None) -> Mixture:
+        gated, projected = self.pathways(x)
         alpha = self.alpha()
         return Mixture(
-            gated=swiglu(gate, up),
-            iso=self.iso_norm(iso[0]) if self.has_iso_pathway else None,
+            gated=gated,
+            iso=None if projected is None else self.iso_norm(projected),
             alpha=alpha,
             iso_weight=2 - alpha,
             beta=self.beta(),
@@ -337,18 +342,17 @@ class IsoLN(TwoPathwayFFN):
         ``2-alpha`` and shifted by beta: one fused kernel, whose backward already reduces the gradients
         of its ``[h]`` affine, from which those of alpha and beta follow at the cost of ``[h]`` vectors.
         """
-        gate, up, *iso = self.project(x)
+        gated, projected = self.pathways(x)
         alpha, beta = self.alpha(), self.beta()
-        gated = swiglu(gate, up)
-        if not self.has_iso_pathway:
+        if projected is None:
             return torch.addcmul(beta, gated, alpha)
         iso_weight = 2 - alpha
         if isinstance(self.iso_norm, nn.LayerNorm):
             norm = self.iso_norm
-            shifted = F.layer_norm(iso[0], norm.normalized_shape, norm.weight * iso_weight,
+            shifted = F.layer_norm(projected, norm.normalized_shape, norm.weight * iso_weight,
                                    norm.bias * iso_weight + beta, norm.eps)
         else:
-            shifted = torch.addcmul(beta, iso[0], iso_weight)
+            shifted = torch.addcmul(beta, projected, iso_weight)
         return torch.addcmul(shifted, gated, alpha)
 
 
