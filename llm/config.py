@@ -9,10 +9,8 @@ is one line naming the field.
 
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
@@ -207,10 +205,6 @@ def load_config(files: list[str] | str | None = None, overrides: list[str] | Non
         raise _one_line(err) from None
     assert isinstance(config, RunConfig)
     return config.validate()
-
-
-def config_to_dict(config: RunConfig) -> dict[str, Any]:
-    return dataclasses.asdict(config)
 
 
 def save_config(config: RunConfig, path: str | Path) -> None:

@@ -170,10 +170,6 @@ class Comparison:
     rows: list[VariantSummary]
     warnings: list[str] = field(default_factory=list)
 
-    @property
-    def runs(self) -> list[RunRecord]:
-        return [run for row in self.rows for run in row.runs]
-
 
 def welch_p_value(sample: Sequence[float], baseline: Sequence[float]) -> float:
     """Two-sided Welch t-test p-value; NaN when either group has fewer than 2 values."""

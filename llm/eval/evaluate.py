@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from tokenizers import Tokenizer
+from tokenizers import Tokenizer, pre_tokenizers
 from torch import nn
 
 from llm.config import RunConfig, load_config
@@ -129,25 +129,12 @@ def eval_config(resolved: ResolvedModel, config_files: list[str] | None = None,
     return load_config([*files, *(config_files or [])], [*base, *(overrides or [])])
 
 
-def _gpt2_byte_alphabet() -> dict[str, int]:
-    """GPT-2's byte-level BPE table (as in ``tokenizers``' ByteLevel): printable char -> the byte it encodes.
-
-    Printable Latin-1 bytes stand for themselves; the other 68 bytes get code points 256, 257, ...
-    """
-    printable = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1),
-                 *range(ord("®"), ord("ÿ") + 1)]
-    others = [b for b in range(256) if b not in printable]
-    table = {chr(b): b for b in printable}
-    table.update({chr(256 + i): b for i, b in enumerate(others)})
-    return table
-
-
 def token_byte_lengths(tokenizer: Tokenizer, size: int) -> torch.Tensor:
     """``LongTensor[size]``: UTF-8 bytes each token id decodes to (0 for special tokens and for the
     padding ids beyond the tokenizer's vocabulary, which never occur in data)."""
     decoder = json.loads(tokenizer.to_str()).get("decoder") or {}
     byte_level = "ByteLevel" in json.dumps(decoder)
-    alphabet = _gpt2_byte_alphabet()
+    alphabet = set(pre_tokenizers.ByteLevel.alphabet())  # GPT-2's printable stand-ins for the 256 bytes
     special = {t.content for t in tokenizer.get_added_tokens_decoder().values() if t.special}
     lengths = torch.zeros(size, dtype=torch.long)
     for token, index in tokenizer.get_vocab(with_added_tokens=True).items():

@@ -33,12 +33,11 @@ from typing import Any
 
 import torch
 from accelerate import Accelerator
-from omegaconf import OmegaConf
 from safetensors import safe_open
 from tokenizers import Tokenizer
 from torch import nn
 
-from llm.config import RunConfig, save_config
+from llm.config import RunConfig, load_config, save_config
 from llm.model.config import ConfigError
 from llm.train.distributed import all_ranks_agree, is_main_process, rank_and_world_size
 
@@ -242,7 +241,7 @@ def latest_checkpoint(ckpt_dir: str | Path, *, warn: bool = True) -> Path | None
 
 def check_model_config(path: str | Path, config: RunConfig) -> None:
     """Raise ``ConfigError`` naming every model field that differs between checkpoint and config."""
-    saved = OmegaConf.to_container(OmegaConf.load(Path(path) / "config.yaml"))["model"]
+    saved = asdict(load_config(str(Path(path) / "config.yaml")).model)  # schema defaults fill newer fields
     current = asdict(config.model)
     diffs = [f"{k} (checkpoint {saved.get(k)!r}, config {current.get(k)!r})"
              for k in sorted(set(saved) | set(current)) if saved.get(k) != current.get(k)]

@@ -40,13 +40,6 @@ def main_print(message: str) -> None:
         print(message, flush=True)
 
 
-def _json_safe(value: Any) -> Any:
-    """NaN/inf as JSON's NaN/Infinity (what ``json`` reads back); tensors as floats."""
-    if isinstance(value, torch.Tensor):
-        return value.item()
-    return value
-
-
 def truncate_metrics(path: str | Path, step: int) -> None:
     """Drop the train/eval rows past ``step`` (logged by a run after its last checkpoint and about to
     be logged again by the resumed run), so each step appears once in the file; also drop a torn
@@ -76,7 +69,7 @@ class MetricsLog:
         self._file = open(path, "a") if self.main else None  # noqa: SIM115 - open for the run's lifetime
 
     def log(self, kind: str, step: int, tokens: int, **fields: Any) -> dict[str, Any]:
-        row = {"kind": kind, "step": step, "tokens": tokens, **{k: _json_safe(v) for k, v in fields.items()}}
+        row = {"kind": kind, "step": step, "tokens": tokens, **fields}
         if self._file is not None:
             self._file.write(json.dumps(row) + "\n")
             self._file.flush()
@@ -93,7 +86,7 @@ class MetricsLog:
 class ProgressBar:
     """tqdm over optimizer steps on the main process (loss, tokens/s; tqdm gives the ETA)."""
 
-    def __init__(self, accelerator: Accelerator, start: int, total: int) -> None:
+    def __init__(self, start: int, total: int) -> None:
         self._main = is_main_process()
         self._bar = tqdm(total=total, initial=start, unit="step", dynamic_ncols=True, disable=not self._main)
 

@@ -278,7 +278,7 @@ def fit(config: RunConfig) -> FitResult:
     val_batch = val_windows[: config.train.micro_batch_size, :-1].to(device)  # fixed isotropy batch
     data_iter = iter(loader)
     stop = StopRequest()
-    progress = ProgressBar(accelerator, state.step, max_steps)
+    progress = ProgressBar(state.step, max_steps)
     last_ckpt = resume_from
     interval_tokens, interval_time, data_wait = 0, 0.0, 0.0
 

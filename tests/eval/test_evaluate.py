@@ -100,6 +100,7 @@ def test_samples_are_deterministic(trained_run: Path) -> None:
 
     assert sample(0.0, 0) == sample(0.0, 1)  # greedy ignores the seed
     assert sample(1.0, 5) == sample(1.0, 5)
+    assert sample(1.0, 5) != sample(0.0, 0)  # temperature 1 samples rather than decoding greedily
     assert sample(1.0, 5)[0]["prompt"] == prompts[0]
 
 

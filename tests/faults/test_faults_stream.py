@@ -83,10 +83,12 @@ def test_retries_reset_after_a_good_read(corpus: Path, bpe: Path, monkeypatch: p
     """Two separate drops with read_retries=1 are survived: the budget is per failure, not per run."""
     cfg = _cfg(corpus, read_retries=1)
     clean = _stream(cfg, bpe)
-    _fail_reads(monkeypatch, {2, 5}, TimeoutError("read timed out"))
+    reads = _fail_reads(monkeypatch, {2, 5}, TimeoutError("read timed out"))
     _record_sleeps(monkeypatch)
-    with pytest.warns(UserWarning, match="retry 1 of 1"):
+    with pytest.warns(UserWarning, match="retry 1 of 1") as caught:
         assert torch.equal(_stream(cfg, bpe), clean)
+    assert reads["n"] > 5  # both failures happened inside the compared stream
+    assert len([w for w in caught if "retry" in str(w.message)]) == 2
 
 
 def test_source_that_keeps_failing_raises_data_error(corpus: Path, bpe: Path,

@@ -120,6 +120,7 @@ def test_train_py_ddp_via_accelerate_launch(corpus: Path, tokenizer_file: Path, 
     assert data_states == ["data_rank0.pt", "data_rank1.pt"]
     model = AutoModelForCausalLM.from_pretrained(ckpt / "model")
     trained = load_file(ckpt / "state" / "model.safetensors")  # accelerator.save_state's copy
+    assert set(model.state_dict()) - set(trained) <= {"lm_head.weight"}  # tied: saved once
     for name, value in model.state_dict().items():
         if name in trained:
             assert torch.equal(value, trained[name]), name

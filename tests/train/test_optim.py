@@ -5,7 +5,6 @@ from __future__ import annotations
 import math
 
 import pytest
-import torch
 
 from llm.config import load_config
 from llm.model.config import ConfigError
@@ -107,7 +106,14 @@ def test_max_steps_from_token_budget(config_of) -> None:
 def test_param_groups_are_deterministic(config_of) -> None:
     """The optimizer state of a checkpoint is matched to groups by position: same order every time."""
     config = config_of("model.ffn=isogmlp", "model.ffn_linear=focus")
-    torch.manual_seed(0)
-    a = [g["name"] for g in param_groups(build_model(config.model), config)]
-    b = [g["name"] for g in param_groups(build_model(config.model), config)]
-    assert a == b == ["decay", "no_decay", "focus_mu", "focus_sigma"]
+
+    def layout() -> list[tuple[str, list[str]]]:  # each group's name and its parameters, in order
+        model = build_model(config.model)
+        name_of = {id(p): n for n, p in model.named_parameters()}
+        return [(g["name"], [name_of[id(p)] for p in g["params"]]) for g in param_groups(model, config)]
+
+    a, b = layout(), layout()
+    assert a == b
+    assert [name for name, _ in a] == ["decay", "no_decay", "focus_mu", "focus_sigma"]
+    assert sorted(p for _, params in a for p in params) == sorted(n for n, _ in build_model(config.model)
+                                                                  .named_parameters())

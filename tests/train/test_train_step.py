@@ -60,11 +60,9 @@ def test_accumulation_matches_one_big_batch(tiny) -> None:
 
 def test_grad_norm_is_pre_clip(tiny) -> None:
     config, model = tiny
-    AcceleratorState._reset_state(True)
-    GradientState._reset_state()
     accelerator = Accelerator(cpu=True, step_scheduler_with_optimizer=False)
     model = copy.deepcopy(model)
-    optimizer = torch.optim.SGD(model.parameters(), lr=0.0)
+    optimizer = torch.optim.SGD(model.parameters(), lr=1.0)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: 1.0)
     model, optimizer, scheduler = accelerator.prepare(model, optimizer, scheduler)
     batch = torch.randint(0, config.model.vocab_size, (2, 9), generator=torch.Generator().manual_seed(2))
@@ -73,9 +71,13 @@ def test_grad_norm_is_pre_clip(tiny) -> None:
     norms = torch.stack([p.grad.double().norm() for p in model.parameters()])
     expected = torch.linalg.vector_norm(norms).item()
     optimizer.zero_grad()
+    before = [p.detach().clone() for p in model.parameters()]
     result = train_step(model, [batch], optimizer, scheduler, accelerator, grad_clip=1e-3)
     assert result.grad_norm == pytest.approx(expected, rel=1e-5)
     assert result.grad_norm > 1e-3  # it was clipped, and the norm logged is the one before clipping
+    step = torch.linalg.vector_norm(torch.stack([(p.detach() - b).double().norm()
+                                                 for p, b in zip(model.parameters(), before, strict=True)]))
+    assert step.item() == pytest.approx(1e-3, rel=1e-3)  # SGD with lr 1 moved by the clipped gradient
 
 
 def test_evaluate_matches_fp64_reference(tiny) -> None:
