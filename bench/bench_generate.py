@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import argparse
 import time
-from dataclasses import asdict, replace
+from dataclasses import replace
 
 import torch
 from torch.utils._pytree import tree_leaves
@@ -52,9 +52,8 @@ def main() -> None:
     if args.threads:
         torch.set_num_threads(args.threads)
     base = load_config(f"configs/sizes/{args.preset}.yaml", ["train.max_steps=1"]).model
-    base = replace(base, max_position_embeddings=max(args.contexts) + args.new_tokens)
     torch.manual_seed(0)
-    models = {scoring: IsoLLMForCausalLM(IsoLLMConfig(**asdict(replace(base, attn_scoring=scoring)))).eval()
+    models = {scoring: IsoLLMForCausalLM(IsoLLMConfig.from_model_config(replace(base, attn_scoring=scoring))).eval()
               for scoring in ("softmax", "iso_tanh")}
     print(f"# generation, {args.preset} ({base.num_hidden_layers} layers, hidden {base.hidden_size}), batch 1, "
           f"fp32, {args.new_tokens} new tokens after the prompt")

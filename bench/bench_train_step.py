@@ -24,7 +24,7 @@ import argparse
 import statistics
 import time
 from collections.abc import Callable
-from dataclasses import asdict, replace
+from dataclasses import replace
 
 import torch
 import torch.nn.functional as F
@@ -140,7 +140,6 @@ def main() -> None:
     rounds = 3 if args.quick else args.rounds
     device, dtype = torch.device(args.device), DTYPES[args.dtype]
     base = load_config(f"configs/sizes/{args.preset}.yaml", ["train.max_steps=1"]).model
-    base = replace(base, max_position_embeddings=max(base.max_position_embeddings, args.seq))
 
     ffns = ["swiglu", *(f for f in args.ffn if f != "swiglu")]
     scorings = ["softmax", *(a for a in args.attn_scoring if a != "softmax")]
@@ -150,7 +149,7 @@ def main() -> None:
     }
     torch.manual_seed(0)
     models: dict[str, nn.Module] = {
-        name: IsoLLMForCausalLM(IsoLLMConfig(**asdict(cfg))) for name, cfg in variants.items()
+        name: IsoLLMForCausalLM(IsoLLMConfig.from_model_config(cfg)) for name, cfg in variants.items()
     }
     models["transformers Qwen3"] = qwen3_twin(base)
     batch = torch.randint(0, base.vocab_size, (args.batch, args.seq + 1), device=device)

@@ -130,10 +130,6 @@ def choose_source() -> tuple[Path, str, list[str]]:
     return stdlib_file, description, ["data.val_bucket=10", "data.val_tokens=16384"]
 
 
-def _files(source: Path) -> list[Path]:
-    return sorted(source.glob("*.parquet")) if source.is_dir() else [source]
-
-
 def _progress(run_dir: Path) -> str:
     metrics = run_dir / "metrics.jsonl"
     rows = [json.loads(line) for line in metrics.read_text().splitlines()] if metrics.is_file() else []
@@ -155,7 +151,7 @@ def main(argv: list[str] | None = None) -> int:
         from llm.data import train_tokenizer
 
         print(f"demo: training a {VOCAB_SIZE}-token byte-level BPE -> {tokenizer}")
-        train_tokenizer(_files(source), VOCAB_SIZE, tokenizer)
+        train_tokenizer([source], VOCAB_SIZE, tokenizer)  # a directory resolves as data.source does
 
     threads = str(max(1, (os.cpu_count() or 2) // len(VARIANTS)))
     env = {**os.environ, "OMP_NUM_THREADS": threads, "TOKENIZERS_PARALLELISM": "false"}

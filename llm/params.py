@@ -33,10 +33,7 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as err:
         parser.exit(2, f"isollm-params: error: {err}\n")
     total, non_embedding = param_counts(config)
-    variant = f"{config.ffn}+{config.attn_scoring}"
-    if config.ffn_linear != "linear":
-        variant += f"+{config.ffn_linear}"
-    print(f"variant:               {variant}")
+    print(f"variant:               {config.variant_name}")
     print(f"total parameters:      {total:,}")
     print(f"non-embedding:         {non_embedding:,}")
     print(f"embedding:             {total - non_embedding:,} (vocab {config.vocab_size:,} x hidden "

@@ -208,9 +208,7 @@ def _variant(model: nn.Module) -> str | None:
     cfg = model.config
     if getattr(cfg, "model_type", None) != "isollm":
         return None
-    from llm.train.trainer import variant_name
-
-    return variant_name(cfg.to_model_config())
+    return cfg.to_model_config().variant_name
 
 
 def _has_ffn_diagnostics(model: nn.Module) -> bool:

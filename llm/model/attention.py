@@ -195,7 +195,9 @@ def iso_tanh_chunked(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, chunk_si
     vkc = torch.cat([vc, kc], dim=-1)  # [v | k]: one matmul gives S and G together
 
     chunk_sums = kc.transpose(-1, -2) @ vkc  # [B, Hkv, n, D, 2D]
-    before = _exclusive_cumsum(chunk_sums.flatten(-2)).unflatten(-1, (d, 2 * d)) + init[:, :, None]
+    before = _exclusive_cumsum(chunk_sums.flatten(-2)).unflatten(-1, (d, 2 * d))
+    if state is not None:  # without one the sums before the first chunk are zero: nothing to add
+        before = before + init[:, :, None]
     inter = qc @ before  # [q^T S | q^T G] over the chunks before, per row
 
     position = torch.arange(grp * c, device=q.device) % c
@@ -222,7 +224,8 @@ def iso_tanh_recurrent(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     acc = _accumulation_dtype(q.dtype)
     sg = _pack_state(state, b, hkv, d, q.new_empty(0, dtype=acc))
     qs = (q.to(acc) * d**-0.5).view(b, hkv, h // hkv, t, d)
-    k, vk = k.to(acc), torch.cat([v, k], dim=-1).to(acc)
+    vk = torch.cat([v, k], dim=-1).to(acc)
+    k = vk[..., d:]
     outs = []
     for i in range(t):
         sg = sg + k[:, :, i, :, None] * vk[:, :, i, None, :]
@@ -250,7 +253,7 @@ def iso_tanh_linear_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     if init is not None:
         init = init.repeat_interleave(grp, dim=1)
     vk = torch.cat([v, k], dim=-1).repeat_interleave(grp, dim=1)
-    k = k.repeat_interleave(grp, dim=1)
+    k = vk[..., d:]  # the expanded keys, already in [v | k]
     la, final = linear_attn(q.transpose(1, 2), k.transpose(1, 2), vk.transpose(1, 2), scale=d**-0.5,
                             initial_state=init, output_final_state=True, normalize=False)
     la = la.transpose(1, 2).to(acc)  # [B, H, T, 2D]

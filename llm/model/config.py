@@ -99,6 +99,12 @@ class ModelConfig:
     def resolved_head_dim(self) -> int:
         return self.head_dim or self.hidden_size // self.num_attention_heads
 
+    @property
+    def variant_name(self) -> str:
+        """``<ffn>+<attn_scoring>`` plus ``+<ffn_linear>`` when not ``linear`` (docs/ARCHITECTURE.md)."""
+        name = f"{self.ffn}+{self.attn_scoring}"
+        return name if self.ffn_linear == "linear" else f"{name}+{self.ffn_linear}"
+
     def validate(self) -> ModelConfig:
         """Raise ``ConfigError`` naming the first bad field; return self so calls chain."""
         from .attention import ATTN_SCORING_REGISTRY

@@ -60,7 +60,6 @@ __all__ = [
     "gradient_accumulation_steps",
     "resolve_max_steps",
     "train_step",
-    "variant_name",
 ]
 
 
@@ -95,12 +94,6 @@ class FitResult:
     tokens: int
     stopped_by_signal: bool
     last_checkpoint: Path | None
-
-
-def variant_name(model_cfg: ModelConfig) -> str:
-    """``<ffn>+<attn_scoring>`` plus ``+<ffn_linear>`` when not ``linear`` (docs/ARCHITECTURE.md)."""
-    name = f"{model_cfg.ffn}+{model_cfg.attn_scoring}"
-    return name if model_cfg.ffn_linear == "linear" else f"{name}+{model_cfg.ffn_linear}"
 
 
 def gradient_accumulation_steps(config: RunConfig, world_size: int) -> int:
@@ -201,7 +194,7 @@ def _flat_hparams(config: RunConfig) -> dict[str, Any]:
 
 def _print_params(model_cfg: ModelConfig) -> tuple[int, int]:
     total, non_embedding = param_counts(model_cfg)
-    message = f"params: {total:,} total, {non_embedding:,} non-embedding ({variant_name(model_cfg)})"
+    message = f"params: {total:,} total, {non_embedding:,} non-embedding ({model_cfg.variant_name})"
     if model_cfg.ffn != "swiglu":
         ref_total, ref_non_embedding = param_counts(dataclasses.replace(model_cfg, ffn="swiglu"))
         message += f"; swiglu at this size: {ref_total:,} total, {ref_non_embedding:,} non-embedding"
@@ -266,7 +259,7 @@ def fit(config: RunConfig) -> FitResult:
     log = MetricsLog(run_dir / "metrics.jsonl", accelerator)
     total, non_embedding = _print_params(config.model)
     fpt = flops_per_token(config.model, config.data.seq_len)
-    log.log("meta", state.step, state.tokens, name=config.name, variant=variant_name(config.model),
+    log.log("meta", state.step, state.tokens, name=config.name, variant=config.model.variant_name,
             seed=config.seed, params_total=total, params_non_embedding=non_embedding, flops_per_token=fpt,
             world_size=world_size, grad_accum=accum, max_steps=max_steps,
             resumed_from=str(resume_from) if resume_from else None, config=asdict(config))

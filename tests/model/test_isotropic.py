@@ -109,12 +109,16 @@ def test_tanh_ratio_continuous_at_series_switch():
 
 
 def test_iso_tanh_bounded_and_bf16():
-    x = torch.randn(4, 7, 64) * 50
-    out = IsoTanh()(x)
-    assert (out.norm(dim=-1) <= 1 + 1e-6).all()
+    """Radii from 0.1 to 50, through tanh's curved range (a plain normaliser v/|v| would fail there)."""
+    direction = torch.nn.functional.normalize(torch.randn(64, 64, dtype=torch.float64), dim=-1)
+    radii = torch.logspace(-1, math.log10(50), 64, dtype=torch.float64)[:, None]
+    x = direction * radii
+    expected = torch.tanh(radii) * direction  # eq. 16: |f(v)| = tanh(|v|) along v
+    torch.testing.assert_close(IsoTanh()(x), expected, rtol=1e-12, atol=1e-15)
+    assert (IsoTanh()(x.float()).norm(dim=-1) <= 1 + 1e-6).all()
     out_bf16 = IsoTanh()(x.bfloat16())
     assert out_bf16.dtype == torch.bfloat16
-    torch.testing.assert_close(out_bf16.float(), out, rtol=2e-2, atol=2e-2)
+    torch.testing.assert_close(out_bf16.double(), expected, rtol=2**-7, atol=2**-9)  # bf16's rounding
 
 
 def test_make_iso_activation_reads_the_config():
