@@ -101,19 +101,24 @@ def plot_grad_norm(runs: Sequence[RunRecord], path: Path) -> Path:
     return _save(fig, path)
 
 
+def _layer_panel(ax: Axes, members: Sequence[RunRecord], key: str, title: str) -> None:
+    """``key`` of each layer of one variant's runs (colour = depth) against training tokens."""
+    layers = _layers(members, key)
+    colours = plt.cm.viridis([i / max(len(layers) - 1, 1) for i in range(len(layers))])
+    for layer, colour in zip(layers, colours, strict=True):
+        _plot_band(ax, *_seed_band(members, lambda r: r.evals, "tokens", _layer_value(layer, key)),
+                   label=f"layer {layer}", color=colour)
+    ax.set(xlabel="training tokens", title=title)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize="x-small", ncol=2)
+
+
 def _per_layer_over_training(runs: Sequence[RunRecord], key: str, path: Path, title: str) -> Path:
     """One panel per variant: ``key`` of each layer (colour = depth) against training tokens."""
     groups = {v: m for v, m in _by_variant(runs).items() if _layers(m, key)}
     fig, axes = plt.subplots(1, len(groups), figsize=(5 * len(groups), 4), squeeze=False, sharey=True)
     for ax, (variant, members) in zip(axes[0], groups.items(), strict=True):
-        layers = _layers(members, key)
-        colours = plt.cm.viridis([i / max(len(layers) - 1, 1) for i in range(len(layers))])
-        for layer, colour in zip(layers, colours, strict=True):
-            _plot_band(ax, *_seed_band(members, lambda r: r.evals, "tokens", _layer_value(layer, key)),
-                       label=f"layer {layer}", color=colour)
-        ax.set(xlabel="training tokens", title=variant)
-        ax.grid(alpha=0.3)
-        ax.legend(fontsize="x-small", ncol=2)
+        _layer_panel(ax, members, key, variant)
     axes[0][0].set_ylabel(key)
     fig.suptitle(title)
     return _save(fig, path)
@@ -142,14 +147,8 @@ def plot_alpha(runs: Sequence[RunRecord], path: Path) -> Path | None:
     final_ax.grid(alpha=0.3)
     final_ax.legend()
     for ax, (variant, members) in zip(axes[0][1:], groups.items(), strict=True):
-        layers = _layers(members, "alpha")
-        colours = plt.cm.viridis([i / max(len(layers) - 1, 1) for i in range(len(layers))])
-        for layer, colour in zip(layers, colours, strict=True):
-            _plot_band(ax, *_seed_band(members, lambda r: r.evals, "tokens", _layer_value(layer, "alpha")),
-                       label=f"layer {layer}", color=colour)
-        ax.set(xlabel="training tokens", ylabel="alpha", title=f"{variant}: alpha over training")
-        ax.grid(alpha=0.3)
-        ax.legend(fontsize="x-small", ncol=2)
+        _layer_panel(ax, members, "alpha", f"{variant}: alpha over training")
+        ax.set_ylabel("alpha")
     return _save(fig, path)
 
 
