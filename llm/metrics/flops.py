@@ -34,19 +34,22 @@ from collections.abc import Callable
 import torch
 
 from llm.model.config import ModelConfig
-from llm.model.ffn import FFN_REGISTRY
+from llm.model.modeling_isollm import IsoLLMDecoderLayer
 
 
-def ffn_matmul_weights(config: ModelConfig) -> int:
-    """Weights one FFN block uses in matmuls: every 2-D ``weight`` of its modules (the fused input
-    projection, ``down_proj``, isogmlp's alpha gate), counted on the block itself built on the meta
-    device, so a new variant needs no formula here. Parameters that only scale or shift channels
-    (isogmlp's gamma/beta, iso_ln's LayerNorm, affine_like's bias) are elementwise and do not count;
-    ``focus`` builds its effective weight W * Phi once per forward, a per-step cost the tokens share."""
+def matmul_weights(config: ModelConfig) -> int:
+    """Weights used in matmuls for one token: every block's projections plus the LM head.
+
+    A block's are every 2-D ``weight`` of one decoder layer built on the meta device (the fused qkv and
+    FFN input projections, ``o_proj``, ``down_proj``, isogmlp's alpha gate), so a new variant needs
+    no formula here. Parameters that only scale or shift channels (the RMSNorms, isogmlp's
+    gamma/beta, iso_ln's LayerNorm, affine_like's bias) are elementwise and do not count; ``focus``
+    builds its effective weight W * Phi once per forward, a per-step cost the tokens share.
+    """
     with torch.device("meta"):
-        block = FFN_REGISTRY[config.ffn](config)
-    return sum(m.weight.numel() for m in block.modules()
-               if isinstance(getattr(m, "weight", None), torch.Tensor) and m.weight.dim() == 2)
+        layer = IsoLLMDecoderLayer(config)
+    per_layer = sum(p.numel() for name, p in layer.named_parameters() if name.endswith("weight") and p.dim() == 2)
+    return config.num_hidden_layers * per_layer + config.hidden_size * config.vocab_size
 
 
 def _softmax_mixing_flops(c: ModelConfig, seq_len: int) -> float:
@@ -68,16 +71,6 @@ ATTN_MIXING_FLOPS: dict[str, Callable[[ModelConfig, int], float]] = {
     "softmax": _softmax_mixing_flops,
     "iso_tanh": _iso_tanh_mixing_flops,
 }
-
-
-def matmul_weights(config: ModelConfig) -> int:
-    """Weights used in matmuls for one token: every block's projections plus the LM head."""
-    d, head_dim = config.hidden_size, config.resolved_head_dim
-    q_width = config.num_attention_heads * head_dim
-    kv_width = config.num_key_value_heads * head_dim
-    attention = d * (q_width + 2 * kv_width) + q_width * d  # qkv_proj, o_proj
-    ffn = ffn_matmul_weights(config)
-    return config.num_hidden_layers * (attention + ffn) + d * config.vocab_size
 
 
 def flops_per_token(config: ModelConfig, seq_len: int, training: bool = True) -> float:

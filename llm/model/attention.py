@@ -42,11 +42,6 @@ from torch import nn
 from .config import ModelConfig
 from .isotropic import tanh_ratio
 
-try:  # flash-linear-attention's Triton kernels (GPU only; ``pip install fla-core``)
-    from fla.ops.linear_attn import chunk_linear_attn as _fla_chunk_linear_attn
-except (ImportError, RuntimeError):  # no fla, no triton, or triton without a GPU driver: torch serves
-    _fla_chunk_linear_attn = None
-
 IsoTanhState = tuple[torch.Tensor, torch.Tensor]
 """``(S, G)``, each ``[B, Hkv, D, D]`` in fp32 (fp64 for fp64 inputs): ``sum_j k_j v_j^T`` and
 ``sum_j k_j k_j^T`` over every token seen so far."""
@@ -55,6 +50,20 @@ LinearAttention = Callable[..., tuple[torch.Tensor, torch.Tensor | None]]
 """fla's ``chunk_linear_attn`` signature: ``(q, k, v, scale, initial_state, output_final_state,
 normalize) -> (o, final_state)`` on ``[B, T, H, K]`` tensors, ``o_i = sum_{j<=i} scale (q_i.k_j) v_j``
 plus the initial state's contribution ``scale q_i^T state``."""
+
+
+@functools.cache
+def fla_chunk_linear_attn() -> LinearAttention | None:
+    """flash-linear-attention's chunked Triton kernel (``pip install fla-core``), or None without it.
+
+    Imported on first call, not with this module: importing fla takes seconds, and a CPU run never
+    uses it.
+    """
+    try:
+        from fla.ops.linear_attn import chunk_linear_attn
+    except (ImportError, RuntimeError):  # no fla, no triton, or triton without a GPU driver: torch serves
+        return None
+    return chunk_linear_attn
 
 
 _P = ParamSpec("_P")
@@ -301,6 +310,7 @@ class IsoTanhScoring(nn.Module):
     def __init__(self, config: ModelConfig) -> None:
         super().__init__()
         self.chunk_size = config.iso_tanh_chunk_size
+        self.linear_attn = fla_chunk_linear_attn() if torch.cuda.is_available() else None
 
     def extra_repr(self) -> str:
         return f"chunk_size={self.chunk_size}"
@@ -309,8 +319,8 @@ class IsoTanhScoring(nn.Module):
                 use_cache: bool = False) -> tuple[torch.Tensor, IsoTanhState | None]:
         if past is not None and q.shape[2] == 1:
             out, state = iso_tanh_recurrent(q, k, v, past)
-        elif q.is_cuda and _fla_chunk_linear_attn is not None:
-            out, state = iso_tanh_linear_attention(q, k, v, past, _fla_chunk_linear_attn)
+        elif q.is_cuda and self.linear_attn is not None:
+            out, state = iso_tanh_linear_attention(q, k, v, past, self.linear_attn)
         else:
             out, state = iso_tanh_chunked(q, k, v, self.chunk_size, past)
         return out, (state if use_cache else None)

@@ -1,0 +1,64 @@
+"""iso_tanh through fla's chunked linear-attention kernel, run on the CPU by Triton's interpreter.
+
+Run by ``test_attention.py`` in a fresh process with ``TRITON_INTERPRET=1``. It checks iso_tanh's
+mapping onto the kernel (layout, scale, carried state, GQA expansion, backward) against the fp64
+reference on machines without a GPU. Two things the interpreter lacks are patched here: autotuning
+(it cannot time configs, so the first is taken) and loop counters as Triton scalars (fla calls
+``i_t.to(tl.int64)`` on a ``range`` index, which the interpreter leaves a Python int).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+
+import fla.ops.common.chunk_h as chunk_h
+import torch
+import triton.language as tl
+from triton.runtime.autotuner import Autotuner
+
+from llm.model.attention import fla_chunk_linear_attn, iso_tanh_linear_attention, iso_tanh_naive
+
+B, H, T, SPLIT, D = 2, 4, 100, 70, 16  # fla tiles the head dimension by 16; 70 and 30 are not multiples of 64
+
+
+def scalar_range(*bounds: int) -> Iterator[tl.tensor]:
+    return (tl.full([], i, tl.int32) for i in range(*(int(b) for b in bounds)))
+
+
+def check(hkv: int) -> None:
+    """Forward, carried state and q/k/v gradients in fp32 against the fp64 reference."""
+    kernel = fla_chunk_linear_attn()
+    assert kernel is not None, "fla-core and triton are test dependencies (pyproject's dev extra)"
+    gen = torch.Generator().manual_seed(hkv)
+    q, k, v = (0.5 * torch.randn(B, heads, T, D, generator=gen, dtype=torch.float64).requires_grad_()
+               for heads in (H, hkv, hkv))
+    q32, k32, v32 = (x.detach().float().requires_grad_() for x in (q, k, v))
+    first = slice(0, SPLIT)
+    rest = slice(SPLIT, T)
+    head, state = iso_tanh_linear_attention(q32[:, :, first], k32[:, :, first], v32[:, :, first], None, kernel)
+    tail, final = iso_tanh_linear_attention(q32[:, :, rest], k32[:, :, rest], v32[:, :, rest], state, kernel)
+    out = torch.cat([head, tail], dim=2)
+    ref = iso_tanh_naive(q, k, v)
+    torch.testing.assert_close(out.double(), ref, rtol=1e-4, atol=1e-5)
+    kt = k.detach().transpose(-1, -2)
+    torch.testing.assert_close(final, (kt @ v.detach(), kt @ k.detach()), rtol=1e-4, atol=1e-4, check_dtype=False)
+    grad = torch.randn(ref.shape, generator=gen, dtype=torch.float64)
+    got = torch.autograd.grad(out, (q32, k32, v32), grad.float())
+    want = torch.autograd.grad(ref, (q, k, v), grad)
+    for name, g, w in zip("qkv", got, want, strict=True):
+        torch.testing.assert_close(g.double(), w, rtol=1e-4, atol=1e-4, msg=lambda m, n=name: f"d{n}: {m}")
+
+
+def main() -> None:
+    assert os.environ.get("TRITON_INTERPRET") == "1", "run with TRITON_INTERPRET=1 (see the module docstring)"
+    first_config = Autotuner.prune_configs
+    Autotuner.prune_configs = lambda self, kwargs: first_config(self, kwargs)[:1]
+    chunk_h.range = scalar_range
+    for hkv in (1, 2):
+        check(hkv)
+        print(f"hkv={hkv}: ok")
+
+
+if __name__ == "__main__":
+    main()
