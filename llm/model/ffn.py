@@ -276,7 +276,9 @@ class IsoGMLP(TwoPathwayFFN):
 
     def hidden(self, x: Tensor, cache: Cache | None) -> Tensor:
         mix = self.mixture(x, cache)
-        return torch.lerp(mix.iso, mix.gated, mix.alpha)  # eq. 4: alpha*Gated + (1-alpha)*Iso in one pass
+        # lerp wants one dtype: under autocast the pathways are bf16 and alpha fp32, mixed in fp32
+        dtype = torch.promote_types(mix.gated.dtype, mix.alpha.dtype)
+        return torch.lerp(mix.iso.to(dtype), mix.gated.to(dtype), mix.alpha)  # eq. 4: alpha*Gated + (1-alpha)*Iso
 
 
 class IsoLN(TwoPathwayFFN):

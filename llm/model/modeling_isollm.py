@@ -58,20 +58,24 @@ class _RMSNorm(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx: Any, x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-        x32 = x.to(torch.promote_types(x.dtype, torch.float32))
-        rstd = torch.linalg.vecdot(x32, x32).unsqueeze(-1).div_(x.shape[-1]).add_(eps).rsqrt_()
+        # Autocast would run vecdot in bf16 on CPU: the mean of squares must stay in fp32.
+        with torch.autocast(x.device.type, enabled=False):
+            x32 = x.to(torch.promote_types(x.dtype, torch.float32))
+            rstd = torch.linalg.vecdot(x32, x32).unsqueeze(-1).div_(x.shape[-1]).add_(eps).rsqrt_()
         ctx.save_for_backward(x, weight, rstd)
         return weight * (x32 * rstd).to(x.dtype)
 
     @staticmethod
     def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, None]:
         x, weight, rstd = ctx.saved_tensors
-        normed = x.to(rstd.dtype) * rstd
-        grad_weight = torch.linalg.vecdot(grad.reshape(-1, x.shape[-1]), normed.reshape(-1, x.shape[-1]), dim=0)
-        grad_normed = grad * weight
-        # d/dx of x * rstd(x): rstd * (g - normed * mean(g * normed))
-        mean_dot = torch.linalg.vecdot(grad_normed, normed).unsqueeze(-1).div_(x.shape[-1])
-        grad_x = torch.addcmul(grad_normed, normed, mean_dot, value=-1).mul_(rstd)
+        with torch.autocast(x.device.type, enabled=False):  # a backward called inside autocast, too
+            normed = x.to(rstd.dtype) * rstd
+            grad_weight = torch.linalg.vecdot(grad.reshape(-1, x.shape[-1]), normed.reshape(-1, x.shape[-1]),
+                                              dim=0)
+            grad_normed = grad * weight
+            # d/dx of x * rstd(x): rstd * (g - normed * mean(g * normed))
+            mean_dot = torch.linalg.vecdot(grad_normed, normed).unsqueeze(-1).div_(x.shape[-1])
+            grad_x = torch.addcmul(grad_normed, normed, mean_dot, value=-1).mul_(rstd)
         return grad_x.to(x.dtype), grad_weight.to(weight.dtype), None
 
 

@@ -272,3 +272,50 @@ def test_rms_norm_equals_its_formula_and_its_gradient():
     assert out.dtype == torch.float32
     out.sum().backward()
     assert x16.grad.dtype == torch.bfloat16
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_rms_norm_under_autocast_equals_the_composed_formula(dtype):
+    """Under a bf16 autocast (the GPU default) the sum of squares and the backward stay in fp32: the
+    hand-written Function equals the composed ops, which autocast leaves alone, value and gradients."""
+    gen = torch.Generator().manual_seed(0)
+    x = (3 * torch.randn(4, 6, 64, generator=gen)).to(dtype)
+    weight = torch.rand(64, generator=gen) + 0.5
+    grad = torch.randn(4, 6, 64, generator=gen)
+
+    def run(fn):
+        xi, wi = x.clone().requires_grad_(), weight.clone().requires_grad_()
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            out = fn(xi, wi)
+            out.backward(grad.to(out.dtype))  # inside the autocast region, as some loops call it
+        return out, xi.grad, wi.grad
+
+    def composed(xi, wi):
+        x32 = xi.float()
+        return wi * (x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + 1e-6)).to(xi.dtype)
+
+    for got, want in zip(run(lambda xi, wi: _RMSNorm.apply(xi, wi, 1e-6)), run(composed), strict=True):
+        assert got.dtype == want.dtype
+        # With a bf16 input the composed ops differentiate through the bf16-rounded normalised x
+        error = (got - want).float().norm() / want.float().norm()
+        assert error < (1e-6 if dtype == torch.float32 else 2**-7)
+
+
+@pytest.mark.parametrize("variant", VARIANTS, ids=variant_id)
+def test_bf16_autocast_training_step_follows_fp32(variant):
+    """A training step under bf16 autocast (what the trainer runs on GPU) gives fp32's loss and
+    gradients to bf16 precision, for every FFN x attention scoring."""
+    model = build(dtype=torch.float32, **variant).train()
+    ids = tokens()
+
+    def step(autocast: bool) -> tuple[torch.Tensor, torch.Tensor]:
+        model.zero_grad()
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
+            loss = model(ids, labels=ids).loss
+        loss.backward()
+        return loss.detach(), torch.cat([p.grad.flatten() for p in model.parameters()])
+
+    loss32, grad32 = step(False)
+    loss16, grad16 = step(True)
+    torch.testing.assert_close(loss16, loss32, rtol=2e-2, atol=0)
+    assert torch.nn.functional.cosine_similarity(grad16, grad32, dim=0) > 0.99
