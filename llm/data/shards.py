@@ -3,7 +3,7 @@
 Layout of a prepared directory (one token shard per source shard, so shard order, node split, windows,
 block shuffle and loader state are those of the streaming reader, and the two yield identical batches)::
 
-    index.json            source identity, tokenizer fingerprint, eos id, val_bucket, shards (written last)
+    index.json            format, source identity, tokenizer fingerprint, val_bucket, shards (written last)
     tokens_00000.bin      uint32 tokens of shard 0's training documents, each followed by EOS
     docs_00000.npy        int64 document boundaries: document k is tokens [docs[k], docs[k + 1])
 """
@@ -21,12 +21,15 @@ from tokenizers import Tokenizer
 
 from llm.config import DataConfig
 from llm.data.errors import DataError
-from llm.data.stream import State, StreamingTokens, node_shards, shard_order
+from llm.data.sources import data_source
+from llm.data.stream import StreamingTokens, TokenSource
 from llm.data.tokenizer import encode_documents, tokenizer_identity
 
-__all__ = ["INDEX_FILE", "PreparedTokens", "prepare"]
+__all__ = ["FORMAT", "INDEX_FILE", "PreparedTokens", "prepare"]
 
 INDEX_FILE = "index.json"
+FORMAT = 1
+"""Layout version written to the index; the reader refuses any other."""
 
 
 def prepare(data_cfg: DataConfig, tokenizer: Tokenizer, out_dir: str | Path) -> dict[str, Any]:
@@ -40,7 +43,7 @@ def prepare(data_cfg: DataConfig, tokenizer: Tokenizer, out_dir: str | Path) -> 
         tokens_file, docs_file = f"tokens_{shard:05d}.bin", f"docs_{shard:05d}.npy"
         lengths = []
         with (out / tokens_file).open("wb") as f:
-            for _, texts in stream.shard_texts(shard, None):
+            for _, texts in stream.shard_docs(shard, None):
                 if texts:
                     tokens, doc_lengths = encode_documents(tokenizer, texts, stream.eos)
                     f.write(tokens.tobytes())
@@ -49,16 +52,16 @@ def prepare(data_cfg: DataConfig, tokenizer: Tokenizer, out_dir: str | Path) -> 
         np.save(out / docs_file, bounds)
         shards.append({"tokens": tokens_file, "docs": docs_file, "num_docs": len(bounds) - 1,
                        "num_tokens": int(bounds[-1])})
-    index = {"format": 1, "source": stream.source.identity(), "tokenizer": tokenizer_identity(tokenizer),
-             "eos_id": stream.eos, "val_bucket": data_cfg.val_bucket, "dtype": "uint32", "shards": shards}
+    index = {"format": FORMAT, "source": stream.source.identity(), "tokenizer": tokenizer_identity(tokenizer),
+             "val_bucket": data_cfg.val_bucket, "shards": shards}
     tmp = out / (INDEX_FILE + ".tmp")
     tmp.write_text(json.dumps(index, indent=1))
     os.replace(tmp, out / INDEX_FILE)
     return index
 
 
-class PreparedTokens:
-    """Training tokens read by memmap from a prepared directory (implements ``stream.TokenSource``)."""
+class PreparedTokens(TokenSource):
+    """Training tokens read by memmap from a prepared directory."""
 
     def __init__(self, data_cfg: DataConfig, tokenizer: Tokenizer) -> None:
         assert data_cfg.prepared is not None
@@ -68,12 +71,22 @@ class PreparedTokens:
             raise FileNotFoundError(f"data.prepared: no {INDEX_FILE} in {self.root} "
                                     "(write it with `isollm-data prepare`)")
         self.index = json.loads(index_path.read_text())
+        if self.index.get("format") != FORMAT:
+            raise DataError(f"data.prepared: {index_path} has format {self.index.get('format')!r}, this reader "
+                            f"reads format {FORMAT}; prepare again")
         if self.index["tokenizer"] != tokenizer_identity(tokenizer):
             raise DataError(f"data.prepared: {self.root} was tokenized with another tokenizer "
                              "than data.tokenizer")
         if self.index["val_bucket"] != data_cfg.val_bucket:
             raise DataError(f"data.prepared: {self.root} holds out 1/{self.index['val_bucket']} documents, "
                              f"data.val_bucket is {data_cfg.val_bucket}; prepare again")
+        # the validation set is read from data.source, so tokens prepared from another source would not
+        # have its held-out documents removed (or would train on another corpus than the one evaluated)
+        prepared_from, configured = self.index["source"], data_source(data_cfg).identity()
+        for key, value in configured.items():
+            if prepared_from.get(key) != value:
+                raise DataError(f"data.prepared: {self.root} was prepared from source.{key} = "
+                                f"{prepared_from.get(key)!r}, data.source gives {value!r}; prepare again")
         self.num_shards = len(self.index["shards"])
         self.cfg = data_cfg
 
@@ -85,23 +98,13 @@ class PreparedTokens:
             return np.zeros(0, dtype=np.uint32), bounds
         return np.memmap(self.root / entry["tokens"], dtype=np.uint32, mode="r"), bounds
 
-    def chunks(self, epoch: int, node: int, num_nodes: int, start: State | None
-               ) -> Iterator[tuple[State, np.ndarray]]:
-        order = shard_order(self.num_shards, self.cfg.seed, epoch, self.cfg.shuffle_shards)
-        shards, split_docs = node_shards(order, node, num_nodes)
-        step = self.cfg.tokenize_batch
-        first_slot, first, j = (start["slot"], start["shard"], start["j"]) if start else (0, 0, 0)
-        for slot in range(first_slot, len(shards)):
-            tokens, bounds = self._open(shards[slot])
-            num_docs = len(bounds) - 1
-            for doc in range(first, num_docs, step):
-                pos = {"slot": slot, "shard": doc, "j": j}
-                end = min(doc + step, num_docs)
-                if split_docs:
-                    mine = [k for k in range(doc, end) if (j + k - doc) % num_nodes == node]
-                    j += end - doc
-                    if mine:
-                        yield pos, np.concatenate([tokens[bounds[k] : bounds[k + 1]] for k in mine])
-                else:
-                    yield pos, np.array(tokens[bounds[doc] : bounds[end]])
-            first = 0
+    def shard_docs(self, shard: int, state: int | None) -> Iterator[tuple[int, list[np.ndarray]]]:
+        """(index of the first document, the documents' tokens) in batches of ``data.tokenize_batch``."""
+        tokens, bounds = self._open(shard)
+        num_docs = len(bounds) - 1
+        for doc in range(state or 0, num_docs, self.cfg.tokenize_batch):
+            end = min(doc + self.cfg.tokenize_batch, num_docs)
+            yield doc, [tokens[bounds[k] : bounds[k + 1]] for k in range(doc, end)]
+
+    def tokens(self, docs: list[np.ndarray]) -> np.ndarray:
+        return np.concatenate(docs)

@@ -10,25 +10,45 @@ deep in a worker, or not at all:
 - txt: one document per blank-line-separated paragraph (``sample_by="paragraph"``: a whole file as one
   document would make a single-file corpus unshardable across workers); empty files are skipped; non-UTF-8
   bytes are decoded with ``errors="replace"`` and the affected files counted in a warning.
+
+``ShardReader`` reads a source shard by shard and retries a failed read from the last good position; the
+training stream and the validation set both read through it.
 """
 
 from __future__ import annotations
 
+import atexit
 import dataclasses
+import functools
 import glob
 import json
+import sys
+import time
 import warnings
+import weakref
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import datasets
+import pyarrow as pa
 import pyarrow.parquet as pq
+from huggingface_hub.utils import httpx as hub_httpx
 
+from llm.config import DataConfig
 from llm.data.errors import DataError
 
-__all__ = ["LOCAL_BUILDERS", "Source", "iter_local_texts", "open_dataset", "resolve_source"]
+__all__ = [
+    "LOCAL_BUILDERS",
+    "ShardReader",
+    "Source",
+    "data_source",
+    "iter_local_texts",
+    "open_dataset",
+    "read_errors",
+    "resolve_source",
+]
 
 LOCAL_BUILDERS = {".parquet": "parquet", ".jsonl": "json", ".json": "json", ".txt": "text"}
 """File suffix -> ``datasets`` packaged builder."""
@@ -176,12 +196,120 @@ def resolve_source(
                   data_files=tuple(str(f) for f in kept), builder_kwargs=kwargs)
 
 
+@functools.cache
+def _resolve_once(source: str, name: str | None, split: str, text_column: str, id_column: str | None) -> Source:
+    return resolve_source(source, name, split, text_column, id_column)
+
+
+def data_source(data_cfg: DataConfig) -> Source:
+    """The run's source, resolved once per process: the training stream, the prepared-shard check and the
+    validation set (and its cache key) all need it, and resolving reads every parquet footer (every txt
+    file whole) and warns about skipped files. Local files changed after the first call are not re-checked."""
+    return _resolve_once(data_cfg.source, data_cfg.name, data_cfg.split, data_cfg.text_column,
+                         data_cfg.id_column)
+
+
 def open_dataset(source: Source) -> datasets.IterableDataset:
     """The source as one streaming ``datasets.IterableDataset`` in source order (shard i = file i locally)."""
     if source.is_local:
         return datasets.load_dataset(source.path, data_files=list(source.data_files), split="train",
                                      streaming=True, **source.builder_kwargs)
     return datasets.load_dataset(source.path, source.name, split=source.split, streaming=True)
+
+
+_OPEN_READERS: weakref.WeakSet[Iterator[dict[str, list]]] = weakref.WeakSet()
+
+
+@atexit.register
+def _close_open_readers() -> None:
+    """Close ``datasets`` readers still suspended at exit (a training loop stops mid-stream): finalised
+    later, during interpreter teardown, datasets' parquet reader prints a spurious traceback."""
+    for reader in list(_OPEN_READERS):
+        reader.close()
+
+
+def read_errors() -> tuple[type[BaseException], ...]:
+    """What a failed streaming read raises, retried by ``ShardReader.batches``.
+
+    - ``OSError``: ``ConnectionError`` and ``TimeoutError`` (which ``asyncio.TimeoutError`` and fsspec's
+      ``FSTimeoutError`` are since Python 3.11); requests' ``RequestException``; huggingface_hub's
+      ``HfHubHTTPError``; the ``ConnectionError("Server Disconnected")`` datasets raises once its own read
+      retries are spent; and a local file that vanished or is corrupt (pyarrow raises ``OSError``, e.g.
+      "ZSTD decompression failed" for a damaged parquet page).
+    - pyarrow's ``ArrowException``: ``ArrowInvalid`` for a malformed file.
+    - the hub client's ``httpx.HTTPError`` (``huggingface_hub.utils.httpx``, also what datasets retries):
+      timeouts, network and protocol errors are not ``OSError``.
+    - aiohttp's ``ClientError`` (fsspec's http filesystem) once aiohttp is loaded: it cannot have raised
+      otherwise, and importing it costs a second.
+    """
+    errors: tuple[type[BaseException], ...] = (OSError, pa.ArrowException, hub_httpx.HTTPError)
+    if "aiohttp" in sys.modules:
+        errors += (sys.modules["aiohttp"].ClientError,)
+    return errors
+
+
+class ShardReader:
+    """A source opened for streaming, read one shard at a time in batches of ``data.tokenize_batch`` rows."""
+
+    def __init__(self, source: Source, data_cfg: DataConfig) -> None:
+        self.source = source
+        self.dataset = open_dataset(source)
+        self.num_shards = self.dataset.n_shards
+        self.batch_size = data_cfg.tokenize_batch
+        self.retries = data_cfg.read_retries
+        self.backoff_s = data_cfg.retry_backoff_s
+
+    def _open(self, shard: int, state: dict[str, Any] | None
+              ) -> tuple[datasets.IterableDataset, Iterator[dict[str, list]]]:
+        """(the shard's dataset, a batch reader over it) positioned at ``state`` (None: the shard's start).
+
+        ``datasets`` resumes a single unshuffled shard exactly from its ``state_dict()``."""
+        dataset = self.dataset.shard(num_shards=self.num_shards, index=shard, contiguous=True)
+        if state is not None:
+            dataset.load_state_dict(state)
+        # .iter() rather than iter(): inside a DataLoader worker the latter re-splits shards among workers
+        reader = dataset.iter(batch_size=self.batch_size)
+        _OPEN_READERS.add(reader)
+        return dataset, reader
+
+    def label(self, shard: int) -> str:
+        """The shard as a user finds it: its file for local sources, else hub id, config, split and index."""
+        if self.source.is_local and len(self.source.data_files) == self.num_shards:
+            return self.source.data_files[shard]
+        name = f"/{self.source.name}" if self.source.name else ""
+        return f"{self.source.path}{name} split {self.source.split} shard {shard} of {self.num_shards}"
+
+    def batches(self, shard: int, state: dict[str, Any] | None
+                ) -> Iterator[tuple[dict[str, Any] | None, dict[str, list]]]:
+        """(reader state before the batch, the batch's rows by column) for one shard, from ``state``.
+
+        A failed read (``read_errors()``) re-opens the shard at the state before the failed batch and
+        retries after ``retry_backoff_s * 2**(k - 1)`` seconds (retry k), so the rows continue exactly as
+        if nothing had failed; ``read_retries`` consecutive failures raise ``DataError``."""
+        dataset, reader = self._open(shard, state)
+        failures = 0
+        while True:
+            try:
+                batch = next(reader)
+            except StopIteration:
+                return
+            except read_errors() as err:
+                reader.close()
+                failures += 1
+                reason = f"{type(err).__name__}: {' '.join(str(err).split())}"
+                if failures > self.retries:
+                    raise DataError(f"data.source: could not read {self.label(shard)} after "
+                                    f"{self.retries} retries ({reason})") from err
+                delay = self.backoff_s * 2 ** (failures - 1)
+                warnings.warn(f"data.source: reading {self.label(shard)} failed ({reason}); retry "
+                              f"{failures} of {self.retries} in {delay:g} s from the last good "
+                              f"position", stacklevel=2)
+                time.sleep(delay)
+                dataset, reader = self._open(shard, state)
+                continue
+            failures = 0
+            yield state, batch
+            state = dataset.state_dict()
 
 
 def iter_local_texts(files: list[str], text_column: str = "text", batch_size: int = 256) -> Iterator[str]:

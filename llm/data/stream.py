@@ -27,28 +27,21 @@ regenerates the block and skips what was emitted: exact, at the cost of re-token
 
 from __future__ import annotations
 
-import atexit
 import copy
 import os
-import sys
-import time
-import warnings
-import weakref
+from abc import ABC, abstractmethod
 from collections.abc import Iterator
 from itertools import islice
-from typing import Any, Protocol
+from typing import Any
 
-import datasets
 import numpy as np
-import pyarrow as pa
 import torch
-from huggingface_hub.utils import httpx as hub_httpx
 from tokenizers import Tokenizer
 from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
 from llm.config import DataConfig
 from llm.data.errors import DataError
-from llm.data.sources import open_dataset, resolve_source
+from llm.data.sources import ShardReader, data_source
 from llm.data.tokenizer import encode_documents, eos_id
 from llm.data.validation import split_batch
 
@@ -59,53 +52,10 @@ __all__ = [
     "build_train_loader",
     "iter_windows",
     "node_shards",
-    "read_errors",
     "shard_order",
 ]
 
 State = dict[str, Any]
-
-_OPEN_READERS: weakref.WeakSet[Iterator[dict[str, list]]] = weakref.WeakSet()
-
-
-@atexit.register
-def _close_open_readers() -> None:
-    """Close ``datasets`` readers still suspended at exit (a training loop stops mid-stream): finalised
-    later, during interpreter teardown, datasets' parquet reader prints a spurious traceback."""
-    for reader in list(_OPEN_READERS):
-        reader.close()
-
-
-class TokenSource(Protocol):
-    """Training tokens by chunks; implemented by the streaming reader and the pre-tokenized shards."""
-
-    num_shards: int
-
-    def chunks(self, epoch: int, node: int, num_nodes: int, start: State | None
-               ) -> Iterator[tuple[State, np.ndarray]]:
-        """(position at the chunk's start, its tokens) for this node's documents of one epoch, from
-        ``start`` (a position yielded earlier) or the epoch's beginning."""
-        ...
-
-
-def read_errors() -> tuple[type[BaseException], ...]:
-    """What a failed streaming read raises, retried by ``StreamingTokens.shard_texts``.
-
-    - ``OSError``: ``ConnectionError`` and ``TimeoutError`` (which ``asyncio.TimeoutError`` and fsspec's
-      ``FSTimeoutError`` are since Python 3.11); requests' ``RequestException``; huggingface_hub's
-      ``HfHubHTTPError``; the ``ConnectionError("Server Disconnected")`` datasets raises once its own read
-      retries are spent; and a local file that vanished or is corrupt (pyarrow raises ``OSError``, e.g.
-      "ZSTD decompression failed" for a damaged parquet page).
-    - pyarrow's ``ArrowException``: ``ArrowInvalid`` for a malformed file.
-    - the hub client's ``httpx.HTTPError`` (``huggingface_hub.utils.httpx``, also what datasets retries):
-      timeouts, network and protocol errors are not ``OSError``.
-    - aiohttp's ``ClientError`` (fsspec's http filesystem) once aiohttp is loaded: it cannot have raised
-      otherwise, and importing it costs a second.
-    """
-    errors: tuple[type[BaseException], ...] = (OSError, pa.ArrowException, hub_httpx.HTTPError)
-    if "aiohttp" in sys.modules:
-        errors += (sys.modules["aiohttp"].ClientError,)
-    return errors
 
 
 def shard_order(num_shards: int, seed: int, epoch: int, shuffle: bool) -> list[int]:
@@ -122,85 +72,60 @@ def node_shards(order: list[int], node: int, num_nodes: int) -> tuple[list[int],
     return order, True
 
 
-class StreamingTokens:
-    """Training tokens streamed from a hub dataset or local files through ``datasets``."""
+class TokenSource(ABC):
+    """Training tokens by chunks; implemented by the streaming reader and the pre-tokenized shards, which
+    differ only in how they read a shard's documents (``shard_docs``) and turn them into tokens."""
 
-    def __init__(self, data_cfg: DataConfig, tokenizer: Tokenizer) -> None:
-        self.source = resolve_source(data_cfg.source, data_cfg.name, data_cfg.split, data_cfg.text_column,
-                                     data_cfg.id_column)
-        self.dataset = open_dataset(self.source)
-        self.num_shards = self.dataset.n_shards
-        self.tokenizer = tokenizer
-        self.eos = eos_id(tokenizer)
-        self.cfg = data_cfg
+    num_shards: int
+    cfg: DataConfig
 
-    def _open_shard(self, shard: int, state: State | None
-                    ) -> tuple[datasets.IterableDataset, Iterator[dict[str, list]]]:
-        """(the shard's dataset, a batch reader over it) positioned at ``state`` (None: the shard's start).
+    @abstractmethod
+    def shard_docs(self, shard: int, state: Any) -> Iterator[tuple[Any, list[Any]]]:
+        """(position in the shard before the documents, a batch of training documents) for one shard, from
+        ``state`` (a position yielded earlier; None: the shard's start)."""
 
-        ``datasets`` resumes a single unshuffled shard exactly from its ``state_dict()``."""
-        dataset = self.dataset.shard(num_shards=self.num_shards, index=shard, contiguous=True)
-        if state is not None:
-            dataset.load_state_dict(state)
-        # .iter() rather than iter(): inside a DataLoader worker the latter re-splits shards among workers
-        reader = dataset.iter(batch_size=self.cfg.tokenize_batch)
-        _OPEN_READERS.add(reader)
-        return dataset, reader
-
-    def shard_label(self, shard: int) -> str:
-        """The shard as a user finds it: its file for local sources, else hub id, config, split and index."""
-        if self.source.is_local and len(self.source.data_files) == self.num_shards:
-            return self.source.data_files[shard]
-        name = f"/{self.source.name}" if self.source.name else ""
-        return f"{self.source.path}{name} split {self.source.split} shard {shard} of {self.num_shards}"
-
-    def shard_texts(self, shard: int, state: State | None) -> Iterator[tuple[State | None, list[str]]]:
-        """(reader state before the batch, training texts of the batch) for one shard, from ``state``.
-
-        A failed read (``read_errors()``) re-opens the shard at the state before the failed batch and
-        retries after ``retry_backoff_s * 2**(k - 1)`` seconds (retry k), so the stream continues exactly
-        as if nothing had failed; ``read_retries`` consecutive failures raise ``DataError``."""
-        dataset, reader = self._open_shard(shard, state)
-        failures = 0
-        while True:
-            try:
-                batch = next(reader)
-            except StopIteration:
-                return
-            except read_errors() as err:
-                reader.close()
-                failures += 1
-                reason = f"{type(err).__name__}: {' '.join(str(err).split())}"
-                if failures > self.cfg.read_retries:
-                    raise DataError(f"data.source: could not read {self.shard_label(shard)} after "
-                                    f"{self.cfg.read_retries} retries ({reason})") from err
-                delay = self.cfg.retry_backoff_s * 2 ** (failures - 1)
-                warnings.warn(f"data.source: reading {self.shard_label(shard)} failed ({reason}); retry "
-                              f"{failures} of {self.cfg.read_retries} in {delay:g} s from the last good "
-                              f"position", stacklevel=2)
-                time.sleep(delay)
-                dataset, reader = self._open_shard(shard, state)
-                continue
-            failures = 0
-            texts = split_batch(batch, self.source, self.cfg.val_bucket)[0]
-            yield state, texts
-            state = dataset.state_dict()
+    @abstractmethod
+    def tokens(self, docs: list[Any]) -> np.ndarray:
+        """The documents' tokens, each document followed by EOS."""
 
     def chunks(self, epoch: int, node: int, num_nodes: int, start: State | None
                ) -> Iterator[tuple[State, np.ndarray]]:
+        """(position at the chunk's start, its tokens) for this node's documents of one epoch, from
+        ``start`` (a position yielded earlier) or the epoch's beginning."""
         order = shard_order(self.num_shards, self.cfg.seed, epoch, self.cfg.shuffle_shards)
         shards, split_docs = node_shards(order, node, num_nodes)
         first_slot, shard_state, j = (start["slot"], start["shard"], start["j"]) if start else (0, None, 0)
         for slot in range(first_slot, len(shards)):
-            for state, texts in self.shard_texts(shards[slot], shard_state):
+            for state, docs in self.shard_docs(shards[slot], shard_state):
                 pos = {"slot": slot, "shard": copy.deepcopy(state), "j": j}
-                if split_docs:
-                    mine = [t for k, t in enumerate(texts, start=j) if k % num_nodes == node]
-                    j += len(texts)
-                    texts = mine
-                if texts:
-                    yield pos, encode_documents(self.tokenizer, texts, self.eos)[0]
+                if split_docs:  # the node's documents are those whose count j + i is node mod num_nodes
+                    mine = docs[(node - j) % num_nodes :: num_nodes]
+                    j += len(docs)
+                    docs = mine
+                if docs:
+                    yield pos, self.tokens(docs)
             shard_state = None
+
+
+class StreamingTokens(TokenSource):
+    """Training tokens streamed from a hub dataset or local files through ``datasets``."""
+
+    def __init__(self, data_cfg: DataConfig, tokenizer: Tokenizer) -> None:
+        self.source = data_source(data_cfg)
+        self.reader = ShardReader(self.source, data_cfg)
+        self.num_shards = self.reader.num_shards
+        self.tokenizer = tokenizer
+        self.eos = eos_id(tokenizer)
+        self.cfg = data_cfg
+
+    def shard_docs(self, shard: int, state: State | None) -> Iterator[tuple[State | None, list[str]]]:
+        """(reader state before the batch, training texts of the batch): validation documents dropped, a
+        failed read retried (``ShardReader.batches``)."""
+        for before, batch in self.reader.batches(shard, state):
+            yield before, split_batch(batch, self.source, self.cfg.val_bucket)[0]
+
+    def tokens(self, docs: list[str]) -> np.ndarray:
+        return encode_documents(self.tokenizer, docs, self.eos)[0]
 
 
 def _pieces(source: TokenSource, node: int, num_nodes: int, start: State, max_epochs: int | None

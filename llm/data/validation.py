@@ -12,6 +12,7 @@ import hashlib
 import json
 import os
 import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
@@ -20,7 +21,7 @@ from tokenizers import Tokenizer
 
 from llm.config import DataConfig
 from llm.data.errors import DataError
-from llm.data.sources import Source, open_dataset, resolve_source
+from llm.data.sources import ShardReader, Source, data_source
 from llm.data.tokenizer import encode_documents, eos_id, tokenizer_identity
 
 __all__ = ["build_val_windows", "is_validation", "split_batch", "val_cache_path"]
@@ -49,12 +50,19 @@ def split_batch(batch: dict[str, list], source: Source, bucket: int) -> tuple[li
 
 def val_cache_path(data_cfg: DataConfig, tokenizer: Tokenizer) -> Path:
     """Cache file of the validation windows, keyed by everything that determines their tokens."""
-    source = resolve_source(data_cfg.source, data_cfg.name, data_cfg.split, data_cfg.text_column,
-                            data_cfg.id_column)
-    key = {"source": source.identity(), "tokenizer": tokenizer_identity(tokenizer),
+    key = {"source": data_source(data_cfg).identity(), "tokenizer": tokenizer_identity(tokenizer),
            "seq_len": data_cfg.seq_len, "val_bucket": data_cfg.val_bucket, "val_tokens": data_cfg.val_tokens}
     digest = hashlib.blake2b(json.dumps(key, sort_keys=True).encode(), digest_size=10).hexdigest()
     return Path(data_cfg.cache_dir) / f"val_{digest}.pt"
+
+
+def _val_texts(data_cfg: DataConfig) -> Iterator[list[str]]:
+    """The validation texts of each batch of rows, in source order (shard by shard, a failed read retried
+    like the training stream's)."""
+    reader = ShardReader(data_source(data_cfg), data_cfg)
+    for shard in range(reader.num_shards):
+        for _, batch in reader.batches(shard, None):
+            yield split_batch(batch, reader.source, data_cfg.val_bucket)[1]
 
 
 def build_val_windows(data_cfg: DataConfig, tokenizer: Tokenizer) -> torch.Tensor:
@@ -66,15 +74,12 @@ def build_val_windows(data_cfg: DataConfig, tokenizer: Tokenizer) -> torch.Tenso
     path = val_cache_path(data_cfg, tokenizer)
     if path.is_file():
         return torch.load(path, weights_only=True)
-    source = resolve_source(data_cfg.source, data_cfg.name, data_cfg.split, data_cfg.text_column,
-                            data_cfg.id_column)
     width = data_cfg.seq_len + 1
     num_windows = max(1, data_cfg.val_tokens // width)
     need = num_windows * width
     eos = eos_id(tokenizer)
     parts, have, docs = [], 0, 0
-    for batch in open_dataset(source).iter(batch_size=data_cfg.tokenize_batch):
-        texts = split_batch(batch, source, data_cfg.val_bucket)[1]
+    for texts in _val_texts(data_cfg):
         if texts:
             parts.append(encode_documents(tokenizer, texts, eos)[0])
             have += len(parts[-1])

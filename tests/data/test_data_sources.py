@@ -12,11 +12,13 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+from tiny import write_docs
 from tokenizers import Tokenizer
 
 from llm.config import DataConfig
 from llm.data.sources import open_dataset, resolve_source
 from llm.data.stream import build_train_loader
+from llm.data.validation import build_val_windows
 
 GUARD_S = 30
 
@@ -73,6 +75,27 @@ def test_empty_files_are_skipped_with_a_count(tmp_path: Path) -> None:
     (empty / "y.jsonl").write_text("\n\n")
     with pytest.raises(ValueError, match=r"every file of .*empty is empty"):
         guarded(lambda: resolve_source(str(empty)))
+
+
+def test_startup_resolves_the_source_once(tmp_path: Path, bpe: Tokenizer, monkeypatch: pytest.MonkeyPatch
+                                          ) -> None:
+    """The train loader, the validation set and its cache key share one resolution: each parquet footer is
+    read once and the skipped-file warning is given once."""
+    source = write_docs(tmp_path / "src", 40, 2, chars=600)
+    pq.write_table(pa.table({"text": pa.array([], pa.string()), "id": pa.array([], pa.string())}),
+                   source / "train-empty.parquet")
+    footers: list[str] = []
+    read_metadata = pq.read_metadata
+    monkeypatch.setattr(pq, "read_metadata", lambda path, *a, **k: footers.append(Path(path).name)
+                        or read_metadata(path, *a, **k))
+    cfg = DataConfig(source=str(source), seq_len=16, shuffle_block=1, val_bucket=5, val_tokens=34,
+                     tokenize_batch=8, cache_dir=str(tmp_path / "cache"))
+    with pytest.warns(UserWarning, match="skipped 1 empty file") as caught:
+        build_train_loader(cfg, bpe, 2, 0, 1)
+        assert build_val_windows(cfg, bpe).shape == (2, 17)
+    assert len(caught) == 1
+    assert sorted(footers) == ["train-00000-of-00002.parquet", "train-00001-of-00002.parquet",
+                               "train-empty.parquet"]
 
 
 def test_jsonl_source_and_missing_field(tmp_path: Path) -> None:

@@ -18,7 +18,8 @@ from tokenizers import Tokenizer
 
 from llm.config import DataConfig
 from llm.data.cli import main
-from llm.data.shards import PreparedTokens
+from llm.data.errors import DataError
+from llm.data.shards import FORMAT, INDEX_FILE, PreparedTokens, prepare
 from llm.data.stream import StreamingTokens, build_train_loader, iter_windows
 from llm.data.tokenizer import eos_id, load_tokenizer
 from llm.data.validation import is_validation
@@ -136,7 +137,15 @@ def test_window_shuffle_is_seeded(data_cfg: DataConfig, bpe: Tokenizer) -> None:
         assert sorted(map(bytes, shuffled.numpy())) == sorted(map(bytes, plain.numpy()))
 
 
+def last_epochs(loader) -> list[int]:
+    """The epoch each worker of a loader has reached."""
+    return [w["start"]["epoch"] for w in loader.state_dict()["workers"]]
+
+
 def test_prepared_shards_equal_streaming(tmp_path: Path, data_cfg: DataConfig, bpe: Tokenizer) -> None:
+    """Over more than an epoch (33 batches of 16 for 1 node, 17 of 8 per worker for 4), so the reshuffled
+    shard order of epoch 1 (1 node over 3 shards) and the document split carried across epochs (4 nodes)
+    are compared too; then a resume across the epoch boundary."""
     tok_dir = tmp_path / "tok"
     tok_dir.mkdir()
     bpe.save(str(tok_dir / "tokenizer.json"))
@@ -151,17 +160,38 @@ def test_prepared_shards_equal_streaming(tmp_path: Path, data_cfg: DataConfig, b
     for ranks, workers in [(1, 0), (2, 2)]:
         cfg = replace(data_cfg, num_workers=workers)
         for rank in range(ranks):
-            streamed = take(build_train_loader(cfg, bpe, 4, rank, ranks), 40)  # > one epoch
-            prepared_loader = build_train_loader(replace(cfg, prepared=str(out)), bpe, 4, rank, ranks)
+            streamed = take(build_train_loader(cfg, bpe, 16, rank, ranks), 40)
+            prepared_loader = build_train_loader(replace(cfg, prepared=str(out)), bpe, 16, rank, ranks)
             assert all(torch.equal(a, b) for a, b in zip(take(prepared_loader, 40), streamed, strict=True))
-    # same resume semantics
-    cfg = replace(data_cfg, prepared=str(out))
-    loader = build_train_loader(cfg, bpe, 4, 0, 1)
-    full = take(loader, 12)
-    first = build_train_loader(cfg, bpe, 4, 0, 1)
-    take(first, 5)
-    resumed = build_train_loader(cfg, bpe, 4, 0, 1)
-    resumed.load_state_dict(first.state_dict())
-    assert all(torch.equal(a, b) for a, b in zip(take(resumed, 7), full[5:], strict=True))
+            assert min(last_epochs(prepared_loader)) >= 1, "the comparison must cross an epoch boundary"
+    # same resume semantics, from the middle of a shuffle block of epoch 0 into epoch 1
+    cfg = replace(data_cfg, prepared=str(out), shuffle_block=10)
+    full = take(build_train_loader(cfg, bpe, 16, 0, 1), 40)
+    first = build_train_loader(cfg, bpe, 16, 0, 1)
+    take(first, 21)
+    state = first.state_dict()
+    assert state["workers"][0]["index"] > 0 and last_epochs(first) == [0]
+    resumed = build_train_loader(cfg, bpe, 16, 0, 1)
+    resumed.load_state_dict(state)
+    assert all(torch.equal(a, b) for a, b in zip(take(resumed, 19), full[21:], strict=True))
+    assert last_epochs(resumed) == [1]
     with pytest.raises(ValueError, match="val_bucket is 7"):
         build_train_loader(replace(cfg, val_bucket=7), bpe, 4, 0, 1)
+
+
+def test_prepared_shards_must_come_from_the_run_source(tmp_path: Path, data_cfg: DataConfig, bpe: Tokenizer,
+                                                       five_shards: Path) -> None:
+    """Validation reads data.source: shards prepared from another source would train on its held-out
+    documents, so the index's source and format are checked against the run."""
+    out = tmp_path / "prepared"
+    index = prepare(data_cfg, bpe, out)
+    with pytest.raises(DataError) as raised:
+        build_train_loader(replace(data_cfg, source=str(five_shards), prepared=str(out)), bpe, 4, 0, 1)
+    message = str(raised.value)
+    assert message.startswith(f"data.prepared: {out} was prepared from source.files = ") and "\n" not in message
+    prepared_from, configured = message.split(", data.source gives ")
+    assert "three" in prepared_from and "train-00002-of-00003.parquet" in prepared_from
+    assert "five" in configured and "train-00004-of-00005.parquet" in configured
+    (out / INDEX_FILE).write_text(json.dumps({**index, "format": FORMAT + 1}))
+    with pytest.raises(DataError, match=rf"index\.json has format {FORMAT + 1}, this reader reads format {FORMAT}"):
+        build_train_loader(replace(data_cfg, prepared=str(out)), bpe, 4, 0, 1)

@@ -1,17 +1,21 @@
-"""The validation split: a stable hash bucket, disjoint from training, identical and cached across builds."""
+"""The validation split: a stable hash bucket, disjoint from training, identical and cached across builds,
+read with the training stream's retries."""
 
 from __future__ import annotations
 
 import hashlib
+import re
 from dataclasses import replace
 from pathlib import Path
 
 import pyarrow.parquet as pq
 import pytest
 import torch
+from tiny import fail_reads, record_sleeps
 from tokenizers import Tokenizer
 
 from llm.config import DataConfig
+from llm.data.errors import DataError
 from llm.data.tokenizer import eos_id
 from llm.data.validation import build_val_windows, is_validation, val_cache_path
 
@@ -56,3 +60,35 @@ def test_minimum_one_window_and_clear_error_when_too_few_tokens(data_cfg: DataCo
     assert build_val_windows(replace(data_cfg, val_tokens=1), bpe).shape == (1, data_cfg.seq_len + 1)
     with pytest.raises(ValueError, match=r"data.val_tokens: .* lower data.val_tokens or data.val_bucket"):
         build_val_windows(replace(data_cfg, val_tokens=10**7), bpe)
+
+
+def test_failed_read_is_retried_and_the_windows_are_unchanged(data_cfg: DataConfig, bpe: Tokenizer,
+                                                              tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+                                                              ) -> None:
+    """Read 2 is the middle of the first file (40 documents, 16 a read): the retry resumes inside it."""
+    cfg = replace(data_cfg, retry_backoff_s=1e-3)
+    clean = build_val_windows(cfg, bpe)
+    reads = fail_reads(monkeypatch, {2}, ConnectionError("Connection reset by peer"))
+    sleeps = record_sleeps(monkeypatch)
+    with pytest.warns(UserWarning, match=r"reading .*train-00000-of-00003\.parquet failed \(ConnectionError: "
+                                         r"Connection reset by peer\); retry 1 of 5") as caught:
+        retried = build_val_windows(replace(cfg, cache_dir=str(tmp_path / "other")), bpe)
+    assert reads["n"] > 2  # the failure happened inside the build
+    assert len([w for w in caught if "retry" in str(w.message)]) == 1
+    assert sleeps == [1e-3]
+    assert torch.equal(retried, clean)
+
+
+def test_source_that_keeps_failing_raises_data_error(data_cfg: DataConfig, bpe: Tokenizer,
+                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    reads = fail_reads(monkeypatch, set(range(1, 100)), ConnectionError("Server Disconnected"))
+    sleeps = record_sleeps(monkeypatch)
+    with pytest.warns(UserWarning) as caught, pytest.raises(DataError) as raised:
+        build_val_windows(replace(data_cfg, read_retries=2, retry_backoff_s=1e-3), bpe)
+    assert [re.search(r"retry \d+ of \d+", str(w.message)).group() for w in caught] == ["retry 1 of 2",
+                                                                                       "retry 2 of 2"]
+    message = str(raised.value)
+    assert message.startswith("data.source: could not read ") and "\n" not in message
+    assert "train-00000-of-00003.parquet after 2 retries (ConnectionError: Server Disconnected)" in message
+    assert reads["n"] == 3  # the first read and 2 retries, then it stops
+    assert sleeps == [1e-3, 2e-3]  # exponential backoff: retry_backoff_s * 2**(k - 1)

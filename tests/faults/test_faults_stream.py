@@ -6,15 +6,13 @@ from __future__ import annotations
 import re
 import shutil
 import warnings
-from collections.abc import Iterator
 from itertools import islice
 from pathlib import Path
 
-import datasets
 import pytest
 import torch
+from tiny import fail_reads, record_sleeps
 
-import llm.data.stream as stream
 from llm.config import DataConfig
 from llm.data.errors import DataError
 from llm.data.stream import build_train_loader
@@ -36,29 +34,6 @@ def _stream(cfg: DataConfig, bpe: Path, batches: int = BATCHES) -> torch.Tensor:
     return torch.stack(list(islice(iter(loader), batches)))
 
 
-def _fail_reads(monkeypatch: pytest.MonkeyPatch, fail: set[int], error: Exception) -> dict[str, int]:
-    """Make the n-th batch read of any shard reader (1-based, counted over all readers) raise ``error``
-    after the underlying reader has consumed the batch (the worst case: that position is gone)."""
-    reads = {"n": 0}
-    real = datasets.IterableDataset.iter
-
-    def flaky(self, *args, **kwargs) -> Iterator[dict]:
-        for batch in real(self, *args, **kwargs):
-            reads["n"] += 1
-            if reads["n"] in fail:
-                raise error
-            yield batch
-
-    monkeypatch.setattr(datasets.IterableDataset, "iter", flaky)
-    return reads
-
-
-def _record_sleeps(monkeypatch: pytest.MonkeyPatch) -> list[float]:
-    sleeps: list[float] = []
-    monkeypatch.setattr(stream.time, "sleep", sleeps.append)
-    return sleeps
-
-
 def _retry_of(warning: warnings.WarningMessage) -> str:
     return re.search(r"retry \d+ of \d+", str(warning.message)).group()
 
@@ -68,8 +43,8 @@ def test_failed_read_is_retried_and_the_stream_is_unchanged(corpus: Path, bpe: P
                                                             monkeypatch: pytest.MonkeyPatch) -> None:
     cfg = _cfg(corpus)
     clean = _stream(cfg, bpe)
-    reads = _fail_reads(monkeypatch, {fail_at}, ConnectionError("Connection reset by peer"))
-    sleeps = _record_sleeps(monkeypatch)
+    reads = fail_reads(monkeypatch, {fail_at}, ConnectionError("Connection reset by peer"))
+    sleeps = record_sleeps(monkeypatch)
     with pytest.warns(UserWarning, match=r"reading .*train-0000\d-of-00003\.parquet failed \(ConnectionError: "
                                          r"Connection reset by peer\); retry 1 of 5") as caught:
         retried = _stream(cfg, bpe)
@@ -83,8 +58,8 @@ def test_retries_reset_after_a_good_read(corpus: Path, bpe: Path, monkeypatch: p
     """Two separate drops with read_retries=1 are survived: the budget is per failure, not per run."""
     cfg = _cfg(corpus, read_retries=1)
     clean = _stream(cfg, bpe)
-    reads = _fail_reads(monkeypatch, {2, 5}, TimeoutError("read timed out"))
-    _record_sleeps(monkeypatch)
+    reads = fail_reads(monkeypatch, {2, 5}, TimeoutError("read timed out"))
+    record_sleeps(monkeypatch)
     with pytest.warns(UserWarning, match="retry 1 of 1") as caught:
         assert torch.equal(_stream(cfg, bpe), clean)
     assert reads["n"] > 5  # both failures happened inside the compared stream
@@ -94,8 +69,8 @@ def test_retries_reset_after_a_good_read(corpus: Path, bpe: Path, monkeypatch: p
 def test_source_that_keeps_failing_raises_data_error(corpus: Path, bpe: Path,
                                                      monkeypatch: pytest.MonkeyPatch) -> None:
     cfg = _cfg(corpus, read_retries=3)
-    reads = _fail_reads(monkeypatch, set(range(1, 100)), ConnectionError("Server Disconnected"))
-    sleeps = _record_sleeps(monkeypatch)
+    reads = fail_reads(monkeypatch, set(range(1, 100)), ConnectionError("Server Disconnected"))
+    sleeps = record_sleeps(monkeypatch)
     with pytest.warns(UserWarning) as caught, pytest.raises(DataError) as raised:
         _stream(cfg, bpe)
     assert [_retry_of(w) for w in caught] == ["retry 1 of 3", "retry 2 of 3", "retry 3 of 3"]
@@ -116,7 +91,7 @@ def test_corrupt_parquet_page_names_the_file(corpus: Path, bpe: Path, tmp_path: 
     data = bytearray(bad.read_bytes())
     data[len(data) // 4 : len(data) // 2] = bytes(len(data) // 2 - len(data) // 4)
     bad.write_bytes(bytes(data))
-    sleeps = _record_sleeps(monkeypatch)
+    sleeps = record_sleeps(monkeypatch)
     cfg = _cfg(source, read_retries=2, shuffle_shards=False)
     with pytest.warns(UserWarning) as caught, pytest.raises(DataError) as raised:
         _stream(cfg, bpe, batches=400)  # reads on through file 1
