@@ -12,6 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import torch
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
@@ -128,6 +129,14 @@ class TrainConfig:
                 raise ConfigError(name, f"expected a value in [0, 1), got {getattr(self, name)}")
         check_choice("precision", self.precision, ("auto", "fp32", "bf16"))
         return self
+
+    def autocast_dtype(self, device_type: str) -> torch.dtype | None:
+        """The dtype ``precision`` runs matmuls in on a ``device_type`` device ("cuda", "cpu", ...): bf16
+        autocast on a GPU unless fp32, None (plain fp32, no autocast) anywhere else. The trainer refuses an
+        explicit bf16 without a GPU; evaluation then runs in fp32."""
+        if device_type != "cuda" or self.precision == "fp32":
+            return None
+        return torch.bfloat16
 
 
 @dataclass

@@ -1,13 +1,24 @@
-"""What several test folders share: the real FineWeb sample beside the checkout, slices of it, and the
-overrides of a tiny run (2 layers, width 32, vocabulary 512) that takes well under a second a step."""
+"""What several test folders share: the real FineWeb sample beside the checkout, slices of it, the
+overrides of a tiny run (2 layers, width 32, vocabulary 512) that takes well under a second a step,
+train.py in a subprocess, and readers of what a run writes (metrics.jsonl, checkpoint weights)."""
 
 from __future__ import annotations
 
+import json
+import os
+import subprocess
+import sys
+from collections.abc import Iterator
 from pathlib import Path
 
+import datasets
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+import torch
+from safetensors.torch import load_file
+
+import llm.data.sources
 
 REPO = Path(__file__).resolve().parents[1]
 FINEWEB = REPO.parent / "shared" / "data" / "fineweb-sample"
@@ -18,6 +29,13 @@ TINY_MODEL = [
     "data.seq_len=32", "data.shuffle_block=8", "trackers=[]",
 ]
 """Model and data-shape overrides of the tiny run; each folder adds its validation and train settings."""
+
+TINY_TRAIN = [
+    *TINY_MODEL, "train.lr=3e-3", "train.warmup_steps=5", "train.micro_batch_size=4", "train.global_batch_tokens=256",
+    "train.log_every=1", "train.eval_every=1000", "train.isotropy_samples=128", "train.grad_norm_window=10",
+]
+"""``TINY_MODEL`` plus the train settings of the trainer and fault tests (a train row every step, no eval);
+each folder adds its validation-set size and step counts."""
 
 
 def fineweb_files() -> list[Path]:
@@ -39,3 +57,63 @@ def write_docs(directory: Path, count: int, num_files: int, chars: int | None = 
         table = pa.Table.from_pylist(rows[i * per_file : (i + 1) * per_file])
         pq.write_table(table, directory / f"train-{i:05d}-of-{num_files:05d}.parquet")
     return directory
+
+
+def start_train_py(cwd: Path, *args: str, log: Path | None = None) -> subprocess.Popen:
+    """``train.py args`` in a subprocess run from ``cwd`` on one thread, like the in-process runs (the
+    conftest's ``one_thread``): CPU runs are then bitwise reproducible. Output is appended to ``log``, or
+    readable through pipes (text) without one."""
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1"}
+    command = [sys.executable, str(REPO / "train.py"), *args]
+    if log is None:
+        return subprocess.Popen(command, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    with open(log, "a") as out:  # the child keeps its own copy of the descriptor
+        return subprocess.Popen(command, cwd=cwd, env=env, stdout=out, stderr=subprocess.STDOUT)
+
+
+def metrics_rows(run_dir: Path, kind: str | None = None) -> list[dict]:
+    """The rows of ``run_dir/metrics.jsonl`` (only those of ``kind`` when given)."""
+    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    return [r for r in rows if kind is None or r["kind"] == kind]
+
+
+def trajectory(run_dir: Path) -> list[tuple[int, float, float, float]]:
+    """``(step, loss, grad_norm, lr)`` of every train row: what a resumed run must reproduce bit for bit."""
+    return [(r["step"], r["loss"], r["grad_norm"], r["lr"]) for r in metrics_rows(run_dir, "train")]
+
+
+def checkpoint_weights(checkpoint: Path) -> dict[str, torch.Tensor]:
+    """The weights a checkpoint saved (its HF ``model/`` directory)."""
+    return load_file(checkpoint / "model" / "model.safetensors")
+
+
+def assert_same_weights(a: Path, b: Path) -> None:
+    """Checkpoints ``a`` and ``b`` hold bitwise-equal weights under the same names."""
+    wa, wb = checkpoint_weights(a), checkpoint_weights(b)
+    assert wa.keys() == wb.keys()
+    for key in wa:
+        assert torch.equal(wa[key], wb[key]), key
+
+
+def fail_reads(monkeypatch: pytest.MonkeyPatch, fail: set[int], error: Exception) -> dict[str, int]:
+    """Make the n-th batch read of any shard reader (1-based, counted over all readers) raise ``error``
+    after the underlying reader has consumed the batch (the worst case: that position is gone)."""
+    reads = {"n": 0}
+    real = datasets.IterableDataset.iter
+
+    def flaky(self, *args, **kwargs) -> Iterator[dict]:
+        for batch in real(self, *args, **kwargs):
+            reads["n"] += 1
+            if reads["n"] in fail:
+                raise error
+            yield batch
+
+    monkeypatch.setattr(datasets.IterableDataset, "iter", flaky)
+    return reads
+
+
+def record_sleeps(monkeypatch: pytest.MonkeyPatch) -> list[float]:
+    """The read retries' backoff sleeps, recorded instead of slept."""
+    sleeps: list[float] = []
+    monkeypatch.setattr(llm.data.sources.time, "sleep", sleeps.append)
+    return sleeps

@@ -157,13 +157,6 @@ def bits_per_byte(val_loss: float, val_windows: torch.Tensor,
     return val_loss * targets.numel() / (math.log(2) * n_bytes), n_bytes
 
 
-def _autocast_dtype(config: RunConfig, device: torch.device) -> torch.dtype | None:
-    """The trainer's precision (``_mixed_precision`` there): bf16 autocast on GPU unless fp32, none on CPU."""
-    if device.type != "cuda" or config.train.precision == "fp32":
-        return None
-    return torch.bfloat16
-
-
 @torch.no_grad()
 def generate_samples(model: nn.Module, tokenizer: Tokenizer, prompts: list[str], max_new_tokens: int,
                      temperature: float = 0.0, seed: int = 0, eos: int | None = None) -> list[dict[str, str]]:
@@ -240,7 +233,7 @@ def evaluate_checkpoint(target: str, *, config_files: list[str] | None = None,
         raise EvalError(str(err)) from None
     windows = build_val_windows(config.data, tokenizer)
 
-    autocast = _autocast_dtype(config, torch_device)
+    autocast = config.train.autocast_dtype(torch_device.type)  # the trainer's precision
     with torch.autocast(torch_device.type, dtype=autocast) if autocast else contextlib.nullcontext():
         metrics = evaluate(model, windows, config.train.micro_batch_size)
     vocab = model.get_output_embeddings().weight.shape[0]

@@ -11,11 +11,17 @@ whose files do not match its manifest (truncated, missing, unreadable) is skippe
 Contents::
 
     model/          HF save_pretrained (safetensors + config + tokenizer): loads with from_pretrained
-    state/          accelerator.save_state: model, optimizer, scheduler, RNG (torch/numpy/python/cuda)
+    state/          accelerator.save_state: optimizer, scheduler, RNG (torch/numpy/python/cuda)
                     + data_rank<r>.pt, the data-loader state of each rank
     trainer.json    step, tokens, bad-step counters, grad-norm tracker
     config.yaml     the resolved run config
     manifest.json   relative path -> size in bytes of every other file
+
+The weights are written once. Single-process and DDP runs keep them in ``model/`` only:
+``save_state`` skips its copy and ``load_state`` reads them back from ``model/`` (bitwise: the export
+is a safetensors file of the same tensors, in their training dtype). FSDP2 and DeepSpeed save their
+sharded model state into ``state/`` themselves, beside their sharded optimizer state (Accelerate offers
+no way to leave it out), so under those engines ``model/`` is a second, consolidated copy.
 
 Every collective step (``save_state``, ``get_state_dict``) runs on every rank; files that exist
 once are written by the main process only.
@@ -27,13 +33,17 @@ import json
 import os
 import shutil
 import warnings
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
 import torch
 from accelerate import Accelerator
+from accelerate.utils import extract_model_from_parallel
 from safetensors import safe_open
+from safetensors.torch import load_model
 from tokenizers import Tokenizer
 from torch import nn
 
@@ -54,6 +64,7 @@ __all__ = [
 POINTER = "latest"
 MANIFEST = "manifest.json"
 PREFIX = "step_"
+MODEL_DIR = "model"
 
 
 class CheckpointError(RuntimeError):
@@ -131,6 +142,47 @@ def _hf_tokenizer(tokenizer: Tokenizer) -> Any:
     return PreTrainedTokenizerFast(tokenizer_object=tokenizer, eos_token=EOS_TOKEN)
 
 
+def _load_exported_weights(model: nn.Module, model_dir: Path) -> None:
+    """Copy the weights of the ``save_pretrained`` directory ``model_dir`` (one file or shards) into
+    ``model`` in place; every parameter must be restored, tied ones (saved once) by their twin."""
+    index = model_dir / "model.safetensors.index.json"
+    shards = (sorted(set(json.loads(index.read_text())["weight_map"].values())) if index.is_file()
+              else ["model.safetensors"])
+    missing, unexpected = set(model.state_dict()), []
+    for shard in shards:
+        not_in_shard, extra = load_model(model, model_dir / shard, strict=False)
+        missing &= set(not_in_shard)
+        unexpected += extra
+    if missing or unexpected:
+        raise CheckpointError(f"{model_dir}: weights do not fit the model (missing {sorted(missing)}, "
+                              f"unexpected {sorted(unexpected)})")
+
+
+def _skip_weights(models: list[nn.Module], weights: list[dict], output_dir: str) -> None:
+    """``save_state`` pre-hook: write no plain model weights (``model/`` holds them)."""
+    weights.clear()
+
+
+def _load_weights_from_model_dir(models: list[nn.Module], input_dir: str) -> None:
+    """``load_state`` pre-hook: restore plain models from ``model/`` beside ``state/`` instead."""
+    for model in models:
+        _load_exported_weights(extract_model_from_parallel(model), Path(input_dir).parent / MODEL_DIR)
+    models.clear()
+
+
+@contextmanager
+def _weights_in_model_dir(accelerator: Accelerator) -> Iterator[None]:
+    """While active, ``save_state`` / ``load_state`` leave plain (single-process, DDP) model weights to
+    ``model/``. Under FSDP2 and DeepSpeed Accelerate hands the hooks no weights, so they change nothing."""
+    handles = [accelerator.register_save_state_pre_hook(_skip_weights),
+               accelerator.register_load_state_pre_hook(_load_weights_from_model_dir)]
+    try:
+        yield
+    finally:
+        for handle in handles:
+            handle.remove()
+
+
 def save_checkpoint(
     ckpt_dir: str | Path,
     step: int,
@@ -160,13 +212,14 @@ def save_checkpoint(
 
     error: BaseException | None = None
     try:
-        accelerator.save_state(str(tmp / "state"))
+        with _weights_in_model_dir(accelerator):
+            accelerator.save_state(str(tmp / "state"))
         torch.save(loader.state_dict(), tmp / "state" / f"data_rank{rank_and_world_size()[0]}.pt")
         state_dict = accelerator.get_state_dict(model)
         if main:
             hf_model = accelerator.unwrap_model(model)
-            hf_model.save_pretrained(tmp / "model", state_dict=state_dict)
-            _hf_tokenizer(tokenizer).save_pretrained(tmp / "model")
+            hf_model.save_pretrained(tmp / MODEL_DIR, state_dict=state_dict)
+            _hf_tokenizer(tokenizer).save_pretrained(tmp / MODEL_DIR)
             (tmp / "trainer.json").write_text(json.dumps(trainer_state, indent=1))
             save_config(config, tmp / "config.yaml")
     except OSError as err:
@@ -260,8 +313,9 @@ def load_checkpoint(path: str | Path, *, accelerator: Accelerator, loader: Any, 
         # Each rank streams its own slice of the data; re-slicing would change the data order.
         raise ConfigError("resume", f"{path} was written by {saved_world} processes, resuming with {world_size}: "
                           f"the data-loader state is per rank, so the data order would change; relaunch with "
-                          f"{saved_world} processes, or start a new run from the weights in {path / 'model'}")
-    accelerator.load_state(str(path / "state"))
+                          f"{saved_world} processes, or start a new run from the weights in {path / MODEL_DIR}")
+    with _weights_in_model_dir(accelerator):
+        accelerator.load_state(str(path / "state"))
     data_state = path / "state" / f"data_rank{rank}.pt"
     loader.load_state_dict(torch.load(data_state, weights_only=True))
     return json.loads((path / "trainer.json").read_text())

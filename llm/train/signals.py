@@ -6,13 +6,13 @@ import signal
 import threading
 from types import FrameType
 
-from llm.train.distributed import all_ranks_agree
-
 __all__ = ["StopRequest"]
 
 
 class StopRequest:
-    """Installs handlers that only set a flag; the training loop polls ``requested()`` between steps.
+    """Installs handlers that only set a flag; ``train_step`` polls ``received`` and agrees on it over ranks
+    (any rank's signal stops every rank after that same step: otherwise one rank would wait in a
+    collective for a step the others never take).
 
     A second SIGINT raises ``KeyboardInterrupt`` as usual, so an impatient Ctrl-C still stops at once.
     Handlers can only be installed from the main thread; elsewhere (e.g. a test thread) the object
@@ -33,10 +33,9 @@ class StopRequest:
             raise KeyboardInterrupt
         self.signum = signum
 
-    def requested(self) -> bool:
-        """Whether any rank received a signal: ranks must agree, or one would wait in a collective
-        for a step the others never take."""
-        return all_ranks_agree(self.signum is not None, any_rank=True)
+    def received(self) -> bool:
+        """Whether this process received a signal (other ranks may not have)."""
+        return self.signum is not None
 
     def restore(self) -> None:
         for signum, handler in self._previous.items():

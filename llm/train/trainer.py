@@ -27,6 +27,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -75,6 +76,8 @@ class StepResult:
     """Global gradient norm before clipping."""
     skipped: bool
     """True when loss or norm was not finite and the update was not applied."""
+    stop: bool
+    """True on every rank when ``stop_requested()`` returned True on any rank."""
 
 
 @dataclass
@@ -119,12 +122,15 @@ def build_model(model_cfg: ModelConfig) -> IsoLLMForCausalLM:
     return IsoLLMForCausalLM(IsoLLMConfig.from_model_config(model_cfg))
 
 
-def _mean_over_ranks(value: torch.Tensor) -> torch.Tensor:
+def _reduce_over_ranks(loss: torch.Tensor, stop: bool) -> tuple[float, bool]:
+    """(``loss`` averaged over ranks, whether any rank passed ``stop``) in one all-reduce: the stop flag
+    rides on the collective the loss needs anyway, and its sum over ranks is > 0 iff any rank set it."""
+    packed = torch.stack([loss, loss.new_tensor(float(stop))])
     if is_distributed():
-        value = value.clone()
-        dist.all_reduce(value, op=dist.ReduceOp.SUM)
-        value /= dist.get_world_size()
-    return value
+        dist.all_reduce(packed, op=dist.ReduceOp.SUM)
+        packed[0] /= dist.get_world_size()
+    mean_loss, stops = packed.tolist()
+    return mean_loss, stops > 0
 
 
 def train_step(
@@ -134,6 +140,7 @@ def train_step(
     scheduler: Any,
     accelerator: Accelerator,
     grad_clip: float,
+    stop_requested: Callable[[], bool] | None = None,
 ) -> StepResult:
     """One optimizer step over ``len(batches)`` micro-batches (``accelerator.gradient_accumulation_steps``
     of them), each ``LongTensor[B, seq_len + 1]`` on the model's device.
@@ -145,7 +152,9 @@ def train_step(
     loss itself (in training mode: fused with the LM head, softmax in fp32, no ``[B, T, V]`` logits).
     The norm is the global pre-clip norm (``grad_clip = 0``: no clipping).
     The decision to skip uses rank-averaged loss and the all-reduced gradient norm, so every rank
-    takes the same branch.
+    takes the same branch. ``stop_requested()`` (this rank was asked to stop) is polled once, after the
+    backward passes, and agreed over ranks in the loss's all-reduce as ``StepResult.stop``, so all ranks
+    stop after the same step.
     """
     model.train()
     loss_sum = torch.zeros((), device=accelerator.device)
@@ -154,7 +163,8 @@ def train_step(
             loss = model(input_ids=batch[:, :-1], shift_labels=batch[:, 1:]).loss
             accelerator.backward(loss)
             loss_sum += loss.detach()
-    mean_loss = _mean_over_ranks(loss_sum / len(batches)).item()
+    this_rank_stops = stop_requested is not None and stop_requested()
+    mean_loss, stop = _reduce_over_ranks(loss_sum / len(batches), this_rank_stops)
     norm = accelerator.clip_grad_norm_(model.parameters(), grad_clip if grad_clip > 0 else math.inf)
     if hasattr(norm, "full_tensor"):  # a DTensor under FSDP2
         norm = norm.full_tensor()
@@ -164,16 +174,14 @@ def train_step(
         optimizer.step()
         scheduler.step()
     optimizer.zero_grad(set_to_none=True)
-    return StepResult(loss=mean_loss, grad_norm=grad_norm, skipped=skipped)
+    return StepResult(loss=mean_loss, grad_norm=grad_norm, skipped=skipped, stop=stop)
 
 
-def _mixed_precision(config: RunConfig) -> str:
-    """Accelerate's mixed_precision: bf16 autocast on GPU only (``auto`` or ``bf16``), fp32 on CPU."""
-    if not torch.cuda.is_available():
-        if config.train.precision == "bf16":
-            raise ConfigError("train.precision", "bf16 needs a GPU; use auto or fp32 on CPU")
-        return "no"
-    return "no" if config.train.precision == "fp32" else "bf16"
+def _mixed_precision(config: RunConfig, device_type: str) -> str:
+    """Accelerate's mixed_precision for ``TrainConfig.autocast_dtype``; an explicit bf16 needs a GPU."""
+    if config.train.precision == "bf16" and device_type != "cuda":
+        raise ConfigError("train.precision", "bf16 needs a GPU; use auto or fp32 on CPU")
+    return "no" if config.train.autocast_dtype(device_type) is None else "bf16"
 
 
 def _flat_hparams(config: RunConfig) -> dict[str, Any]:
@@ -211,9 +219,10 @@ def fit(config: RunConfig) -> FitResult:
     if not config.resume and has_checkpoints(ckpt_dir):
         raise ConfigError("resume", f"{run_dir} already holds checkpoints; pass resume=true to continue "
                                     f"that run or choose another name=")
+    device_type = "cuda" if torch.cuda.is_available() else "cpu"
     accelerator = Accelerator(
-        cpu=not torch.cuda.is_available(),
-        mixed_precision=_mixed_precision(config),
+        cpu=device_type == "cpu",
+        mixed_precision=_mixed_precision(config, device_type),
         log_with=config.trackers or None,
         project_config=ProjectConfiguration(project_dir=str(run_dir),
                                             logging_dir=str(run_dir / "tensorboard")),
@@ -265,8 +274,7 @@ def fit(config: RunConfig) -> FitResult:
             resumed_from=str(resume_from) if resume_from else None, config=asdict(config))
 
     device = accelerator.device
-    compute_dtype = torch.bfloat16 if accelerator.mixed_precision == "bf16" else torch.float32
-    peak = peak_flops(device, compute_dtype) * world_size
+    peak = peak_flops(device, config.train.autocast_dtype(device.type) or torch.float32) * world_size
     tokens_per_step = config.train.global_batch_tokens
     val_batch = val_windows[: config.train.micro_batch_size, :-1].to(device)  # fixed isotropy batch
     data_iter = iter(loader)
@@ -296,7 +304,7 @@ def fit(config: RunConfig) -> FitResult:
             data_wait += time.perf_counter() - started
             lr = optimizer.param_groups[0]["lr"]
             result = train_step(train_model, batches, optimizer, scheduler, accelerator,
-                                config.train.grad_clip)
+                                config.train.grad_clip, stop_requested=stop.received)
             interval_time += time.perf_counter() - started
             interval_tokens += tokens_per_step
             state.step += 1
@@ -323,10 +331,9 @@ def fit(config: RunConfig) -> FitResult:
                     f"weights and optimizer state are saved in {last_ckpt}")
             if state.step % config.train.eval_every == 0 or state.step == max_steps:
                 evaluate_and_log()
-            signalled = stop.requested()
-            if signalled or state.step % config.train.checkpoint_every == 0 or state.step == max_steps:
+            if result.stop or state.step % config.train.checkpoint_every == 0 or state.step == max_steps:
                 last_ckpt = checkpoint()
-            if signalled:
+            if result.stop:
                 main_print(f"stopped by signal at step {state.step}; checkpoint {last_ckpt}")
                 break
     finally:

@@ -15,45 +15,21 @@ Which test covers which fault:
 
 from __future__ import annotations
 
-import json
-import os
 import random
 import signal
-import subprocess
-import sys
 import time
 from pathlib import Path
 
 import pytest
-import torch
-from safetensors.torch import load_file
+from tiny import assert_same_weights, metrics_rows, start_train_py, trajectory
 
 from llm.config import load_config
 from llm.train.trainer import fit
 
-REPO = Path(__file__).resolve().parents[2]
 SEED = 8
 """Seed of the kill moment (which checkpoint arms it, and the delay after it)."""
 MAX_STEPS = 12
 TIMEOUT_S = 300
-
-
-def _train(cwd: Path, name: str, *args: str) -> subprocess.Popen:
-    """``train.py`` in a subprocess on one thread, like the in-process reference (the conftest's
-    ``one_thread``): CPU runs are then bitwise reproducible. Output goes to ``cwd/<name>.log``."""
-    env = {**os.environ, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1"}
-    with open(cwd / f"{name}.log", "a") as log:  # the child keeps its own copy of the descriptor
-        return subprocess.Popen([sys.executable, str(REPO / "train.py"), *args], cwd=cwd, env=env, stdout=log,
-                                stderr=subprocess.STDOUT)
-
-
-def _wait(proc: subprocess.Popen, cwd: Path, name: str) -> None:
-    assert proc.wait(timeout=TIMEOUT_S) == 0, (cwd / f"{name}.log").read_text()[-3000:]
-
-
-def _train_rows(run_dir: Path) -> list[tuple[int, float, float, float]]:
-    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
-    return [(r["step"], r["loss"], r["grad_norm"], r["lr"]) for r in rows if r["kind"] == "train"]
 
 
 @pytest.mark.slow
@@ -64,7 +40,8 @@ def test_sigkill_at_a_random_moment_then_resume_equals_uninterrupted_run(run_ove
     delay = rng.uniform(0.0, 0.3)
     print(f"kill seed {SEED}: SIGKILL {delay:.3f} s after checkpoint step {armed_by} appears")
     args = [*run_overrides, f"train.max_steps={MAX_STEPS}", "train.checkpoint_every=1", "train.keep_checkpoints=2"]
-    killed = _train(tmp_path, "killed", *args, "name=killed")
+    log = tmp_path / "killed.log"
+    killed = start_train_py(tmp_path, *args, "name=killed", log=log)
 
     ckpts = tmp_path / "runs" / "killed" / "checkpoints"
     armed = ckpts / f"step_{armed_by:08d}"
@@ -72,26 +49,21 @@ def test_sigkill_at_a_random_moment_then_resume_equals_uninterrupted_run(run_ove
     while not armed.is_dir() and killed.poll() is None and time.monotonic() < deadline:
         time.sleep(0.01)
     time.sleep(delay)
-    assert killed.poll() is None, f"the run ended before the kill:\n{(tmp_path / 'killed.log').read_text()}"
+    assert killed.poll() is None, f"the run ended before the kill:\n{log.read_text()}"
     killed.send_signal(signal.SIGKILL)
     assert killed.wait(timeout=60) == -signal.SIGKILL
     print(f"left on disk by the kill: {sorted(p.name for p in ckpts.iterdir())}")
 
-    resumed = _train(tmp_path, "killed", *args, "name=killed", "resume=true")
+    resumed = start_train_py(tmp_path, *args, "name=killed", "resume=true", log=log)
     fit(load_config(None, [*args, "name=whole"]))  # the uninterrupted reference, in-process meanwhile
-    _wait(resumed, tmp_path, "killed")
+    assert resumed.wait(timeout=TIMEOUT_S) == 0, log.read_text()[-3000:]
 
-    meta = [json.loads(line) for line in (tmp_path / "runs" / "killed" / "metrics.jsonl").read_text().splitlines()]
-    resumed_from = [r["resumed_from"] for r in meta if r["kind"] == "meta"]
+    resumed_from = [r["resumed_from"] for r in metrics_rows(tmp_path / "runs" / "killed", "meta")]
     assert len(resumed_from) == 2 and int(resumed_from[1][-8:]) >= armed_by  # it did resume, not restart
-    reference = _train_rows(tmp_path / "runs" / "whole")
+    reference = trajectory(tmp_path / "runs" / "whole")
     assert [row[0] for row in reference] == list(range(1, MAX_STEPS + 1))
-    assert _train_rows(tmp_path / "runs" / "killed") == reference  # bitwise: each step once, same numbers
+    assert trajectory(tmp_path / "runs" / "killed") == reference  # bitwise: each step once, same numbers
 
     last = f"step_{MAX_STEPS:08d}"
-    a = load_file(tmp_path / "runs" / "whole" / "checkpoints" / last / "model" / "model.safetensors")
-    b = load_file(ckpts / last / "model" / "model.safetensors")
-    assert a.keys() == b.keys()
-    for key in a:
-        assert torch.equal(a[key], b[key]), key
+    assert_same_weights(tmp_path / "runs" / "whole" / "checkpoints" / last, ckpts / last)
     assert not list(ckpts.glob("*.tmp"))  # a checkpoint torn by the kill was cleaned up

@@ -11,7 +11,6 @@ from pathlib import Path
 import pytest
 import torch
 from launch_helpers import PYTHON, REPO, run, torchrun
-from safetensors.torch import load_file
 from tiny import TINY_MODEL
 
 WORKER = str(REPO / "tests" / "launch" / "dist_worker.py")
@@ -119,11 +118,7 @@ def test_train_py_ddp_via_accelerate_launch(corpus: Path, tokenizer_file: Path, 
     data_states = sorted(p.name for p in (ckpt / "state").glob("data_rank*.pt"))
     assert data_states == ["data_rank0.pt", "data_rank1.pt"]
     model = AutoModelForCausalLM.from_pretrained(ckpt / "model")
-    trained = load_file(ckpt / "state" / "model.safetensors")  # accelerator.save_state's copy
-    assert set(model.state_dict()) - set(trained) <= {"lm_head.weight"}  # tied: saved once
-    for name, value in model.state_dict().items():
-        if name in trained:
-            assert torch.equal(value, trained[name]), name
+    assert not list((ckpt / "state").glob("*.safetensors"))  # the weights are saved once, in model/
     ids = torch.randint(0, 512, (1, 16), generator=torch.Generator().manual_seed(0))
     assert torch.isfinite(model(ids).logits).all()
 

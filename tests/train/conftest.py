@@ -6,7 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from tiny import TINY_MODEL
+from tiny import TINY_TRAIN
 
 from llm.config import RunConfig, load_config
 
@@ -17,11 +17,7 @@ def data_cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return tmp_path_factory.mktemp("data_cache")
 
 
-TINY = [
-    *TINY_MODEL, "data.val_bucket=50", "data.val_tokens=2048", "train.lr=3e-3", "train.warmup_steps=5",
-    "train.max_steps=30", "train.micro_batch_size=4", "train.global_batch_tokens=256", "train.log_every=1",
-    "train.eval_every=1000", "train.checkpoint_every=1000", "train.isotropy_samples=128", "train.grad_norm_window=10",
-]
+TINY = [*TINY_TRAIN, "data.val_bucket=50", "data.val_tokens=2048", "train.max_steps=30", "train.checkpoint_every=1000"]
 
 
 @pytest.fixture
@@ -31,12 +27,17 @@ def tiny_overrides() -> list[str]:
 
 
 @pytest.fixture
-def tiny_config(fineweb: Path, bpe: Path, data_cache: Path, tmp_path: Path):
+def run_overrides(fineweb: Path, bpe: Path, data_cache: Path, tmp_path: Path) -> list[str]:
+    """Every override of the tiny run on the sample, writing runs/tiny under ``tmp_path`` (for train.py)."""
+    return [f"data.source={fineweb}", f"data.tokenizer={bpe}", f"data.cache_dir={data_cache}",
+            f"out_dir={tmp_path / 'runs'}", "name=tiny", *TINY]
+
+
+@pytest.fixture
+def tiny_config(run_overrides: list[str]):
     """``tiny_config(*overrides) -> RunConfig``: a 2-layer, width-32 model on the sample, run in tmp_path."""
 
     def make(*overrides: str) -> RunConfig:
-        base = [f"data.source={fineweb}", f"data.tokenizer={bpe}", f"data.cache_dir={data_cache}",
-                f"out_dir={tmp_path / 'runs'}", "name=tiny"]
-        return load_config(None, [*base, *TINY, *overrides])
+        return load_config(None, [*run_overrides, *overrides])
 
     return make

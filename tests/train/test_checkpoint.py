@@ -8,19 +8,15 @@ from pathlib import Path
 
 import pytest
 import torch
-from safetensors.torch import load_file
+from tiny import checkpoint_weights, metrics_rows
 from tokenizers import Tokenizer
 from transformers import AutoTokenizer
 
 import llm.train.checkpoint as checkpoint
+from llm.config import load_config
 from llm.model import IsoLLMForCausalLM
 from llm.train.checkpoint import CheckpointError, CheckpointWarning, latest_checkpoint, verify_checkpoint
-from llm.train.trainer import fit
-
-
-def _meta_rows(run_dir: Path) -> list[dict]:
-    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
-    return [r for r in rows if r["kind"] == "meta"]
+from llm.train.trainer import build_model, fit
 
 
 def test_keep_k_pointer_and_truncated_checkpoint_fallback(tiny_config) -> None:
@@ -49,7 +45,7 @@ def test_keep_k_pointer_and_truncated_checkpoint_fallback(tiny_config) -> None:
         resumed = fit(tiny_config("train.max_steps=6", "train.checkpoint_every=2", "train.keep_checkpoints=2",
                                   "resume=true"))
     assert resumed.step == 6
-    assert _meta_rows(config.run_dir)[-1]["resumed_from"].endswith("step_00000004")
+    assert metrics_rows(config.run_dir, "meta")[-1]["resumed_from"].endswith("step_00000004")
     verify_checkpoint(ckpts / "step_00000006")  # rewritten whole
     assert (ckpts / "latest").read_text().strip() == "step_00000006"
 
@@ -76,15 +72,40 @@ def test_model_directory_loads_with_transformers(tiny_config, bpe: Path) -> None
     result = fit(tiny_config("train.max_steps=2"))
     model_dir = result.last_checkpoint / "model"
     model = IsoLLMForCausalLM.from_pretrained(model_dir)
-    saved = load_file(result.last_checkpoint / "state" / "model.safetensors")
-    for name, tensor in model.state_dict().items():
-        if name in saved:
-            assert torch.equal(tensor, saved[name]), name
+    saved = checkpoint_weights(result.last_checkpoint)
+    assert set(model.state_dict()) - set(saved) == {"lm_head.weight"}  # tied: saved once
+    for name, tensor in saved.items():
+        assert torch.equal(model.state_dict()[name], tensor), name
     assert model.lm_head.weight.data_ptr() == model.model.embed_tokens.weight.data_ptr()  # still tied
+    # the weights are on disk once: accelerate's state/ holds optimizer, scheduler and RNG only
+    assert sorted(p.name for p in (result.last_checkpoint / "state").iterdir()) == [
+        "data_rank0.pt", "optimizer.bin", "random_states_0.pkl", "scheduler.bin"]
     text = "The quick brown fox jumps over the lazy dog."
     hf_tokenizer = AutoTokenizer.from_pretrained(model_dir)
     assert hf_tokenizer(text)["input_ids"] == Tokenizer.from_file(str(bpe)).encode(text).ids
     assert hf_tokenizer.eos_token == "<|endoftext|>"
+
+
+@pytest.mark.parametrize("max_shard_size", ["50GB", "20KB"])
+def test_exported_weights_load_back_exactly(tiny_overrides: list[str], tmp_path: Path,
+                                            max_shard_size: str) -> None:
+    """Resume reads the weights from model/ (one file, or shards for a big model) into the live model."""
+    config = load_config(None, tiny_overrides)
+    torch.manual_seed(0)
+    trained = build_model(config.model)
+    trained.save_pretrained(tmp_path, max_shard_size=max_shard_size)
+    assert (tmp_path / "model.safetensors.index.json").is_file() == (max_shard_size == "20KB")
+    torch.manual_seed(1)
+    restored = build_model(config.model)
+    checkpoint._load_exported_weights(restored, tmp_path)
+    for (name, expected), actual in zip(trained.state_dict().items(), restored.state_dict().values(),
+                                        strict=True):
+        assert torch.equal(actual, expected), name
+    assert restored.lm_head.weight.data_ptr() == restored.model.embed_tokens.weight.data_ptr()
+
+    untied = build_model(load_config(None, [*tiny_overrides, "model.tie_word_embeddings=false"]).model)
+    with pytest.raises(CheckpointError, match=r"weights do not fit the model \(missing \['lm_head.weight'\]"):
+        checkpoint._load_exported_weights(untied, tmp_path)
 
 
 def test_verify_rejects_missing_manifest(tmp_path: Path) -> None:

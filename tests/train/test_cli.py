@@ -3,18 +3,14 @@
 from __future__ import annotations
 
 import json
-import os
 import signal
-import subprocess
-import sys
 import time
 from pathlib import Path
 
 import pytest
+from tiny import metrics_rows, start_train_py
 
 from llm.train.cli import main
-
-REPO = Path(__file__).resolve().parents[2]
 
 
 @pytest.mark.parametrize(("override", "field", "message"), [
@@ -46,15 +42,9 @@ def test_batch_that_does_not_divide_fails_before_work(tiny_config, capsys) -> No
     assert not Path(config.out_dir).exists()
 
 
-def _train(tmp_path: Path, *args: str) -> subprocess.Popen:
-    env = {**os.environ, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1"}
-    return subprocess.Popen([sys.executable, str(REPO / "train.py"), *args], cwd=tmp_path, env=env,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-
-
 @pytest.mark.slow
 def test_subprocess_exit_code_for_bad_value(tmp_path: Path) -> None:
-    proc = _train(tmp_path, "model.ffn=nope")
+    proc = start_train_py(tmp_path, "model.ffn=nope")
     _, err = proc.communicate(timeout=120)
     assert proc.returncode == 2, err
     assert err.strip().splitlines() == [err.strip()] and err.startswith("error: model.ffn: ")
@@ -62,12 +52,10 @@ def test_subprocess_exit_code_for_bad_value(tmp_path: Path) -> None:
 
 
 @pytest.mark.slow
-def test_sigterm_checkpoints_and_exits_0(tiny_config, tiny_overrides: list[str], tmp_path: Path) -> None:
-    config = tiny_config()
+def test_sigterm_checkpoints_and_exits_0(run_overrides: list[str], tmp_path: Path) -> None:
     run_dir = tmp_path / "runs" / "sig"
-    proc = _train(tmp_path, f"data.source={config.data.source}", f"data.tokenizer={config.data.tokenizer}",
-                  f"data.cache_dir={config.data.cache_dir}", *tiny_overrides, "name=sig",
-                  "train.max_steps=100000", "train.checkpoint_every=100000")
+    proc = start_train_py(tmp_path, *run_overrides, "name=sig", "train.max_steps=100000",
+                          "train.checkpoint_every=100000")
     metrics = run_dir / "metrics.jsonl"
     deadline = time.monotonic() + 180
     while time.monotonic() < deadline and proc.poll() is None:
@@ -79,7 +67,7 @@ def test_sigterm_checkpoints_and_exits_0(tiny_config, tiny_overrides: list[str],
     proc.send_signal(signal.SIGTERM)
     _, err = proc.communicate(timeout=120)
     assert proc.returncode == 0, err
-    last = [json.loads(line) for line in metrics.read_text().splitlines()][-1]
+    last = metrics_rows(run_dir)[-1]
     pointer = (run_dir / "checkpoints" / "latest").read_text().strip()
     assert pointer == f"step_{last['step']:08d}"
     saved = json.loads((run_dir / "checkpoints" / pointer / "trainer.json").read_text())["state"]

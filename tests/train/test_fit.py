@@ -6,26 +6,15 @@ import json
 import math
 import os
 import signal
-from pathlib import Path
 
 import pytest
 import torch
-from safetensors.torch import load_file
+from tiny import assert_same_weights, checkpoint_weights, metrics_rows, trajectory
 
 import llm.model.lm_head as lm_head
 import llm.train.trainer as trainer
 from llm.model.config import ConfigError
 from llm.train.trainer import TrainingError, fit
-
-
-def _rows(run_dir: Path, kind: str) -> list[dict]:
-    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
-    return [r for r in rows if r["kind"] == kind]
-
-
-def _weights(checkpoint: Path) -> dict[str, torch.Tensor]:
-    return load_file(checkpoint / "model" / "model.safetensors")
-
 
 TRAIN_KEYS = {"kind", "step", "tokens", "loss", "ppl", "lr", "grad_norm", "grad_norm_var_rolling",
               "grad_norm_cv_rolling", "grad_norm_var_run", "grad_norm_cv_run", "grad_norm_nonfinite",
@@ -40,13 +29,13 @@ def test_loss_falls_and_metrics_rows_are_documented(tiny_config) -> None:
     run_dir = result.run_dir
     assert result.step == 30 and result.tokens == 30 * 256
 
-    (meta,) = _rows(run_dir, "meta")
+    (meta,) = metrics_rows(run_dir, "meta")
     assert meta["variant"] == "isogmlp+softmax"
     assert meta["params_total"] > meta["params_non_embedding"] > 0
     assert meta["params_total"] - meta["params_non_embedding"] == 512 * 32  # tied embedding counted once
     assert meta["flops_per_token"] > 0 and meta["config"]["model"]["ffn"] == "isogmlp"
 
-    train = _rows(run_dir, "train")
+    train = metrics_rows(run_dir, "train")
     assert [r["step"] for r in train] == list(range(1, 31))
     for row in train:
         assert set(row) == TRAIN_KEYS
@@ -61,7 +50,7 @@ def test_loss_falls_and_metrics_rows_are_documented(tiny_config) -> None:
     assert lrs[4] == pytest.approx(3e-3) and lrs[0] == pytest.approx(3e-3 / 5)  # warmup_steps=5
     assert lrs[-1] < lrs[10]  # cosine decay
 
-    evals = _rows(run_dir, "eval")
+    evals = metrics_rows(run_dir, "eval")
     assert [r["step"] for r in evals] == [15, 30]
     for row in evals:
         assert math.isfinite(row["val_loss"]) and row["val_ppl"] == pytest.approx(math.exp(row["val_loss"]))
@@ -99,17 +88,13 @@ def test_stop_and_resume_equals_uninterrupted_run(tiny_config, monkeypatch: pyte
     resumed = fit(tiny_config(*overrides, "name=split", "resume=true"))
     assert resumed.step == 12
 
-    losses = lambda run: [(r["step"], r["loss"], r["grad_norm"], r["lr"]) for r in _rows(run, "train")]  # noqa: E731
-    assert losses(resumed.run_dir) == losses(whole.run_dir)  # bitwise: every step's loss, norm and lr
-    assert _rows(resumed.run_dir, "eval")[-1]["val_loss"] == _rows(whole.run_dir, "eval")[-1]["val_loss"]
-    a, b = _weights(whole.last_checkpoint), _weights(resumed.last_checkpoint)
-    assert a.keys() == b.keys()
-    for key in a:
-        assert torch.equal(a[key], b[key]), key
+    assert trajectory(resumed.run_dir) == trajectory(whole.run_dir)  # bitwise: every step's loss, norm and lr
+    last = lambda run, kind, key: metrics_rows(run.run_dir, kind)[-1][key]  # noqa: E731
+    assert last(resumed, "eval", "val_loss") == last(whole, "eval", "val_loss")
+    assert_same_weights(whole.last_checkpoint, resumed.last_checkpoint)
     # the grad-norm statistics continued rather than restarted
-    assert _rows(resumed.run_dir, "train")[-1]["grad_norm_var_run"] == _rows(whole.run_dir, "train")[-1][
-        "grad_norm_var_run"]
-    (_, meta_2) = _rows(resumed.run_dir, "meta")
+    assert last(resumed, "train", "grad_norm_var_run") == last(whole, "train", "grad_norm_var_run")
+    (_, meta_2) = metrics_rows(resumed.run_dir, "meta")
     assert meta_2["resumed_from"].endswith("step_00000005") and meta_2["step"] == 5
 
 
@@ -130,7 +115,7 @@ def _nan_loss_on(monkeypatch: pytest.MonkeyPatch, bad_steps: set[int], accum: in
 def test_nonfinite_step_is_skipped_and_counted(tiny_config, monkeypatch: pytest.MonkeyPatch) -> None:
     _nan_loss_on(monkeypatch, {4})
     result = fit(tiny_config("train.max_steps=8"))
-    train = {r["step"]: r for r in _rows(result.run_dir, "train")}
+    train = {r["step"]: r for r in metrics_rows(result.run_dir, "train")}
     assert math.isnan(train[4]["loss"]) and not math.isfinite(train[4]["grad_norm"])
     assert [train[s]["skipped_steps"] for s in range(1, 9)] == [0, 0, 0, 1, 1, 1, 1, 1]
     assert train[4]["grad_norm_nonfinite"] == 1
@@ -148,7 +133,7 @@ def test_consecutive_nonfinite_steps_stop_with_state_saved(tiny_config, monkeypa
     ckpt = config.run_dir / "checkpoints" / "step_00000005"
     saved = json.loads((ckpt / "trainer.json").read_text())["state"]
     assert saved == {"step": 5, "tokens": 5 * 256, "skipped_steps": 3, "consecutive_bad_steps": 3}
-    assert all(torch.isfinite(t).all() for t in _weights(ckpt).values())
+    assert all(torch.isfinite(t).all() for t in checkpoint_weights(ckpt).values())
     assert (config.run_dir / "checkpoints" / "latest").read_text().strip() == "step_00000005"
 
 
