@@ -94,7 +94,7 @@ class TrainConfig:
     grad_clip: float = 1.0
     """Clip the global gradient norm to this; 0 disables clipping (the pre-clip norm is logged)."""
     precision: str = "auto"
-    """auto (bf16 on GPU, fp32 on CPU) | fp32 | bf16."""
+    """auto (bf16 autocast on GPU, fp32 elsewhere) | fp32 | bf16 (bf16 autocast on any device)."""
     compile: bool = False
     """torch.compile the model."""
     log_every: int = 10
@@ -131,12 +131,13 @@ class TrainConfig:
         return self
 
     def autocast_dtype(self, device_type: str) -> torch.dtype | None:
-        """The dtype ``precision`` runs matmuls in on a ``device_type`` device ("cuda", "cpu", ...): bf16
-        autocast on a GPU unless fp32, None (plain fp32, no autocast) anywhere else. The trainer refuses an
-        explicit bf16 without a GPU; evaluation then runs in fp32."""
-        if device_type != "cuda" or self.precision == "fp32":
-            return None
-        return torch.bfloat16
+        """The dtype ``precision`` runs matmuls in on a ``device_type`` device ("cuda", "cpu", ...), or None
+        for plain fp32 (no autocast). ``auto``: bf16 autocast on a GPU, fp32 elsewhere (CPU bf16 is slower
+        than fp32 on CPUs without bf16 matrix units). ``bf16`` asks for bf16 autocast on any device (on a
+        CPU it runs the GPU's numerics, slowly); ``fp32`` never autocasts."""
+        if self.precision == "bf16" or (self.precision == "auto" and device_type == "cuda"):
+            return torch.bfloat16
+        return None
 
 
 @dataclass

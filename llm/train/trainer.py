@@ -178,9 +178,7 @@ def train_step(
 
 
 def _mixed_precision(config: RunConfig, device_type: str) -> str:
-    """Accelerate's mixed_precision for ``TrainConfig.autocast_dtype``; an explicit bf16 needs a GPU."""
-    if config.train.precision == "bf16" and device_type != "cuda":
-        raise ConfigError("train.precision", "bf16 needs a GPU; use auto or fp32 on CPU")
+    """Accelerate's mixed_precision for ``TrainConfig.autocast_dtype``."""
     return "no" if config.train.autocast_dtype(device_type) is None else "bf16"
 
 
@@ -270,7 +268,7 @@ def fit(config: RunConfig) -> FitResult:
     fpt = flops_per_token(config.model, config.data.seq_len)
     log.log("meta", state.step, state.tokens, name=config.name, variant=config.model.variant_name,
             seed=config.seed, params_total=total, params_non_embedding=non_embedding, flops_per_token=fpt,
-            world_size=world_size, grad_accum=accum, max_steps=max_steps,
+            world_size=world_size, grad_accum=accum, max_steps=max_steps, mixed_precision=accelerator.mixed_precision,
             resumed_from=str(resume_from) if resume_from else None, config=asdict(config))
 
     device = accelerator.device

@@ -76,8 +76,10 @@ def _stop_after(monkeypatch: pytest.MonkeyPatch, steps: int) -> None:
     monkeypatch.setattr(trainer, "train_step", train_step)
 
 
-def test_stop_and_resume_equals_uninterrupted_run(tiny_config, monkeypatch: pytest.MonkeyPatch) -> None:
-    overrides = ("train.max_steps=12", "train.checkpoint_every=100", "train.eval_every=100")
+@pytest.mark.parametrize("precision", ["auto", "bf16"])  # on CPU: fp32, and bf16 autocast as on a GPU
+def test_stop_and_resume_equals_uninterrupted_run(tiny_config, monkeypatch: pytest.MonkeyPatch, precision: str) -> None:
+    overrides = ("train.max_steps=12", "train.checkpoint_every=100", "train.eval_every=100",
+                 f"train.precision={precision}")
     whole = fit(tiny_config(*overrides, "name=whole"))
 
     _stop_after(monkeypatch, 5)
@@ -96,6 +98,7 @@ def test_stop_and_resume_equals_uninterrupted_run(tiny_config, monkeypatch: pyte
     assert last(resumed, "train", "grad_norm_var_run") == last(whole, "train", "grad_norm_var_run")
     (_, meta_2) = metrics_rows(resumed.run_dir, "meta")
     assert meta_2["resumed_from"].endswith("step_00000005") and meta_2["step"] == 5
+    assert meta_2["mixed_precision"] == ("bf16" if precision == "bf16" else "no")
 
 
 def _nan_loss_on(monkeypatch: pytest.MonkeyPatch, bad_steps: set[int], accum: int = 2) -> None:
