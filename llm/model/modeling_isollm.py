@@ -69,6 +69,7 @@ class _RMSNorm(torch.autograd.Function):
     def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, None]:
         x, weight, rstd = ctx.saved_tensors
         with torch.autocast(x.device.type, enabled=False):  # a backward called inside autocast, too
+            grad = grad.to(rstd.dtype)  # bf16 when the weight is (model.to(bf16), FSDP2/DeepSpeed bf16)
             normed = x.to(rstd.dtype) * rstd
             grad_weight = torch.linalg.vecdot(grad.reshape(-1, x.shape[-1]), normed.reshape(-1, x.shape[-1]),
                                               dim=0)

@@ -301,21 +301,24 @@ def test_rms_norm_under_autocast_equals_the_composed_formula(dtype):
         assert error < (1e-6 if dtype == torch.float32 else 2**-7)
 
 
+@pytest.mark.parametrize("mode", ["autocast", "bf16_weights"])
 @pytest.mark.parametrize("variant", VARIANTS, ids=variant_id)
-def test_bf16_autocast_training_step_follows_fp32(variant):
-    """A training step under bf16 autocast (what the trainer runs on GPU) gives fp32's loss and
-    gradients to bf16 precision, for every FFN x attention scoring."""
+def test_bf16_training_step_follows_fp32(variant, mode):
+    """A training step in bf16 gives fp32's loss and gradients to bf16 precision, for every variant:
+    under autocast (Accelerate's bf16 with DDP) and with the weights themselves in bf16 (FSDP2's
+    param_dtype, DeepSpeed's bf16 mode)."""
     model = build(dtype=torch.float32, **variant).train()
     ids = tokens()
 
-    def step(autocast: bool) -> tuple[torch.Tensor, torch.Tensor]:
-        model.zero_grad()
+    def step(model: IsoLLMForCausalLM, autocast: bool) -> tuple[torch.Tensor, torch.Tensor]:
         with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
             loss = model(ids, labels=ids).loss
         loss.backward()
-        return loss.detach(), torch.cat([p.grad.flatten() for p in model.parameters()])
+        return loss.detach(), torch.cat([p.grad.float().flatten() for p in model.parameters()])
 
-    loss32, grad32 = step(False)
-    loss16, grad16 = step(True)
+    loss32, grad32 = step(model, autocast=False)
+    model.zero_grad()
+    loss16, grad16 = step(model, True) if mode == "autocast" else step(model.to(torch.bfloat16), False)
+    assert loss16.dtype == torch.float32
     torch.testing.assert_close(loss16, loss32, rtol=2e-2, atol=0)
     assert torch.nn.functional.cosine_similarity(grad16, grad32, dim=0) > 0.99
