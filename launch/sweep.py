@@ -1,6 +1,6 @@
 """Expand a sweep file into runs and print them, run them here, or submit a Slurm array (llm/sweep.py).
 
-    python launch/sweep.py launch/sweeps/ffn_attn.yaml --mode print|local|slurm [--dry-run]
+    python launch/sweep.py launch/sweeps/ffn_attn.yaml --mode print|local|slurm [--dry-run] [--only NAME ...] [-j N]
 """
 
 import sys

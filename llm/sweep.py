@@ -11,8 +11,12 @@ A sweep file (``launch/sweeps/*.yaml``)::
       seed: [0, 1, 2]
     overrides: {train.max_tokens: 1000000}    # fixed for every run
     run_name: "{size}-{model.ffn}-s{seed}"    # placeholders: the axes
-    command: python train.py                  # what runs one config (or `accelerate launch ... train.py`)
+    command: python train.py                  # what --mode local runs for one config
     slurm: {nodes: 1, gpus_per_node: 8, time: "24:00:00", accelerate_config: launch/accelerate/ddp.yaml}
+
+Slurm array tasks ignore ``command``: they run launch/slurm/train.sbatch with ``slurm.accelerate_config``.
+A local ``accelerate launch`` command names the same config through an interpolation,
+``--config_file ${slurm.accelerate_config}``, so the file is named once.
 
 The runs are the cartesian product of all axes (``files`` first, then ``grid``, in file order). Every
 run's config is resolved with ``load_config`` before anything starts, so a typo fails the whole sweep
@@ -21,6 +25,8 @@ order, same validation tokens, same token budget): the whole ``data`` section an
 ``COMPARISON_INVARIANTS``. A ``data.*`` grid axis is therefore refused.
 
     python launch/sweep.py launch/sweeps/ffn_attn.yaml --mode print|local|slurm [--dry-run]
+        [--only NAME ...]    # just these runs of the grid
+        [-j N]               # --mode local: at most N runs at once (default 1: one after another)
 """
 
 from __future__ import annotations
@@ -33,7 +39,8 @@ import shlex
 import shutil
 import subprocess
 import sys
-from dataclasses import asdict, dataclass, field
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -84,6 +91,15 @@ class Sweep:
 
     def commands(self) -> list[list[str]]:
         return [[*self.command, *run.train_args()] for run in self.runs]
+
+    def only(self, names: list[str]) -> Sweep:
+        """This sweep cut to the runs named (grid order kept); ``ValueError`` listing the valid names."""
+        valid = [run.name for run in self.runs]
+        unknown = [name for name in names if name not in valid]
+        if unknown:
+            raise ValueError(f"--only: no run named {', '.join(unknown)} in {self.source}; "
+                             f"valid names: {', '.join(valid)}")
+        return replace(self, runs=[run for run in self.runs if run.name in names])
 
 
 def format_value(value: Any) -> str:
@@ -139,19 +155,14 @@ def expand(spec: dict[str, Any], path: Path) -> list[Run]:
     if set(files) & set(grid):
         raise _fail(path, "files", f"axes {sorted(set(files) & set(grid))} are also grid keys")
 
-    axis_names = [*files, *grid]
-    axis_choices = [[(label, [file]) for label, file in files[a].items()] for a in files]
-    axis_choices += [[(format_value(v), [f"{key}={format_value(v)}"]) for v in grid[key]] for key in grid]
-    template = spec.get("run_name") or "-".join(f"{{{a}}}" for a in axis_names) or str(spec["name"])
+    labels = {axis: list(choices) for axis, choices in files.items()}
+    labels.update({key: [format_value(v) for v in values] for key, values in grid.items()})
+    template = spec.get("run_name") or "-".join(f"{{{a}}}" for a in labels) or str(spec["name"])
     runs: list[Run] = []
-    for point in itertools.product(*axis_choices):
-        axes = {axis: label for axis, (label, _) in zip(axis_names, point, strict=True)}
-        extra_files = [item for (_, items), axis in zip(point, axis_names, strict=True)
-                       if axis in files for item in items]
-        grid_overrides = [item for (_, items), axis in zip(point, axis_names, strict=True)
-                          if axis in grid for item in items]
-        runs.append(Run(_render_name(path, template, axes), [*configs, *extra_files],
-                        [*overrides, *grid_overrides], axes))
+    for point in itertools.product(*labels.values()):
+        axes = dict(zip(labels, point, strict=True))
+        runs.append(Run(_render_name(path, template, axes), [*configs, *(files[a][axes[a]] for a in files)],
+                        [*overrides, *(f"{key}={axes[key]}" for key in grid)], axes))
     names = [run.name for run in runs]
     duplicates = sorted({n for n in names if names.count(n) > 1})
     if duplicates:
@@ -257,13 +268,20 @@ def slurm_array_script(sweep: Sweep) -> str:
     ])
 
 
-def run_local(sweep: Sweep, dry_run: bool) -> int:
-    """Run the sweep's commands one after another from the repo root; return how many failed."""
-    failed = []
-    for i, cmd in enumerate(sweep.commands()):
-        print(f"[{i + 1}/{len(sweep.runs)}] {shlex.join(cmd)}", flush=True)
-        if not dry_run and subprocess.run(cmd, cwd=REPO_ROOT).returncode != 0:
-            failed.append(sweep.runs[i].name)
+def run_local(sweep: Sweep, dry_run: bool, jobs: int = 1) -> int:
+    """Run the sweep's commands from the repo root in grid order, at most ``jobs`` at once (1: one after
+    another), each writing to this terminal; return how many failed."""
+    commands = sweep.commands()
+
+    def launch(i: int) -> bool:
+        # one write per line (print writes the end separately): lines of runs started together stay whole
+        print(f"[{i + 1}/{len(commands)}] {shlex.join(commands[i])}\n", end="", flush=True)
+        return dry_run or subprocess.run(commands[i], cwd=REPO_ROOT).returncode == 0
+
+    # map cancels the runs not yet started when it raises (Ctrl-C): only the running ones finish
+    with ThreadPoolExecutor(max_workers=jobs) as pool:
+        succeeded = list(pool.map(launch, range(len(commands))))
+    failed = [run.name for run, ok in zip(sweep.runs, succeeded, strict=True) if not ok]
     if failed:
         print(f"{len(failed)} of {len(sweep.runs)} runs failed: {', '.join(failed)}", file=sys.stderr)
     return len(failed)
@@ -284,23 +302,37 @@ def submit_slurm(sweep: Sweep, dry_run: bool, script_dir: Path) -> Path:
     return script
 
 
+def _positive_int(text: str) -> int:
+    if not text.isdigit() or int(text) < 1:
+        raise argparse.ArgumentTypeError(f"expected a whole number of runs >= 1, got {text!r}")
+    return int(text)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("sweep", help="sweep YAML file (launch/sweeps/*.yaml)")
     parser.add_argument("--mode", choices=("print", "local", "slurm"), default="print",
-                        help="print the commands, run them one after another here, or submit a Slurm array")
+                        help="print the commands, run them here (see --jobs), or submit a Slurm array")
     parser.add_argument("--dry-run", action="store_true",
                         help="local: only print; slurm: write the array script without calling sbatch")
     parser.add_argument("--script-dir", default=str(REPO_ROOT / "runs" / "sweeps"),
                         help="where --mode slurm writes <sweep name>.sbatch")
+    parser.add_argument("--only", nargs="+", metavar="NAME",
+                        help="just these runs of the grid (their run names; every mode)")
+    parser.add_argument("-j", "--jobs", type=_positive_int, default=1, metavar="N",
+                        help="--mode local: run at most N at once (default 1: one after another)")
     args = parser.parse_args(argv)
+    if args.jobs != 1 and args.mode != "local":
+        parser.error(f"--jobs applies to --mode local only, not --mode {args.mode}")
     try:
         sweep = load_sweep(args.sweep)
+        if args.only:
+            sweep = sweep.only(args.only)
         if args.mode == "print":
             for cmd in sweep.commands():
                 print(shlex.join(cmd))
         elif args.mode == "local":
-            return 1 if run_local(sweep, args.dry_run) else 0
+            return 1 if run_local(sweep, args.dry_run, args.jobs) else 0
         else:
             submit_slurm(sweep, args.dry_run, Path(args.script_dir))
     except (ValueError, FileNotFoundError) as err:

@@ -10,11 +10,15 @@ import hashlib
 import importlib.util
 from collections.abc import Iterable
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
 from llm.data.errors import DataError
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerFast
 
 __all__ = [
     "DEFAULT_HUB_TOKENIZER",
@@ -85,6 +89,13 @@ def eos_id(tok: Tokenizer) -> int:
     if token_id is None:
         raise DataError(f"tokenizer has no {EOS_TOKEN} token; train one with `isollm-data train-tokenizer`")
     return token_id
+
+
+def hf_tokenizer(tok: Tokenizer) -> PreTrainedTokenizerFast:
+    """The tokenizer as a transformers fast tokenizer (EOS set), so ``AutoTokenizer`` loads a saved model."""
+    from transformers import PreTrainedTokenizerFast  # transformers loads slowly; only savers need it
+
+    return PreTrainedTokenizerFast(tokenizer_object=tok, eos_token=EOS_TOKEN)
 
 
 def padded_vocab_size(tok: Tokenizer, multiple: int = 128) -> int:

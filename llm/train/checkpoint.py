@@ -48,6 +48,7 @@ from tokenizers import Tokenizer
 from torch import nn
 
 from llm.config import RunConfig, load_config, save_config
+from llm.data.tokenizer import hf_tokenizer
 from llm.model.config import ConfigError
 from llm.train.distributed import all_ranks_agree, is_main_process, rank_and_world_size
 
@@ -133,15 +134,6 @@ def _prune(ckpt_dir: Path, keep: int, current: str) -> None:
             shutil.rmtree(old, ignore_errors=True)
 
 
-def _hf_tokenizer(tokenizer: Tokenizer) -> Any:
-    """The run's tokenizer as a transformers fast tokenizer, so ``AutoTokenizer`` loads model/."""
-    from transformers import PreTrainedTokenizerFast
-
-    from llm.data.tokenizer import EOS_TOKEN
-
-    return PreTrainedTokenizerFast(tokenizer_object=tokenizer, eos_token=EOS_TOKEN)
-
-
 def _load_exported_weights(model: nn.Module, model_dir: Path) -> None:
     """Copy the weights of the ``save_pretrained`` directory ``model_dir`` (one file or shards) into
     ``model`` in place; every parameter must be restored, tied ones (saved once) by their twin."""
@@ -219,7 +211,7 @@ def save_checkpoint(
         if main:
             hf_model = accelerator.unwrap_model(model)
             hf_model.save_pretrained(tmp / MODEL_DIR, state_dict=state_dict)
-            _hf_tokenizer(tokenizer).save_pretrained(tmp / MODEL_DIR)
+            hf_tokenizer(tokenizer).save_pretrained(tmp / MODEL_DIR)
             (tmp / "trainer.json").write_text(json.dumps(trainer_state, indent=1))
             save_config(config, tmp / "config.yaml")
     except OSError as err:

@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import json
-import math
 from pathlib import Path
 
 import pytest
+import torch
 
 from llm.eval.cli import main
 from llm.eval.lm_eval_adapter import lm_eval_available
@@ -15,16 +15,24 @@ pytestmark = pytest.mark.skipif(
     not lm_eval_available(), reason="lm-eval is not installed (optional extra: pip install -e '.[lmeval]')")
 
 DOCS = [
-    {"question": "The sun rises in the", "choices": [" east", " west"], "answer": 0},
-    {"question": "Water is", "choices": [" dry", " wet"], "answer": 1},
-    {"question": "One plus one is", "choices": [" two", " three", " four"], "answer": 0},
+    {"question": "The sun rises in the", "choices": ["east", "west", "sea", "morning"]},
+    {"question": "Water is", "choices": ["dry", "wet", "cold", "blue"]},
+    {"question": "One plus one is", "choices": ["two", "three", "four", "one"]},
+    {"question": "The capital of France is", "choices": ["Berlin", "Paris", "Rome", "Madrid"]},
+    {"question": "Cats like to drink", "choices": ["oil", "milk", "sand", "ink"]},
+    {"question": "In winter it is often", "choices": ["hot", "cold", "loud", "late"]},
+    {"question": "A week has seven", "choices": ["days", "hours", "years", "cups"]},
+    {"question": "People read a", "choices": ["book", "spoon", "cloud", "river"]},
 ]
+"""Choices without a leading space: lm_eval joins question and choice with its target delimiter, " "."""
 
 
-def write_task(root: Path) -> Path:
+def write_task(root: Path, answers: list[int] | None = None) -> Path:
     """A task YAML reading a local jsonl through the `json` dataset builder: no network."""
     root.mkdir()
-    (root / "docs.jsonl").write_text("".join(json.dumps(d) + "\n" for d in DOCS))
+    answers = answers or [0] * len(DOCS)
+    (root / "docs.jsonl").write_text(
+        "".join(json.dumps({**doc, "answer": answer}) + "\n" for doc, answer in zip(DOCS, answers, strict=True)))
     (root / "tiny_mc.yaml").write_text(
         "task: isollm_tiny_mc\n"
         "dataset_path: json\n"
@@ -38,18 +46,65 @@ def write_task(root: Path) -> Path:
     return root
 
 
-def test_lm_eval_on_local_task(trained_run: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str],
-                               monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.fixture(scope="module")
+def sharp_model(bpe: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A random tiny model saved with the BPE: its wide initialisation makes per-token log-probabilities
+    differ by nats, so scoring the wrong tokens moves the argmax (a few training steps leave a model
+    nearly uniform, whose choice ranking only counts tokens and hides such a mistake)."""
+    from tokenizers import Tokenizer
+
+    from llm.hf import save_for_hub
+    from llm.model import IsoLLMConfig, IsoLLMForCausalLM
+
+    torch.manual_seed(0)
+    model = IsoLLMForCausalLM(IsoLLMConfig(
+        vocab_size=512, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=2,
+        num_key_value_heads=1, max_position_embeddings=64, initializer_range=0.5))
+    return save_for_hub(model, tmp_path_factory.mktemp("sharp") / "model", tokenizer=Tokenizer.from_file(str(bpe)))
+
+
+def choice_scores(model_dir: Path) -> list[list[float]]:
+    """lm_eval's log-likelihood of every choice, computed here from the model itself: the summed
+    log-probability of the choice's tokens (" " + choice) after the question's."""
+    from llm.eval.evaluate import load_model, resolve_checkpoint
+    from llm.eval.lm_eval_adapter import hf_tokenizer
+
+    resolved = resolve_checkpoint(str(model_dir))
+    model, tokenizer = load_model(resolved), hf_tokenizer(resolved.model_path)
+    scores = []
+    for doc in DOCS:
+        context = tokenizer.encode(doc["question"], add_special_tokens=False)
+        row = []
+        for choice in doc["choices"]:
+            continuation = tokenizer.encode(" " + choice, add_special_tokens=False)
+            # lm_eval encodes the whole text and cuts after the context: the same split
+            assert tokenizer.encode(f"{doc['question']} {choice}", add_special_tokens=False) == [
+                *context, *continuation]
+            tokens = torch.tensor([context + continuation])
+            with torch.no_grad():
+                logprobs = model(tokens[:, :-1]).logits.log_softmax(-1)[0, len(context) - 1:]
+            row.append(logprobs.gather(-1, tokens[0, len(context):, None]).sum().item())
+        scores.append(row)
+    return scores
+
+
+def test_lm_eval_accuracy_is_the_models_own(sharp_model: Path, tmp_path: Path,
+                                            capsys: pytest.CaptureFixture[str],
+                                            monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each document's answer is the choice the model scores highest, so ``acc`` is 1 exactly when lm_eval
+    picks the model's own argmax for every document; one mis-scored document makes it 7/8."""
     monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
-    tasks = write_task(tmp_path / "tasks")
-    assert main(["lm-eval", str(trained_run), "--tasks", "isollm_tiny_mc", "--include-path", str(tasks),
-                 "--no-default-tasks", "--batch-size", "2", "--json"]) == 0
+    scores = choice_scores(sharp_model)
+    answers = [max(range(len(row)), key=row.__getitem__) for row in scores]
+    # clear winners (lm_eval's batched forward differs from this one by rounding only) and not all the same
+    assert all(sorted(row)[-1] - sorted(row)[-2] > 1e-3 for row in scores) and len(set(answers)) > 1
+    tasks = write_task(tmp_path / "tasks", answers)
+    assert main(["lm-eval", str(sharp_model), "--tasks", "isollm_tiny_mc", "--include-path", str(tasks),
+                 "--no-default-tasks", "--batch-size", "3", "--device", "cpu", "--json"]) == 0
     results = json.loads(capsys.readouterr().out)["isollm_tiny_mc"]
-    # accuracy over 3 documents is a multiple of 1/3
-    assert results["acc,none"] in {0.0, 1 / 3, 2 / 3, 1.0}
-    assert not math.isnan(results["acc_stderr,none"])
-
+    assert results["acc,none"] == 1.0
+    assert results["acc_stderr,none"] == 0.0
 
 
 def test_unknown_task_is_a_clear_error(trained_run: Path, tmp_path: Path,

@@ -17,6 +17,7 @@ from tokenizers.pre_tokenizers import Whitespace
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 import llm  # noqa: F401  (registers the Auto classes)
+from llm.data.tokenizer import EOS_TOKEN
 from llm.hf import save_for_hub
 from llm.model import IsoLLMConfig, IsoLLMForCausalLM
 
@@ -121,10 +122,10 @@ def test_from_pretrained_in_process_keeps_weights_and_tying(saved, name):
 
 
 def test_save_for_hub_writes_a_tokenizer_auto_tokenizer_loads(tmp_path):
-    tokenizer = Tokenizer(WordLevel({"<unk>": 0, "<eos>": 1, "the": 2, "cat": 3}, unk_token="<unk>"))
+    tokenizer = Tokenizer(WordLevel({"<unk>": 0, EOS_TOKEN: 1, "the": 2, "cat": 3}, unk_token="<unk>"))
     tokenizer.pre_tokenizer = Whitespace()
     model = IsoLLMForCausalLM(IsoLLMConfig(**TINY))
-    save_for_hub(model, tmp_path, tokenizer=tokenizer, eos_token="<eos>")
+    save_for_hub(model, tmp_path, tokenizer=tokenizer)
     loaded = AutoTokenizer.from_pretrained(tmp_path)
     assert loaded("the cat dog")["input_ids"] == [2, 3, 0]
     assert loaded.eos_token_id == 1

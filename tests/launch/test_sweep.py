@@ -112,6 +112,10 @@ SHIPPED = sorted((REPO_ROOT / "launch" / "sweeps").glob("*.yaml"))
 def test_shipped_sweeps_resolve(path: Path) -> None:
     sweep = load_sweep(path)
     assert len({run.name for run in sweep.runs}) == len(sweep.runs) > 1
+    # local runs use `command`, Slurm tasks slurm.accelerate_config: the file names one config, once
+    assert path.read_text().count("launch/accelerate/") <= 1
+    if "--config_file" in sweep.command:
+        assert sweep.command[sweep.command.index("--config_file") + 1] == sweep.slurm["accelerate_config"]
 
 
 def test_print_and_local_modes(sweep_file, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -163,3 +167,102 @@ def test_expand_order_is_files_then_grid_in_file_order(tmp_path: Path) -> None:
                    "run_name": "{f}{k.x}"}, tmp_path / "s.yaml")
     assert [r.name for r in runs] == ["A1", "A2", "B1", "B2"]
     assert json.dumps(runs[0].axes) == '{"f": "A", "k.x": "1"}'
+
+
+# A stand-in for train.py: `fake_train.py LOG NEED train-args...` appends its run name to LOG/started,
+# waits (up to 20 s) until NEED runs have started, records how many were running when it began, and
+# appends its name to LOG/done. A run that never sees NEED started exits 1.
+FAKE_TRAIN = """
+import fcntl, sys, time
+from pathlib import Path
+
+log, need, name = Path(sys.argv[1]), int(sys.argv[2]), sys.argv[-1].removeprefix("name=")
+
+def lines(file):
+    return (log / file).read_text().split() if (log / file).exists() else []
+
+def append(file, text):
+    with open(log / file, "a") as out:
+        fcntl.flock(out, fcntl.LOCK_EX)
+        out.write(text + "\\n")
+
+append("started", name)
+append("running", f"{name}={len(lines('started')) - len(lines('done'))}")
+print(f"fake run {name}", flush=True)
+deadline = time.monotonic() + 20
+while len(lines("started")) < need:
+    if time.monotonic() > deadline:
+        sys.exit(1)
+    time.sleep(0.01)
+append("done", name)
+"""
+
+
+@pytest.fixture
+def fake_sweep(sweep_file, tmp_path: Path):
+    """``fake_sweep(need)``: a 4-run sweep (r-<ffn>-s<seed>) whose command is FAKE_TRAIN logging to tmp."""
+    script, log = tmp_path / "fake_train.py", tmp_path / "log"
+    script.write_text(FAKE_TRAIN)
+    log.mkdir()
+
+    def make(need: int) -> tuple[Path, Path]:
+        command = shlex.join([sys.executable, str(script), str(log), str(need)])
+        return sweep_file(command=command, files=None, grid={"model.ffn": ["swiglu", "isogmlp"], "seed": [0, 1]},
+                          run_name="r-{model.ffn}-s{seed}"), log
+
+    return make
+
+
+def test_jobs_runs_at_most_n_at_once(fake_sweep, capfd: pytest.CaptureFixture[str]) -> None:
+    # the first two runs wait for each other: they finish only if two run at once
+    path, log = fake_sweep(need=2)
+    assert main([str(path), "--mode", "local", "-j", "2"]) == 0
+    assert sorted((log / "done").read_text().split()) == ["r-isogmlp-s0", "r-isogmlp-s1", "r-swiglu-s0",
+                                                          "r-swiglu-s1"]
+    running = dict(line.split("=") for line in (log / "running").read_text().split())
+    assert max(int(n) for n in running.values()) == 2
+    out = capfd.readouterr().out
+    assert out.count("fake run ") == 4  # each run still writes to this terminal
+    assert sorted(line.split()[0] for line in out.splitlines() if not line.startswith("fake run ")) == [
+        "[1/4]", "[2/4]", "[3/4]", "[4/4]"]  # whole lines, whatever order the threads printed them in
+
+
+def test_jobs_default_is_one_run_after_another(fake_sweep) -> None:
+    path, log = fake_sweep(need=1)
+    assert main([str(path), "--mode", "local"]) == 0
+    assert (log / "started").read_text().split() == ["r-swiglu-s0", "r-swiglu-s1", "r-isogmlp-s0",
+                                                      "r-isogmlp-s1"]
+    assert (log / "running").read_text().split() == ["r-swiglu-s0=1", "r-swiglu-s1=1", "r-isogmlp-s0=1",
+                                                      "r-isogmlp-s1=1"]
+
+
+def test_jobs_must_be_positive_and_local(fake_sweep, capsys: pytest.CaptureFixture[str]) -> None:
+    path, _ = fake_sweep(need=1)
+    for argv, message in ((["--mode", "local", "-j", "0"], "expected a whole number of runs >= 1, got '0'"),
+                          (["--mode", "print", "-j", "2"], "--jobs applies to --mode local only")):
+        with pytest.raises(SystemExit) as exit_info:
+            main([str(path), *argv])
+        assert exit_info.value.code == 2 and message in capsys.readouterr().err
+
+
+def test_only_runs_the_named_runs_in_grid_order(fake_sweep, tmp_path: Path,
+                                                capsys: pytest.CaptureFixture[str]) -> None:
+    path, log = fake_sweep(need=1)
+    only = ["--only", "r-isogmlp-s1", "r-swiglu-s0"]
+    assert main([str(path), "--mode", "print", *only]) == 0
+    assert [shlex.split(line)[-1] for line in capsys.readouterr().out.splitlines()] == [
+        "name=r-swiglu-s0", "name=r-isogmlp-s1"]
+    assert main([str(path), "--mode", "local", *only]) == 0
+    assert (log / "started").read_text().split() == ["r-swiglu-s0", "r-isogmlp-s1"]
+    assert main([str(path), "--mode", "slurm", "--dry-run", "--script-dir", str(tmp_path / "out"), *only]) == 0
+    script = (tmp_path / "out" / "cmp.sbatch").read_text()
+    assert "#SBATCH --array=0-1\n" in script and "# r-isogmlp-s1\n" in script and "r-swiglu-s1" not in script
+
+
+def test_only_with_an_unknown_name_lists_the_valid_ones(fake_sweep, capsys: pytest.CaptureFixture[str]) -> None:
+    path, log = fake_sweep(need=1)
+    assert main([str(path), "--mode", "local", "--only", "r-swiglu-s0", "r-nope"]) == 2
+    err = capsys.readouterr().err
+    assert err == (f"error: --only: no run named r-nope in {path}; valid names: r-swiglu-s0, r-swiglu-s1, "
+                   "r-isogmlp-s0, r-isogmlp-s1\n")
+    assert not (log / "started").exists()
