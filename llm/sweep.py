@@ -34,6 +34,7 @@ from __future__ import annotations
 import argparse
 import itertools
 import json
+import os
 import re
 import shlex
 import shutil
@@ -328,6 +329,10 @@ def main(argv: list[str] | None = None) -> int:
         sweep = load_sweep(args.sweep)
         if args.only:
             sweep = sweep.only(args.only)
+        if args.jobs > 1 and {"accelerate", "torchrun", "deepspeed"} & set(map(os.path.basename, sweep.command)):
+            # each launch takes every GPU of the machine and the same rendezvous port
+            raise ValueError(f"-j {args.jobs}: {shlex.join(sweep.command)} is a multi-process launcher; "
+                             "-j runs single-process commands side by side (e.g. python train.py on CPU)")
         if args.mode == "print":
             for cmd in sweep.commands():
                 print(shlex.join(cmd))

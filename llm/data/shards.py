@@ -60,6 +60,24 @@ def prepare(data_cfg: DataConfig, tokenizer: Tokenizer, out_dir: str | Path) -> 
     return index
 
 
+def _source_difference(prepared_from: dict[str, Any], configured: dict[str, Any]) -> str | None:
+    """The first way two ``Source.identity()`` differ, or None. Local files compare by name and size, not
+    by path: the same files reached from another directory, node or mount are the same source."""
+    for key in ("path", "name", "split", "text_column", "id_column"):
+        if key == "path" and configured["files"]:
+            continue  # a local source's path is where its files sit
+        if prepared_from.get(key) != configured[key]:
+            return f"source.{key} {prepared_from.get(key)!r} vs {configured[key]!r}"
+    prepared_files = [(Path(f).name, size) for f, size in prepared_from.get("files", [])]
+    files = [(Path(f).name, size) for f, size in configured["files"]]
+    if len(prepared_files) != len(files):
+        return f"{len(prepared_files)} files vs {len(files)}"
+    for (was, was_size), (now, now_size) in zip(prepared_files, files, strict=True):
+        if (was, was_size) != (now, now_size):
+            return f"file {was} of {was_size} bytes vs {now} of {now_size} bytes"
+    return None
+
+
 class PreparedTokens(TokenSource):
     """Training tokens read by memmap from a prepared directory."""
 
@@ -82,11 +100,10 @@ class PreparedTokens(TokenSource):
                              f"data.val_bucket is {data_cfg.val_bucket}; prepare again")
         # the validation set is read from data.source, so tokens prepared from another source would not
         # have its held-out documents removed (or would train on another corpus than the one evaluated)
-        prepared_from, configured = self.index["source"], data_source(data_cfg).identity()
-        for key, value in configured.items():
-            if prepared_from.get(key) != value:
-                raise DataError(f"data.prepared: {self.root} was prepared from source.{key} = "
-                                f"{prepared_from.get(key)!r}, data.source gives {value!r}; prepare again")
+        difference = _source_difference(self.index["source"], data_source(data_cfg).identity())
+        if difference:
+            raise DataError(f"data.prepared: {self.root} was prepared from another source than data.source "
+                            f"({difference}); prepare again")
         self.num_shards = len(self.index["shards"])
         self.cfg = data_cfg
 

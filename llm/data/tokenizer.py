@@ -23,6 +23,7 @@ if TYPE_CHECKING:
 __all__ = [
     "DEFAULT_HUB_TOKENIZER",
     "EOS_TOKEN",
+    "as_transformers_tokenizer",
     "encode_documents",
     "eos_id",
     "load_tokenizer",
@@ -91,10 +92,12 @@ def eos_id(tok: Tokenizer) -> int:
     return token_id
 
 
-def hf_tokenizer(tok: Tokenizer) -> PreTrainedTokenizerFast:
-    """The tokenizer as a transformers fast tokenizer (EOS set), so ``AutoTokenizer`` loads a saved model."""
+def as_transformers_tokenizer(tok: Tokenizer) -> PreTrainedTokenizerFast:
+    """The tokenizer as a transformers fast tokenizer with its EOS set, so ``AutoTokenizer`` loads a saved
+    model; ``DataError`` if it has no ``EOS_TOKEN`` (transformers would silently add one past the vocab)."""
     from transformers import PreTrainedTokenizerFast  # transformers loads slowly; only savers need it
 
+    eos_id(tok)
     return PreTrainedTokenizerFast(tokenizer_object=tok, eos_token=EOS_TOKEN)
 
 

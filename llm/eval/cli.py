@@ -53,7 +53,9 @@ def _evaluate_parser() -> argparse.ArgumentParser:
     parser.add_argument("--config", action="append", default=[], metavar="FILE",
                         help="YAML merged over the checkpoint's config.yaml (e.g. another data: section)")
     parser.add_argument("overrides", nargs="*", metavar="key.sub=value",
-                        help="dotted overrides, e.g. data.source=/path/*.parquet data.val_tokens=65536")
+                        help="dotted overrides, e.g. data.source=/path/*.parquet data.val_tokens=65536; "
+                        "evaluation runs in the run's train.precision (bf16 autocast for a bf16 run, on CPU "
+                        "too: train.precision=fp32 evaluates in fp32)")
     parser.add_argument("--samples", type=_at_least(0), default=3,
                         help="generated samples, one per fixed prompt (at most 5; 0: none)")
     parser.add_argument("--max-new-tokens", type=_at_least(1), default=32)

@@ -6,7 +6,7 @@ from pathlib import Path
 
 from tokenizers import Tokenizer
 
-from llm.data.tokenizer import hf_tokenizer
+from llm.data.tokenizer import as_transformers_tokenizer
 from llm.model import IsoLLMForCausalLM
 
 
@@ -20,5 +20,5 @@ def save_for_hub(model: IsoLLMForCausalLM, directory: str | Path, tokenizer: Tok
     directory = Path(directory)
     model.save_pretrained(directory)
     if tokenizer is not None:
-        hf_tokenizer(tokenizer).save_pretrained(directory)
+        as_transformers_tokenizer(tokenizer).save_pretrained(directory)
     return directory

@@ -48,7 +48,7 @@ from tokenizers import Tokenizer
 from torch import nn
 
 from llm.config import RunConfig, load_config, save_config
-from llm.data.tokenizer import hf_tokenizer
+from llm.data.tokenizer import as_transformers_tokenizer
 from llm.model.config import ConfigError
 from llm.train.distributed import all_ranks_agree, is_main_process, rank_and_world_size
 
@@ -141,8 +141,9 @@ def _load_exported_weights(model: nn.Module, model_dir: Path) -> None:
     shards = (sorted(set(json.loads(index.read_text())["weight_map"].values())) if index.is_file()
               else ["model.safetensors"])
     missing, unexpected = set(model.state_dict()), []
+    device = str(next(model.parameters()).device)  # straight to the GPU: no rank holds a CPU copy
     for shard in shards:
-        not_in_shard, extra = load_model(model, model_dir / shard, strict=False)
+        not_in_shard, extra = load_model(model, model_dir / shard, strict=False, device=device)
         missing &= set(not_in_shard)
         unexpected += extra
     if missing or unexpected:
@@ -211,7 +212,7 @@ def save_checkpoint(
         if main:
             hf_model = accelerator.unwrap_model(model)
             hf_model.save_pretrained(tmp / MODEL_DIR, state_dict=state_dict)
-            hf_tokenizer(tokenizer).save_pretrained(tmp / MODEL_DIR)
+            as_transformers_tokenizer(tokenizer).save_pretrained(tmp / MODEL_DIR)
             (tmp / "trainer.json").write_text(json.dumps(trainer_state, indent=1))
             save_config(config, tmp / "config.yaml")
     except OSError as err:

@@ -96,6 +96,7 @@ class FitResult:
     step: int
     tokens: int
     stopped_by_signal: bool
+    """A signal on any rank stopped the run (every rank stops at the same step and says so)."""
     last_checkpoint: Path | None
 
 
@@ -277,6 +278,7 @@ def fit(config: RunConfig) -> FitResult:
     val_batch = val_windows[: config.train.micro_batch_size, :-1].to(device)  # fixed isotropy batch
     data_iter = iter(loader)
     stop = StopRequest()
+    stopped_by_signal = False
     progress = ProgressBar(state.step, max_steps)
     last_ckpt = resume_from
     interval_tokens, interval_time, data_wait = 0, 0.0, 0.0
@@ -333,6 +335,7 @@ def fit(config: RunConfig) -> FitResult:
                 last_ckpt = checkpoint()
             if result.stop:
                 main_print(f"stopped by signal at step {state.step}; checkpoint {last_ckpt}")
+                stopped_by_signal = True
                 break
     finally:
         stop.restore()
@@ -343,4 +346,4 @@ def fit(config: RunConfig) -> FitResult:
             accelerator.wait_for_everyone()
             dist.destroy_process_group()
     return FitResult(run_dir=run_dir, step=state.step, tokens=state.tokens,
-                     stopped_by_signal=stop.signum is not None, last_checkpoint=last_ckpt)
+                     stopped_by_signal=stopped_by_signal, last_checkpoint=last_ckpt)

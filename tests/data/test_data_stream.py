@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import shutil
 from collections import Counter
 from dataclasses import replace
 from itertools import islice
@@ -182,16 +183,21 @@ def test_prepared_shards_equal_streaming(tmp_path: Path, data_cfg: DataConfig, b
 def test_prepared_shards_must_come_from_the_run_source(tmp_path: Path, data_cfg: DataConfig, bpe: Tokenizer,
                                                        five_shards: Path) -> None:
     """Validation reads data.source: shards prepared from another source would train on its held-out
-    documents, so the index's source and format are checked against the run."""
+    documents, so the index's source and format are checked against the run. The same files reached
+    through another path (another directory, node or mount) are the same source."""
     out = tmp_path / "prepared"
     index = prepare(data_cfg, bpe, out)
+    moved = tmp_path / "elsewhere"
+    shutil.copytree(data_cfg.source, moved)
+    build_train_loader(replace(data_cfg, source=str(moved), prepared=str(out)), bpe, 4, 0, 1)
     with pytest.raises(DataError) as raised:
         build_train_loader(replace(data_cfg, source=str(five_shards), prepared=str(out)), bpe, 4, 0, 1)
-    message = str(raised.value)
-    assert message.startswith(f"data.prepared: {out} was prepared from source.files = ") and "\n" not in message
-    prepared_from, configured = message.split(", data.source gives ")
-    assert "three" in prepared_from and "train-00002-of-00003.parquet" in prepared_from
-    assert "five" in configured and "train-00004-of-00005.parquet" in configured
+    assert str(raised.value) == (f"data.prepared: {out} was prepared from another source than data.source "
+                                 "(3 files vs 5); prepare again")
+    first = sorted(moved.iterdir())[0]
+    first.write_bytes(first.read_bytes() + b"\0")
+    with pytest.raises(DataError, match=rf"\(file {first.name} of \d+ bytes vs {first.name} of \d+ bytes\)"):
+        build_train_loader(replace(data_cfg, source=str(moved), prepared=str(out)), bpe, 4, 0, 1)
     (out / INDEX_FILE).write_text(json.dumps({**index, "format": FORMAT + 1}))
     with pytest.raises(DataError, match=rf"index\.json has format {FORMAT + 1}, this reader reads format {FORMAT}"):
         build_train_loader(replace(data_cfg, prepared=str(out)), bpe, 4, 0, 1)

@@ -17,6 +17,7 @@ from tokenizers.pre_tokenizers import Whitespace
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 import llm  # noqa: F401  (registers the Auto classes)
+from llm.data.errors import DataError
 from llm.data.tokenizer import EOS_TOKEN
 from llm.hf import save_for_hub
 from llm.model import IsoLLMConfig, IsoLLMForCausalLM
@@ -129,3 +130,6 @@ def test_save_for_hub_writes_a_tokenizer_auto_tokenizer_loads(tmp_path):
     loaded = AutoTokenizer.from_pretrained(tmp_path)
     assert loaded("the cat dog")["input_ids"] == [2, 3, 0]
     assert loaded.eos_token_id == 1
+    without_eos = Tokenizer(WordLevel({"<unk>": 0, "the": 1}, unk_token="<unk>"))
+    with pytest.raises(DataError, match=f"tokenizer has no {EOS_TOKEN} token"):  # not one added past the vocab
+        save_for_hub(model, tmp_path / "no-eos", tokenizer=without_eos)

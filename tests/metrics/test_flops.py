@@ -73,8 +73,10 @@ VARIANTS = [
 
 @pytest.mark.parametrize("fields", VARIANTS, ids=lambda f: "-".join(map(str, f.values())) or "swiglu")
 def test_matmul_weights_match_the_built_model(fields: dict[str, object]) -> None:
-    """Independent of the formulas: every matrix of the model except the embedding lookup, plus the LM
-    head (a matmul even when tied). Catches a variant whose projections change without flops.py."""
+    """``matmul_weights`` counts one meta-built decoder layer: times the layers, plus the LM head (a matmul
+    even when tied), it must equal every matrix of the whole model except the embedding lookup, so no
+    matrix outside the layers is missed and none is counted twice. (The swiglu total is checked by hand
+    in the test above.)"""
     config = replace(TINY, **fields)
     with torch.device("meta"):
         model = IsoLLMForCausalLM(IsoLLMConfig.from_model_config(config))

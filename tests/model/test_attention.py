@@ -247,6 +247,7 @@ def test_linear_attention_identity(hkv: int) -> None:
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="with CUDA, test_fla_kernel_matches_naive runs the real kernels")
+@pytest.mark.skipif(sys.platform != "linux", reason="triton ships Linux wheels only")
 def test_fla_kernel_interpreted_matches_naive() -> None:
     """fla's own Triton kernels, run on the CPU by Triton's interpreter, against the fp64 reference.
 

@@ -27,7 +27,7 @@ def test_signal_on_one_rank_stops_every_rank_after_that_step(run_overrides: list
     assert proc.returncode == 0, proc.stderr[-6000:]
 
     ranks = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(2)]
-    assert [(r["step"], r["signalled"]) for r in ranks] == [(SIGNAL_STEP, False), (SIGNAL_STEP, True)]
+    assert [(r["step"], r["signalled"]) for r in ranks] == [(SIGNAL_STEP, True), (SIGNAL_STEP, True)]
     for r in ranks:  # the loss and the stop flag share one all-reduce (steps 1 and 2: no eval, no checkpoint)
         assert r["all_reduces_per_step"] == [1] * (SIGNAL_STEP - 1)
     run_dir = tmp_path / "runs" / "tiny"
