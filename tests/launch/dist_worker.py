@@ -5,7 +5,8 @@ Under torchrun (2 processes) each rank draws its micro-batches from the real tra
 bit-identical full parameters, and writes ``batches_rank<r>.pt`` plus ``result.pt`` (per-step losses,
 final full parameters). Run as one plain process with ``--reference DIR`` it replays the batches of the
 2-process run in DIR as gradient-accumulation micro-batches through the trainer's ``train_step``: the
-same global batch, so the losses and parameters must agree to fp32 round-off.
+same global batch, so the losses and parameters must agree to fp32 round-off. ``--bf16`` runs each
+engine's bf16 mode as on a GPU (Accelerate's autocast, FSDP2's bf16 ``param_dtype``, DeepSpeed's bf16).
 
     torchrun --nproc_per_node 2 dist_worker.py --mode fsdp2 --out DIR --data SRC --tokenizer TOK
     python dist_worker.py --mode fsdp2 --out REF --data SRC --tokenizer TOK --reference DIR
@@ -35,11 +36,12 @@ from llm.train.optim import build_optimizer, build_scheduler
 from llm.train.trainer import build_model, gradient_accumulation_steps, train_step
 
 STEPS = 3
+LR = 3e-3
 TINY = [
     "model.vocab_size=512", "model.hidden_size=32", "model.intermediate_size=64",
     "model.num_hidden_layers=2", "model.num_attention_heads=2", "model.num_key_value_heads=1",
     "model.max_position_embeddings=64", "data.seq_len=32", "data.shuffle_block=8", "data.val_bucket=50",
-    "train.lr=3e-3", "train.warmup_steps=1", f"train.max_steps={STEPS}", "train.micro_batch_size=4",
+    f"train.lr={LR}", "train.warmup_steps=1", f"train.max_steps={STEPS}", "train.micro_batch_size=4",
     "train.global_batch_tokens=256", "train.grad_clip=1.0", "trackers=[]",
 ]
 DEEPSPEED_JSON = Path(__file__).resolve().parents[2] / "launch" / "deepspeed" / "zero2.json"
@@ -76,14 +78,14 @@ def assert_disjoint(batches: torch.Tensor) -> None:
 
 def deepspeed_engine(model: nn.Module, config: RunConfig, accum: int) -> nn.Module:
     """``deepspeed.initialize`` with launch/deepspeed/zero2.json, its "auto" values filled as Accelerate
-    fills them (from the trainer's micro batch, accumulation, clipping and fp32 precision)."""
+    fills them (from the trainer's micro batch, accumulation, clipping and precision)."""
     import deepspeed
 
     ds = json.loads(DEEPSPEED_JSON.read_text())
     world = dist.get_world_size()
     ds.update(train_micro_batch_size_per_gpu=config.train.micro_batch_size, gradient_accumulation_steps=accum,
               train_batch_size=config.train.micro_batch_size * accum * world,
-              gradient_clipping=config.train.grad_clip, bf16={"enabled": False})
+              gradient_clipping=config.train.grad_clip, bf16={"enabled": config.train.precision == "bf16"})
     optimizer = build_optimizer(model, config)
     engine, *_ = deepspeed.initialize(model=model, optimizer=optimizer, config=ds,
                                       lr_scheduler=build_scheduler(optimizer, config, STEPS))
@@ -109,8 +111,10 @@ def main() -> None:
     parser.add_argument("--data", required=True)
     parser.add_argument("--tokenizer", required=True)
     parser.add_argument("--reference", type=Path, help="replay this 2-process run's batches in one process")
+    parser.add_argument("--bf16", action="store_true", help="bf16 as each engine runs it on a GPU")
     args = parser.parse_args()
-    config = load_config(None, [*TINY, f"data.source={args.data}", f"data.tokenizer={args.tokenizer}"])
+    config = load_config(None, [*TINY, f"data.source={args.data}", f"data.tokenizer={args.tokenizer}",
+                                f"train.precision={'bf16' if args.bf16 else 'fp32'}"])
     args.out.mkdir(parents=True, exist_ok=True)
 
     if args.mode == "zero2" and args.reference is None:
@@ -127,7 +131,8 @@ def main() -> None:
     else:  # initialises gloo from torchrun's environment, as train.py does
         # As in fit(): the scheduler steps once per optimizer step (Accelerate's default would step it
         # once per process).
-        accelerator = Accelerator(cpu=True, step_scheduler_with_optimizer=False)
+        accelerator = Accelerator(cpu=True, step_scheduler_with_optimizer=False,
+                                  mixed_precision="bf16" if args.bf16 and args.mode == "ddp" else "no")
     rank, world = rank_and_world_size()
     accum = gradient_accumulation_steps(config, world)
     torch.manual_seed(config.seed)
@@ -150,11 +155,14 @@ def main() -> None:
         module = engine.module
     else:
         if args.mode == "fsdp2" and world > 1:
-            from torch.distributed.fsdp import fully_shard
+            from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
+            # bf16: FSDP2 casts the gathered weights to bf16 and reduces the gradients in fp32
+            policy = MixedPrecisionPolicy(param_dtype=torch.bfloat16 if args.bf16 else None,
+                                          reduce_dtype=torch.float32 if args.bf16 else None)
             for layer in model.model.layers:  # the wrap unit of launch/accelerate/fsdp2.yaml
-                fully_shard(layer)
-            fully_shard(model)
+                fully_shard(layer, mp_policy=policy)
+            fully_shard(model, mp_policy=policy)
         optimizer = build_optimizer(model, config)
         scheduler = build_scheduler(optimizer, config, STEPS)
         if args.mode == "ddp":
