@@ -1,4 +1,4 @@
-"""Test-side worker: a few optimizer steps of the tiny model under DDP, FSDP2 or DeepSpeed ZeRO-2 on CPU.
+"""Test-side worker: a few optimizer steps of the tiny model under DDP, FSDP2 or DeepSpeed ZeRO-2/3 on CPU.
 
 Under torchrun (2 processes) each rank draws its micro-batches from the real training loader
 (``build_train_loader`` with its torch.distributed rank), checks after every step that all ranks hold
@@ -11,7 +11,7 @@ engine's bf16 mode as on a GPU (Accelerate's autocast, FSDP2's bf16 ``param_dtyp
     torchrun --nproc_per_node 2 dist_worker.py --mode fsdp2 --out DIR --data SRC --tokenizer TOK
     python dist_worker.py --mode fsdp2 --out REF --data SRC --tokenizer TOK --reference DIR
 
-Why not Accelerate for FSDP2 / ZeRO-2: on CPU Accelerate ignores its FSDP plugin and reports rank 0 of
+Why not Accelerate for FSDP2 / ZeRO: on CPU Accelerate ignores its FSDP plugin and reports rank 0 of
 1 under DeepSpeed (SPEC.md, Verified), so the engines are used directly; DDP goes through Accelerate
 exactly as train.py does.
 """
@@ -19,6 +19,7 @@ exactly as train.py does.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import sys
@@ -44,15 +45,21 @@ TINY = [
     f"train.lr={LR}", "train.warmup_steps=1", f"train.max_steps={STEPS}", "train.micro_batch_size=4",
     "train.global_batch_tokens=256", "train.grad_clip=1.0", "trackers=[]",
 ]
-DEEPSPEED_JSON = Path(__file__).resolve().parents[2] / "launch" / "deepspeed" / "zero2.json"
+DEEPSPEED_DIR = Path(__file__).resolve().parents[2] / "launch" / "deepspeed"
 
 
 def full_params(model: nn.Module) -> dict[str, torch.Tensor]:
-    """Every parameter gathered in full (a collective under FSDP2: call on all ranks)."""
+    """Every parameter gathered in full (a collective under FSDP2 and ZeRO-3: call on all ranks)."""
+    gathered = contextlib.nullcontext()
+    if any(hasattr(p, "ds_id") for p in model.parameters()):  # ZeRO-3 holds each rank's partition only
+        import deepspeed
+
+        gathered = deepspeed.zero.GatheredParameters(list(model.parameters()))
     out = {}
-    for name, p in model.named_parameters():
-        t = p.detach()
-        out[name.removeprefix("module.")] = (t.full_tensor() if hasattr(t, "full_tensor") else t).clone()
+    with gathered:
+        for name, p in model.named_parameters():
+            t = p.detach()
+            out[name.removeprefix("module.")] = (t.full_tensor() if hasattr(t, "full_tensor") else t).clone()
     return out
 
 
@@ -76,19 +83,24 @@ def assert_disjoint(batches: torch.Tensor) -> None:
         raise AssertionError(f"{len(shared)} training windows were given to every rank")
 
 
-def deepspeed_engine(model: nn.Module, config: RunConfig, accum: int) -> nn.Module:
-    """``deepspeed.initialize`` with launch/deepspeed/zero2.json, its "auto" values filled as Accelerate
-    fills them (from the trainer's micro batch, accumulation, clipping and precision)."""
+def deepspeed_engine(model: nn.Module, config: RunConfig, accum: int, stage: int) -> nn.Module:
+    """``deepspeed.initialize`` with launch/deepspeed/zero<stage>.json, its "auto" values filled as
+    Accelerate fills them (from the trainer's micro batch, accumulation, clipping and precision)."""
     import deepspeed
 
-    ds = json.loads(DEEPSPEED_JSON.read_text())
+    ds = json.loads((DEEPSPEED_DIR / f"zero{stage}.json").read_text())
     world = dist.get_world_size()
     ds.update(train_micro_batch_size_per_gpu=config.train.micro_batch_size, gradient_accumulation_steps=accum,
               train_batch_size=config.train.micro_batch_size * accum * world,
               gradient_clipping=config.train.grad_clip, bf16={"enabled": config.train.precision == "bf16"})
+    # every parameter of the tiny model is below the file's 100k-element threshold: partition them all,
+    # so that each forward has to gather its weights (the LM head's too, inside the fused loss)
+    ds["zero_optimization"]["stage3_param_persistence_threshold"] = 0
     optimizer = build_optimizer(model, config)
     engine, *_ = deepspeed.initialize(model=model, optimizer=optimizer, config=ds,
                                       lr_scheduler=build_scheduler(optimizer, config, STEPS))
+    if stage == 3:  # outside a forward each rank holds an empty placeholder for every full weight
+        assert all(p.numel() == 0 for p in engine.module.parameters()), "ZeRO-3 left weights whole"
     return engine
 
 
@@ -106,7 +118,7 @@ def deepspeed_step(engine: nn.Module, batches: list[torch.Tensor]) -> float:
 
 def main() -> None:
     parser = argparse.ArgumentParser()
-    parser.add_argument("--mode", choices=("ddp", "fsdp2", "zero2"), required=True)
+    parser.add_argument("--mode", choices=("ddp", "fsdp2", "zero2", "zero3"), required=True)
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--data", required=True)
     parser.add_argument("--tokenizer", required=True)
@@ -117,7 +129,8 @@ def main() -> None:
                                 f"train.precision={'bf16' if args.bf16 else 'fp32'}"])
     args.out.mkdir(parents=True, exist_ok=True)
 
-    if args.mode == "zero2" and args.reference is None:
+    zero_stage = {"zero2": 2, "zero3": 3}.get(args.mode)
+    if zero_stage and args.reference is None:
         import importlib
 
         import deepspeed
@@ -149,8 +162,8 @@ def main() -> None:
         torch.save(mine, args.out / f"batches_rank{rank}.pt")
         assert_disjoint(mine)
 
-    if args.mode == "zero2" and args.reference is None:
-        engine = deepspeed_engine(model, config, accum)
+    if zero_stage and args.reference is None:
+        engine = deepspeed_engine(model, config, accum, zero_stage)
         run_step = lambda batches: deepspeed_step(engine, batches)  # noqa: E731
         module = engine.module
     else:

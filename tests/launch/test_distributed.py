@@ -88,9 +88,12 @@ def test_fsdp2_matches_one_process(ddp_run: Path, reference: dict, corpus: Path,
 
 
 @pytest.mark.slow
-def test_deepspeed_zero2_matches_one_process(ddp_run: Path, reference: dict, corpus: Path,
-                                             tokenizer_file: Path, tmp_path: Path) -> None:
-    run(torchrun(2, *worker("zero2", tmp_path, corpus, tokenizer_file)))
+@pytest.mark.parametrize("mode", ["zero2", "zero3"])
+def test_deepspeed_zero_matches_one_process(mode: str, ddp_run: Path, reference: dict, corpus: Path,
+                                            tokenizer_file: Path, tmp_path: Path) -> None:
+    """ZeRO-3 partitions every weight (the worker sets the persistence threshold to 0), so each forward
+    gathers them, the tied LM head's inside the fused loss included."""
+    run(torchrun(2, *worker(mode, tmp_path, corpus, tokenizer_file)))
     assert_matches_reference(torch.load(tmp_path / "result.pt"), reference)
 
 
@@ -156,7 +159,7 @@ def test_train_py_ddp_resume_equals_uninterrupted_run(corpus: Path, tokenizer_fi
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("mode", ["ddp", "fsdp2", "zero2"])
+@pytest.mark.parametrize("mode", ["ddp", "fsdp2", "zero2", "zero3"])
 def test_bf16_follows_fp32(mode: str, reference: dict, corpus: Path, tokenizer_file: Path, tmp_path: Path) -> None:
     """bf16 as each engine runs it on a GPU: DDP under Accelerate's bf16 autocast; FSDP2 gathering bf16
     weights and reducing fp32 gradients; ZeRO-2 in DeepSpeed's bf16 mode. Three steps on 2 CPU processes
