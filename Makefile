@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: venv demo test bench lint clean
+.PHONY: venv demo test bench bench-gpu lint clean
 
 $(STAMP): pyproject.toml
 	$(PY) -m venv $(VENV)
@@ -29,6 +29,13 @@ bench: $(STAMP)
 	$(BIN)/python bench/bench_attention.py --threads 2
 	$(BIN)/python bench/bench_generate.py --threads 2
 	$(BIN)/python bench/bench_data.py
+
+# On a CUDA machine, in an environment with CUDA torch and `pip install -e '.[dev,gpu]'` (not .venv, whose
+# torch is the CPU build): the GPU tests, then issue 7's GPU figures (bf16, torch.compile, MFU, fla).
+bench-gpu:
+	$(PY) -m pytest -q -m gpu
+	$(PY) bench/bench_train_step.py --device cuda --dtype bf16 --compile --preset 134m --seq 2048 --batch 8 --rounds 10 --ffn swiglu isogmlp iso_ln --attn-scoring softmax iso_tanh
+	$(PY) bench/bench_attention.py --device cuda --dtype bf16 --impls sdpa,chunked,fla --lengths 1024,2048,4096,8192,16384
 
 lint: $(STAMP)
 	$(BIN)/ruff check llm tests bench launch train.py eval.py

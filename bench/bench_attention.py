@@ -3,12 +3,14 @@
     .venv/bin/python bench/bench_attention.py            # T = 512 .. 8192
     .venv/bin/python bench/bench_attention.py --quick    # T <= 2048
     .venv/bin/python bench/bench_attention.py --tune 16,32,64,128,256   # iso_tanh chunk sizes
+    .venv/bin/python bench/bench_attention.py --device cuda --dtype bf16 --impls sdpa,chunked,fla
 
 Each (implementation, T) runs in its own subprocess so that its memory is measured alone: "MiB" is
 the increase of the process's peak resident set over the run (the inputs and a tiny warm-up pass come
 before the baseline), which on CPU covers everything autograd keeps alive plus the largest
-temporaries. Time is the best of ``--repeats`` forward + backward passes after one warm-up pass (the
-best, not the median: on a shared machine the spread comes from other processes). Use ``--threads 1``
+temporaries; on CUDA it is the increase of torch's peak allocated GPU memory. Time is the best of
+``--repeats`` forward + backward passes after one warm-up pass (the best, not the median: on a shared
+machine the spread comes from other processes). Use ``--threads 1``
 on a busy machine: oversubscribed OpenMP threads make every small op slow. Ratios are SDPA's time (memory)
 divided by the implementation's: above 1 means faster (smaller) than SDPA.
 
@@ -18,6 +20,8 @@ Implementations:
   chunked     iso_tanh_chunked, all chunks at once (what ``IsoTanhScoring`` runs on CPU)
   chunk_loop  iso_tanh_chunked called once per chunk with the carried state: the Python-loop
               alternative to the vectorised form, for comparison
+  fla         iso_tanh through flash-linear-attention's chunked Triton kernel (what ``IsoTanhScoring``
+              runs on CUDA; needs fla-core and a GPU)
 """
 
 from __future__ import annotations
@@ -32,10 +36,16 @@ from collections.abc import Callable
 
 import torch
 
-from llm.model.attention import SoftmaxScoring, iso_tanh_chunked, iso_tanh_naive
+from llm.model.attention import (
+    SoftmaxScoring,
+    fla_chunk_linear_attn,
+    iso_tanh_chunked,
+    iso_tanh_linear_attention,
+    iso_tanh_naive,
+)
 from llm.model.config import ModelConfig
 
-IMPLS = ("sdpa", "naive", "chunked", "chunk_loop")
+IMPLS = ("sdpa", "naive", "chunked", "chunk_loop", "fla")
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
 Attention = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
 
@@ -49,6 +59,13 @@ def chunk_loop(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, chunk_size: in
     return torch.cat(outs, dim=2)
 
 
+def fla_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    kernel = fla_chunk_linear_attn()
+    if kernel is None:
+        raise RuntimeError("fla: flash-linear-attention is not importable (pip install -e '.[gpu]', on a GPU)")
+    return iso_tanh_linear_attention(q, k, v, None, kernel)[0]
+
+
 def attention_fn(impl: str, chunk_size: int) -> Attention:
     softmax = SoftmaxScoring(ModelConfig())
     return {
@@ -56,36 +73,43 @@ def attention_fn(impl: str, chunk_size: int) -> Attention:
         "naive": iso_tanh_naive,
         "chunked": lambda q, k, v: iso_tanh_chunked(q, k, v, chunk_size)[0],
         "chunk_loop": lambda q, k, v: chunk_loop(q, k, v, chunk_size),
+        "fla": fla_attention,
     }[impl]
 
 
-def peak_rss_mib() -> float:
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # Linux reports KiB
+def peak_mib(device: torch.device) -> float:
+    """The process's peak resident set on CPU (Linux reports KiB); torch's peak allocation on CUDA."""
+    if device.type == "cuda":
+        return torch.cuda.max_memory_allocated(device) / 2**20
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
 def measure(args: argparse.Namespace) -> dict[str, float]:
-    """One (impl, T) in this process: best fwd+bwd milliseconds and peak-RSS increase in MiB."""
+    """One (impl, T) in this process: best fwd+bwd milliseconds and peak-memory increase in MiB."""
     torch.manual_seed(0)
-    dtype = DTYPES[args.dtype]
-    q, k, v = (torch.randn(args.batch, heads, args.t, args.head_dim, dtype=dtype).requires_grad_(True)
+    device, dtype = torch.device(args.device), DTYPES[args.dtype]
+    q, k, v = (torch.randn(args.batch, heads, args.t, args.head_dim, dtype=dtype, device=device).requires_grad_()
                for heads in (args.heads, args.kv_heads, args.kv_heads))
-    grad_out = torch.randn(args.batch, args.heads, args.t, args.head_dim, dtype=dtype)
+    grad_out = torch.randn(args.batch, args.heads, args.t, args.head_dim, dtype=dtype, device=device)
     fn = attention_fn(args.impl, args.chunk_size)
     small = [x[:, :, :16].detach().requires_grad_(True) for x in (q, k, v)]
     fn(*small).sum().backward()  # one-time costs (kernel set-up, thread pools) stay out of the delta
-    baseline = peak_rss_mib()
+    synchronize = torch.cuda.synchronize if device.type == "cuda" else lambda: None
+    synchronize()
+    baseline = peak_mib(device)
     times = []
     for _ in range(1 + args.repeats):
         start = time.perf_counter()
         fn(q, k, v).backward(grad_out)
+        synchronize()
         times.append(time.perf_counter() - start)
         q.grad = k.grad = v.grad = None
-    return {"ms": 1e3 * min(times[1:]), "mib": peak_rss_mib() - baseline}
+    return {"ms": 1e3 * min(times[1:]), "mib": peak_mib(device) - baseline}
 
 
 def run_worker(args: argparse.Namespace, impl: str, t: int, chunk_size: int) -> dict[str, float]:
     cmd = [sys.executable, __file__, "--worker", f"--impl={impl}", f"--t={t}", f"--chunk-size={chunk_size}"]
-    for flag in ("batch", "heads", "kv_heads", "head_dim", "dtype", "repeats", "threads"):
+    for flag in ("batch", "heads", "kv_heads", "head_dim", "dtype", "repeats", "threads", "device"):
         cmd += ["--" + flag.replace("_", "-"), str(getattr(args, flag))]
     done = subprocess.run(cmd, capture_output=True, text=True, check=False)
     if done.returncode:
@@ -102,7 +126,7 @@ def fmt(result: dict[str, float] | None, ref: dict[str, float], key: str) -> str
 def compare(args: argparse.Namespace) -> None:
     impls = [impl for impl in IMPLS if impl in args.impls]
     print(f"B={args.batch} H={args.heads} Hkv={args.kv_heads} D={args.head_dim} dtype={args.dtype} "
-          f"threads={args.threads} chunk={args.chunk_size}; value (SDPA / value)")
+          f"device={args.device} threads={args.threads} chunk={args.chunk_size}; value (SDPA / value)")
     header = ["T"] + [f"{impl} ms" for impl in impls] + [f"{impl} MiB" for impl in impls]
     print(" | ".join(f"{h:>18}" for h in header))
     for t in args.lengths:
@@ -131,7 +155,9 @@ def main() -> None:
     parser.add_argument("--lengths", type=lambda s: [int(x) for x in s.split(",")],
                         default=[512, 1024, 2048, 4096, 8192])
     parser.add_argument("--quick", action="store_true", help="only T <= 2048")
-    parser.add_argument("--impls", type=lambda s: s.split(","), default=list(IMPLS))
+    parser.add_argument("--impls", type=lambda s: s.split(","), default=[i for i in IMPLS if i != "fla"],
+                        help=f"comma-separated, from {','.join(IMPLS)} (default: all but fla, which needs a GPU)")
+    parser.add_argument("--device", default="cpu", help="cpu or cuda")
     parser.add_argument("--batch", type=int, default=1)
     parser.add_argument("--heads", type=int, default=6)
     parser.add_argument("--kv-heads", type=int, default=0, help="0: same as --heads")
@@ -153,6 +179,8 @@ def main() -> None:
     unknown = set(args.impls) - set(IMPLS)
     if unknown or "sdpa" not in args.impls:
         parser.error(f"--impls: must include sdpa and name only {', '.join(IMPLS)}")
+    if "fla" in args.impls and args.device != "cuda":
+        parser.error("--impls fla: flash-linear-attention's kernels run on --device cuda only")
     torch.set_num_threads(args.threads)
     if args.worker:
         print(json.dumps(measure(args)))
