@@ -47,6 +47,7 @@ from typing import Any
 
 from omegaconf import OmegaConf
 
+from llm.cli_types import at_least
 from llm.config import RunConfig, load_config
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
@@ -303,12 +304,6 @@ def submit_slurm(sweep: Sweep, dry_run: bool, script_dir: Path) -> Path:
     return script
 
 
-def _positive_int(text: str) -> int:
-    if not text.isdigit() or int(text) < 1:
-        raise argparse.ArgumentTypeError(f"expected a whole number of runs >= 1, got {text!r}")
-    return int(text)
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("sweep", help="sweep YAML file (launch/sweeps/*.yaml)")
@@ -320,7 +315,7 @@ def main(argv: list[str] | None = None) -> int:
                         help="where --mode slurm writes <sweep name>.sbatch")
     parser.add_argument("--only", nargs="+", metavar="NAME",
                         help="just these runs of the grid (their run names; every mode)")
-    parser.add_argument("-j", "--jobs", type=_positive_int, default=1, metavar="N",
+    parser.add_argument("-j", "--jobs", type=at_least(1), default=1, metavar="N",
                         help="--mode local: run at most N at once (default 1: one after another)")
     args = parser.parse_args(argv)
     if args.jobs != 1 and args.mode != "local":

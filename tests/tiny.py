@@ -1,6 +1,7 @@
 """What several test folders share: the real FineWeb sample beside the checkout, slices of it, the
 overrides of a tiny run (2 layers, width 32, vocabulary 512) that takes well under a second a step,
-train.py in a subprocess, and readers of what a run writes (metrics.jsonl, checkpoint weights)."""
+train.py and multi-process commands in subprocesses, and readers of what a run writes (metrics.jsonl,
+checkpoint weights)."""
 
 from __future__ import annotations
 
@@ -69,6 +70,29 @@ def start_train_py(cwd: Path, *args: str, log: Path | None = None) -> subprocess
         return subprocess.Popen(command, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     with open(log, "a") as out:  # the child keeps its own copy of the descriptor
         return subprocess.Popen(command, cwd=cwd, env=env, stdout=out, stderr=subprocess.STDOUT)
+
+
+PYTHON = sys.executable
+TIMEOUT_S = 420
+"""Limit of a multi-process test command: 2-process runs take ~15 s on an idle 2-core machine."""
+
+
+def run(cmd: list[str], *, env: dict[str, str] | None = None, expect: int | None = 0,
+        timeout: int = TIMEOUT_S) -> subprocess.CompletedProcess[str]:
+    """Run ``cmd`` from the repo root on one thread per process, with a timeout; fail with its output unless
+    it exits ``expect`` (None: any non-zero status)."""
+    full_env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1", **(env or {})}
+    proc = subprocess.run(cmd, cwd=REPO, env=full_env, capture_output=True, text=True, timeout=timeout)
+    if (proc.returncode == 0) if expect is None else (proc.returncode != expect):
+        wanted = "non-zero" if expect is None else expect
+        pytest.fail(f"{' '.join(cmd)} exited {proc.returncode} (expected {wanted})\n"
+                    f"--- stdout ---\n{proc.stdout[-4000:]}\n--- stderr ---\n{proc.stderr[-6000:]}")
+    return proc
+
+
+def torchrun(nproc: int, *args: str) -> list[str]:
+    """torchrun with a rendezvous on a free local port (--standalone), so parallel tests cannot clash."""
+    return [PYTHON, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(nproc), *args]
 
 
 def metrics_rows(run_dir: Path, kind: str | None = None) -> list[dict]:

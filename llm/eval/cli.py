@@ -17,6 +17,7 @@ import math
 import sys
 from typing import Any
 
+from llm.cli_types import at_least
 from llm.data.errors import DataError
 from llm.eval.errors import EvalError
 from llm.model.config import ConfigError
@@ -33,18 +34,6 @@ def _common_model_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--json", action="store_true", help="machine-readable JSON on stdout")
 
 
-def _at_least(low: float, kind: type = int) -> Any:
-    """An argparse ``type`` accepting ``kind`` values >= ``low`` (argparse then prints a one-line error)."""
-    def parse(text: str) -> float:
-        value = kind(text)
-        if value < low:
-            raise argparse.ArgumentTypeError(f"expected a value >= {low}, got {text}")
-        return value
-
-    parse.__name__ = kind.__name__  # argparse names the type in "invalid int value" messages
-    return parse
-
-
 def _evaluate_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="eval.py", description="Evaluate a checkpoint or hub model: val loss, perplexity, bits per "
@@ -56,10 +45,10 @@ def _evaluate_parser() -> argparse.ArgumentParser:
                         help="dotted overrides, e.g. data.source=/path/*.parquet data.val_tokens=65536; "
                         "evaluation runs in the run's train.precision (bf16 autocast for a bf16 run, on CPU "
                         "too: train.precision=fp32 evaluates in fp32)")
-    parser.add_argument("--samples", type=_at_least(0), default=3,
+    parser.add_argument("--samples", type=at_least(0), default=3,
                         help="generated samples, one per fixed prompt (at most 5; 0: none)")
-    parser.add_argument("--max-new-tokens", type=_at_least(1), default=32)
-    parser.add_argument("--temperature", type=_at_least(0.0, float), default=0.0,
+    parser.add_argument("--max-new-tokens", type=at_least(1), default=32)
+    parser.add_argument("--temperature", type=at_least(0.0, float), default=0.0,
                         help="0: greedy; > 0: seeded sampling")
     parser.add_argument("--seed", type=int, default=0, help="sampling seed")
     return parser
@@ -83,10 +72,10 @@ def _lm_eval_parser() -> argparse.ArgumentParser:
         prog="eval.py lm-eval", description="lm-evaluation-harness tasks on a checkpoint (extra: lmeval).")
     _common_model_args(parser)
     parser.add_argument("--tasks", required=True, help="comma-separated lm_eval task names")
-    parser.add_argument("--num-fewshot", type=_at_least(0), default=None)
-    parser.add_argument("--limit", type=_at_least(0.0, float), default=None,
+    parser.add_argument("--num-fewshot", type=at_least(0), default=None)
+    parser.add_argument("--limit", type=at_least(0.0, float), default=None,
                         help="examples per task (a fraction if < 1)")
-    parser.add_argument("--batch-size", type=_at_least(1), default=8)
+    parser.add_argument("--batch-size", type=at_least(1), default=8)
     parser.add_argument("--include-path", default=None, help="directory of extra task YAMLs")
     parser.add_argument("--no-default-tasks", action="store_true",
                         help="only the tasks under --include-path (skips indexing lm_eval's built-in tasks)")

@@ -1,10 +1,9 @@
 """Multi-process CPU (gloo) runs: DDP through `accelerate launch` + train.py with our config, and DDP /
-FSDP2 / DeepSpeed ZeRO-2 (tests/launch/dist_worker.py under torchrun) against one process that
+FSDP2 / DeepSpeed ZeRO-2 and ZeRO-3 (tests/launch/dist_worker.py under torchrun) against one process that
 accumulates the same global batch. Each 2-process run costs 10-20 s on an idle 2-core machine."""
 
 from __future__ import annotations
 
-import json
 import shutil
 import socket
 from pathlib import Path
@@ -12,8 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 from dist_worker import LR, STEPS
-from launch_helpers import PYTHON, REPO, run, torchrun
-from tiny import TINY_MODEL, assert_same_weights, metrics_rows, trajectory
+from tiny import PYTHON, REPO, TINY_MODEL, assert_same_weights, metrics_rows, run, torchrun, trajectory
 
 WORKER = str(REPO / "tests" / "launch" / "dist_worker.py")
 TINY_RUN = [
@@ -32,6 +30,19 @@ def free_port() -> int:
 def worker(mode: str, out: Path, corpus: Path, tokenizer_file: Path, *extra: str) -> list[str]:
     return [WORKER, "--mode", mode, "--out", str(out), "--data", str(corpus),
             "--tokenizer", str(tokenizer_file), *extra]
+
+
+def train_py_args(corpus: Path, tokenizer_file: Path, tmp_path: Path, out_dir: Path, *extra: str) -> list[str]:
+    """``train.py`` and the overrides of a tiny run named ``ddp`` on the test corpus, writing under ``out_dir``."""
+    return ["train.py", *TINY_RUN, f"data.source={corpus}", f"data.tokenizer={tokenizer_file}",
+            f"data.cache_dir={tmp_path / 'cache'}", f"out_dir={out_dir}", "name=ddp", *extra]
+
+
+def ddp_launch(args: list[str]) -> list[str]:
+    """``args`` under ``accelerate launch`` with launch/accelerate/ddp.yaml on 2 processes. Run it with
+    ACCELERATE_USE_CPU=1: gloo DDP on CPU (SPEC.md, Verified; ``--cpu`` would start one process)."""
+    return [PYTHON, "-m", "accelerate.commands.launch", "--config_file", "launch/accelerate/ddp.yaml",
+            "--num_processes", "2", "--main_process_port", str(free_port()), *args]
 
 
 @pytest.fixture(scope="module")
@@ -105,18 +116,13 @@ def test_train_py_ddp_via_accelerate_launch(corpus: Path, tokenizer_file: Path, 
 
     import llm  # noqa: F401  (registers the Auto classes)
 
-    args = ["train.py", *TINY_RUN, f"data.source={corpus}", f"data.tokenizer={tokenizer_file}",
-            f"data.cache_dir={tmp_path / 'cache'}", f"out_dir={tmp_path / 'runs'}", "name=ddp"]
-    launch = [PYTHON, "-m", "accelerate.commands.launch", "--config_file", "launch/accelerate/ddp.yaml",
-              "--num_processes", "2", "--main_process_port", str(free_port())]
-    # ACCELERATE_USE_CPU: gloo DDP on CPU (SPEC.md, Verified; `--cpu` would start one process).
-    run([*launch, *args], env={"ACCELERATE_USE_CPU": "1"})
+    args = train_py_args(corpus, tokenizer_file, tmp_path, tmp_path / "runs")
+    run(ddp_launch(args), env={"ACCELERATE_USE_CPU": "1"})
 
     run_dir = tmp_path / "runs" / "ddp"
-    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
-    meta = next(r for r in rows if r["kind"] == "meta")
+    (meta,) = metrics_rows(run_dir, "meta")
     assert (meta["world_size"], meta["grad_accum"]) == (2, 1)  # 256 tokens = 4 seqs x 32 x 2 ranks
-    losses = [r["loss"] for r in rows if r["kind"] == "train"]
+    losses = [r["loss"] for r in metrics_rows(run_dir, "train")]
     assert len(losses) == 4 and all(torch.isfinite(torch.tensor(losses)))
 
     ckpt = run_dir / "checkpoints" / "step_00000004"
@@ -139,12 +145,8 @@ def test_train_py_ddp_resume_equals_uninterrupted_run(corpus: Path, tokenizer_fi
     resumed, reproduces the uninterrupted run bitwise (weights back from model/, optimizer, scheduler and
     RNG from state/, each rank's data position from its own file)."""
     def train(out_dir: Path, *extra: str) -> None:
-        args = ["train.py", *TINY_RUN, f"data.source={corpus}", f"data.tokenizer={tokenizer_file}",
-                f"data.cache_dir={tmp_path / 'cache'}", f"out_dir={out_dir}", "name=ddp", "train.max_steps=6",
-                "train.eval_every=3", *extra]
-        launch = [PYTHON, "-m", "accelerate.commands.launch", "--config_file", "launch/accelerate/ddp.yaml",
-                  "--num_processes", "2", "--main_process_port", str(free_port())]
-        run([*launch, *args], env={"ACCELERATE_USE_CPU": "1"})
+        args = train_py_args(corpus, tokenizer_file, tmp_path, out_dir, "train.max_steps=6", "train.eval_every=3")
+        run(ddp_launch([*args, *extra]), env={"ACCELERATE_USE_CPU": "1"})
 
     train(tmp_path / "whole")
     whole = tmp_path / "whole" / "ddp"
@@ -162,13 +164,13 @@ def test_train_py_ddp_resume_equals_uninterrupted_run(corpus: Path, tokenizer_fi
 @pytest.mark.parametrize("mode", ["ddp", "fsdp2", "zero2", "zero3"])
 def test_bf16_follows_fp32(mode: str, reference: dict, corpus: Path, tokenizer_file: Path, tmp_path: Path) -> None:
     """bf16 as each engine runs it on a GPU: DDP under Accelerate's bf16 autocast; FSDP2 gathering bf16
-    weights and reducing fp32 gradients; ZeRO-2 in DeepSpeed's bf16 mode. Three steps on 2 CPU processes
+    weights and reducing fp32 gradients; ZeRO-2 and ZeRO-3 in DeepSpeed's bf16 mode. Three steps on 2 CPU processes
     follow the fp32 reference to bf16 precision (the worker checked that the ranks stay identical)."""
     run(torchrun(2, *worker(mode, tmp_path, corpus, tokenizer_file, "--bf16")))
     result = torch.load(tmp_path / "result.pt")
     torch.testing.assert_close(torch.tensor(result["losses"]), torch.tensor(reference["losses"]), rtol=1e-3, atol=0)
     # Adam moves a weight by at most ~lr a step, and a rounding difference can flip a tiny gradient's
-    # sign: two runs part by at most 2 lr per step, plus bf16's rounding of the weights ZeRO-2 holds in bf16
+    # sign: two runs part by at most 2 lr per step, plus bf16's rounding of the weights ZeRO holds in bf16
     for name, value in result["params"].items():
         expected = reference["params"][name]
         bound = 2 * LR * STEPS + 2**-8 * expected.abs().max().item()

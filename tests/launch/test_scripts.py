@@ -11,7 +11,7 @@ import time
 from pathlib import Path
 
 import pytest
-from launch_helpers import REPO
+from tiny import REPO
 
 SBATCH = REPO / "launch" / "slurm" / "train.sbatch"
 TORCHRUN = REPO / "launch" / "torchrun.sh"

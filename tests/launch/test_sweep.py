@@ -237,7 +237,7 @@ def test_jobs_default_is_one_run_after_another(fake_sweep) -> None:
 
 def test_jobs_must_be_positive_and_local(fake_sweep, capsys: pytest.CaptureFixture[str]) -> None:
     path, _ = fake_sweep(need=1)
-    for argv, message in ((["--mode", "local", "-j", "0"], "expected a whole number of runs >= 1, got '0'"),
+    for argv, message in ((["--mode", "local", "-j", "0"], "argument -j/--jobs: expected a value >= 1, got 0"),
                           (["--mode", "print", "-j", "2"], "--jobs applies to --mode local only")):
         with pytest.raises(SystemExit) as exit_info:
             main([str(path), *argv])

@@ -4,13 +4,10 @@ written together; the stop flag rides on the loss's all-reduce, one collective p
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
-from tiny import REPO, metrics_rows
+from tiny import metrics_rows, run, torchrun
 
 from llm.train.checkpoint import verify_checkpoint
 
@@ -20,11 +17,7 @@ SIGNAL_STEP = 3
 
 @pytest.mark.slow
 def test_signal_on_one_rank_stops_every_rank_after_that_step(run_overrides: list[str], tmp_path: Path) -> None:
-    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2", str(WORKER),
-               str(tmp_path), str(SIGNAL_STEP), *run_overrides, "train.max_steps=1000"]
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
-    proc = subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True, timeout=420)
-    assert proc.returncode == 0, proc.stderr[-6000:]
+    run(torchrun(2, str(WORKER), str(tmp_path), str(SIGNAL_STEP), *run_overrides, "train.max_steps=1000"))
 
     ranks = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(2)]
     assert [(r["step"], r["signalled"]) for r in ranks] == [(SIGNAL_STEP, True), (SIGNAL_STEP, True)]
