@@ -50,6 +50,10 @@ class DataConfig:
     tokenize_batch: int = 64
     """Source rows read per batched tokenizer call (validation rows dropped first); also the re-read
     granularity of a resume."""
+    max_doc_chars: int = 1_000_000
+    """Documents are cut to their first ``max_doc_chars`` characters before tokenizing (about 250k Qwen3
+    tokens; FineWeb's documents are ~3k characters on average), so one huge document cannot multiply the
+    loader's memory. The cut is counted in the run's data settings, so it is part of the data order."""
     prepared: str | None = None
     """Directory of pre-tokenized uint32 shards written by `isollm-data prepare`; overrides streaming."""
     cache_dir: str = "data_cache"
@@ -62,7 +66,7 @@ class DataConfig:
     """Sleep before retry k (1-based) is ``retry_backoff_s * 2**(k - 1)``: 1+2+4+8+16 s over the defaults."""
 
     def validate(self) -> DataConfig:
-        for name in ("seq_len", "shuffle_block", "val_bucket", "val_tokens", "tokenize_batch"):
+        for name in ("seq_len", "shuffle_block", "val_bucket", "val_tokens", "tokenize_batch", "max_doc_chars"):
             if getattr(self, name) <= 0:
                 raise ConfigError(name, f"expected a positive integer, got {getattr(self, name)}")
         for name in ("num_workers", "read_retries", "retry_backoff_s"):

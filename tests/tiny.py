@@ -12,14 +12,13 @@ import sys
 from collections.abc import Iterator
 from pathlib import Path
 
-import datasets
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 import torch
 from safetensors.torch import load_file
 
-import llm.data.sources
+import llm.data.pieces
 
 REPO = Path(__file__).resolve().parents[1]
 FINEWEB = REPO.parent / "shared" / "data" / "fineweb-sample"
@@ -120,24 +119,24 @@ def assert_same_weights(a: Path, b: Path) -> None:
 
 
 def fail_reads(monkeypatch: pytest.MonkeyPatch, fail: set[int], error: Exception) -> dict[str, int]:
-    """Make the n-th batch read of any shard reader (1-based, counted over all readers) raise ``error``
+    """Make the n-th batch read of any piece reader (1-based, counted over all readers) raise ``error``
     after the underlying reader has consumed the batch (the worst case: that position is gone)."""
     reads = {"n": 0}
-    real = datasets.IterableDataset.iter
+    real = llm.data.pieces.read_piece
 
-    def flaky(self, *args, **kwargs) -> Iterator[dict]:
-        for batch in real(self, *args, **kwargs):
+    def flaky(*args, **kwargs) -> Iterator[tuple]:
+        for batch in real(*args, **kwargs):
             reads["n"] += 1
             if reads["n"] in fail:
                 raise error
             yield batch
 
-    monkeypatch.setattr(datasets.IterableDataset, "iter", flaky)
+    monkeypatch.setattr(llm.data.pieces, "read_piece", flaky)
     return reads
 
 
 def record_sleeps(monkeypatch: pytest.MonkeyPatch) -> list[float]:
     """The read retries' backoff sleeps, recorded instead of slept."""
     sleeps: list[float] = []
-    monkeypatch.setattr(llm.data.sources.time, "sleep", sleeps.append)
+    monkeypatch.setattr(llm.data.pieces.time, "sleep", sleeps.append)
     return sleeps

@@ -1,7 +1,8 @@
-"""``isollm-data``: pre-tokenize a source into shards, or train a small byte-level BPE tokenizer.
+"""``isollm-data``: pre-tokenize a source, show how a source splits among nodes, or train a small BPE.
 
     isollm-data prepare --config configs/demo.yaml data.val_bucket=50 --out data/prepared
-    isollm-data prepare --source /path/to/fineweb-sample --tokenizer tok/ --out data/prepared
+    isollm-data prepare --source /path/to/fineweb-sample --tokenizer tok/ --out data/prepared --max-tokens 1e8
+    isollm-data plan HuggingFaceFW/fineweb --name sample-10BT --world-size 64 --workers 2
     isollm-data train-tokenizer --vocab-size 8192 --out tok/ /path/to/fineweb-sample
 """
 
@@ -14,19 +15,30 @@ import time
 from omegaconf import OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
-from llm.config import DataConfig, load_config
+from llm.cli_types import at_least
+from llm.config import DataConfig
 from llm.model.config import ConfigError
 
 __all__ = ["main"]
 
+SHORTCUTS = (("source", "data.source"), ("name", "data.name"), ("tokenizer", "data.tokenizer"),
+             ("val_bucket", "data.val_bucket"))
+"""Flags that stand for a ``data.*`` override."""
 
-def _data_config(files: list[str], overrides: list[str]) -> DataConfig:
-    """The ``data`` section of the run config (files + ``data.key=value`` overrides), or, without config
-    files, a ``DataConfig`` from the overrides alone (so no training fields are required)."""
-    if files:
-        return load_config(files, overrides).data
+
+def _data_config(args: argparse.Namespace) -> DataConfig:
+    """The ``data`` section of the run config files, then ``data.key=value`` overrides and the shortcut
+    flags: only what reading and tokenizing need (no training fields are required)."""
+    overrides = list(args.overrides)
+    for flag, key in SHORTCUTS:
+        if getattr(args, flag, None) is not None:
+            overrides.append(f"{key}={getattr(args, flag)}")
+    for override in overrides:
+        if not override.startswith("data.") or "=" not in override:
+            raise ConfigError(override, "expected a data.key=value override")
     try:
-        node = OmegaConf.merge(OmegaConf.structured(DataConfig),
+        sections = [OmegaConf.load(f).get("data") or {} for f in args.config]
+        node = OmegaConf.merge(OmegaConf.structured(DataConfig), *sections,
                                OmegaConf.from_dotlist([o.removeprefix("data.") for o in overrides]))
         config = OmegaConf.to_object(node)
     except OmegaConfBaseException as err:
@@ -39,19 +51,21 @@ def _prepare(args: argparse.Namespace) -> int:
     from llm.data.shards import prepare
     from llm.data.tokenizer import load_tokenizer
 
-    overrides = list(args.overrides)
-    for flag, key in (("source", "data.source"), ("name", "data.name"), ("tokenizer", "data.tokenizer"),
-                      ("val_bucket", "data.val_bucket")):
-        if getattr(args, flag) is not None:
-            overrides.append(f"{key}={getattr(args, flag)}")
-    data_cfg = _data_config(args.config, overrides)
+    data_cfg = _data_config(args)
     start = time.perf_counter()
-    index = prepare(data_cfg, load_tokenizer(data_cfg.tokenizer), args.out)
-    tokens = sum(s["num_tokens"] for s in index["shards"])
-    docs = sum(s["num_docs"] for s in index["shards"])
+    index = prepare(data_cfg, load_tokenizer(data_cfg.tokenizer), args.out, args.max_tokens)
+    tokens = sum(p["num_tokens"] for p in index["pieces"])
+    docs = sum(p["num_docs"] for p in index["pieces"])
     seconds = time.perf_counter() - start
-    print(f"prepared {docs:,} documents, {tokens:,} tokens in {len(index['shards'])} shard(s) at {args.out} "
+    print(f"prepared {docs:,} documents, {tokens:,} tokens from {len(index['pieces'])} piece(s) at {args.out} "
           f"({seconds:.1f} s, {tokens / max(seconds, 1e-9):,.0f} tokens/s)")
+    return 0
+
+
+def _plan(args: argparse.Namespace) -> int:
+    from llm.data.plan import print_plan
+
+    print_plan(_data_config(args), args.world_size, args.workers, args.sample_docs)
     return 0
 
 
@@ -63,19 +77,35 @@ def _train_tokenizer(args: argparse.Namespace) -> int:
     return 0
 
 
+def _data_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--config", action="append", default=[], help="run config YAML (repeatable, merged); "
+                        "only its data section is read")
+    parser.add_argument("--name", help="shortcut for data.name=...")
+    parser.add_argument("--tokenizer", help="shortcut for data.tokenizer=...")
+    parser.add_argument("--val-bucket", type=int, help="shortcut for data.val_bucket=...")
+    parser.add_argument("overrides", nargs="*", help="data overrides such as data.val_bucket=50")
+
+
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="isollm-data", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     commands = parser.add_subparsers(dest="command", required=True)
-    prep = commands.add_parser("prepare", help="pre-tokenize training documents into uint32 memmap shards")
-    prep.add_argument("--config", action="append", default=[], help="run config YAML (repeatable, merged)")
+    prep = commands.add_parser("prepare", help="pre-tokenize training documents into uint32 memmap files")
     prep.add_argument("--out", required=True, help="output directory (then set data.prepared to it)")
     prep.add_argument("--source", help="shortcut for data.source=...")
-    prep.add_argument("--name", help="shortcut for data.name=...")
-    prep.add_argument("--tokenizer", help="shortcut for data.tokenizer=...")
-    prep.add_argument("--val-bucket", type=int, help="shortcut for data.val_bucket=...")
-    prep.add_argument("overrides", nargs="*", help="config overrides such as data.val_bucket=50")
+    prep.add_argument("--max-tokens", type=at_least(1, lambda s: int(float(s))),
+                      help="stop once this many training tokens are written (default: the whole source)")
+    _data_arguments(prep)
     prep.set_defaults(run=_prepare)
+    plan = commands.add_parser("plan", help="how one epoch of a source splits among ranks x workers")
+    plan.add_argument("source", help="hub dataset id, local repository directory, or files (data.source)")
+    plan.add_argument("--world-size", type=at_least(1), required=True)
+    plan.add_argument("--workers", type=at_least(0), default=0,
+                      help="DataLoader workers per process (data.num_workers)")
+    plan.add_argument("--sample-docs", type=at_least(1), default=256,
+                      help="documents tokenized to estimate tokens per document (or per byte)")
+    _data_arguments(plan)
+    plan.set_defaults(run=_plan)
     train = commands.add_parser("train-tokenizer", help="train a byte-level BPE on local files")
     train.add_argument("--vocab-size", type=int, required=True)
     train.add_argument("--out", required=True, help="tokenizer.json path or directory")

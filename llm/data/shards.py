@@ -1,11 +1,21 @@
-"""Pre-tokenized shards: ``isollm-data prepare`` writes them, ``PreparedTokens`` reads them by memmap.
+"""Pre-tokenized tokens: ``isollm-data prepare`` writes them, ``PreparedTokens`` reads them by memmap.
 
-Layout of a prepared directory (one token shard per source shard, so shard order, node split, windows,
-block shuffle and loader state are those of the streaming reader, and the two yield identical batches)::
+Layout of a prepared directory (one token file per source file; the index records each piece's token range,
+so the pieces can be visited in the streaming reader's epoch order)::
 
-    index.json            format, source identity, tokenizer fingerprint, val_bucket, shards (written last)
-    tokens_00000.bin      uint32 tokens of shard 0's training documents, each followed by EOS
-    docs_00000.npy        int64 document boundaries: document k is tokens [docs[k], docs[k + 1])
+    index.json            format, source identity, tokenizer fingerprint, val_bucket, max_doc_chars, files,
+                          pieces (written last)
+    tokens_00000.bin      uint32 tokens of file 0's training documents, each followed by EOS
+
+``PreparedTokens`` reads by global window index: the global token stream is the pieces' tokens in each
+epoch's order, epoch after epoch (exactly what one streaming node reads); window g is its tokens
+``[g(L+1), (g+1)(L+1))``; the shuffled order permutes blocks of ``shuffle_block`` windows like the streaming
+shuffle of node 0 of 1; and node i of N takes shuffled positions i, i + N, i + 2N, ... So one node yields
+the streaming batches, N nodes split one global order evenly (to a window), and a position is a count.
+
+A node's state is ``{"from": F, "skip": [...], "taken": m}``: its positions are ``F + i + N k`` (k = 0,
+1, ...) that are not in ``skip``, of which it has taken the first ``m``. A run resumed with another number
+of nodes starts from the first position no node took, skipping those taken beyond it (``reshard``).
 """
 
 from __future__ import annotations
@@ -22,38 +32,52 @@ from tokenizers import Tokenizer
 from llm.config import DataConfig
 from llm.data.errors import DataError
 from llm.data.sources import data_source
-from llm.data.stream import StreamingTokens, TokenSource
-from llm.data.tokenizer import encode_documents, tokenizer_identity
+from llm.data.split import epoch_order
+from llm.data.stream import State, StreamingTokens, TokenSource, block_permutation
+from llm.data.tokenizer import tokenizer_identity
 
 __all__ = ["FORMAT", "INDEX_FILE", "PreparedTokens", "prepare"]
 
 INDEX_FILE = "index.json"
-FORMAT = 1
+FORMAT = 2
 """Layout version written to the index; the reader refuses any other."""
 
 
-def prepare(data_cfg: DataConfig, tokenizer: Tokenizer, out_dir: str | Path) -> dict[str, Any]:
-    """Tokenize every training (non-validation) document of ``data_cfg.source`` into ``out_dir``; returns
-    the index. Validation documents are left out: ``build_val_windows`` reads them from the source."""
+def prepare(data_cfg: DataConfig, tokenizer: Tokenizer, out_dir: str | Path, max_tokens: int | None = None
+            ) -> dict[str, Any]:
+    """Tokenize the training (non-validation) documents of ``data_cfg.source`` into ``out_dir``, all of them
+    or, with ``max_tokens``, the source-order batches up to the first that reaches it; returns the index.
+    Validation documents are left out: ``build_val_windows`` reads them from the source."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     stream = StreamingTokens(data_cfg, tokenizer)
-    shards = []
-    for shard in range(stream.num_shards):
-        tokens_file, docs_file = f"tokens_{shard:05d}.bin", f"docs_{shard:05d}.npy"
-        lengths = []
-        with (out / tokens_file).open("wb") as f:
-            for _, texts in stream.shard_docs(shard, None):
+    files = list(dict.fromkeys(p.file for p in stream.pieces))
+    written = [0] * len(files)
+    pieces = []
+    outputs = [(out / f"tokens_{k:05d}.bin").open("wb") for k in range(len(files))]
+    try:
+        for index, piece in enumerate(stream.pieces):
+            if max_tokens is not None and sum(written) >= max_tokens:
+                break
+            k = files.index(piece.file)
+            start, docs = written[k], 0
+            for _, texts in stream.piece_docs(index, 0, piece.size):
                 if texts:
-                    tokens, doc_lengths = encode_documents(tokenizer, texts, stream.eos)
-                    f.write(tokens.tobytes())
-                    lengths.append(doc_lengths)
-        bounds = np.concatenate([[0], np.cumsum(np.concatenate(lengths) if lengths else [])]).astype(np.int64)
-        np.save(out / docs_file, bounds)
-        shards.append({"tokens": tokens_file, "docs": docs_file, "num_docs": len(bounds) - 1,
-                       "num_tokens": int(bounds[-1])})
+                    tokens = stream.tokens(texts)
+                    outputs[k].write(tokens.tobytes())
+                    written[k] += len(tokens)
+                    docs += len(texts)
+                if max_tokens is not None and sum(written) >= max_tokens:
+                    break
+            pieces.append({"file": k, "start": start, "num_tokens": written[k] - start, "num_docs": docs})
+    finally:
+        for f in outputs:
+            f.close()
     index = {"format": FORMAT, "source": stream.source.identity(), "tokenizer": tokenizer_identity(tokenizer),
-             "val_bucket": data_cfg.val_bucket, "shards": shards}
+             "val_bucket": data_cfg.val_bucket, "max_doc_chars": data_cfg.max_doc_chars,
+             "max_tokens": max_tokens,
+             "files": [{"tokens": f"tokens_{k:05d}.bin", "num_tokens": n} for k, n in enumerate(written)],
+             "pieces": pieces}
     tmp = out / (INDEX_FILE + ".tmp")
     tmp.write_text(json.dumps(index, indent=1))
     os.replace(tmp, out / INDEX_FILE)
@@ -78,8 +102,24 @@ def _source_difference(prepared_from: dict[str, Any], configured: dict[str, Any]
     return None
 
 
+def _class_index(first: int, offset: int, num_nodes: int, skip: list[int], taken: int) -> int:
+    """k such that the first ``taken`` positions ``first + offset + num_nodes * k`` not in ``skip`` are
+    those with a smaller k."""
+    k = taken
+    for q in sorted(skip):
+        rel = q - first - offset
+        if rel >= 0 and rel % num_nodes == 0:
+            if rel // num_nodes < k:
+                k += 1
+            else:
+                break
+    return k
+
+
 class PreparedTokens(TokenSource):
-    """Training tokens read by memmap from a prepared directory."""
+    """Training tokens read by memmap from a prepared directory, by global window index."""
+
+    resharding = True
 
     def __init__(self, data_cfg: DataConfig, tokenizer: Tokenizer) -> None:
         assert data_cfg.prepared is not None
@@ -95,33 +135,96 @@ class PreparedTokens(TokenSource):
         if self.index["tokenizer"] != tokenizer_identity(tokenizer):
             raise DataError(f"data.prepared: {self.root} was tokenized with another tokenizer "
                              "than data.tokenizer")
-        if self.index["val_bucket"] != data_cfg.val_bucket:
-            raise DataError(f"data.prepared: {self.root} holds out 1/{self.index['val_bucket']} documents, "
-                             f"data.val_bucket is {data_cfg.val_bucket}; prepare again")
+        for key in ("val_bucket", "max_doc_chars"):
+            if self.index[key] != getattr(data_cfg, key):
+                raise DataError(f"data.prepared: {self.root} was prepared with {key} {self.index[key]}, "
+                                f"data.{key} is {getattr(data_cfg, key)}; prepare again")
         # the validation set is read from data.source, so tokens prepared from another source would not
         # have its held-out documents removed (or would train on another corpus than the one evaluated)
         difference = _source_difference(self.index["source"], data_source(data_cfg).identity())
         if difference:
             raise DataError(f"data.prepared: {self.root} was prepared from another source than data.source "
                             f"({difference}); prepare again")
-        self.num_shards = len(self.index["shards"])
         self.cfg = data_cfg
+        self.lengths = np.array([p["num_tokens"] for p in self.index["pieces"]], dtype=np.int64)
+        self.epoch_tokens = int(self.lengths.sum())
+        if self.epoch_tokens == 0:
+            raise DataError(f"data.prepared: {self.root} holds no training tokens")
+        self._memmaps: dict[int, np.ndarray] = {}
+        self._epoch: tuple[int, list[int], np.ndarray] | None = None
+        self._block: tuple[int, np.ndarray] | None = None
 
-    def _open(self, shard: int) -> tuple[np.ndarray, np.ndarray]:
-        # opened per pass rather than in __init__: a memmap pickled into a spawned worker is copied whole
-        entry = self.index["shards"][shard]
-        bounds = np.load(self.root / entry["docs"])
-        if entry["num_tokens"] == 0:
-            return np.zeros(0, dtype=np.uint32), bounds
-        return np.memmap(self.root / entry["tokens"], dtype=np.uint32, mode="r"), bounds
+    def __getstate__(self) -> dict[str, Any]:
+        # a memmap pickled into a spawned worker would be copied whole: each process opens its own
+        return {**self.__dict__, "_memmaps": {}}
 
-    def shard_docs(self, shard: int, state: int | None) -> Iterator[tuple[int, list[np.ndarray]]]:
-        """(index of the first document, the documents' tokens) in batches of ``data.tokenize_batch``."""
-        tokens, bounds = self._open(shard)
-        num_docs = len(bounds) - 1
-        for doc in range(state or 0, num_docs, self.cfg.tokenize_batch):
-            end = min(doc + self.cfg.tokenize_batch, num_docs)
-            yield doc, [tokens[bounds[k] : bounds[k + 1]] for k in range(doc, end)]
+    def _file(self, k: int) -> np.ndarray:
+        if k not in self._memmaps:
+            entry = self.index["files"][k]
+            self._memmaps[k] = (np.memmap(self.root / entry["tokens"], dtype=np.uint32, mode="r")
+                                if entry["num_tokens"] else np.zeros(0, dtype=np.uint32))
+        return self._memmaps[k]
 
-    def tokens(self, docs: list[np.ndarray]) -> np.ndarray:
-        return np.concatenate(docs)
+    def _order(self, epoch: int) -> tuple[list[int], np.ndarray]:
+        """(piece order of the epoch, end offset of each visited piece in the epoch's tokens)."""
+        if self._epoch is None or self._epoch[0] != epoch:
+            order = epoch_order(len(self.lengths), self.cfg.seed, epoch, self.cfg.shuffle_shards)
+            self._epoch = (epoch, order, np.cumsum(self.lengths[order]))
+        return self._epoch[1], self._epoch[2]
+
+    def tokens(self, begin: int, end: int) -> np.ndarray:
+        """Tokens ``[begin, end)`` of the global stream (epochs end to end)."""
+        parts = []
+        while begin < end:
+            epoch, offset = divmod(begin, self.epoch_tokens)
+            order, ends = self._order(epoch)
+            slot = int(np.searchsorted(ends, offset, side="right"))
+            piece = self.index["pieces"][order[slot]]
+            inside = offset - (int(ends[slot]) - piece["num_tokens"])
+            take = min(end - begin, piece["num_tokens"] - inside)
+            parts.append(self._file(piece["file"])[piece["start"] + inside : piece["start"] + inside + take])
+            begin += take
+        return np.concatenate(parts)
+
+    def window(self, position: int) -> np.ndarray:
+        """The window at shuffled position ``position`` of the global order."""
+        size = self.cfg.shuffle_block
+        block, inside = divmod(position, size)
+        if self._block is None or self._block[0] != block:
+            self._block = (block, block_permutation(self.cfg.seed, 0, 1, block, size))
+        width = self.cfg.seq_len + 1
+        g = block * size + int(self._block[1][inside])
+        return self.tokens(g * width, (g + 1) * width)
+
+    def node_windows(self, node: int, num_nodes: int, state: State | None) -> Iterator[tuple[np.ndarray, State]]:
+        state = state or {"from": 0, "skip": [], "taken": 0}
+        first, skip, taken = state["from"], state["skip"], state["taken"]
+        skipped = set(skip)
+        k = _class_index(first, node, num_nodes, skip, taken)
+        while True:
+            position = first + node + num_nodes * k
+            k += 1
+            if position in skipped:
+                continue
+            taken += 1
+            yield self.window(position), {"from": first, "skip": skip, "taken": taken}
+
+    def reshard(self, states: list[State | None], num_nodes: int) -> list[State]:
+        start = {"from": 0, "skip": [], "taken": 0}
+        states = [s or start for s in states]
+        first, skip = states[0]["from"], states[0]["skip"]
+        old = len(states)
+        taken_before = set(skip)  # positions >= first taken before the last reshard
+        # each old node took every position of its class below ``ends[i]`` (itself, or before as skip)
+        ends = [first + i + old * _class_index(first, i, old, skip, s["taken"]) for i, s in enumerate(states)]
+        frontier = []
+        for end in ends:
+            while end in taken_before:
+                end += old
+            frontier.append(end)
+        new_first = min(frontier)
+        new_skip = {q for q in taken_before if q >= new_first}
+        for i, end in enumerate(frontier):
+            lowest = new_first + (first + i - new_first) % old
+            new_skip.update(range(lowest, end, old))
+        return [{"from": new_first, "skip": sorted(new_skip), "taken": 0} for _ in range(num_nodes)]

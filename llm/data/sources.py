@@ -1,75 +1,70 @@
-"""Document sources: a hub dataset or local files, both read through ``datasets`` streaming.
+"""Document sources: a dataset repository (a hub id, or a local directory laid out like one with a README
+``configs:`` block) or plain local files, resolved to a list of files of one format.
 
-Local files go through the same ``load_dataset(builder, data_files=..., streaming=True)`` path as FineWeb on
-the hub, so the code that trains at scale is the code the tests run on the local sample. Local inputs are
-checked up front (one-line errors naming the file) because ``datasets`` reports most of these problems late,
-deep in a worker, or not at all:
+A repository's config name selects its files through ``datasets``' own data-files resolution
+(``load_dataset_builder(path, name).config.data_files``), for a hub id and a local repository directory
+alike, so the code that resolves FineWeb's ``sample-10BT`` on a cluster is the code the tests run offline.
+Files are then read directly (``llm.data.pieces``: parquet row groups with pyarrow, line-oriented files by
+byte range), which is what lets work be split below the file level. Local inputs are checked up front
+(one-line errors naming the file):
 
-- parquet: must hold ``text_column``; files with zero rows are skipped (counted, with a warning).
-- jsonl/json: empty files are skipped; the first record must hold ``text_column``.
-- txt: one document per blank-line-separated paragraph (``sample_by="paragraph"``: a whole file as one
-  document would make a single-file corpus unshardable across workers); empty files are skipped; non-UTF-8
-  bytes are decoded with ``errors="replace"`` and the affected files counted in a warning.
-
-``ShardReader`` reads a source shard by shard and retries a failed read from the last good position; the
-training stream and the validation set both read through it.
+- parquet: must hold ``text_column`` as a string column; files with zero rows are skipped (counted, with a
+  warning).
+- jsonl/json (JSON Lines: one object per line): empty files are skipped; the first record must hold
+  ``text_column``.
+- txt: one document per paragraph (separated by blank lines); empty files are skipped; non-UTF-8 bytes are
+  decoded with ``errors="replace"`` and the affected files counted in a warning.
 """
 
 from __future__ import annotations
 
-import atexit
-import dataclasses
 import functools
 import glob
 import json
-import sys
-import time
 import warnings
-import weakref
-from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
-import datasets
+import fsspec
 import pyarrow as pa
 import pyarrow.parquet as pq
-from huggingface_hub.utils import httpx as hub_httpx
 
 from llm.config import DataConfig
 from llm.data.errors import DataError
 
 __all__ = [
-    "LOCAL_BUILDERS",
-    "ShardReader",
+    "FORMATS",
     "Source",
     "data_source",
-    "iter_local_texts",
-    "open_dataset",
-    "read_errors",
+    "file_size",
+    "open_file",
+    "parquet_metadata",
     "resolve_source",
+    "source_files",
 ]
 
-LOCAL_BUILDERS = {".parquet": "parquet", ".jsonl": "json", ".json": "json", ".txt": "text"}
-"""File suffix -> ``datasets`` packaged builder."""
+FORMATS = {".parquet": "parquet", ".jsonl": "json", ".json": "json", ".txt": "text"}
+"""File suffix -> how its documents are read."""
 
 
 @dataclass(frozen=True)
 class Source:
-    """A resolved document source: what ``load_dataset`` is called with, and which columns hold what."""
+    """A resolved document source: where its files come from, their format, and which columns hold what."""
 
     path: str
-    """Hub dataset id, or the ``datasets`` builder name ("parquet", "json", "text") for local files."""
+    """Hub dataset id or local repository directory; for plain local files, their format."""
     name: str | None
+    """Config name of a repository (FineWeb: sample-10BT); None for plain local files."""
     split: str
     text_column: str
     id_column: str | None
     data_files: tuple[str, ...] = ()
-    """Local files in sorted order (empty for the hub)."""
-    builder_kwargs: dict[str, Any] = field(default_factory=dict)
+    """Plain local files in sorted order (empty for a repository: ``source_files`` resolves those)."""
 
     @property
     def is_local(self) -> bool:
+        """Plain local files, as opposed to a repository resolved by config name."""
         return bool(self.data_files)
 
     def identity(self) -> dict[str, Any]:
@@ -79,12 +74,18 @@ class Source:
                 "id_column": self.id_column, "files": files}
 
 
+def _is_repository(path: Path) -> bool:
+    """A local directory laid out like a hub dataset repository: its README.md declares ``configs:``."""
+    readme = path / "README.md"
+    return path.is_dir() and readme.is_file() and "\nconfigs:" in readme.read_text(errors="replace")
+
+
 def _looks_local(spec: str) -> bool:
     return (
         Path(spec).expanduser().exists()
         or any(ch in spec for ch in "*?[")
         or spec.startswith((".", "/", "~"))
-        or Path(spec).suffix.lower() in LOCAL_BUILDERS
+        or Path(spec).suffix.lower() in FORMATS
     )
 
 
@@ -95,33 +96,62 @@ def _expand(spec: str) -> list[Path]:
         if not files:
             raise FileNotFoundError(f"data.source: no files match {spec}")
     elif path.is_dir():
-        files = sorted(p for p in path.rglob("*") if p.is_file() and p.suffix.lower() in LOCAL_BUILDERS)
+        files = sorted(p for p in path.rglob("*") if p.is_file() and p.suffix.lower() in FORMATS)
         if not files:
-            raise FileNotFoundError(
-                f"data.source: no {'/'.join(sorted(LOCAL_BUILDERS))} files in directory {path}"
-            )
+            raise FileNotFoundError(f"data.source: no {'/'.join(sorted(FORMATS))} files in directory {path}")
     elif path.is_file():
         files = [path]
     else:
         raise FileNotFoundError(f"data.source: no such file: {path}")
-    unsupported = [f for f in files if f.suffix.lower() not in LOCAL_BUILDERS]
+    unsupported = [f for f in files if f.suffix.lower() not in FORMATS]
     if unsupported:
-        raise DataError(
-            f"data.source: unsupported file type {unsupported[0]} (expected {', '.join(LOCAL_BUILDERS)})"
-        )
+        raise DataError(f"data.source: unsupported file type {unsupported[0]} (expected {', '.join(FORMATS)})")
     return files
 
 
-def _check_parquet(path: Path, text_column: str) -> tuple[bool, list[str]]:
-    """(has rows, column names); raises naming the file when it is unreadable or lacks the text column."""
+def file_format(files: list[str] | tuple[str, ...], where: str) -> str:
+    """The one format of ``files`` (by suffix); ``DataError`` when they mix formats or one is unsupported."""
+    kinds = {FORMATS.get(Path(f.split("?")[0]).suffix.lower()) for f in files}
+    if None in kinds:
+        raise DataError(f"data.source: {where} holds files of an unsupported type (expected {', '.join(FORMATS)})")
+    if len(kinds) > 1:
+        raise DataError(f"data.source: {where} mixes file types ({', '.join(sorted(map(str, kinds)))}); use one kind")
+    return str(kinds.pop())
+
+
+def open_file(file: str) -> BinaryIO:
+    """A local path or a remote URL (``hf://datasets/...``) opened for binary reading through fsspec."""
+    return fsspec.open(file, "rb").open()
+
+
+@functools.cache
+def file_size(file: str) -> int:
+    fs, path = fsspec.core.url_to_fs(file)
+    return int(fs.size(path))
+
+
+@functools.cache
+def parquet_metadata(file: str) -> pq.FileMetaData:
+    """The file's footer, read once per process (resolution, the work split and the plan all need it)."""
     try:
-        meta = pq.read_metadata(path)
+        if "://" not in file:
+            return pq.read_metadata(file)
+        with open_file(file) as f:
+            return pq.read_metadata(f)
     except Exception as err:
-        raise DataError(f"data.source: {path} is not a readable parquet file ({err})") from None
-    columns = list(meta.schema.to_arrow_schema().names)
-    if text_column not in columns:
-        raise DataError(f"data.source: {path} has no column {text_column!r} (columns: {', '.join(columns)})")
-    return meta.num_rows > 0, columns
+        raise DataError(f"data.source: {file} is not a readable parquet file ({err})") from None
+
+
+def check_parquet(file: str, text_column: str) -> list[str]:
+    """The file's columns; raises naming the file when it lacks the text column or it holds no text."""
+    schema = parquet_metadata(file).schema.to_arrow_schema()
+    if text_column not in schema.names:
+        raise DataError(f"data.source: {file} has no column {text_column!r} (columns: {', '.join(schema.names)})")
+    kind = schema.field(text_column).type
+    if not (pa.types.is_string(kind) or pa.types.is_large_string(kind)):
+        raise DataError(f"data.source: {file} column {text_column!r} holds {kind}, expected text (string); "
+                        "set data.text_column")
+    return list(schema.names)
 
 
 def _check_json(path: Path, text_column: str) -> bool:
@@ -132,11 +162,11 @@ def _check_json(path: Path, text_column: str) -> bool:
     try:
         record = json.loads(first)
     except (json.JSONDecodeError, UnicodeDecodeError):
-        return True  # a pretty-printed JSON array or object: let the json builder parse the whole file
-    if isinstance(record, dict) and text_column not in record:
-        raise DataError(
-            f"data.source: {path} has no field {text_column!r} (fields: {', '.join(map(str, record))})"
-        )
+        raise DataError(f"data.source: {path} is not JSON Lines (one JSON object per line)") from None
+    if not isinstance(record, dict):
+        raise DataError(f"data.source: {path} is not JSON Lines (one JSON object per line)")
+    if text_column not in record:
+        raise DataError(f"data.source: {path} has no field {text_column!r} (fields: {', '.join(map(str, record))})")
     return True
 
 
@@ -153,24 +183,20 @@ def resolve_source(
     source: str, name: str | None = None, split: str = "train", text_column: str = "text",
     id_column: str | None = "id",
 ) -> Source:
-    """Validate ``source`` (hub id or local file/dir/glob) and describe how to stream it."""
-    if not _looks_local(source):
+    """Validate ``source`` (hub id, local repository directory, or local file/dir/glob) and describe it.
+    A repository's files are resolved later, by ``source_files``."""
+    if not _looks_local(source) or _is_repository(Path(source).expanduser()):
         return Source(path=source, name=name, split=split, text_column=text_column, id_column=id_column)
     files = _expand(source)
-    kinds = {LOCAL_BUILDERS[f.suffix.lower()] for f in files}
-    if len(kinds) > 1:
-        raise DataError(f"data.source: {source} mixes file types ({', '.join(sorted(kinds))}); use one kind")
-    builder = kinds.pop()
+    kind = file_format([str(f) for f in files], source)
     kept: list[Path] = []
-    kwargs: dict[str, Any] = {}
     bad_utf8: list[Path] = []
-    if builder == "parquet":
-        all_columns = [_check_parquet(f, text_column) for f in files]
-        kept = [f for f, (has_rows, _) in zip(files, all_columns, strict=True) if has_rows]
-        if id_column is not None and not all(id_column in cols for _, cols in all_columns):
+    if kind == "parquet":
+        all_columns = [check_parquet(str(f), text_column) for f in files]
+        kept = [f for f in files if parquet_metadata(str(f)).num_rows > 0]
+        if id_column is not None and not all(id_column in cols for cols in all_columns):
             id_column = None  # hash the text instead of failing: the split stays deterministic
-        kwargs["columns"] = [text_column] + ([id_column] if id_column else [])
-    elif builder == "json":
+    elif kind == "json":
         kept = [f for f in files if _check_json(f, text_column)]
     else:
         for f in files:
@@ -180,20 +206,46 @@ def resolve_source(
             if invalid:
                 bad_utf8.append(f)
         text_column, id_column = "text", None
-        kwargs.update(sample_by="paragraph", encoding="utf-8", encoding_errors="replace")
     if bad_utf8:
-        warnings.warn(
-            f"data.source: {len(bad_utf8)} txt file(s) hold non-UTF-8 bytes (first: {bad_utf8[0]}); "
-            "decoded with errors='replace'", stacklevel=2,
-        )
+        warnings.warn(f"data.source: {len(bad_utf8)} txt file(s) hold non-UTF-8 bytes (first: {bad_utf8[0]}); "
+                      "decoded with errors='replace'", stacklevel=2)
     if len(kept) < len(files):
         skipped = [f for f in files if f not in kept]
         if not kept:
             raise DataError(f"data.source: every file of {source} is empty (e.g. {skipped[0]})")
-        warnings.warn(f"data.source: skipped {len(skipped)} empty file(s) (first: {skipped[0]})",
-                      stacklevel=2)
-    return Source(path=builder, name=None, split="train", text_column=text_column, id_column=id_column,
-                  data_files=tuple(str(f) for f in kept), builder_kwargs=kwargs)
+        warnings.warn(f"data.source: skipped {len(skipped)} empty file(s) (first: {skipped[0]})", stacklevel=2)
+    return Source(path=kind, name=None, split="train", text_column=text_column, id_column=id_column,
+                  data_files=tuple(str(f) for f in kept))
+
+
+@functools.cache
+def _repository_files(path: str, name: str | None, split: str) -> tuple[str, ...]:
+    import datasets  # loads slowly; only repositories need it
+
+    try:
+        builder = datasets.load_dataset_builder(path, name)
+    except Exception as err:
+        raise DataError(f"data.source: cannot resolve {path!r} config {name!r} "
+                        f"({' '.join(str(err).split())})") from None
+    data_files = builder.config.data_files or {}
+    if split not in data_files:
+        raise DataError(f"data.source: {path} config {name!r} has no split {split!r} "
+                        f"(splits: {', '.join(data_files) or 'none'})")
+    return tuple(str(f) for f in data_files[split])
+
+
+def source_files(source: Source) -> tuple[str, tuple[str, ...]]:
+    """(format, files in source order): plain local files as resolved, a repository's through its config."""
+    if source.is_local:
+        return file_format(source.data_files, source.path), source.data_files
+    files = _repository_files(source.path, source.name, source.split)
+    if not files:
+        raise DataError(f"data.source: {source.path} config {source.name!r} split {source.split!r} has no files")
+    kind = file_format(files, f"{source.path} config {source.name!r}")
+    if kind == "parquet":
+        for file in files:
+            check_parquet(file, source.text_column)
+    return kind, files
 
 
 @functools.cache
@@ -207,122 +259,3 @@ def data_source(data_cfg: DataConfig) -> Source:
     file whole) and warns about skipped files. Local files changed after the first call are not re-checked."""
     return _resolve_once(data_cfg.source, data_cfg.name, data_cfg.split, data_cfg.text_column,
                          data_cfg.id_column)
-
-
-def open_dataset(source: Source) -> datasets.IterableDataset:
-    """The source as one streaming ``datasets.IterableDataset`` in source order (shard i = file i locally)."""
-    if source.is_local:
-        return datasets.load_dataset(source.path, data_files=list(source.data_files), split="train",
-                                     streaming=True, **source.builder_kwargs)
-    return datasets.load_dataset(source.path, source.name, split=source.split, streaming=True)
-
-
-_OPEN_READERS: weakref.WeakSet[Iterator[dict[str, list]]] = weakref.WeakSet()
-
-
-@atexit.register
-def _close_open_readers() -> None:
-    """Close ``datasets`` readers still suspended at exit (a training loop stops mid-stream): finalised
-    later, during interpreter teardown, datasets' parquet reader prints a spurious traceback."""
-    for reader in list(_OPEN_READERS):
-        reader.close()
-
-
-def read_errors() -> tuple[type[BaseException], ...]:
-    """What a failed streaming read raises, retried by ``ShardReader.batches``.
-
-    - ``OSError``: ``ConnectionError`` and ``TimeoutError`` (which ``asyncio.TimeoutError`` and fsspec's
-      ``FSTimeoutError`` are since Python 3.11); requests' ``RequestException``; huggingface_hub's
-      ``HfHubHTTPError``; the ``ConnectionError("Server Disconnected")`` datasets raises once its own read
-      retries are spent; and a local file that vanished or is corrupt (pyarrow raises ``OSError``, e.g.
-      "ZSTD decompression failed" for a damaged parquet page).
-    - pyarrow's ``ArrowException``: ``ArrowInvalid`` for a malformed file.
-    - the hub client's ``httpx.HTTPError`` (``huggingface_hub.utils.httpx``, also what datasets retries):
-      timeouts, network and protocol errors are not ``OSError``.
-    - aiohttp's ``ClientError`` (fsspec's http filesystem) once aiohttp is loaded: it cannot have raised
-      otherwise, and importing it costs a second.
-    """
-    errors: tuple[type[BaseException], ...] = (OSError, pa.ArrowException, hub_httpx.HTTPError)
-    if "aiohttp" in sys.modules:
-        errors += (sys.modules["aiohttp"].ClientError,)
-    return errors
-
-
-class ShardReader:
-    """A source opened for streaming, read one shard at a time in batches of ``data.tokenize_batch`` rows."""
-
-    def __init__(self, source: Source, data_cfg: DataConfig) -> None:
-        self.source = source
-        self.dataset = open_dataset(source)
-        self.num_shards = self.dataset.n_shards
-        self.batch_size = data_cfg.tokenize_batch
-        self.retries = data_cfg.read_retries
-        self.backoff_s = data_cfg.retry_backoff_s
-
-    def _open(self, shard: int, state: dict[str, Any] | None
-              ) -> tuple[datasets.IterableDataset, Iterator[dict[str, list]]]:
-        """(the shard's dataset, a batch reader over it) positioned at ``state`` (None: the shard's start).
-
-        ``datasets`` resumes a single unshuffled shard exactly from its ``state_dict()``."""
-        dataset = self.dataset.shard(num_shards=self.num_shards, index=shard, contiguous=True)
-        if state is not None:
-            dataset.load_state_dict(state)
-        # .iter() rather than iter(): inside a DataLoader worker the latter re-splits shards among workers
-        reader = dataset.iter(batch_size=self.batch_size)
-        _OPEN_READERS.add(reader)
-        return dataset, reader
-
-    def label(self, shard: int) -> str:
-        """The shard as a user finds it: its file for local sources, else hub id, config, split and index."""
-        if self.source.is_local and len(self.source.data_files) == self.num_shards:
-            return self.source.data_files[shard]
-        name = f"/{self.source.name}" if self.source.name else ""
-        return f"{self.source.path}{name} split {self.source.split} shard {shard} of {self.num_shards}"
-
-    def batches(self, shard: int, state: dict[str, Any] | None
-                ) -> Iterator[tuple[dict[str, Any] | None, dict[str, list]]]:
-        """(reader state before the batch, the batch's rows by column) for one shard, from ``state``.
-
-        A failed read (``read_errors()``) re-opens the shard at the state before the failed batch and
-        retries after ``retry_backoff_s * 2**(k - 1)`` seconds (retry k), so the rows continue exactly as
-        if nothing had failed; ``read_retries`` consecutive failures raise ``DataError``."""
-        dataset, reader = self._open(shard, state)
-        failures = 0
-        while True:
-            try:
-                batch = next(reader)
-            except StopIteration:
-                return
-            except read_errors() as err:
-                reader.close()
-                failures += 1
-                reason = f"{type(err).__name__}: {' '.join(str(err).split())}"
-                if failures > self.retries:
-                    raise DataError(f"data.source: could not read {self.label(shard)} after "
-                                    f"{self.retries} retries ({reason})") from err
-                delay = self.backoff_s * 2 ** (failures - 1)
-                warnings.warn(f"data.source: reading {self.label(shard)} failed ({reason}); retry "
-                              f"{failures} of {self.retries} in {delay:g} s from the last good "
-                              f"position", stacklevel=2)
-                time.sleep(delay)
-                dataset, reader = self._open(shard, state)
-                continue
-            failures = 0
-            yield state, batch
-            state = dataset.state_dict()
-
-
-def iter_local_texts(files: list[str], text_column: str = "text", batch_size: int = 256) -> Iterator[str]:
-    """Texts of local files, directories or globs (all of one type), for tokenizer training."""
-    checked = [resolve_source(spec, text_column=text_column, id_column=None) for spec in files]
-    if not checked:
-        raise DataError("no input files given")
-    for spec, resolved in zip(files, checked, strict=True):
-        if not resolved.is_local:
-            raise FileNotFoundError(f"no such file: {spec}")
-    if len({s.path for s in checked}) > 1:
-        kinds = ", ".join(sorted({s.path for s in checked}))
-        raise DataError(f"input files mix types ({kinds}); use one kind")
-    source = dataclasses.replace(checked[0], data_files=tuple(f for s in checked for f in s.data_files))
-    for batch in open_dataset(source).iter(batch_size=batch_size):
-        yield from (text for text in batch[source.text_column] if text)

@@ -1,28 +1,32 @@
 """The training stream: documents -> tokens (+EOS) -> non-overlapping windows -> block shuffle -> batches.
 
 Work is split into ``num_nodes = world_size * max(num_workers, 1)`` disjoint *nodes* (one per rank and
-DataLoader worker; node = rank * workers + worker), each an independent, deterministic, resumable stream:
+DataLoader worker; node = rank * workers + worker). Two sources implement it:
 
-1. Shard order: every epoch permutes the source's shards (files) with ``(seed, epoch)``; every node computes
-   the same permutation.
-2. Node split: with at least as many shards as nodes, node i reads shards ``order[i::num_nodes]`` (nodes
-   may then differ by one shard of work; each runs its own epochs). With fewer shards (e.g. one txt file),
-   every node reads every shard and keeps training document j iff ``j % num_nodes == i``: disjoint and
-   balanced, at the cost of each node reading the whole source. (We do not use ``split_dataset_by_node``'s
-   example split: its resume hands a rank the other ranks' documents, see SPEC "Verified".)
-3. Validation documents are dropped (``validation.is_validation``), every document gets EOS appended, and
-   the token stream is cut into windows of ``seq_len + 1`` tokens: window k = tokens [k(L+1), (k+1)(L+1)).
-   Windows continue across epoch boundaries, so no token is dropped or repeated.
-4. Window shuffle: windows are permuted within consecutive blocks of ``shuffle_block`` windows by a
+**Streaming** (``StreamingTokens``), per node, a deterministic resumable stream:
+
+1. Epoch split (``llm.data.split``): every epoch orders the source's pieces (parquet row groups, or whole
+   jsonl/txt files) by ``(seed, epoch)`` and gives each node a contiguous ``1/num_nodes`` of the epoch's rows
+   (bytes for jsonl/txt): one global epoch, whatever the number of files.
+2. Validation documents are dropped (``validation.is_validation``), documents are cut to
+   ``max_doc_chars`` characters, every document gets EOS appended, and the node's token stream is cut into
+   windows of ``seq_len + 1`` tokens: window k = tokens [k(L+1), (k+1)(L+1)). Windows continue across
+   epoch boundaries, so no token is dropped or repeated.
+3. Window shuffle: windows are permuted within consecutive blocks of ``shuffle_block`` windows by a
    permutation seeded with ``(seed, num_nodes, node, block index)`` (the block index counts over the node's
    whole stream, epochs included).
 
-A node's position is a JSON dict ``{"block", "index", "start"}``: the block being emitted, how many of its
-windows were emitted, and where the block's first window starts: ``{"epoch", "pos", "offset"}``, ``pos``
-being the reader's position at the start of a tokenization chunk (``{"slot", "shard", "j"}``: index into
-the node's shard list, the shard reader's own state, training documents counted so far for the node split)
-and ``offset`` the tokens of that chunk consumed before the window. Resuming re-reads that chunk,
-regenerates the block and skips what was emitted: exact, at the cost of re-tokenizing at most one block.
+A streaming node's position is a JSON dict ``{"block", "index", "start"}``: the block being emitted, how
+many of its windows were emitted, and where the block's first window starts: ``{"epoch", "pos",
+"offset"}``, ``pos`` being the reader's position at the start of a tokenization chunk (``{"seg", "at"}``:
+the segment of the node's share, the piece position) and ``offset`` the tokens of that chunk consumed
+before the window. Resuming re-reads that chunk, regenerates the block and skips what was emitted: exact,
+at the cost of re-tokenizing at most one block. It resumes only with the same number of nodes.
+
+**Prepared tokens** (``llm.data.shards.PreparedTokens``) are read by global window index: the global
+stream is the 1-node streaming stream (so one node reads exactly what streaming reads), and node i of N
+takes its shuffled windows i, i + N, i + 2N, ... A position is the count of windows taken, so a run can
+resume with any number of nodes (``TokenSource.reshard``).
 """
 
 from __future__ import annotations
@@ -41,7 +45,9 @@ from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
 from llm.config import DataConfig
 from llm.data.errors import DataError
-from llm.data.sources import ShardReader, data_source
+from llm.data.pieces import PieceReader, list_pieces
+from llm.data.sources import data_source
+from llm.data.split import epoch_order, node_segments
 from llm.data.tokenizer import encode_documents, eos_id
 from llm.data.validation import split_batch
 
@@ -49,86 +55,77 @@ __all__ = [
     "StreamingTokens",
     "TokenSource",
     "TrainLoader",
+    "block_permutation",
     "build_train_loader",
     "iter_windows",
-    "node_shards",
-    "shard_order",
 ]
 
 State = dict[str, Any]
 
 
-def shard_order(num_shards: int, seed: int, epoch: int, shuffle: bool) -> list[int]:
-    """Shard visiting order of an epoch: a permutation by (seed, epoch), or source order."""
-    if not shuffle:
-        return list(range(num_shards))
-    return [int(i) for i in np.random.default_rng([seed, epoch]).permutation(num_shards)]
-
-
-def node_shards(order: list[int], node: int, num_nodes: int) -> tuple[list[int], bool]:
-    """(shards this node reads, whether documents are split by index instead): see the module docstring."""
-    if len(order) >= num_nodes:
-        return order[node::num_nodes], False
-    return order, True
+def block_permutation(seed: int, node: int, num_nodes: int, block: int, size: int) -> np.ndarray:
+    """Order in which the windows of one block are emitted."""
+    return np.random.default_rng([seed, num_nodes, node, block]).permutation(size)
 
 
 class TokenSource(ABC):
-    """Training tokens by chunks; implemented by the streaming reader and the pre-tokenized shards, which
-    differ only in how they read a shard's documents (``shard_docs``) and turn them into tokens."""
+    """Windows of training tokens for one node, with an exact resumable position."""
 
-    num_shards: int
     cfg: DataConfig
 
     @abstractmethod
-    def shard_docs(self, shard: int, state: Any) -> Iterator[tuple[Any, list[Any]]]:
-        """(position in the shard before the documents, a batch of training documents) for one shard, from
-        ``state`` (a position yielded earlier; None: the shard's start)."""
+    def node_windows(self, node: int, num_nodes: int, state: State | None) -> Iterator[tuple[np.ndarray, State]]:
+        """Node ``node``'s windows of ``seq_len + 1`` tokens, each with the node state after it, from ``state``
+        (a state yielded earlier; None: the start)."""
 
-    @abstractmethod
-    def tokens(self, docs: list[Any]) -> np.ndarray:
-        """The documents' tokens, each document followed by EOS."""
+    resharding = False
+    """Whether a position can continue with another number of nodes (``reshard``)."""
+
+    def reshard(self, states: list[State | None], num_nodes: int) -> list[State]:
+        """States of ``num_nodes`` nodes continuing the global order where ``states`` (one per node of a run
+        with another number of nodes) left it: nothing lost, nothing repeated."""
+        raise NotImplementedError
+
+
+class StreamingTokens(TokenSource):
+    """Training tokens streamed from a repository (hub or local) or local files, by pieces."""
+
+    def __init__(self, data_cfg: DataConfig, tokenizer: Tokenizer) -> None:
+        self.source = data_source(data_cfg)
+        self.reader = PieceReader(self.source, data_cfg)
+        self.pieces = list_pieces(self.source)
+        self.tokenizer = tokenizer
+        self.eos = eos_id(tokenizer)
+        self.cfg = data_cfg
+
+    def piece_docs(self, piece: int, start: int, hi: int) -> Iterator[tuple[int, list[str]]]:
+        """(position before the batch, training texts of the batch) of a piece's range: validation documents
+        dropped, a failed read retried (``PieceReader.batches``)."""
+        for before, rows, _ in self.reader.batches(piece, start, hi):
+            yield before, split_batch(rows, self.source, self.cfg.val_bucket, self.cfg.max_doc_chars)[0]
+
+    def tokens(self, docs: list[str]) -> np.ndarray:
+        return encode_documents(self.tokenizer, docs, self.eos)[0]
 
     def chunks(self, epoch: int, node: int, num_nodes: int, start: State | None
                ) -> Iterator[tuple[State, np.ndarray]]:
         """(position at the chunk's start, its tokens) for this node's documents of one epoch, from
         ``start`` (a position yielded earlier) or the epoch's beginning."""
-        order = shard_order(self.num_shards, self.cfg.seed, epoch, self.cfg.shuffle_shards)
-        shards, split_docs = node_shards(order, node, num_nodes)
-        first_slot, shard_state, j = (start["slot"], start["shard"], start["j"]) if start else (0, None, 0)
-        for slot in range(first_slot, len(shards)):
-            for state, docs in self.shard_docs(shards[slot], shard_state):
-                pos = {"slot": slot, "shard": copy.deepcopy(state), "j": j}
-                if split_docs:  # the node's documents are those whose count j + i is node mod num_nodes
-                    mine = docs[(node - j) % num_nodes :: num_nodes]
-                    j += len(docs)
-                    docs = mine
+        order = epoch_order(len(self.pieces), self.cfg.seed, epoch, self.cfg.shuffle_shards)
+        segments = node_segments(self.pieces, order, node, num_nodes)
+        first, at = (start["seg"], start["at"]) if start else (0, None)
+        for seg in range(first, len(segments)):
+            piece, lo, hi = segments[seg]
+            for before, docs in self.piece_docs(piece, at if seg == first and at is not None else lo, hi):
                 if docs:
-                    yield pos, self.tokens(docs)
-            shard_state = None
+                    yield {"seg": seg, "at": before}, self.tokens(docs)
+
+    def node_windows(self, node: int, num_nodes: int, state: State | None) -> Iterator[tuple[np.ndarray, State]]:
+        return iter_windows(self, node, num_nodes, self.cfg.seq_len + 1, self.cfg.seed, self.cfg.shuffle_block,
+                            state)
 
 
-class StreamingTokens(TokenSource):
-    """Training tokens streamed from a hub dataset or local files through ``datasets``."""
-
-    def __init__(self, data_cfg: DataConfig, tokenizer: Tokenizer) -> None:
-        self.source = data_source(data_cfg)
-        self.reader = ShardReader(self.source, data_cfg)
-        self.num_shards = self.reader.num_shards
-        self.tokenizer = tokenizer
-        self.eos = eos_id(tokenizer)
-        self.cfg = data_cfg
-
-    def shard_docs(self, shard: int, state: State | None) -> Iterator[tuple[State | None, list[str]]]:
-        """(reader state before the batch, training texts of the batch): validation documents dropped, a
-        failed read retried (``ShardReader.batches``)."""
-        for before, batch in self.reader.batches(shard, state):
-            yield before, split_batch(batch, self.source, self.cfg.val_bucket)[0]
-
-    def tokens(self, docs: list[str]) -> np.ndarray:
-        return encode_documents(self.tokenizer, docs, self.eos)[0]
-
-
-def _pieces(source: TokenSource, node: int, num_nodes: int, start: State, max_epochs: int | None
+def _pieces(source: StreamingTokens, node: int, num_nodes: int, start: State, max_epochs: int | None
             ) -> Iterator[tuple[int, State, int, np.ndarray]]:
     """(epoch, chunk position, offset, tokens[offset:]) over epochs, from a window-start state."""
     epoch, pos, offset = start["epoch"], start["pos"], start["offset"]
@@ -140,14 +137,13 @@ def _pieces(source: TokenSource, node: int, num_nodes: int, start: State, max_ep
             offset = 0
         if empty:
             raise DataError(
-                f"data: node {node} of {num_nodes} (rank x worker) got no training documents in epoch "
-                f"{epoch} "
-                f"from a source of {source.num_shards} shard(s); use fewer ranks/workers or more data"
+                f"data: node {node} of {num_nodes} (rank x worker) got no training documents in epoch {epoch} "
+                f"from a source of {len(source.pieces)} piece(s); use fewer ranks/workers or more data"
             )
         epoch, pos, offset = epoch + 1, None, 0
 
 
-def _windows(source: TokenSource, node: int, num_nodes: int, width: int, start: State,
+def _windows(source: StreamingTokens, node: int, num_nodes: int, width: int, start: State,
              max_epochs: int | None) -> Iterator[tuple[np.ndarray, State]]:
     """(window of ``width`` tokens, state where the next window starts); a final partial window is dropped."""
     parts: list[np.ndarray] = []
@@ -164,17 +160,12 @@ def _windows(source: TokenSource, node: int, num_nodes: int, width: int, start: 
                 parts, have = [], 0
 
 
-def block_permutation(seed: int, node: int, num_nodes: int, block: int, size: int) -> np.ndarray:
-    """Order in which the windows of one block are emitted."""
-    return np.random.default_rng([seed, num_nodes, node, block]).permutation(size)
-
-
 def initial_state() -> State:
     return {"block": 0, "index": 0, "start": {"epoch": 0, "pos": None, "offset": 0}}
 
 
 def iter_windows(
-    source: TokenSource, node: int, num_nodes: int, width: int, seed: int, shuffle_block: int,
+    source: StreamingTokens, node: int, num_nodes: int, width: int, seed: int, shuffle_block: int,
     state: State | None = None, max_epochs: int | None = None,
 ) -> Iterator[tuple[np.ndarray, State]]:
     """One node's shuffled windows, each with the node state after it (resume from it to continue)."""
@@ -233,17 +224,20 @@ class TrainLoader:
         self.states: list[State | None] = [None] * self.workers
         self.next_worker = 0
 
-    def _identity(self) -> dict[str, Any]:
+    def _identity(self, topology: bool = True) -> dict[str, Any]:
+        """What a saved state must match; ``topology=False`` leaves out what a resharded resume may change."""
+        fixed = {"seq_len": self.cfg.seq_len, "seed": self.cfg.seed, "shuffle_block": self.cfg.shuffle_block,
+                 "shuffle_shards": self.cfg.shuffle_shards, "val_bucket": self.cfg.val_bucket,
+                 "max_doc_chars": self.cfg.max_doc_chars, "prepared": self.cfg.prepared is not None}
+        if not topology:
+            return fixed
         return {"rank": self.rank, "world_size": self.world_size, "num_workers": self.cfg.num_workers,
-                "micro_batch_size": self.micro_batch_size, "seq_len": self.cfg.seq_len, "seed": self.cfg.seed,
-                "shuffle_block": self.cfg.shuffle_block, "shuffle_shards": self.cfg.shuffle_shards,
-                "val_bucket": self.cfg.val_bucket, "prepared": self.cfg.prepared is not None}
+                "micro_batch_size": self.micro_batch_size, **fixed}
 
     def node_batches(self, worker: int, state: State | None) -> Iterator[tuple[torch.Tensor, State]]:
         """Batches of one logical worker's node, each with the node state after it."""
         node = self.rank * self.workers + worker
-        windows = iter_windows(self.source, node, self.world_size * self.workers, self.cfg.seq_len + 1,
-                               self.cfg.seed, self.cfg.shuffle_block, state)
+        windows = self.source.node_windows(node, self.world_size * self.workers, state)
         while True:  # the window stream is infinite (epochs repeat), so every group is full
             group = list(islice(windows, self.micro_batch_size))
             batch = torch.from_numpy(np.stack([w for w, _ in group]).astype(np.int64))
@@ -266,13 +260,35 @@ class TrainLoader:
     def state_dict(self) -> dict[str, Any]:
         return {**self._identity(), "next_worker": self.next_worker, "workers": copy.deepcopy(self.states)}
 
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        for key, value in self._identity().items():
+    def _check(self, state: dict[str, Any], expected: dict[str, Any]) -> None:
+        for key, value in expected.items():
             if state.get(key) != value:
                 raise DataError(f"data loader state: {key} was {state.get(key)!r}, this loader has "
                                  f"{value!r}; resume with the same data settings")
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self._check(state, self._identity())
         self.states = copy.deepcopy(state["workers"])
         self.next_worker = state["next_worker"]
+
+    def load_state_dicts(self, states: list[dict[str, Any]]) -> None:
+        """Continue from the states of every rank of a run (``states[r]`` of rank r): this rank's own when
+        the ranks and workers are the same, else this rank's share of the global order left by them all
+        (``TokenSource.reshard``: prepared tokens; a streamed source raises a one-line ``DataError``)."""
+        if len(states) == self.world_size and states[self.rank].get("num_workers") == self.cfg.num_workers:
+            self.load_state_dict(states[self.rank])
+            return
+        for state in states:
+            self._check(state, self._identity(topology=False))
+        if not self.source.resharding:
+            raise DataError(f"resume: the data loader state was written by {len(states)} processes, resuming with "
+                            f"{self.world_size} (data.num_workers {states[0].get('num_workers')} -> "
+                            f"{self.cfg.num_workers}): a streamed source continues only with as many; relaunch "
+                            "with those, or pre-tokenize it (isollm-data prepare, data.prepared) to resume with any")
+        nodes = [node for state in states for node in state["workers"]]
+        mine = self.source.reshard(nodes, self.world_size * self.workers)
+        self.states = mine[self.rank * self.workers : (self.rank + 1) * self.workers]
+        self.next_worker = 0
 
 
 def _quiet_tokenizers(_worker_id: int) -> None:

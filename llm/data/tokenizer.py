@@ -140,7 +140,7 @@ def train_tokenizer(
     """Train a byte-level BPE (GPT-2 style: any byte sequence round-trips) on local text/parquet/jsonl files,
     with ``EOS_TOKEN`` as its only special token, and save it as tokenizer.json at ``out_path`` (a file path,
     or a directory that receives tokenizer.json)."""
-    from llm.data.sources import iter_local_texts
+    from llm.data.pieces import iter_local_texts
 
     files = [str(f) for f in files]
     if vocab_size < 257 + 1:

@@ -21,7 +21,8 @@ from tokenizers import Tokenizer
 
 from llm.config import DataConfig
 from llm.data.errors import DataError
-from llm.data.sources import ShardReader, Source, data_source
+from llm.data.pieces import PieceReader
+from llm.data.sources import Source, data_source
 from llm.data.tokenizer import encode_documents, eos_id, tokenizer_identity
 
 __all__ = ["build_val_windows", "is_validation", "split_batch", "val_cache_path"]
@@ -33,8 +34,10 @@ def is_validation(key: str, bucket: int) -> bool:
     return int.from_bytes(digest, "little") % bucket == 0
 
 
-def split_batch(batch: dict[str, list], source: Source, bucket: int) -> tuple[list[str], list[str]]:
-    """(training texts, validation texts) of a batch of rows, in order; empty documents belong to neither."""
+def split_batch(batch: dict[str, list], source: Source, bucket: int, max_chars: int
+                ) -> tuple[list[str], list[str]]:
+    """(training texts, validation texts) of a batch of rows, in order, each cut to ``max_chars``
+    characters; empty documents belong to neither. The bucket hashes the whole document."""
     if source.text_column not in batch:
         raise DataError(f"data.source: {source.path} has no column {source.text_column!r} "
                          f"(columns: {', '.join(batch)}); set data.text_column")
@@ -44,14 +47,15 @@ def split_batch(batch: dict[str, list], source: Source, bucket: int) -> tuple[li
     val: list[str] = []
     for text, key in zip(texts, keys, strict=True):
         if text:
-            (val if is_validation(str(key if key is not None else text), bucket) else train).append(text)
+            (val if is_validation(str(key if key is not None else text), bucket) else train).append(text[:max_chars])
     return train, val
 
 
 def val_cache_path(data_cfg: DataConfig, tokenizer: Tokenizer) -> Path:
     """Cache file of the validation windows, keyed by everything that determines their tokens."""
     key = {"source": data_source(data_cfg).identity(), "tokenizer": tokenizer_identity(tokenizer),
-           "seq_len": data_cfg.seq_len, "val_bucket": data_cfg.val_bucket, "val_tokens": data_cfg.val_tokens}
+           "seq_len": data_cfg.seq_len, "val_bucket": data_cfg.val_bucket, "val_tokens": data_cfg.val_tokens,
+           "max_doc_chars": data_cfg.max_doc_chars}
     digest = hashlib.blake2b(json.dumps(key, sort_keys=True).encode(), digest_size=10).hexdigest()
     return Path(data_cfg.cache_dir) / f"val_{digest}.pt"
 
@@ -59,10 +63,10 @@ def val_cache_path(data_cfg: DataConfig, tokenizer: Tokenizer) -> Path:
 def _val_texts(data_cfg: DataConfig) -> Iterator[list[str]]:
     """The validation texts of each batch of rows, in source order (shard by shard, a failed read retried
     like the training stream's)."""
-    reader = ShardReader(data_source(data_cfg), data_cfg)
-    for shard in range(reader.num_shards):
-        for _, batch in reader.batches(shard, None):
-            yield split_batch(batch, reader.source, data_cfg.val_bucket)[1]
+    reader = PieceReader(data_source(data_cfg), data_cfg)
+    for index, piece in enumerate(reader.pieces):
+        for _, batch, _ in reader.batches(index, 0, piece.size):
+            yield split_batch(batch, reader.source, data_cfg.val_bucket, data_cfg.max_doc_chars)[1]
 
 
 def build_val_windows(data_cfg: DataConfig, tokenizer: Tokenizer) -> torch.Tensor:

@@ -300,15 +300,11 @@ def load_checkpoint(path: str | Path, *, accelerator: Accelerator, loader: Any, 
     (after checking the model config matches); return the saved ``trainer.json`` dict."""
     path = Path(path)
     check_model_config(path, config)
-    rank, world_size = rank_and_world_size()
     saved_world = len(list((path / "state").glob("data_rank*.pt")))
-    if saved_world != world_size:
-        # Each rank streams its own slice of the data; re-slicing would change the data order.
-        raise ConfigError("resume", f"{path} was written by {saved_world} processes, resuming with {world_size}: "
-                          f"the data-loader state is per rank, so the data order would change; relaunch with "
-                          f"{saved_world} processes, or start a new run from the weights in {path / MODEL_DIR}")
+    # every rank's loader state: a run resumed with another number of processes continues the global data
+    # order from all of them (prepared tokens), or the loader refuses in one line (a streamed source)
+    loader.load_state_dicts([torch.load(path / "state" / f"data_rank{r}.pt", weights_only=True)
+                             for r in range(saved_world)])
     with _weights_in_model_dir(accelerator):
         accelerator.load_state(str(path / "state"))
-    data_state = path / "state" / f"data_rank{rank}.pt"
-    loader.load_state_dict(torch.load(data_state, weights_only=True))
     return json.loads((path / "trainer.json").read_text())

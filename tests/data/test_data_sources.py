@@ -16,7 +16,8 @@ from tiny import write_docs
 from tokenizers import Tokenizer
 
 from llm.config import DataConfig
-from llm.data.sources import open_dataset, resolve_source
+from llm.data.pieces import iter_local_texts
+from llm.data.sources import resolve_source
 from llm.data.stream import build_train_loader
 from llm.data.validation import build_val_windows
 
@@ -30,7 +31,7 @@ def guarded(fn: Callable[[], Any]) -> Any:
 
 
 def docs_of(source: str) -> list[str]:
-    return [row["text"] for row in open_dataset(resolve_source(source))]
+    return list(iter_local_texts([source]))
 
 
 def test_hub_ids_are_not_treated_as_files() -> None:

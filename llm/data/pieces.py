@@ -1,0 +1,266 @@
+"""Pieces of a source, the unit below the file that work is split into, and their reading with retries.
+
+- parquet: one piece per row group, measured in rows (known from the footer). A range of rows of a row
+  group is read by decoding the row group (the smallest unit parquet reads) and slicing it.
+- jsonl / txt: one piece per file, measured in bytes. A byte range ``[lo, hi)`` owns the records that
+  *start* inside it (a line for jsonl; a paragraph for txt: a non-blank line after a blank line or the file's
+  start, through the next blank line), so ranges that tile a file own every record exactly once and a reader
+  of one range reads at most one record past its end.
+
+A position inside a piece is an integer in the piece's unit: the row index, or the byte offset of a record's
+start. ``PieceReader`` yields batches of ``data.tokenize_batch`` records with the position before and after
+each, and re-opens a failed read at the last good position.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import json
+import sys
+import time
+import warnings
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import BinaryIO
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+from huggingface_hub.utils import httpx as hub_httpx
+
+from llm.config import DataConfig
+from llm.data.errors import DataError
+from llm.data.sources import Source, file_size, open_file, parquet_metadata, resolve_source, source_files
+
+__all__ = ["Batch", "Piece", "PieceReader", "iter_local_texts", "list_pieces", "read_errors", "read_piece"]
+
+Batch = dict[str, list]
+"""Rows by column: ``text`` and, when the source has one, the id column."""
+
+
+@dataclass(frozen=True)
+class Piece:
+    file: str
+    group: int
+    """Parquet row group; 0 for a line-oriented file (one piece per file)."""
+    size: int
+    """Length in the piece's unit: rows (parquet) or bytes (jsonl, txt)."""
+    num_bytes: int
+    """Bytes on disk (a row group's compressed size)."""
+    num_rows: int | None
+    """Rows, where the metadata says (parquet); None for line-oriented files."""
+
+
+@functools.cache
+def list_pieces(source: Source) -> tuple[Piece, ...]:
+    """Every piece of the source in source order (files in order, row groups in order), once per process."""
+    kind, files = source_files(source)
+    pieces: list[Piece] = []
+    for file in files:
+        if kind == "parquet":
+            meta = parquet_metadata(file)
+            for group in range(meta.num_row_groups):
+                rows = meta.row_group(group).num_rows
+                if rows:
+                    nbytes = sum(meta.row_group(group).column(c).total_compressed_size
+                                 for c in range(meta.num_columns))
+                    pieces.append(Piece(file, group, rows, nbytes, rows))
+        elif size := file_size(file):
+            pieces.append(Piece(file, 0, size, size, None))
+    if not pieces:
+        raise DataError(f"data.source: {source.path} holds no documents")
+    return tuple(pieces)
+
+
+def _parquet(source: Source, piece: Piece, start: int, hi: int, batch_size: int
+             ) -> Iterator[tuple[int, Batch, int]]:
+    with open_file(piece.file) as f:
+        parquet = pq.ParquetFile(f)
+        names = parquet.schema_arrow.names
+        columns = [source.text_column] + ([source.id_column] if source.id_column in names else [])
+        table = parquet.read_row_group(piece.group, columns=columns)
+    for row in range(start, hi, batch_size):
+        end = min(row + batch_size, hi)
+        yield row, table.slice(row, end - row).to_pydict(), end
+
+
+def _first_line_start(f: BinaryIO, pos: int) -> int:
+    """The first line start at or after ``pos``."""
+    if pos == 0:
+        return 0
+    f.seek(pos - 1)
+    if f.read(1) == b"\n":
+        return pos
+    f.readline()
+    return f.tell()
+
+
+def _previous_line_blank(f: BinaryIO, line_start: int) -> bool:
+    """Whether the line before the one starting at ``line_start`` is blank (True at the file's start)."""
+    end, tail = line_start - 1, b""
+    while end > 0:
+        begin = max(0, end - 4096)
+        f.seek(begin)
+        tail = f.read(end - begin) + tail
+        if tail.strip():
+            return False
+        if b"\n" in tail or begin == 0:
+            return True
+        end = begin
+    return True
+
+
+def _records(f: BinaryIO, kind: str, start: int, hi: int) -> Iterator[tuple[int, bytes]]:
+    """(start byte, raw record) of the records starting in ``[start, hi)``: lines, or paragraphs."""
+    pos = _first_line_start(f, start)
+    previous_blank = kind == "json" or _previous_line_blank(f, pos)
+    f.seek(pos)
+    while pos < hi:
+        line = f.readline()
+        if not line:
+            return
+        if kind == "json" or (line.strip() and previous_blank):
+            if kind == "text":
+                paragraph = [line]
+                while (more := f.readline()).strip():
+                    paragraph.append(more)
+                line = b"".join(paragraph)
+                previous_blank = True  # the paragraph ended at a blank line (or the file's end)
+            yield pos, line
+        else:
+            previous_blank = not line.strip()
+        pos = f.tell()
+
+
+def _decode(source: Source, piece: Piece, raw: bytes, kind: str) -> tuple[str | None, object]:
+    """(text, id) of one raw record."""
+    if kind == "text":
+        return raw.decode("utf-8", errors="replace").strip(), None
+    if not raw.strip():
+        return None, None
+    try:
+        record = json.loads(raw)
+    except json.JSONDecodeError as err:
+        raise DataError(f"data.source: {piece.file} holds a line that is not JSON ({err})") from None
+    text = record.get(source.text_column) if isinstance(record, dict) else None
+    if text is not None and not isinstance(text, str):
+        raise DataError(f"data.source: {piece.file} field {source.text_column!r} holds "
+                        f"{type(text).__name__}, expected text (string); set data.text_column")
+    return text, record.get(source.id_column) if source.id_column and isinstance(record, dict) else None
+
+
+def _lines(source: Source, piece: Piece, kind: str, start: int, hi: int, batch_size: int
+           ) -> Iterator[tuple[int, Batch, int]]:
+    with open_file(piece.file) as f:
+        batch: list[tuple[str | None, object]] = []
+        first = start
+        for pos, raw in _records(f, kind, start, hi):
+            if not batch:
+                first = pos
+            batch.append(_decode(source, piece, raw, kind))
+            if len(batch) == batch_size:
+                yield first, _columns(source, batch), f.tell()
+                batch = []
+        if batch:
+            yield first, _columns(source, batch), hi
+
+
+def _columns(source: Source, rows: list[tuple[str | None, object]]) -> Batch:
+    batch: Batch = {source.text_column: [text for text, _ in rows]}
+    if source.id_column:
+        batch[source.id_column] = [key for _, key in rows]
+    return batch
+
+
+def read_piece(source: Source, piece: Piece, start: int, hi: int, batch_size: int
+               ) -> Iterator[tuple[int, Batch, int]]:
+    """(position before, rows, position after) of the records of ``piece`` from position ``start`` to the
+    end of the range ending at ``hi``, in batches of ``batch_size``."""
+    kind = source_files(source)[0]
+    if kind == "parquet":
+        return _parquet(source, piece, start, hi, batch_size)
+    return _lines(source, piece, kind, start, hi, batch_size)
+
+
+def read_errors() -> tuple[type[BaseException], ...]:
+    """What a failed read raises, retried by ``PieceReader.batches``.
+
+    - ``OSError``: ``ConnectionError`` and ``TimeoutError`` (which ``asyncio.TimeoutError`` and fsspec's
+      ``FSTimeoutError`` are since Python 3.11); requests' ``RequestException``; huggingface_hub's
+      ``HfHubHTTPError``; and a local file that vanished or is corrupt (pyarrow raises ``OSError``, e.g.
+      "ZSTD decompression failed" for a damaged parquet page).
+    - pyarrow's ``ArrowException``: ``ArrowInvalid`` for a malformed file.
+    - the hub client's ``httpx.HTTPError`` (``huggingface_hub.utils.httpx``): timeouts, network and protocol
+      errors are not ``OSError``.
+    - aiohttp's ``ClientError`` (fsspec's http filesystem) once aiohttp is loaded: it cannot have raised
+      otherwise, and importing it costs a second.
+    """
+    errors: tuple[type[BaseException], ...] = (OSError, pa.ArrowException, hub_httpx.HTTPError)
+    if "aiohttp" in sys.modules:
+        errors += (sys.modules["aiohttp"].ClientError,)
+    return errors
+
+
+class PieceReader:
+    """Reads ranges of a source's pieces in batches of ``data.tokenize_batch`` records, retrying failures."""
+
+    def __init__(self, source: Source, data_cfg: DataConfig) -> None:
+        self.source = source
+        self.pieces = list_pieces(source)
+        self.batch_size = data_cfg.tokenize_batch
+        self.retries = data_cfg.read_retries
+        self.backoff_s = data_cfg.retry_backoff_s
+
+    def label(self, piece: Piece) -> str:
+        """The piece as a user finds it: its file (a hub file by URL), and the row group when there are
+        several."""
+        if piece.num_rows is not None and parquet_metadata(piece.file).num_row_groups > 1:
+            return f"row group {piece.group} of {piece.file}"
+        return piece.file
+
+    def batches(self, piece: int, start: int, hi: int) -> Iterator[tuple[int, Batch, int]]:
+        """(position before, rows, position after) from ``start`` to ``hi`` of piece ``piece``.
+
+        A failed read (``read_errors()``) re-opens the piece at the position after the last good batch and
+        retries after ``retry_backoff_s * 2**(k - 1)`` seconds (retry k), so the rows continue exactly as if
+        nothing had failed; ``read_retries`` consecutive failures raise ``DataError``."""
+        failures = 0
+        reader = read_piece(self.source, self.pieces[piece], start, hi, self.batch_size)
+        while True:
+            try:
+                before, rows, after = next(reader)
+            except StopIteration:
+                return
+            except read_errors() as err:
+                failures += 1
+                reason = f"{type(err).__name__}: {' '.join(str(err).split())}"
+                label = self.label(self.pieces[piece])
+                if failures > self.retries:
+                    raise DataError(f"data.source: could not read {label} after {self.retries} retries "
+                                    f"({reason})") from err
+                delay = self.backoff_s * 2 ** (failures - 1)
+                warnings.warn(f"data.source: reading {label} failed ({reason}); retry {failures} of "
+                              f"{self.retries} in {delay:g} s from the last good position", stacklevel=2)
+                time.sleep(delay)
+                reader = read_piece(self.source, self.pieces[piece], start, hi, self.batch_size)
+                continue
+            failures = 0
+            yield before, rows, after
+            start = after
+
+
+def iter_local_texts(files: list[str], text_column: str = "text", batch_size: int = 256) -> Iterator[str]:
+    """Texts of local files, directories or globs (all of one type), in order, for tokenizer training."""
+    checked = [resolve_source(spec, text_column=text_column, id_column=None) for spec in files]
+    if not checked:
+        raise DataError("no input files given")
+    for spec, resolved in zip(files, checked, strict=True):
+        if not resolved.is_local:
+            raise FileNotFoundError(f"no such file: {spec}")
+    if len({s.path for s in checked}) > 1:
+        kinds = ", ".join(sorted({s.path for s in checked}))
+        raise DataError(f"input files mix types ({kinds}); use one kind")
+    source = dataclasses.replace(checked[0], data_files=tuple(f for s in checked for f in s.data_files))
+    for piece in list_pieces(source):
+        for _, batch, _ in read_piece(source, piece, 0, piece.size, batch_size):
+            yield from (text for text in batch[source.text_column] if text)
