@@ -97,15 +97,16 @@ def _first_line_start(f: BinaryIO, pos: int) -> int:
 
 def _previous_line_blank(f: BinaryIO, line_start: int) -> bool:
     """Whether the line before the one starting at ``line_start`` is blank (True at the file's start)."""
-    end, tail = line_start - 1, b""
+    end, tail = line_start - 1, b""  # the previous line's newline is at line_start - 1
     while end > 0:
         begin = max(0, end - 4096)
         f.seek(begin)
         tail = f.read(end - begin) + tail
+        newline = tail.rfind(b"\n")
+        if newline >= 0 or begin == 0:
+            return not tail[newline + 1 :].strip()
         if tail.strip():
             return False
-        if b"\n" in tail or begin == 0:
-            return True
         end = begin
     return True
 

@@ -1,0 +1,176 @@
+"""One global epoch: the split of a source's pieces among nodes, simulated in one process for 1 to 64 nodes
+on a corpus of uniquely numbered documents in files of unequal size (parquet by row groups, jsonl and txt
+by byte ranges); prepared tokens dealt by global window index, resumed 2 -> 3 -> 1 processes."""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from dataclasses import replace
+from itertools import islice
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+import torch
+from tokenizers import Tokenizer
+
+from llm.config import DataConfig
+from llm.data.pieces import PieceReader, list_pieces
+from llm.data.shards import prepare
+from llm.data.sources import resolve_source
+from llm.data.split import epoch_order, node_segments, node_shares
+from llm.data.stream import build_train_loader
+
+FILE_DOCS = [37, 250, 3, 410, 120]
+"""Documents per file: unequal, one file smaller than most node counts."""
+NODES = [1, 2, 7, 16, 64]
+
+
+def text_of(i: int) -> str:
+    return f"doc-{i:05d} " + "word " * (1 + (i * 7919) % 60)  # unequal lengths
+
+
+def write_corpus(directory: Path, kind: str) -> Path:
+    directory.mkdir()
+    first = 0
+    for k, count in enumerate(FILE_DOCS):
+        ids = range(first, first + count)
+        first += count
+        path = directory / f"part-{k}.{kind}"
+        if kind == "parquet":  # row groups of 32 rows: a file of several pieces, the last one short
+            pq.write_table(pa.table({"text": [text_of(i) for i in ids], "id": [f"id-{i}" for i in ids]}), path,
+                           row_group_size=32)
+        elif kind == "jsonl":
+            path.write_text("".join(json.dumps({"text": text_of(i), "id": f"id-{i}"}) + "\n" for i in ids))
+        else:  # paragraphs of one or two lines, separated by one or more blank lines
+            path.write_text("".join(text_of(i).replace("word ", "word\n", 1) + "\n" + "\n" * (1 + i % 3)
+                                    for i in ids))
+    return directory
+
+
+def epoch_ids(cfg: DataConfig, nodes: int, epoch: int) -> list[list[int]]:
+    """The document numbers each node reads in one epoch, through the loader's split and range reader."""
+    source = resolve_source(cfg.source, id_column=cfg.id_column)
+    reader = PieceReader(source, cfg)
+    order = epoch_order(len(reader.pieces), cfg.seed, epoch, cfg.shuffle_shards)
+    shares = []
+    for node in range(nodes):
+        ids = []
+        for piece, lo, hi in node_segments(reader.pieces, order, node, nodes):
+            for _, rows, _ in reader.batches(piece, lo, hi):
+                ids += [int(text.split()[0].removeprefix("doc-")) for text in rows["text"]]
+        shares.append(ids)
+    return shares
+
+
+@pytest.mark.parametrize("kind", ["parquet", "jsonl", "txt"])
+def test_one_global_epoch_for_any_number_of_nodes(kind: str, tmp_path: Path) -> None:
+    corpus = write_corpus(tmp_path / kind, kind)
+    cfg = DataConfig(source=str(corpus), tokenize_batch=5)
+    total = sum(FILE_DOCS)
+    pieces = list_pieces(resolve_source(str(corpus)))
+    longest = max(len(text_of(i)) for i in range(total)) + 40  # a record's bytes, json syntax included
+    for nodes in NODES:
+        for epoch in (0, 1):
+            shares = epoch_ids(cfg, nodes, epoch)
+            # every document exactly once per epoch, whatever the number of nodes and files
+            assert Counter(i for share in shares for i in share) == Counter(range(total)), (nodes, epoch)
+            sizes = [len(share) for share in shares]
+            if kind == "parquet":  # the split is by rows: shares differ by at most one document
+                assert max(sizes) - min(sizes) <= 1, (nodes, sizes)
+            else:  # by bytes: by at most the documents of two records' bytes
+                assert max(sizes) - min(sizes) <= 2 * longest // min(len(text_of(i)) for i in range(total)) + 1
+        # equal shares (rows or bytes) to one unit, and no node reads the whole source: at most its share
+        # plus the two row groups it shares with its neighbours (parquet), or one record past its end
+        order = epoch_order(len(pieces), cfg.seed, 0, cfg.shuffle_shards)
+        units, whole = sum(p.size for p in pieces), sum(p.num_bytes for p in pieces)
+        for share in node_shares(pieces, order, nodes):
+            assert abs(share.units - units / nodes) < 1
+            assert share.read_bytes <= whole / nodes + 2 * max(p.num_bytes for p in pieces) + 1
+    assert epoch_ids(cfg, 3, 0) != epoch_ids(cfg, 3, 1)  # each epoch visits the pieces in a new order
+
+
+def test_long_document_is_cut_before_tokenizing(tmp_path: Path, bpe: Tokenizer) -> None:
+    """A 2M-character single-line document reaches the tokenizer as its first max_doc_chars characters
+    (so tokenizing it costs what a normal batch costs); the validation set cuts the same way."""
+    from llm.data.stream import StreamingTokens
+    from llm.data.tokenizer import eos_id
+
+    path = tmp_path / "long.jsonl"
+    long_text = "abc " * 500_000
+    path.write_text(json.dumps({"text": long_text, "id": "long"}) + "\n" + json.dumps({"text": "short one"}) + "\n")
+    cfg = DataConfig(source=str(path), max_doc_chars=1000, val_bucket=10**9, id_column=None, seq_len=16)
+    tokens = [t for _, t in StreamingTokens(cfg, bpe).chunks(0, 0, 1, None)]
+    expected = [*bpe.encode(long_text[:1000], add_special_tokens=False).ids, eos_id(bpe),
+                *bpe.encode("short one", add_special_tokens=False).ids, eos_id(bpe)]
+    assert torch.equal(torch.from_numpy(tokens[0].astype("int64")), torch.tensor(expected))
+    with pytest.raises(ValueError, match=r"max_doc_chars.*expected a positive integer"):
+        replace(cfg, max_doc_chars=0).validate()
+
+
+def test_integer_text_column_is_one_line_naming_file_and_column(tmp_path: Path,
+                                                                 capsys: pytest.CaptureFixture[str]) -> None:
+    from llm.data.cli import main
+
+    path = tmp_path / "numbers.parquet"
+    pq.write_table(pa.table({"text": [1, 2, 3], "id": ["a", "b", "c"]}), path)
+    assert main(["prepare", "--out", str(tmp_path / "out"), "--source", str(path)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err == (f"isollm-data prepare: error: data.source: {path} column 'text' holds int64, expected text "
+                   "(string); set data.text_column")
+    lines = tmp_path / "numbers.jsonl"
+    lines.write_text('{"text": "fine"}\n{"text": 7}\n')
+    cfg = DataConfig(source=str(lines), id_column=None)
+    reader = PieceReader(resolve_source(str(lines)), cfg)
+    with pytest.raises(ValueError, match=rf"^data.source: {lines} field 'text' holds int, expected text"):
+        list(reader.batches(0, 0, reader.pieces[0].size))
+
+
+def windows_of(loader, batches: int) -> list[bytes]:
+    return [bytes(w.numpy()) for b in islice(iter(loader), batches) for w in b]
+
+
+@pytest.mark.slow
+def test_prepared_resume_with_another_world_size(tmp_path: Path, data_cfg: DataConfig, bpe: Tokenizer) -> None:
+    """2 processes x 2 workers, then 3 processes x 2 workers, then 1 process, each loader built per rank
+    from every rank's saved state: every window of the global order is read once, none twice, none lost.
+    Odd batch counts leave the workers of a rank one batch apart, so the frontier has holes to skip."""
+    out = tmp_path / "prepared"
+    prepare(data_cfg, bpe, out)
+    cfg = replace(data_cfg, prepared=str(out), shuffle_block=5)
+    global_order = windows_of(build_train_loader(replace(cfg, num_workers=0), bpe, 1, 0, 1), 400)
+    assert len(set(global_order)) == len(global_order)  # windows are identifiable by their tokens
+    seen: list[bytes] = []
+    saved: list[dict] | None = None
+    for ranks, workers, batches in [(2, 2, 5), (3, 2, 7), (1, 0, 40)]:
+        states = []
+        for rank in range(ranks):
+            loader = build_train_loader(replace(cfg, num_workers=workers), bpe, 3, rank, ranks)
+            if saved is not None:
+                loader.load_state_dicts(json.loads(json.dumps(saved)))
+            seen += windows_of(loader, batches)
+            states.append(loader.state_dict())
+        saved = states
+    assert len(seen) == len(set(seen)), "a window was read twice"
+    assert set(seen) == set(global_order[: len(seen)]), "a window was skipped"
+
+
+def test_prepared_nodes_split_one_global_order(tmp_path: Path, data_cfg: DataConfig, bpe: Tokenizer) -> None:
+    """Node i of N reads the 1-node order's windows i, i + N, ...: over one epoch's windows, every window
+    once, for 1 to 64 nodes, and the nodes' counts differ by at most one."""
+    from llm.data.shards import PreparedTokens
+
+    out = tmp_path / "prepared"
+    prepare(data_cfg, bpe, out)
+    cfg = replace(data_cfg, prepared=str(out), seq_len=16, shuffle_block=4)
+    source = PreparedTokens(cfg, bpe)
+    epoch_windows = source.epoch_tokens // (cfg.seq_len + 1)
+    one = [bytes(w) for w, _ in islice(source.node_windows(0, 1, None), epoch_windows)]
+    for nodes in NODES:
+        counts = [len(range(node, epoch_windows, nodes)) for node in range(nodes)]
+        assert max(counts) - min(counts) <= 1
+        seen = [bytes(w) for node in range(nodes)
+                for w, _ in islice(source.node_windows(node, nodes, None), counts[node])]
+        assert Counter(seen) == Counter(one), nodes
