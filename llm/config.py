@@ -40,7 +40,8 @@ class DataConfig:
     shuffle_block: int = 256
     """Windows permuted together by the deterministic window-level shuffle; 1 disables it."""
     shuffle_shards: bool = True
-    """Shuffle the order of shards (files) per epoch with ``seed`` (exactly resumable)."""
+    """Shuffle the order of pieces (parquet row groups, jsonl/txt files) per epoch with ``seed`` before the
+    epoch is split among ranks x workers (exactly resumable)."""
     val_bucket: int = 1000
     """One document in ``val_bucket`` (by hash) is held out for validation and never trained on."""
     val_tokens: int = 1_048_576
@@ -52,10 +53,11 @@ class DataConfig:
     granularity of a resume."""
     max_doc_chars: int = 1_000_000
     """Documents are cut to their first ``max_doc_chars`` characters before tokenizing (about 250k Qwen3
-    tokens; FineWeb's documents are ~3k characters on average), so one huge document cannot multiply the
-    loader's memory. The cut is counted in the run's data settings, so it is part of the data order."""
+    tokens; FineWeb's documents average ~3k characters), so one huge document cannot multiply the loader's
+    memory (the record itself is still read whole once). Training and validation documents alike."""
     prepared: str | None = None
-    """Directory of pre-tokenized uint32 shards written by `isollm-data prepare`; overrides streaming."""
+    """Directory of pre-tokenized uint32 tokens written by `isollm-data prepare`; overrides streaming, and a run
+    reading it resumes with any number of processes and workers."""
     cache_dir: str = "data_cache"
     """Where the materialised validation set is cached (keyed by source, tokenizer and seq_len)."""
     read_retries: int = 5

@@ -41,14 +41,14 @@ Batch = dict[str, list]
 @dataclass(frozen=True)
 class Piece:
     file: str
+    kind: str
+    """The file's format: parquet, json (JSON Lines) or text."""
     group: int
     """Parquet row group; 0 for a line-oriented file (one piece per file)."""
     size: int
     """Length in the piece's unit: rows (parquet) or bytes (jsonl, txt)."""
     num_bytes: int
     """Bytes on disk (a row group's compressed size)."""
-    num_rows: int | None
-    """Rows, where the metadata says (parquet); None for line-oriented files."""
 
 
 @functools.cache
@@ -64,9 +64,9 @@ def list_pieces(source: Source) -> tuple[Piece, ...]:
                 if rows:
                     nbytes = sum(meta.row_group(group).column(c).total_compressed_size
                                  for c in range(meta.num_columns))
-                    pieces.append(Piece(file, group, rows, nbytes, rows))
+                    pieces.append(Piece(file, kind, group, rows, nbytes))
         elif size := file_size(file):
-            pieces.append(Piece(file, 0, size, size, None))
+            pieces.append(Piece(file, kind, 0, size, size))
     if not pieces:
         raise DataError(f"data.source: {source.path} holds no documents")
     return tuple(pieces)
@@ -74,14 +74,21 @@ def list_pieces(source: Source) -> tuple[Piece, ...]:
 
 def _parquet(source: Source, piece: Piece, start: int, hi: int, batch_size: int
              ) -> Iterator[tuple[int, Batch, int]]:
+    # decoded batch by batch (memory of one batch, whatever the row group's size); rows before ``start``
+    # are decoded and dropped, as parquet pages cannot be entered in the middle
     with open_file(piece.file) as f:
         parquet = pq.ParquetFile(f)
         names = parquet.schema_arrow.names
         columns = [source.text_column] + ([source.id_column] if source.id_column in names else [])
-        table = parquet.read_row_group(piece.group, columns=columns)
-    for row in range(start, hi, batch_size):
-        end = min(row + batch_size, hi)
-        yield row, table.slice(row, end - row).to_pydict(), end
+        row = 0
+        for record in parquet.iter_batches(batch_size=batch_size, row_groups=[piece.group], columns=columns,
+                                           use_threads=False):
+            first, end = max(start, row), min(hi, row + record.num_rows)
+            if first < end:
+                yield first, record.slice(first - row, end - first).to_pydict(), end
+            row += record.num_rows
+            if row >= hi:
+                return
 
 
 def _first_line_start(f: BinaryIO, pos: int) -> int:
@@ -177,10 +184,9 @@ def read_piece(source: Source, piece: Piece, start: int, hi: int, batch_size: in
                ) -> Iterator[tuple[int, Batch, int]]:
     """(position before, rows, position after) of the records of ``piece`` from position ``start`` to the
     end of the range ending at ``hi``, in batches of ``batch_size``."""
-    kind = source_files(source)[0]
-    if kind == "parquet":
+    if piece.kind == "parquet":
         return _parquet(source, piece, start, hi, batch_size)
-    return _lines(source, piece, kind, start, hi, batch_size)
+    return _lines(source, piece, piece.kind, start, hi, batch_size)
 
 
 def read_errors() -> tuple[type[BaseException], ...]:
@@ -215,7 +221,7 @@ class PieceReader:
     def label(self, piece: Piece) -> str:
         """The piece as a user finds it: its file (a hub file by URL), and the row group when there are
         several."""
-        if piece.num_rows is not None and parquet_metadata(piece.file).num_row_groups > 1:
+        if piece.kind == "parquet" and parquet_metadata(piece.file).num_row_groups > 1:
             return f"row group {piece.group} of {piece.file}"
         return piece.file
 

@@ -80,6 +80,6 @@ def node_shares(pieces: Sequence[Piece], order: list[int], num_nodes: int) -> li
         segments = node_segments(pieces, order, node, num_nodes)
         units = sum(hi - lo for _, lo, hi in segments)
         share = sum(pieces[i].num_bytes * (hi - lo) / pieces[i].size for i, lo, hi in segments)
-        read = sum(pieces[i].num_bytes if pieces[i].num_rows is not None else hi - lo for i, lo, hi in segments)
+        read = sum(pieces[i].num_bytes if pieces[i].kind == "parquet" else hi - lo for i, lo, hi in segments)
         shares.append(NodeShare(units, share, read))
     return shares

@@ -17,13 +17,13 @@ CHARS = 600
 
 @pytest.fixture(scope="session")
 def five_shards(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """5 files for 4 nodes: the shard-level split."""
+    """5 files for 4 nodes: more files than nodes."""
     return write_docs(tmp_path_factory.mktemp("five"), 150, 5, chars=CHARS)
 
 
 @pytest.fixture(scope="session")
 def three_shards(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """3 files for 4 nodes: the document-level split."""
+    """3 files for 4 nodes: fewer files than nodes."""
     return write_docs(tmp_path_factory.mktemp("three"), 120, 3, chars=CHARS)
 
 

