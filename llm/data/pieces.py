@@ -140,9 +140,9 @@ def _records(f: BinaryIO, kind: str, start: int, hi: int) -> Iterator[tuple[int,
         pos = f.tell()
 
 
-def _decode(source: Source, piece: Piece, raw: bytes, kind: str) -> tuple[str | None, object]:
+def _decode(source: Source, piece: Piece, raw: bytes) -> tuple[str | None, object]:
     """(text, id) of one raw record."""
-    if kind == "text":
+    if piece.kind == "text":
         return raw.decode("utf-8", errors="replace").strip(), None
     if not raw.strip():
         return None, None
@@ -157,15 +157,14 @@ def _decode(source: Source, piece: Piece, raw: bytes, kind: str) -> tuple[str | 
     return text, record.get(source.id_column) if source.id_column and isinstance(record, dict) else None
 
 
-def _lines(source: Source, piece: Piece, kind: str, start: int, hi: int, batch_size: int
-           ) -> Iterator[tuple[int, Batch, int]]:
+def _lines(source: Source, piece: Piece, start: int, hi: int, batch_size: int) -> Iterator[tuple[int, Batch, int]]:
     with open_file(piece.file) as f:
         batch: list[tuple[str | None, object]] = []
         first = start
-        for pos, raw in _records(f, kind, start, hi):
+        for pos, raw in _records(f, piece.kind, start, hi):
             if not batch:
                 first = pos
-            batch.append(_decode(source, piece, raw, kind))
+            batch.append(_decode(source, piece, raw))
             if len(batch) == batch_size:
                 yield first, _columns(source, batch), f.tell()
                 batch = []
@@ -186,7 +185,7 @@ def read_piece(source: Source, piece: Piece, start: int, hi: int, batch_size: in
     end of the range ending at ``hi``, in batches of ``batch_size``."""
     if piece.kind == "parquet":
         return _parquet(source, piece, start, hi, batch_size)
-    return _lines(source, piece, piece.kind, start, hi, batch_size)
+    return _lines(source, piece, start, hi, batch_size)
 
 
 def read_errors() -> tuple[type[BaseException], ...]:

@@ -72,14 +72,13 @@ class TokenSource(ABC):
     """Windows of training tokens for one node, with an exact resumable position."""
 
     cfg: DataConfig
+    resharding = False
+    """Whether a position can continue with another number of nodes (``reshard``)."""
 
     @abstractmethod
     def node_windows(self, node: int, num_nodes: int, state: State | None) -> Iterator[tuple[np.ndarray, State]]:
         """Node ``node``'s windows of ``seq_len + 1`` tokens, each with the node state after it, from ``state``
         (a state yielded earlier; None: the start)."""
-
-    resharding = False
-    """Whether a position can continue with another number of nodes (``reshard``)."""
 
     def reshard(self, states: list[State | None], num_nodes: int) -> list[State]:
         """States of ``num_nodes`` nodes continuing the global order where ``states`` (one per node of a run

@@ -157,6 +157,16 @@ def test_prepared_resume_with_another_world_size(tmp_path: Path, data_cfg: DataC
     assert set(seen) == set(global_order[: len(seen)]), "a window was skipped"
 
 
+def test_streamed_resume_with_another_world_size_is_one_line(data_cfg: DataConfig, bpe: Tokenizer) -> None:
+    states = [build_train_loader(data_cfg, bpe, 2, rank, 2).state_dict() for rank in range(2)]
+    with pytest.raises(ValueError) as raised:
+        build_train_loader(data_cfg, bpe, 2, 0, 1).load_state_dicts(states)
+    message = str(raised.value)
+    assert message.startswith("resume: the data loader state was written by 2 processes, resuming with 1 ")
+    assert "isollm-data prepare" in message and "\n" not in message
+    build_train_loader(data_cfg, bpe, 2, 1, 2).load_state_dicts(states)  # the same processes: its own state
+
+
 def test_prepared_nodes_split_one_global_order(tmp_path: Path, data_cfg: DataConfig, bpe: Tokenizer) -> None:
     """Node i of N reads the 1-node order's windows i, i + N, ...: over one epoch's windows, every window
     once, for 1 to 64 nodes, and the nodes' counts differ by at most one."""
