@@ -122,6 +122,7 @@ def test_plan_shows_each_node_share(tmp_path: Path, bpe: Tokenizer, capsys: pyte
     assert sorted(int(r[3]) for r in rows) == [70] * 2 + [71] * 5
     assert all(1.0 <= float(r[6].rstrip("x")) <= 1 + 2 * 25 / 70 for r in rows)
     assert out[10].startswith("imbalance: the largest share is 1 rows above the smallest")
+    assert out[-1].startswith("tokens per node vary by about ")
 
 
 def test_prepare_needs_only_data_settings(tmp_path: Path, bpe: Tokenizer, three_shards: Path) -> None:
