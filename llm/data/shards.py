@@ -36,8 +36,10 @@ from llm.data.split import epoch_order
 from llm.data.stream import State, StreamingTokens, TokenSource, block_permutation
 from llm.data.tokenizer import tokenizer_identity
 
-__all__ = ["FORMAT", "INDEX_FILE", "PreparedTokens", "prepare"]
+__all__ = ["FORMAT", "INDEX_FILE", "START", "PreparedTokens", "continue_positions", "node_positions", "prepare"]
 
+START: State = {"from": 0, "skip": [], "taken": 0}
+"""A node's state before its first window."""
 INDEX_FILE = "index.json"
 FORMAT = 2
 """Layout version written to the index; the reader refuses any other."""
@@ -197,34 +199,45 @@ class PreparedTokens(TokenSource):
         return self.tokens(g * width, (g + 1) * width)
 
     def node_windows(self, node: int, num_nodes: int, state: State | None) -> Iterator[tuple[np.ndarray, State]]:
-        state = state or {"from": 0, "skip": [], "taken": 0}
-        first, skip, taken = state["from"], state["skip"], state["taken"]
-        skipped = set(skip)
-        k = _class_index(first, node, num_nodes, skip, taken)
-        while True:
-            position = first + node + num_nodes * k
-            k += 1
-            if position in skipped:
-                continue
+        state = state or START
+        taken = state["taken"]
+        for position in node_positions(state, node, num_nodes):
             taken += 1
-            yield self.window(position), {"from": first, "skip": skip, "taken": taken}
+            yield self.window(position), {**state, "taken": taken}
 
     def reshard(self, states: list[State | None], num_nodes: int) -> list[State]:
-        start = {"from": 0, "skip": [], "taken": 0}
-        states = [s or start for s in states]
-        first, skip = states[0]["from"], states[0]["skip"]
-        old = len(states)
-        taken_before = set(skip)  # positions >= first taken before the last reshard
-        # each old node took every position of its class below ``ends[i]`` (itself, or before as skip)
-        ends = [first + i + old * _class_index(first, i, old, skip, s["taken"]) for i, s in enumerate(states)]
-        frontier = []
-        for end in ends:
-            while end in taken_before:
-                end += old
-            frontier.append(end)
-        new_first = min(frontier)
-        new_skip = {q for q in taken_before if q >= new_first}
-        for i, end in enumerate(frontier):
-            lowest = new_first + (first + i - new_first) % old
-            new_skip.update(range(lowest, end, old))
-        return [{"from": new_first, "skip": sorted(new_skip), "taken": 0} for _ in range(num_nodes)]
+        return continue_positions(states, num_nodes)
+
+
+def node_positions(state: State, node: int, num_nodes: int) -> Iterator[int]:
+    """Node ``node``'s positions of the global shuffled order that it has not taken yet, in order."""
+    first, skip = state["from"], state["skip"]
+    skipped = set(skip)
+    k = _class_index(first, node, num_nodes, skip, state["taken"])
+    while True:
+        position = first + node + num_nodes * k
+        k += 1
+        if position not in skipped:
+            yield position
+
+
+def continue_positions(states: list[State | None], num_nodes: int) -> list[State]:
+    """States of ``num_nodes`` nodes that continue where ``states`` (every node of the previous run) left the
+    global order: from the first position no node took, skipping the positions taken beyond it."""
+    states = [s or START for s in states]
+    first, skip = states[0]["from"], states[0]["skip"]
+    old = len(states)
+    taken_before = set(skip)  # positions >= first taken before the last reshard
+    # each old node took every position of its class below ``ends[i]`` (itself, or before as skip)
+    ends = [first + i + old * _class_index(first, i, old, skip, s["taken"]) for i, s in enumerate(states)]
+    frontier = []
+    for end in ends:
+        while end in taken_before:
+            end += old
+        frontier.append(end)
+    new_first = min(frontier)
+    new_skip = {q for q in taken_before if q >= new_first}
+    for i, end in enumerate(frontier):
+        lowest = new_first + (first + i - new_first) % old
+        new_skip.update(range(lowest, end, old))
+    return [{"from": new_first, "skip": sorted(new_skip), "taken": 0} for _ in range(num_nodes)]

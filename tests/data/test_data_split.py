@@ -5,6 +5,7 @@ by byte ranges); prepared tokens dealt by global window index, resumed 2 -> 3 ->
 from __future__ import annotations
 
 import json
+import random
 from collections import Counter
 from dataclasses import replace
 from itertools import islice
@@ -18,7 +19,7 @@ from tokenizers import Tokenizer
 
 from llm.config import DataConfig
 from llm.data.pieces import PieceReader, list_pieces
-from llm.data.shards import prepare
+from llm.data.shards import START, continue_positions, node_positions, prepare
 from llm.data.sources import resolve_source
 from llm.data.split import epoch_order, node_segments, node_shares
 from llm.data.stream import build_train_loader
@@ -155,6 +156,25 @@ def test_prepared_resume_with_another_world_size(tmp_path: Path, data_cfg: DataC
         saved = states
     assert len(seen) == len(set(seen)), "a window was read twice"
     assert set(seen) == set(global_order[: len(seen)]), "a window was skipped"
+
+
+def test_continued_positions_are_every_position_once() -> None:
+    """Random runs of 1-9 nodes each taking 0-6 windows, resumed up to 5 times with another number of nodes:
+    no position is taken twice, and every position below the last frontier was taken."""
+    rng = random.Random(0)
+    for _ in range(300):
+        nodes, states, taken = rng.randint(1, 9), None, []
+        for _ in range(rng.randint(1, 5)):
+            states = states or [START] * nodes
+            counts = [rng.randint(0, 6) for _ in range(nodes)]
+            for node, count in enumerate(counts):
+                taken += islice(node_positions(states[node], node, nodes), count)
+            saved = [{**s, "taken": s["taken"] + c} for s, c in zip(states, counts, strict=True)]
+            nodes = rng.randint(1, 9)
+            states = continue_positions(saved, nodes)
+        assert len(taken) == len(set(taken))
+        frontier, skip = states[0]["from"], set(states[0]["skip"])
+        assert set(taken) == set(range(frontier)) | skip and min(skip, default=frontier) >= frontier
 
 
 def test_streamed_resume_with_another_world_size_is_one_line(data_cfg: DataConfig, bpe: Tokenizer) -> None:
