@@ -11,9 +11,6 @@ import json
 import math
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
-
-import yaml
 
 from llm.model import ModelConfig, param_counts
 from llm.model.ffn import resolve_intermediate_size
@@ -64,33 +61,30 @@ class RunSummary:
     name: str
     step: int
     tokens: int
-    config: dict[str, Any]
-    """The run's resolved config (its ``config.yaml``)."""
+    config: str
+    """The run's resolved config: the text of the checkpoint's ``config.yaml``."""
     val_loss: float | None = None
     """The last ``eval`` row of ``metrics.jsonl`` at or before ``step``; None if there is none."""
     bits_per_byte: float | None = None
 
 
-def run_summary(checkpoint_dir: str | Path, bits_per_byte: float | None = None) -> RunSummary:
+def run_summary(checkpoint_dir: str | Path) -> RunSummary:
     """The summary of checkpoint ``checkpoint_dir`` (``runs/NAME/checkpoints/step_X``) from its run's files.
 
-    Bits per byte are not in ``metrics.jsonl`` (they need the validation text): pass them, e.g. from
-    ``val_bits_per_byte``; the val loss they go with is the one read here.
+    Bits per byte are not in ``metrics.jsonl`` (they need the validation text): ``val_bits_per_byte``
+    gives them for the val loss read here.
     """
     checkpoint_dir = Path(checkpoint_dir)
-    config = yaml.safe_load((checkpoint_dir / "config.yaml").read_text())
     state = json.loads((checkpoint_dir / "trainer.json").read_text())["state"]
-    step, tokens = int(state["step"]), int(state["tokens"])
-    metrics = checkpoint_dir.parent.parent / "metrics.jsonl"
-    val_loss = None
-    if metrics.is_file():
-        rows = (json.loads(line) for line in metrics.read_text().splitlines() if line.strip())
+    step = int(state["step"])
+    run_dir = checkpoint_dir.parent.parent
+    evals = []
+    if (run_dir / "metrics.jsonl").is_file():
+        rows = (json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line.strip())
         evals = [r for r in rows if r.get("kind") == "eval" and r["step"] <= step]
-        if evals:
-            val_loss = float(max(evals, key=lambda r: r["step"])["val_loss"])
-    name = config.get("name") or checkpoint_dir.parent.parent.name
-    return RunSummary(name=name, step=step, tokens=tokens, config=config, val_loss=val_loss,
-                      bits_per_byte=bits_per_byte if val_loss is not None else None)
+    val_loss = float(max(evals, key=lambda r: r["step"])["val_loss"]) if evals else None
+    return RunSummary(name=run_dir.name, step=step, tokens=int(state["tokens"]),
+                      config=(checkpoint_dir / "config.yaml").read_text(), val_loss=val_loss)
 
 
 def val_bits_per_byte(checkpoint_dir: str | Path, val_loss: float) -> float | None:
@@ -133,7 +127,8 @@ def _front_matter(config: ModelConfig, qwen3: bool) -> str:
         "datasets": ["HuggingFaceFW/fineweb"],
         "tags": tags,
     }
-    return "---\n" + yaml.safe_dump(meta, sort_keys=False) + "---\n"
+    # JSON values are YAML: the hub reads this block as its metadata
+    return "---\n" + "".join(f"{key}: {json.dumps(value)}\n" for key, value in meta.items()) + "---\n"
 
 
 def _usage(qwen3: bool, repo_id: str) -> str:
@@ -159,17 +154,17 @@ def _format(value: float | None, digits: int) -> str:
     return "not recorded" if value is None else f"{value:.{digits}f}"
 
 
-def model_card(config: ModelConfig, *, run: RunSummary | None = None, qwen3: bool = False,
-               repo_id: str = "REPO_ID") -> str:
-    """The ``README.md`` of a published model: ``qwen3`` for the stock-Qwen3 export."""
+def model_card(config: ModelConfig, *, repo_id: str, run: RunSummary | None = None, qwen3: bool = False) -> str:
+    """The ``README.md`` of model ``config`` published as ``repo_id``; ``qwen3`` for the stock-Qwen3 export."""
     total, non_embedding = param_counts(config)
     lines = [
         _front_matter(config, qwen3),
         f"# isollm {config.variant_name}" + (f" ({run.name})" if run else ""),
         "",
-        "A Qwen3-style decoder (RMSNorm, rotary positions, grouped-query attention with QK-norm, tied "
-        "embeddings by default) pretrained on FineWeb with isollm, a codebase that "
-        "swaps the feed-forward block and the attention scoring to compare isotropic variants fairly.",
+        "A Qwen3-style decoder (RMSNorm, rotary positions, grouped-query attention with QK-norm, "
+        f"{'tied' if config.tie_word_embeddings else 'untied'} input and output embeddings) pretrained on "
+        "FineWeb with isollm, a codebase that swaps the feed-forward block and the attention scoring to "
+        "compare isotropic variants like for like.",
         "",
         "## Variant",
         "",
@@ -200,12 +195,13 @@ def model_card(config: ModelConfig, *, run: RunSummary | None = None, qwen3: boo
         lines += [
             f"- tokens seen: {run.tokens:,} ({run.step:,} optimizer steps)",
             f"- final validation loss: {_format(run.val_loss, 4)} nats/token",
-            f"- bits per byte: {_format(run.bits_per_byte, 4)}",
+            f"- bits per byte: {_format(run.bits_per_byte, 4)} (the same loss over the UTF-8 bytes of the "
+            "validation text)",
             "",
             "<details><summary>Run config</summary>",
             "",
             "```yaml",
-            yaml.safe_dump(run.config, sort_keys=False).rstrip(),
+            run.config.rstrip(),
             "```",
             "",
             "</details>",

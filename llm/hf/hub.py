@@ -81,9 +81,10 @@ def save_model_dir(model: PreTrainedModel, directory: str | Path, tokenizer: Tok
 
 
 def save_for_hub(model: IsoLLMForCausalLM, directory: str | Path, tokenizer: Tokenizer | None = None,
-                 run: RunSummary | None = None) -> Path:
+                 run: RunSummary | None = None, repo_id: str | None = None) -> Path:
     """A hub-ready directory: ``save_model_dir`` plus the ``README.md`` model card (``llm.hf.card``),
-    which reports ``run``'s training (tokens, final val loss, bits per byte, config) when given.
+    which reports ``run``'s training (tokens, final val loss, bits per byte, config) when given and
+    shows loading from ``repo_id`` (default: the directory itself).
 
     ``AutoModelForCausalLM.from_pretrained(directory, trust_remote_code=True)`` then rebuilds the same
     model in any process with torch and transformers.
@@ -91,5 +92,6 @@ def save_for_hub(model: IsoLLMForCausalLM, directory: str | Path, tokenizer: Tok
     from llm.hf.card import model_card
 
     directory = save_model_dir(model, directory, tokenizer)
-    (directory / "README.md").write_text(model_card(model.config.to_model_config(), run=run))
+    card = model_card(model.config.to_model_config(), run=run, repo_id=repo_id or str(directory))
+    (directory / "README.md").write_text(card)
     return directory
