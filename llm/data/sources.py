@@ -52,6 +52,8 @@ __all__ = [
 
 LOCAL_BUILDERS = {".parquet": "parquet", ".jsonl": "json", ".json": "json", ".txt": "text"}
 """File suffix -> ``datasets`` packaged builder."""
+FORMAT_BUILDERS = {"text": "text", "parquet": "parquet", "jsonl": "json", "json": "json"}
+"""``data.format`` -> builder, for local files whatever their suffix (WikiText-2's ``wiki.test.raw`` is text)."""
 
 
 @dataclass(frozen=True)
@@ -88,14 +90,17 @@ def _looks_local(spec: str) -> bool:
     )
 
 
-def _expand(spec: str) -> list[Path]:
+def _expand(spec: str, any_suffix: bool = False) -> list[Path]:
+    """The files of ``spec``; ``any_suffix`` (a ``data.format`` is given): a directory's files whatever their
+    suffix, and no suffix is refused."""
     path = Path(spec).expanduser()
     if any(ch in spec for ch in "*?["):
         files = sorted(Path(p) for p in glob.glob(str(path), recursive=True) if Path(p).is_file())
         if not files:
             raise FileNotFoundError(f"data.source: no files match {spec}")
     elif path.is_dir():
-        files = sorted(p for p in path.rglob("*") if p.is_file() and p.suffix.lower() in LOCAL_BUILDERS)
+        files = sorted(p for p in path.rglob("*")
+                       if p.is_file() and (any_suffix or p.suffix.lower() in LOCAL_BUILDERS))
         if not files:
             raise FileNotFoundError(
                 f"data.source: no {'/'.join(sorted(LOCAL_BUILDERS))} files in directory {path}"
@@ -105,9 +110,10 @@ def _expand(spec: str) -> list[Path]:
     else:
         raise FileNotFoundError(f"data.source: no such file: {path}")
     unsupported = [f for f in files if f.suffix.lower() not in LOCAL_BUILDERS]
-    if unsupported:
+    if unsupported and not any_suffix:
         raise DataError(
-            f"data.source: unsupported file type {unsupported[0]} (expected {', '.join(LOCAL_BUILDERS)})"
+            f"data.source: unsupported file type {unsupported[0]} (expected {', '.join(LOCAL_BUILDERS)}, "
+            f"or name the format: data.format={'|'.join(FORMAT_BUILDERS)})"
         )
     return files
 
@@ -151,13 +157,14 @@ def _check_text(path: Path) -> tuple[bool, bool]:
 
 def resolve_source(
     source: str, name: str | None = None, split: str = "train", text_column: str = "text",
-    id_column: str | None = "id",
+    id_column: str | None = "id", file_format: str | None = None,
 ) -> Source:
-    """Validate ``source`` (hub id or local file/dir/glob) and describe how to stream it."""
+    """Validate ``source`` (hub id or local file/dir/glob) and describe how to stream it; ``file_format``
+    (``data.format``) reads local files as that format instead of by suffix."""
     if not _looks_local(source):
         return Source(path=source, name=name, split=split, text_column=text_column, id_column=id_column)
-    files = _expand(source)
-    kinds = {LOCAL_BUILDERS[f.suffix.lower()] for f in files}
+    files = _expand(source, any_suffix=file_format is not None)
+    kinds = {FORMAT_BUILDERS[file_format]} if file_format else {LOCAL_BUILDERS[f.suffix.lower()] for f in files}
     if len(kinds) > 1:
         raise DataError(f"data.source: {source} mixes file types ({', '.join(sorted(kinds))}); use one kind")
     builder = kinds.pop()
@@ -197,8 +204,9 @@ def resolve_source(
 
 
 @functools.cache
-def _resolve_once(source: str, name: str | None, split: str, text_column: str, id_column: str | None) -> Source:
-    return resolve_source(source, name, split, text_column, id_column)
+def _resolve_once(source: str, name: str | None, split: str, text_column: str, id_column: str | None,
+                  file_format: str | None) -> Source:
+    return resolve_source(source, name, split, text_column, id_column, file_format)
 
 
 def data_source(data_cfg: DataConfig) -> Source:
@@ -206,7 +214,7 @@ def data_source(data_cfg: DataConfig) -> Source:
     validation set (and its cache key) all need it, and resolving reads every parquet footer (every txt
     file whole) and warns about skipped files. Local files changed after the first call are not re-checked."""
     return _resolve_once(data_cfg.source, data_cfg.name, data_cfg.split, data_cfg.text_column,
-                         data_cfg.id_column)
+                         data_cfg.id_column, data_cfg.format)
 
 
 def open_dataset(source: Source) -> datasets.IterableDataset:

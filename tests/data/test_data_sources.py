@@ -120,6 +120,23 @@ def test_txt_paragraphs_and_non_utf8_bytes(tmp_path: Path, bpe: Tokenizer) -> No
     assert guarded(lambda: next(iter(loader))).shape == (1, 5)
 
 
+def test_data_format_reads_a_file_of_any_suffix(tmp_path: Path, bpe: Tokenizer) -> None:
+    """WikiText-2 ships ``wiki.test.raw``: with ``data.format=text`` it is read as the same ``.txt`` is."""
+    raw = tmp_path / "wiki.test.raw"
+    raw.write_text(" = Title = \n\n Some text here .\n\n More text .\n")
+    with pytest.raises(ValueError, match=r"unsupported file type .*wiki\.test\.raw .*data\.format=text\|parquet"):
+        resolve_source(str(raw))
+    source = resolve_source(str(raw), file_format="text")
+    assert source.path == "text" and source.data_files == (str(raw),)
+    assert guarded(lambda: [row["text"] for row in open_dataset(source)]) == [
+        " = Title = ", " Some text here .", " More text .\n"]  # as the text builder splits paragraphs
+    cfg = DataConfig(source=str(raw), format="text", seq_len=4, val_bucket=1, val_tokens=8,
+                     cache_dir=str(tmp_path / "cache"))
+    assert guarded(lambda: build_val_windows(cfg, bpe)).shape == (1, 5)
+    with pytest.raises(ValueError, match="format: unknown value 'txt'; expected one of: text, parquet, jsonl, json"):
+        DataConfig(source=str(raw), format="txt").validate()
+
+
 def test_mixed_file_types_are_rejected(tmp_path: Path) -> None:
     (tmp_path / "a.txt").write_text("x")
     (tmp_path / "b.jsonl").write_text('{"text": "y"}\n')
