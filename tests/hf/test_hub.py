@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import importlib.util
 import json
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -174,3 +178,29 @@ def test_checkpoint_and_qwen3_directories_are_complete_for_a_user_without_llm(tm
         assert got["ids"] == [5, 9] and got["special"] == [1, 1, "left"]
         assert got["config"] == got["generation_config"] == [1, 1]
         assert got["batched"] == got["alone"] and all(got["alone"]), got
+
+
+QUIET_SAVE = """
+import sys
+from llm.hf import save_model_dir
+from llm.model import IsoLLMConfig, IsoLLMForCausalLM
+
+save_model_dir(IsoLLMForCausalLM(IsoLLMConfig(vocab_size=64, hidden_size=16, intermediate_size=32,
+                                              num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=1)),
+               sys.argv[1])
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("deepspeed_launch", [False, True])
+def test_saving_a_model_directory_prints_nothing_unless_deepspeed_runs(tmp_path, deepspeed_launch):
+    """No "Writing model shards" bar (it would cut through the training progress bar) and, outside a
+    DeepSpeed launch, no DeepSpeed "Setting accelerator to CPU" from the import transformers triggers."""
+    env = {**os.environ, "CUDA_VISIBLE_DEVICES": "", "ACCELERATE_USE_DEEPSPEED": str(deepspeed_launch).lower()}
+    done = subprocess.run([sys.executable, "-c", QUIET_SAVE, str(tmp_path / "model")], env=env,
+                          capture_output=True, text=True, timeout=120, check=True)
+    assert (tmp_path / "model" / "model.safetensors").is_file()
+    if not deepspeed_launch:
+        assert done.stdout + done.stderr == ""
+    elif importlib.util.find_spec("deepspeed") is not None:
+        assert "Setting accelerator to CPU" in done.stdout  # a DeepSpeed run keeps DeepSpeed's own output
