@@ -190,7 +190,7 @@ def model_card(config: ModelConfig, *, repo_id: str, run: RunSummary | None = No
         "",
     ]
     if run is None:
-        lines.append("No run recorded with this copy (saved with `llm.hf.save_for_hub`).")
+        lines.append("No training run was recorded with this model directory.")
     else:
         lines += [
             f"- tokens seen: {run.tokens:,} ({run.step:,} optimizer steps)",

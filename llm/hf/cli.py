@@ -90,6 +90,8 @@ def push(staged: Path, repo_id: str, *, private: bool = False, revision: str | N
 
 
 def _push(args: argparse.Namespace) -> int:
+    if args.stage and Path(args.stage).exists() and any(Path(args.stage).iterdir()):
+        raise EvalError(f"--stage {args.stage}: not empty (everything in it would be uploaded)")
     with tempfile.TemporaryDirectory(prefix="isollm-hub-") as scratch:
         directory = Path(args.stage) if args.stage else Path(scratch) / "upload"
         staged = stage(args.target, args.repo_id, directory, qwen3=args.qwen3)

@@ -71,7 +71,7 @@ def test_hub_directory_holds_config_auto_map_and_code(saved):
     assert config["auto_map"] == {"AutoConfig": "configuration_isollm.IsoLLMConfig",
                                   "AutoModelForCausalLM": "modeling_isollm.IsoLLMForCausalLM"}
     card = (directory / "README.md").read_text()
-    assert card.startswith("---\nlibrary_name: ") and "No run recorded with this copy" in card
+    assert card.startswith("---\nlibrary_name: ") and "No training run was recorded" in card
     assert f'from_pretrained("{directory}", trust_remote_code=True)' in card
     for name in ("modeling_isollm.py", "configuration_isollm.py", "config.py", "attention.py", "ffn.py",
                  "linear.py", "isotropic.py"):

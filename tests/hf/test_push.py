@@ -133,6 +133,15 @@ def test_push_qwen3_uploads_the_stock_export_and_says_so(run_dir: Path, hub: dic
     assert f'AutoModelForCausalLM.from_pretrained("{REPO_ID}")  # stock Qwen3ForCausalLM' in card
 
 
+def test_stage_keeps_the_upload_and_refuses_a_used_directory(run_dir: Path, hub: dict, tmp_path: Path,
+                                                             capsys: pytest.CaptureFixture[str]) -> None:
+    stage = tmp_path / "stage"
+    assert main(["push", str(run_dir), REPO_ID, "--stage", str(stage)]) == 0
+    assert sorted(p.name for p in stage.iterdir()) == sorted(p.name for p in hub["uploaded"].iterdir())
+    assert main(["push", str(run_dir), REPO_ID, "--stage", str(stage)]) == 2
+    assert capsys.readouterr().err == f"error: --stage {stage}: not empty (everything in it would be uploaded)\n"
+
+
 def test_a_refused_upload_is_one_line_and_exit_1(run_dir: Path, hub: dict, monkeypatch: pytest.MonkeyPatch,
                                                   capsys: pytest.CaptureFixture[str]) -> None:
     def refuse(self, *args, **kwargs):
