@@ -153,6 +153,7 @@ COMPLETE_DIRECTORY = """
 """
 
 
+@pytest.mark.slow
 def test_checkpoint_and_qwen3_directories_are_complete_for_a_user_without_llm(tmp_path):
     """AutoTokenizer (no prompt, stock class), AutoModelForCausalLM and a batched text-generation
     pipeline (left padding) load each directory; eos / pad ids are set; each padded row generates what
