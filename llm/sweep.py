@@ -290,7 +290,8 @@ def run_prefixed(command: list[str], name: str) -> bool:
     """Run ``command`` from the repo root with stdout and stderr merged, each line written to this
     terminal as ``[name] line`` (a progress-bar redraw, ended by ``\\r``, is a line too); True if it
     exited 0."""
-    env = {**os.environ, "TQDM_MININTERVAL": str(PROGRESS_INTERVAL_S)}
+    # unbuffered: a Python child writing to a pipe would otherwise hold its lines back until it exits
+    env = {**os.environ, "TQDM_MININTERVAL": str(PROGRESS_INTERVAL_S), "PYTHONUNBUFFERED": "1"}
     with subprocess.Popen(command, cwd=REPO_ROOT, env=env, stdout=subprocess.PIPE,
                           stderr=subprocess.STDOUT) as proc:
         pending = b""
