@@ -10,6 +10,7 @@ import pytest
 from huggingface_hub import HfApi
 from tiny import TINY_MODEL, metrics_rows
 
+from llm.data import eos_id, load_tokenizer
 from llm.hf.card import ATTENTION_EQUATIONS, FFN_EQUATIONS, LINEAR_EQUATIONS, run_summary
 from llm.hf.cli import main
 from llm.model import ModelConfig, param_counts
@@ -80,6 +81,10 @@ def test_push_uploads_the_checkpoint_model_directory_and_its_card(run_dir: Path,
     assert sorted(p.name for p in uploaded.iterdir()) == sorted([*model_files, "README.md"])
     for name in model_files:
         assert (uploaded / name).read_bytes() == (checkpoint / "model" / name).read_bytes(), name
+    eos = eos_id(load_tokenizer(str(uploaded)))  # a checkpoint's model/ is a complete hub directory
+    for name in ("config.json", "generation_config.json"):
+        saved = json.loads((uploaded / name).read_text())
+        assert (saved["eos_token_id"], saved["pad_token_id"]) == (eos, eos), name
 
     card = (uploaded / "README.md").read_text()
     assert front_matter(card) == {
