@@ -9,6 +9,9 @@ loads with ``trust_remote_code=True`` where this package is not installed.
 from transformers import AutoConfig, AutoModelForCausalLM
 
 from llm.model import IsoLLMConfig, IsoLLMForCausalLM
+from llm.quiet import quiet_deepspeed_banner
+
+quiet_deepspeed_banner()
 
 AutoConfig.register(IsoLLMConfig.model_type, IsoLLMConfig, exist_ok=True)
 AutoModelForCausalLM.register(IsoLLMConfig, IsoLLMForCausalLM, exist_ok=True)

@@ -25,6 +25,9 @@ __all__ = ["ConfigError", "DataConfig", "ModelConfig", "RunConfig", "TrainConfig
 class DataConfig:
     source: str = "HuggingFaceFW/fineweb"
     """A hub dataset id, or a local parquet/jsonl/json/txt file, directory or glob."""
+    format: str | None = None
+    """Format of local files: text | parquet | jsonl | json; None: from each file's suffix (a ``.raw``
+    file, as WikiText-2 ships, needs ``text``)."""
     name: str | None = "sample-10BT"
     """Hub config name (FineWeb: sample-10BT, CC-MAIN-2024-10, ...); ignored for local files."""
     split: str = "train"
@@ -68,6 +71,10 @@ class DataConfig:
     """Sleep before retry k (1-based) is ``retry_backoff_s * 2**(k - 1)``: 1+2+4+8+16 s over the defaults."""
 
     def validate(self) -> DataConfig:
+        from llm.data.sources import FORMAT_NAMES
+
+        if self.format is not None:
+            check_choice("format", self.format, FORMAT_NAMES)
         for name in ("seq_len", "shuffle_block", "val_bucket", "val_tokens", "tokenize_batch", "max_doc_chars"):
             if getattr(self, name) <= 0:
                 raise ConfigError(name, f"expected a positive integer, got {getattr(self, name)}")

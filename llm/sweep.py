@@ -26,7 +26,8 @@ order, same validation tokens, same token budget): the whole ``data`` section an
 
     python launch/sweep.py launch/sweeps/ffn_attn.yaml --mode print|local|slurm [--dry-run]
         [--only NAME ...]    # just these runs of the grid
-        [-j N]               # --mode local: at most N runs at once (default 1: one after another)
+        [-j N]               # --mode local: at most N runs at once (default 1: one after another);
+                             # with N > 1 each output line is prefixed with its run's name
 """
 
 from __future__ import annotations
@@ -40,6 +41,7 @@ import shlex
 import shutil
 import subprocess
 import sys
+import threading
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
@@ -270,15 +272,50 @@ def slurm_array_script(sweep: Sweep) -> str:
     ])
 
 
+PROGRESS_INTERVAL_S = 30
+"""With ``-j N > 1``, how often a run redraws its progress bar (tqdm's ``TQDM_MININTERVAL``): each
+redraw becomes a prefixed line, so they are spaced out."""
+_output_lock = threading.Lock()
+
+
+def _write_prefixed(name: str, lines: list[bytes]) -> None:
+    text = "".join(f"[{name}] {line.decode(errors='replace')}\n" for line in lines if line.strip())
+    if text:
+        with _output_lock:  # one write per batch of lines: lines of runs side by side stay whole
+            sys.stdout.write(text)
+            sys.stdout.flush()
+
+
+def run_prefixed(command: list[str], name: str) -> bool:
+    """Run ``command`` from the repo root with stdout and stderr merged, each line written to this
+    terminal as ``[name] line`` (a progress-bar redraw, ended by ``\\r``, is a line too); True if it
+    exited 0."""
+    # unbuffered: a Python child writing to a pipe would otherwise hold its lines back until it exits
+    env = {**os.environ, "TQDM_MININTERVAL": str(PROGRESS_INTERVAL_S), "PYTHONUNBUFFERED": "1"}
+    with subprocess.Popen(command, cwd=REPO_ROOT, env=env, stdout=subprocess.PIPE,
+                          stderr=subprocess.STDOUT) as proc:
+        pending = b""
+        for chunk in iter(lambda: proc.stdout.read1(1 << 16), b""):
+            *lines, pending = re.split(rb"[\r\n]", pending + chunk)
+            _write_prefixed(name, lines)
+        _write_prefixed(name, [pending])
+    return proc.returncode == 0
+
+
 def run_local(sweep: Sweep, dry_run: bool, jobs: int = 1) -> int:
     """Run the sweep's commands from the repo root in grid order, at most ``jobs`` at once (1: one after
-    another), each writing to this terminal; return how many failed."""
+    another, writing to this terminal as they are; more: each line prefixed with its run's name, see
+    ``run_prefixed``); return how many failed."""
     commands = sweep.commands()
 
     def launch(i: int) -> bool:
         # one write per line (print writes the end separately): lines of runs started together stay whole
         print(f"[{i + 1}/{len(commands)}] {shlex.join(commands[i])}\n", end="", flush=True)
-        return dry_run or subprocess.run(commands[i], cwd=REPO_ROOT).returncode == 0
+        if dry_run:
+            return True
+        if jobs == 1:
+            return subprocess.run(commands[i], cwd=REPO_ROOT).returncode == 0
+        return run_prefixed(commands[i], sweep.runs[i].name)
 
     # map cancels the runs not yet started when it raises (Ctrl-C): only the running ones finish
     with ThreadPoolExecutor(max_workers=jobs) as pool:

@@ -36,6 +36,7 @@ from llm.data.errors import DataError
 
 __all__ = [
     "FORMATS",
+    "FORMAT_NAMES",
     "Source",
     "data_source",
     "file_size",
@@ -47,6 +48,9 @@ __all__ = [
 
 FORMATS = {".parquet": "parquet", ".jsonl": "json", ".json": "json", ".txt": "text"}
 """File suffix -> how its documents are read."""
+FORMAT_NAMES = {"text": "text", "parquet": "parquet", "jsonl": "json", "json": "json"}
+"""``data.format`` -> how its documents are read, for local files whatever their suffix (WikiText-2's
+``wiki.test.raw`` is text)."""
 FOOTER_THREADS = 32
 """Parquet footers of a repository read at once."""
 
@@ -92,14 +96,14 @@ def _looks_local(spec: str) -> bool:
     )
 
 
-def _expand(spec: str) -> list[Path]:
+def _expand(spec: str, any_suffix: bool = False) -> list[Path]:
     path = Path(spec).expanduser()
     if any(ch in spec for ch in "*?["):
         files = sorted(Path(p) for p in glob.glob(str(path), recursive=True) if Path(p).is_file())
         if not files:
             raise FileNotFoundError(f"data.source: no files match {spec}")
     elif path.is_dir():
-        files = sorted(p for p in path.rglob("*") if p.is_file() and p.suffix.lower() in FORMATS)
+        files = sorted(p for p in path.rglob("*") if p.is_file() and (any_suffix or p.suffix.lower() in FORMATS))
         if not files:
             raise FileNotFoundError(f"data.source: no {'/'.join(sorted(FORMATS))} files in directory {path}")
     elif path.is_file():
@@ -107,8 +111,9 @@ def _expand(spec: str) -> list[Path]:
     else:
         raise FileNotFoundError(f"data.source: no such file: {path}")
     unsupported = [f for f in files if f.suffix.lower() not in FORMATS]
-    if unsupported:
-        raise DataError(f"data.source: unsupported file type {unsupported[0]} (expected {', '.join(FORMATS)})")
+    if unsupported and not any_suffix:
+        raise DataError(f"data.source: unsupported file type {unsupported[0]} (expected {', '.join(FORMATS)}, "
+                        f"or name the format: data.format={'|'.join(FORMAT_NAMES)})")
     return files
 
 
@@ -184,14 +189,15 @@ def _check_text(path: Path) -> tuple[bool, bool]:
 
 def resolve_source(
     source: str, name: str | None = None, split: str = "train", text_column: str = "text",
-    id_column: str | None = "id",
+    id_column: str | None = "id", data_format: str | None = None,
 ) -> Source:
     """Validate ``source`` (hub id, local repository directory, or local file/dir/glob) and describe it.
-    A repository's files are resolved later, by ``source_files``."""
+    A repository's files are resolved later, by ``source_files``. ``data_format`` (``data.format``) reads
+    local files as that format whatever their suffix."""
     if not _looks_local(source) or _is_repository(Path(source).expanduser()):
         return Source(path=source, name=name, split=split, text_column=text_column, id_column=id_column)
-    files = _expand(source)
-    kind = file_format([str(f) for f in files], source)
+    files = _expand(source, any_suffix=data_format is not None)
+    kind = FORMAT_NAMES[data_format] if data_format else file_format([str(f) for f in files], source)
     kept: list[Path] = []
     bad_utf8: list[Path] = []
     if kind == "parquet":
@@ -239,8 +245,8 @@ def _repository_files(path: str, name: str | None, split: str) -> tuple[str, ...
 
 def source_files(source: Source) -> tuple[str, tuple[str, ...]]:
     """(format, files in source order): plain local files as resolved, a repository's through its config."""
-    if source.is_local:
-        return file_format(source.data_files, source.path), source.data_files
+    if source.is_local:  # resolve_source put the format (by suffix or data.format) in ``path``
+        return source.path, source.data_files
     files = _repository_files(source.path, source.name, source.split)
     if not files:
         raise DataError(f"data.source: {source.path} config {source.name!r} split {source.split!r} has no files")
@@ -252,8 +258,9 @@ def source_files(source: Source) -> tuple[str, tuple[str, ...]]:
 
 
 @functools.cache
-def _resolve_once(source: str, name: str | None, split: str, text_column: str, id_column: str | None) -> Source:
-    return resolve_source(source, name, split, text_column, id_column)
+def _resolve_once(source: str, name: str | None, split: str, text_column: str, id_column: str | None,
+                  data_format: str | None) -> Source:
+    return resolve_source(source, name, split, text_column, id_column, data_format)
 
 
 def data_source(data_cfg: DataConfig) -> Source:
@@ -261,4 +268,4 @@ def data_source(data_cfg: DataConfig) -> Source:
     validation set (and its cache key) all need it, and resolving reads every parquet footer (every txt
     file whole) and warns about skipped files. Local files changed after the first call are not re-checked."""
     return _resolve_once(data_cfg.source, data_cfg.name, data_cfg.split, data_cfg.text_column,
-                         data_cfg.id_column)
+                         data_cfg.id_column, data_cfg.format)

@@ -137,7 +137,7 @@ def _lm_eval(argv: list[str]) -> int:
     resolved = resolve_checkpoint(args.target)
     model = load_model(resolved, args.trust_remote_code, device)
     limit = None if args.limit is None else int(args.limit) if args.limit >= 1 else args.limit
-    results = run_lm_eval(model, hf_tokenizer(resolved.model_path), args.tasks.split(","),
+    results = run_lm_eval(model, hf_tokenizer(resolved.model_path, args.trust_remote_code), args.tasks.split(","),
                           num_fewshot=args.num_fewshot, limit=limit, batch_size=args.batch_size,
                           include_path=args.include_path, include_defaults=not args.no_default_tasks,
                           device=device)

@@ -107,10 +107,12 @@ def load_model(resolved: ResolvedModel, trust_remote_code: bool = False,
     from transformers import AutoModelForCausalLM
 
     import llm  # noqa: F401  (registers the isollm Auto classes)
+    from llm.hf.hub import quiet_progress_bars
 
     try:
-        model = AutoModelForCausalLM.from_pretrained(resolved.model_path, dtype=torch.float32,
-                                                     trust_remote_code=trust_remote_code)
+        with quiet_progress_bars():  # "Loading weights" bars say nothing here
+            model = AutoModelForCausalLM.from_pretrained(resolved.model_path, dtype=torch.float32,
+                                                         trust_remote_code=trust_remote_code)
     except (OSError, ValueError) as err:
         first_line = str(err).splitlines()[0] if str(err) else type(err).__name__
         raise EvalError(f"{resolved.model_path}: cannot load the model ({first_line})") from None

@@ -2,8 +2,10 @@
 
 ``pip install -e '.[lmeval]'``, then ``python eval.py lm-eval runs/NAME --tasks hellaswag,arc_easy``.
 The loaded model object (our registered HF class, no remote code) and the checkpoint's tokenizer
-are handed to lm_eval's ``HFLM`` and evaluated with ``lm_eval.simple_evaluate``. Hub tasks download
-their datasets; ``--include-path DIR`` adds task YAMLs of your own, e.g. a local jsonl::
+are handed to lm_eval's ``HFLM`` and evaluated with ``lm_eval.simple_evaluate``; batches are padded
+(the model gives each row what it gives alone, so ``generate_until`` tasks batch too). Hub tasks
+download their datasets (offline, a task that cannot is named in one error line);
+``--include-path DIR`` adds task YAMLs of your own, e.g. a local jsonl::
 
     task: my_task
     dataset_path: json
@@ -33,12 +35,20 @@ def lm_eval_available() -> bool:
     return importlib.util.find_spec("lm_eval") is not None
 
 
-def hf_tokenizer(model_path: str) -> Any:
-    """The transformers tokenizer saved beside the weights (checkpoints save one for this purpose)."""
+LOCAL_TASK_HINT = ("offline, evaluate a local copy: --include-path DIR with a task YAML whose dataset_path "
+                   "is json, csv or parquet and whose data_files are local (README, Evaluation)")
+
+
+def hf_tokenizer(model_path: str, trust_remote_code: bool = False) -> Any:
+    """The transformers tokenizer saved beside the weights (checkpoints save one for this purpose).
+
+    ``trust_remote_code`` is always passed: transformers reads the model config first, and left unset
+    for a directory with remote code it asks on stdin "[y/N]", which stalls a batch job.
+    """
     from transformers import AutoTokenizer
 
     try:
-        return AutoTokenizer.from_pretrained(model_path)
+        return AutoTokenizer.from_pretrained(model_path, trust_remote_code=trust_remote_code)
     except (OSError, ValueError) as err:
         raise EvalError(f"{model_path}: no loadable tokenizer ({str(err).splitlines()[0]})") from None
 
@@ -65,6 +75,21 @@ def run_lm_eval(model: nn.Module, tokenizer: Any, tasks: list[str], *, num_fewsh
     unknown = [t for t in tasks if t not in task_manager.all_tasks]
     if unknown:
         raise EvalError(f"--tasks: unknown task(s) {', '.join(unknown)} (see lm_eval --tasks list)")
-    out = lm_eval.simple_evaluate(model=lm, tasks=tasks, num_fewshot=num_fewshot, limit=limit,
-                                  task_manager=task_manager)
+    out = lm_eval.simple_evaluate(model=lm, tasks=_load_tasks(task_manager, tasks), num_fewshot=num_fewshot,
+                                  limit=limit, task_manager=task_manager)
     return out["results"]
+
+
+def _load_tasks(task_manager: Any, tasks: list[str]) -> list[Any]:
+    """Each task built (its dataset loaded) one at a time, so that one whose dataset cannot be fetched
+    is named in a single line instead of a long traceback. Plain tasks are handed on built; groups by
+    name (lm_eval rebuilds them from the datasets cache)."""
+    built: list[Any] = []
+    for task in tasks:
+        try:
+            loaded = task_manager.load(task)
+        except OSError as err:  # ConnectionError (offline mode included), requests' HTTP errors
+            reason = str(err).splitlines()[0] if str(err) else type(err).__name__
+            raise EvalError(f"--tasks {task}: cannot load its dataset ({reason}); {LOCAL_TASK_HINT}") from None
+        built += [task] if loaded["groups"] else list(loaded["tasks"].values())
+    return built

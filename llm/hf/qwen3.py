@@ -14,8 +14,10 @@ from __future__ import annotations
 from pathlib import Path
 
 import torch
+from tokenizers import Tokenizer
 from transformers import Qwen3Config, Qwen3ForCausalLM
 
+from llm.hf.hub import save_model_dir
 from llm.model import IsoLLMForCausalLM, ModelConfig
 from llm.model.config import ConfigError
 
@@ -82,9 +84,10 @@ def qwen3_state_dict(model: IsoLLMForCausalLM) -> dict[str, torch.Tensor]:
     return out
 
 
-def export_qwen3(model: IsoLLMForCausalLM, directory: str | Path) -> Path:
+def export_qwen3(model: IsoLLMForCausalLM, directory: str | Path, tokenizer: Tokenizer | None = None) -> Path:
     """Write ``directory`` as a stock Qwen3 checkpoint: ``AutoModelForCausalLM.from_pretrained(directory)``
-    loads it with transformers alone (no ``trust_remote_code``) and gives ``model``'s logits.
+    loads it with transformers alone (no ``trust_remote_code``) and gives ``model``'s logits; with
+    ``tokenizer``, ``AutoTokenizer`` and ``pipeline("text-generation")`` load it too (``save_model_dir``).
 
     Raises ``ConfigError`` naming the field for variants Qwen3 cannot express (see ``QWEN3_REQUIREMENTS``).
     """
@@ -92,5 +95,4 @@ def export_qwen3(model: IsoLLMForCausalLM, directory: str | Path) -> Path:
     # strict: every Qwen3 tensor is written and nothing of ours is dropped (a tied lm_head appears in
     # both state dicts under its own name and as the embedding's alias).
     qwen3.load_state_dict(qwen3_state_dict(model), strict=True)
-    qwen3.save_pretrained(directory)
-    return Path(directory)
+    return save_model_dir(qwen3, directory, tokenizer)

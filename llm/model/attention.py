@@ -1,13 +1,16 @@
 """Attention scoring: what turns rotary-embedded q, k, v into the attended values.
 
 ``ATTN_SCORING_REGISTRY`` maps ``ModelConfig.attn_scoring`` to a module built as ``cls(config)`` and
-called as ``forward(q, k, v, past=None, use_cache=False) -> (out, present)`` with
+called as ``forward(q, k, v, past=None, use_cache=False, padding_mask=None) -> (out, present)`` with
 
 - ``q``: ``[B, H, T, D]``, ``k`` and ``v``: ``[B, Hkv, T, D]`` (grouped-query: query head ``h`` reads
   KV head ``h // (H // Hkv)``, as ``scaled_dot_product_attention(enable_gqa=True)`` does);
 - causal attention with scores ``q.k / sqrt(D)``; ``out``: ``[B, H, T, D]`` in the input dtype;
 - ``present``: an opaque per-layer state, ``None`` unless ``use_cache``. The modelling code stores it
-  and hands it back as ``past`` with the next tokens only; their queries follow the past's keys.
+  and hands it back as ``past`` with the next tokens only; their queries follow the past's keys;
+- ``padding_mask``: ``[B, T_past + T]`` bool, True at real tokens, or None when every token is real.
+  A padded key is seen by no query, and a padded query's output is zero, so each row of a padded batch
+  gives what its real tokens give alone (left or right padding).
 
 Variants (SPEC.md, "attn_scoring"):
 
@@ -128,6 +131,28 @@ def _pack_state(state: IsoTanhState | None, b: int, hkv: int, d: int, like: torc
 def _unpack_state(sg: torch.Tensor) -> IsoTanhState:
     s, g = sg.chunk(2, dim=-1)
     return s, g
+
+
+def _check_padding_mask(mask: torch.Tensor, q: torch.Tensor, keys: int | None) -> torch.Tensor:
+    """Validate a ``[B, T_past + T]`` padding mask for queries ``q`` and ``keys`` keys (None: any past)."""
+    b, _, t, _ = q.shape
+    if (mask.dim() != 2 or mask.shape[0] != b or mask.shape[1] < t or mask.dtype != torch.bool
+            or (keys is not None and mask.shape[1] != keys)):
+        want = f"[{b}, {keys if keys is not None else f'past + {t}'}]"
+        raise ValueError(f"padding_mask must be a bool tensor {want}; got {mask.dtype} {tuple(mask.shape)}")
+    return mask
+
+
+def mask_padding(q: torch.Tensor, k: torch.Tensor, real: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """iso_tanh's padding: zero the queries and keys where ``real`` (``[B, T]``) is False.
+
+    A zero key adds nothing to ``S = sum_j k_j v_j^T`` or ``G = sum_j k_j k_j^T``, and a zero query's
+    output ``g(|s|) q^T S / sqrt(D)`` is zero: the sums, and so every real token's output, are exactly
+    those of the real tokens alone. It holds for any form that computes those sums (naive, chunked,
+    recurrent, or fla's kernel, linear in k), so the masking happens once, before the form is chosen.
+    """
+    keep = real[:, None, :, None]
+    return q.masked_fill(~keep, 0.0), k.masked_fill(~keep, 0.0)
 
 
 def iso_tanh_naive(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
@@ -282,14 +307,17 @@ class SoftmaxScoring(nn.Module):
         super().__init__()
 
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-                past: tuple[torch.Tensor, torch.Tensor] | None = None,
-                use_cache: bool = False) -> tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor] | None]:
+                past: tuple[torch.Tensor, torch.Tensor] | None = None, use_cache: bool = False,
+                padding_mask: torch.Tensor | None = None,
+                ) -> tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor] | None]:
         _check_qkv(q, k, v)
         if past is not None:
             k = torch.cat([past[0], k], dim=2)
             v = torch.cat([past[1], v], dim=2)
         tq, tk = q.shape[2], k.shape[2]
-        if tq == tk:
+        if padding_mask is not None:
+            out = self.padded(q, k, v, _check_padding_mask(padding_mask, q, tk))
+        elif tq == tk:
             out = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
         elif tq == 1:  # one new token sees every key
             out = F.scaled_dot_product_attention(q, k, v, enable_gqa=True)
@@ -297,6 +325,21 @@ class SoftmaxScoring(nn.Module):
             visible = torch.ones(tq, tk, dtype=torch.bool, device=q.device).tril(diagonal=tk - tq)
             out = F.scaled_dot_product_attention(q, k, v, attn_mask=visible, enable_gqa=True)
         return out, ((k, v) if use_cache else None)
+
+    @staticmethod
+    def padded(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, padding_mask: torch.Tensor) -> torch.Tensor:
+        """Causal attention over the real keys only; zero at padded queries.
+
+        A padded query keeps its causal keys, padded ones included: a row with every key masked would
+        make SDPA's softmax 0/0 (NaN). Its output is then zeroed, so it reaches no real token.
+        """
+        tq, tk = q.shape[2], k.shape[2]
+        causal = torch.ones(tq, tk, dtype=torch.bool, device=q.device).tril(diagonal=tk - tq)
+        real_key = padding_mask[:, None, None, :]
+        real_query = padding_mask[:, None, tk - tq:, None]
+        visible = causal & (real_key | ~real_query)  # [B, 1, Tq, Tk]
+        out = F.scaled_dot_product_attention(q, k, v, attn_mask=visible, enable_gqa=True)
+        return out.masked_fill(~real_query, 0.0)
 
 
 class IsoTanhScoring(nn.Module):
@@ -316,7 +359,11 @@ class IsoTanhScoring(nn.Module):
         return f"chunk_size={self.chunk_size}"
 
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, past: IsoTanhState | None = None,
-                use_cache: bool = False) -> tuple[torch.Tensor, IsoTanhState | None]:
+                use_cache: bool = False,
+                padding_mask: torch.Tensor | None = None) -> tuple[torch.Tensor, IsoTanhState | None]:
+        if padding_mask is not None:  # the past's sums hold no padded key: only the new columns matter
+            padding_mask = _check_padding_mask(padding_mask, q, k.shape[2] if past is None else None)
+            q, k = mask_padding(q, k, padding_mask[:, -q.shape[2]:])
         if past is not None and q.shape[2] == 1:
             out, state = iso_tanh_recurrent(q, k, v, past)
         elif q.is_cuda and self.linear_attn is not None:

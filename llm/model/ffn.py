@@ -11,8 +11,10 @@ bias-free nn.Linear h -> d) maps it back. With d the hidden size and x one token
     iso_ln   W_down( alpha*Gated + (2-alpha)*LayerNorm(W_i x) + beta ),  alpha in [0.5, 2], |beta| <= 0.1
     iso_mlp  W_down( f(W_up x) ),  f an isotropic activation (isotropic.py)
 
-``forward(x, cache)`` takes ``x`` ``[B, T, d]``; ``cache`` is None in training and, in generation, one
-dict per layer that persists across steps (only isogmlp's ``causal_mean`` gate keeps state in it).
+``forward(x, cache, padding_mask)`` takes ``x`` ``[B, T, d]``; ``cache`` is None in training and, in
+generation, one dict per layer that persists across steps (only isogmlp's ``causal_mean`` gate keeps state
+in it, and only it reads ``padding_mask``, ``[B, T]`` True at real tokens, None when all are real: every
+other block is per-token).
 """
 
 from __future__ import annotations
@@ -71,12 +73,12 @@ class FeedForward(nn.Module):
         """All input pathways from one matmul, split into h-wide blocks."""
         return self.in_proj(x).split(self.intermediate_size, dim=-1)
 
-    def hidden(self, x: Tensor, cache: Cache | None) -> Tensor:
+    def hidden(self, x: Tensor, cache: Cache | None, padding_mask: Tensor | None = None) -> Tensor:
         """The h-vector fed to ``down_proj``."""
         raise NotImplementedError
 
-    def forward(self, x: Tensor, cache: Cache | None = None) -> Tensor:
-        return self.down_proj(self.hidden(x, cache))
+    def forward(self, x: Tensor, cache: Cache | None = None, padding_mask: Tensor | None = None) -> Tensor:
+        return self.down_proj(self.hidden(x, cache, padding_mask))
 
     def diagnostics(self, x: Tensor) -> dict[str, float]:
         """Learned mixing statistics on the block input ``x``; none for single-pathway blocks."""
@@ -91,7 +93,7 @@ class SwiGLU(FeedForward):
 
     PROJECTIONS = ("gate", "up")
 
-    def hidden(self, x: Tensor, cache: Cache | None) -> Tensor:
+    def hidden(self, x: Tensor, cache: Cache | None, padding_mask: Tensor | None = None) -> Tensor:
         gate, up = self.project(x)
         return swiglu(gate, up)
 
@@ -109,7 +111,7 @@ class IsoMLP(FeedForward):
         super().__init__(config, intermediate_size)
         self.act = make_iso_activation(config)
 
-    def hidden(self, x: Tensor, cache: Cache | None) -> Tensor:
+    def hidden(self, x: Tensor, cache: Cache | None, padding_mask: Tensor | None = None) -> Tensor:
         (up,) = self.project(x)
         return self.act(up)
 
@@ -148,7 +150,7 @@ class TwoPathwayFFN(FeedForward):
     speed (bench/bench_train_step.py).
     """
 
-    def mixture(self, x: Tensor, cache: Cache | None) -> Mixture:
+    def mixture(self, x: Tensor, cache: Cache | None, padding_mask: Tensor | None = None) -> Mixture:
         raise NotImplementedError
 
     @torch.no_grad()
@@ -183,11 +185,11 @@ class AlphaGate(nn.Module):
         nn.init.normal_(self.proj.weight, std=self.init_std)
         nn.init.zeros_(self.proj.bias)
 
-    def logit(self, x: Tensor, cache: Cache | None) -> Tensor:
+    def logit(self, x: Tensor, cache: Cache | None, padding_mask: Tensor | None = None) -> Tensor:
         raise NotImplementedError
 
-    def forward(self, x: Tensor, cache: Cache | None = None) -> Tensor:
-        return torch.sigmoid(self.logit(x, cache)).to(x.dtype)
+    def forward(self, x: Tensor, cache: Cache | None = None, padding_mask: Tensor | None = None) -> Tensor:
+        return torch.sigmoid(self.logit(x, cache, padding_mask)).to(x.dtype)
 
 
 class TokenGate(AlphaGate):
@@ -196,7 +198,7 @@ class TokenGate(AlphaGate):
     def __init__(self, config: ModelConfig) -> None:
         super().__init__(config, config.hidden_size)
 
-    def logit(self, x: Tensor, cache: Cache | None) -> Tensor:
+    def logit(self, x: Tensor, cache: Cache | None, padding_mask: Tensor | None = None) -> Tensor:
         return self.proj(x)
 
 
@@ -205,23 +207,28 @@ class CausalMeanGate(TokenGate):
 
     A mean over the whole sequence would let a token see its future. As the projection is affine,
     ``w_a . mean(x) + b_a = mean(w_a . x + b_a)``: we project first and take the running mean of a
-    scalar (in fp32). In generation the running sum and the number of positions seen live in ``cache``.
+    scalar (in fp32, fp64 kept). In generation the running sum and the number of positions seen live in ``cache``.
+    Padded positions are left out of both, so a padded row's means are those of its real tokens alone.
     """
 
     SUM_KEY = "ffn_alpha_logit_sum"
     COUNT_KEY = "ffn_alpha_positions"
 
-    def logit(self, x: Tensor, cache: Cache | None) -> Tensor:
-        running_sum = self.proj(x).float().cumsum(dim=1)
-        seen = 0
+    def logit(self, x: Tensor, cache: Cache | None, padding_mask: Tensor | None = None) -> Tensor:
+        logit = _widened(self.proj(x))
+        if padding_mask is None:
+            seen = torch.ones_like(logit)
+        else:
+            seen = padding_mask[..., None].to(logit.dtype)
+            logit = logit * seen
+        running_sum, positions = logit.cumsum(dim=1), seen.cumsum(dim=1)
         if cache is not None:
             if self.SUM_KEY in cache:
                 running_sum = running_sum + cache[self.SUM_KEY]
-                seen = cache[self.COUNT_KEY]
+                positions = positions + cache[self.COUNT_KEY]
             cache[self.SUM_KEY] = running_sum[:, -1:]
-            cache[self.COUNT_KEY] = seen + x.shape[1]
-        positions = torch.arange(seen + 1, seen + x.shape[1] + 1, device=x.device, dtype=torch.float32)
-        return running_sum / positions[:, None]
+            cache[self.COUNT_KEY] = positions[:, -1:]
+        return running_sum / positions.clamp_min(1)  # a row's leading padding has seen nothing: 0/1
 
 
 class FeatureMeanGate(AlphaGate):
@@ -230,7 +237,7 @@ class FeatureMeanGate(AlphaGate):
     def __init__(self, config: ModelConfig) -> None:
         super().__init__(config, 1)
 
-    def logit(self, x: Tensor, cache: Cache | None) -> Tensor:
+    def logit(self, x: Tensor, cache: Cache | None, padding_mask: Tensor | None = None) -> Tensor:
         return self.proj(x.mean(dim=-1, keepdim=True))
 
 
@@ -262,10 +269,10 @@ class IsoGMLP(TwoPathwayFFN):
         nn.init.zeros_(self.beta)
         self.alpha_gate.reset_parameters()
 
-    def mixture(self, x: Tensor, cache: Cache | None) -> Mixture:
+    def mixture(self, x: Tensor, cache: Cache | None, padding_mask: Tensor | None = None) -> Mixture:
         gate, up, iso = self.project(x)
         gated = swiglu(gate, up)
-        alpha = self.alpha_gate(x, cache)
+        alpha = self.alpha_gate(x, cache, padding_mask)
         return Mixture(
             gated=gated,
             iso=torch.addcmul(self.beta, self.gamma, iso).to(gated.dtype),  # eq. 2: gamma * (W_i x) + beta
@@ -274,8 +281,8 @@ class IsoGMLP(TwoPathwayFFN):
             beta=self.beta,
         )
 
-    def hidden(self, x: Tensor, cache: Cache | None) -> Tensor:
-        mix = self.mixture(x, cache)
+    def hidden(self, x: Tensor, cache: Cache | None, padding_mask: Tensor | None = None) -> Tensor:
+        mix = self.mixture(x, cache, padding_mask)
         # lerp wants one dtype. Under autocast the pathways are bf16 and alpha fp32: alpha is rounded rather
         # than the pathways promoted, which would save two fp32 [B, T, h] copies for the backward pass.
         alpha = mix.alpha.to(mix.gated.dtype)
@@ -327,7 +334,7 @@ class IsoLN(TwoPathwayFFN):
         gate, up, *iso = self.project(x)
         return swiglu(gate, up), (iso[0] if iso else None)
 
-    def mixture(self, x: Tensor, cache: Cache | None) -> Mixture:
+    def mixture(self, x: Tensor, cache: Cache | None, padding_mask: Tensor | None = None) -> Mixture:
         gated, projected = self.pathways(x)
         alpha = self.alpha()
         return Mixture(
@@ -338,7 +345,7 @@ class IsoLN(TwoPathwayFFN):
             beta=self.beta(),
         )
 
-    def hidden(self, x: Tensor, cache: Cache | None) -> Tensor:
+    def hidden(self, x: Tensor, cache: Cache | None, padding_mask: Tensor | None = None) -> Tensor:
         """``alpha*Gated + (2-alpha)*Iso + beta`` as fused multiply-adds (0-dim weights keep the dtype).
 
         With the LayerNorm, ``(2-alpha)*LayerNorm(v) + beta`` is the LayerNorm with its affine scaled by

@@ -194,13 +194,14 @@ class IsoLLMAttention(nn.Module):
         self.scoring = ATTN_SCORING_REGISTRY[config.attn_scoring](config)
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, past: Any = None,
-                use_cache: bool = False) -> tuple[torch.Tensor, Any]:
+                use_cache: bool = False, padding_mask: torch.Tensor | None = None) -> tuple[torch.Tensor, Any]:
         b, t, _ = x.shape
         qkv = self.qkv_proj(x).view(b, t, self.num_heads + 2 * self.num_kv_heads, self.head_dim)
         q, k, v = qkv.split([self.num_heads, self.num_kv_heads, self.num_kv_heads], dim=2)
         q = apply_rotary(self.q_norm(q).transpose(1, 2), cos, sin)
         k = apply_rotary(self.k_norm(k).transpose(1, 2), cos, sin)
-        out, present = self.scoring(q, k, v.transpose(1, 2), past=past, use_cache=use_cache)
+        out, present = self.scoring(q, k, v.transpose(1, 2), past=past, use_cache=use_cache,
+                                    padding_mask=padding_mask)
         return self.o_proj(out.transpose(1, 2).reshape(b, t, -1)), present
 
 
@@ -215,14 +216,17 @@ class IsoLLMDecoderLayer(nn.Module):
         self.mlp = FFN_REGISTRY[config.ffn](config)
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
-                state: LayerState | None = None) -> torch.Tensor:
+                state: LayerState | None = None, padding_mask: torch.Tensor | None = None) -> torch.Tensor:
+        """``padding_mask``: ``[B, T_past + T]``, True at real tokens (None: all real); see attention.py."""
         past = state.attention if state is not None else None
         attn_out, present = self.self_attn(self.input_layernorm(x), cos, sin, past=past,
-                                           use_cache=state is not None)
+                                           use_cache=state is not None, padding_mask=padding_mask)
         x = x + attn_out
         if state is not None:
             state.attention = present
-        return x + self.mlp(self.post_attention_layernorm(x), cache=state.ffn if state is not None else None)
+        ffn_mask = padding_mask[:, -x.shape[1]:] if padding_mask is not None else None
+        return x + self.mlp(self.post_attention_layernorm(x), cache=state.ffn if state is not None else None,
+                            padding_mask=ffn_mask)
 
 
 class IsoLLMModel(nn.Module):
@@ -237,23 +241,45 @@ class IsoLLMModel(nn.Module):
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
 
     def forward(self, input_ids: torch.Tensor, position_ids: torch.Tensor | None = None,
-                cache: IsoLLMCache | None = None,
-                output_hidden_states: bool = False) -> tuple[torch.Tensor, tuple[torch.Tensor, ...] | None]:
+                cache: IsoLLMCache | None = None, output_hidden_states: bool = False,
+                padding_mask: torch.Tensor | None = None,
+                ) -> tuple[torch.Tensor, tuple[torch.Tensor, ...] | None]:
         """Return ``norm(x_L)`` and, if asked, ``(x_0, ..., x_L)``: the embedding output and every block's
-        output, before the final norm (the per-layer isotropy metrics read these)."""
+        output, before the final norm (the per-layer isotropy metrics read these).
+
+        ``padding_mask``: ``[B, T_past + T]`` bool, True at real tokens, or None when all are real.
+        Without ``position_ids``, positions count each row's real tokens from 0, as transformers does
+        (``cumsum(mask) - 1``), so a left-padded row is rotated as if it stood alone.
+        """
         x = self.embed_tokens(input_ids)
-        if position_ids is None:
+        t = input_ids.shape[1]
+        if position_ids is None and padding_mask is not None:
+            position_ids = (padding_mask.long().cumsum(-1) - 1).clamp_min(0)[:, -t:]
+        elif position_ids is None:
             start = cache.seen_tokens if cache is not None else 0
-            position_ids = torch.arange(start, start + input_ids.shape[1], device=input_ids.device)[None]
+            position_ids = torch.arange(start, start + t, device=input_ids.device)[None]
         cos, sin = rotary_cos_sin(position_ids, self.head_dim, self.rope_theta, x.dtype)
         hidden = [x] if output_hidden_states else None
         for i, layer in enumerate(self.layers):
-            x = layer(x, cos, sin, cache.layers[i] if cache is not None else None)
+            x = layer(x, cos, sin, cache.layers[i] if cache is not None else None, padding_mask)
             if hidden is not None:
                 hidden.append(x)
         if cache is not None:
             cache.seen_tokens += input_ids.shape[1]
+        if padding_mask is not None:
+            x = _from_last_real_token(x, padding_mask[:, -t:])
         return self.norm(x), (tuple(hidden) if hidden is not None else None)
+
+
+def _from_last_real_token(x: torch.Tensor, real: torch.Tensor) -> torch.Tensor:
+    """``x`` ``[B, T, d]`` with each padded position holding the row's last real token before it.
+
+    Then ``logits[:, -1]`` is every row's next-token prediction, right-padded rows included (generate()
+    reads it); positions before a row's first real token keep their own (meaningless) value.
+    """
+    positions = torch.arange(x.shape[1], device=x.device).expand_as(real)
+    source = torch.where(real, positions, 0).cummax(dim=1).values
+    return x.gather(1, source[..., None].expand_as(x))
 
 
 class IsoLLMForCausalLM(PreTrainedModel, GenerationMixin):
@@ -301,16 +327,18 @@ class IsoLLMForCausalLM(PreTrainedModel, GenerationMixin):
         ``[B, T, V]`` logits are never materialised. In eval mode the logits are returned as well.
 
         ``past_key_values``: an ``IsoLLMCache`` from an earlier call; ``input_ids`` then holds only
-        the new tokens. ``use_cache=True`` without one starts a cache. Padding is not supported:
-        ``attention_mask`` must be all ones (``generate()`` drops such a mask itself).
+        the new tokens. ``use_cache=True`` without one starts a cache.
+
+        ``attention_mask``: ``[B, T_past + T]``, 1 at real tokens and 0 at padding (left or right), as
+        transformers' tokenizers and ``generate()`` give it. Each row then gives exactly what its real
+        tokens give alone. At a padded position the logits repeat those of the row's last real token
+        before it, so ``logits[:, -1]`` is each row's next-token prediction, whichever side is padded.
         """
-        if attention_mask is not None and not bool(attention_mask.all()):
-            raise ValueError("attention_mask: padded batches are not supported (iso_tanh attention has no "
-                             "mask); generate from prompts of equal length")
         if past_key_values is None and use_cache:
             past_key_values = IsoLLMCache(self.config.num_hidden_layers)
+        padding_mask = self._padding_mask(attention_mask, input_ids, past_key_values)
         hidden, all_hidden = self.model(input_ids, position_ids, past_key_values,
-                                        bool(output_hidden_states))
+                                        bool(output_hidden_states), padding_mask)
         if shift_labels is None and labels is not None:
             shift_labels = F.pad(labels[:, 1:], (0, 1), value=IGNORE_INDEX)
         logits = loss = None
@@ -324,6 +352,28 @@ class IsoLLMForCausalLM(PreTrainedModel, GenerationMixin):
                                        ignore_index=IGNORE_INDEX)
         return CausalLMOutputWithPast(loss=loss, logits=logits, past_key_values=past_key_values,
                                       hidden_states=all_hidden)
+
+    @staticmethod
+    def _padding_mask(attention_mask: torch.Tensor | None, input_ids: torch.Tensor,
+                      cache: IsoLLMCache | None) -> torch.Tensor | None:
+        """``attention_mask`` as a bool mask, or None when no token is padding (the unmasked fast path)."""
+        if attention_mask is None or bool(attention_mask.all()):
+            return None
+        expected = (input_ids.shape[0], input_ids.shape[1] + (cache.seen_tokens if cache is not None else 0))
+        if tuple(attention_mask.shape) != expected:
+            raise ValueError(f"attention_mask must be [batch, past + new tokens] = {list(expected)}; "
+                             f"got {list(attention_mask.shape)}")
+        return attention_mask.bool()
+
+    def _prepare_position_ids_for_generation(self, inputs_tensor: torch.Tensor,
+                                             model_kwargs: dict[str, Any]) -> None:
+        """No ``position_ids`` from ``generate()``: ``forward`` counts them from the attention mask itself.
+
+        transformers continues each row from its last prompt position, which is 0 at a right-padded
+        row's trailing padding; counting real tokens (``IsoLLMModel.forward``) gives every row, left- or
+        right-padded, the positions it has alone.
+        """
+        return None
 
     def _prepare_cache_for_generation(self, generation_config: Any, model_kwargs: dict[str, Any],
                                       *args: Any, **kwargs: Any) -> None:

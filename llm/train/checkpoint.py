@@ -10,7 +10,8 @@ whose files do not match its manifest (truncated, missing, unreadable) is skippe
 
 Contents::
 
-    model/          HF save_pretrained (safetensors + config + tokenizer): loads with from_pretrained
+    model/          HF save_pretrained (safetensors + config + tokenizer, ``llm.hf.save_model_dir``):
+                    loads with AutoTokenizer, AutoModelForCausalLM and pipeline("text-generation")
     state/          accelerator.save_state: optimizer, scheduler, RNG (torch/numpy/python/cuda)
                     + data_rank<r>.pt, the data-loader state of each rank
     trainer.json    step, tokens, bad-step counters, grad-norm tracker
@@ -48,7 +49,7 @@ from tokenizers import Tokenizer
 from torch import nn
 
 from llm.config import RunConfig, load_config, save_config
-from llm.data.tokenizer import as_transformers_tokenizer
+from llm.hf.hub import save_model_dir
 from llm.model.config import ConfigError
 from llm.train.distributed import all_ranks_agree, is_main_process, rank_and_world_size
 
@@ -211,8 +212,7 @@ def save_checkpoint(
         state_dict = accelerator.get_state_dict(model)
         if main:
             hf_model = accelerator.unwrap_model(model)
-            hf_model.save_pretrained(tmp / MODEL_DIR, state_dict=state_dict)
-            as_transformers_tokenizer(tokenizer).save_pretrained(tmp / MODEL_DIR)
+            save_model_dir(hf_model, tmp / MODEL_DIR, tokenizer, state_dict=state_dict)
             (tmp / "trainer.json").write_text(json.dumps(trainer_state, indent=1))
             save_config(config, tmp / "config.yaml")
     except OSError as err:

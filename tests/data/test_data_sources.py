@@ -16,7 +16,7 @@ from tiny import write_docs
 from tokenizers import Tokenizer
 
 from llm.config import DataConfig
-from llm.data.pieces import iter_local_texts
+from llm.data.pieces import iter_local_texts, list_pieces, read_piece
 from llm.data.sources import resolve_source
 from llm.data.stream import build_train_loader
 from llm.data.validation import build_val_windows
@@ -119,6 +119,24 @@ def test_txt_paragraphs_and_non_utf8_bytes(tmp_path: Path, bpe: Tokenizer) -> No
     with pytest.warns(UserWarning, match="non-UTF-8"):
         loader = build_train_loader(cfg, bpe, 1, 0, 1)
     assert guarded(lambda: next(iter(loader))).shape == (1, 5)
+
+
+def test_data_format_reads_a_file_of_any_suffix(tmp_path: Path, bpe: Tokenizer) -> None:
+    """WikiText-2 ships ``wiki.test.raw``: with ``data.format=text`` it is read as the same ``.txt`` is."""
+    raw = tmp_path / "wiki.test.raw"
+    raw.write_text(" = Title = \n\n Some text here .\n\n More text .\n")
+    with pytest.raises(ValueError, match=r"unsupported file type .*wiki\.test\.raw .*data\.format=text\|parquet"):
+        resolve_source(str(raw))
+    source = resolve_source(str(raw), data_format="text")
+    assert source.path == "text" and source.data_files == (str(raw),)
+    (piece,) = list_pieces(source)
+    assert [text for _, batch, _ in read_piece(source, piece, 0, piece.size, 8) for text in batch["text"]] == [
+        "= Title =", "Some text here .", "More text ."]  # paragraphs, as every txt source is read
+    cfg = DataConfig(source=str(raw), format="text", seq_len=4, val_bucket=1, val_tokens=8,
+                     cache_dir=str(tmp_path / "cache"))
+    assert guarded(lambda: build_val_windows(cfg, bpe)).shape == (1, 5)
+    with pytest.raises(ValueError, match="format: unknown value 'txt'; expected one of: text, parquet, jsonl, json"):
+        DataConfig(source=str(raw), format="txt").validate()
 
 
 def test_mixed_file_types_are_rejected(tmp_path: Path) -> None:

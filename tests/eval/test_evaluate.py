@@ -126,6 +126,22 @@ def test_cli_json_with_data_override(trained_run: Path, capsys: pytest.CaptureFi
     assert len(report["samples"]) == 1 and report["layers"][2]["layer"] == 2
 
 
+def test_a_raw_text_file_is_evaluated_with_data_format_text(trained_run: Path, fineweb: Path, tmp_path: Path,
+                                                             capsys: pytest.CaptureFixture[str]) -> None:
+    """WikiText-2's file name, ``wiki.test.raw``: read as plain text, no renaming."""
+    import pyarrow.parquet as pq
+
+    texts = pq.read_table(sorted(fineweb.glob("*.parquet"))[0], columns=["text"]).slice(0, 20)["text"]
+    raw = tmp_path / "wiki.test.raw"
+    raw.write_text("\n\n".join(str(text) for text in texts))
+    args = [str(trained_run), "--json", "--samples", "0", f"data.source={raw}", "data.val_bucket=1",
+            "data.val_tokens=330"]
+    assert main(args) == 2 and "data.format=text|parquet" in capsys.readouterr().err
+    assert main([*args, "data.format=text"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["data_source"] == str(raw) and report["val_windows"] == 10 and math.isfinite(report["val_loss"])
+
+
 def test_cli_table(trained_run: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert main([str(trained_run), "--samples", "0"]) == 0
     out = capsys.readouterr().out

@@ -2,15 +2,16 @@
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import subprocess
 import sys
-import textwrap
 from pathlib import Path
 
 import pytest
 import torch
+from fresh_process import run_without_llm
 from tokenizers import Tokenizer
 from tokenizers.models import WordLevel
 from tokenizers.pre_tokenizers import Whitespace
@@ -19,7 +20,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 import llm  # noqa: F401  (registers the Auto classes)
 from llm.data.errors import DataError
 from llm.data.tokenizer import EOS_TOKEN
-from llm.hf import save_for_hub
+from llm.hf import export_qwen3, save_for_hub
 from llm.model import IsoLLMConfig, IsoLLMForCausalLM
 
 TINY = dict(vocab_size=256, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
@@ -32,25 +33,8 @@ VARIANTS = {
 PROMPT = torch.arange(2 * 6).view(2, 6) * 7 % 256
 NEW_TOKENS = 8
 
-# Runs in a fresh interpreter, with the repository neither the working directory nor on the path,
-# and with the editable install of `llm` hidden: exactly a user who has only torch + transformers.
-FRESH_PROCESS = textwrap.dedent("""
-    import importlib.abc, sys
+FRESH_PROCESS = """
     import torch
-
-    class NoLLM(importlib.abc.MetaPathFinder):
-        def find_spec(self, name, path=None, target=None):
-            if name == "llm" or name.startswith("llm."):
-                raise ModuleNotFoundError(f"No module named {name!r}")
-
-    sys.meta_path.insert(0, NoLLM())
-    try:
-        import llm
-    except ModuleNotFoundError:
-        pass
-    else:
-        raise SystemExit("llm is importable: the test would prove nothing")
-
     from transformers import AutoModelForCausalLM
 
     results = {}
@@ -66,7 +50,7 @@ FRESH_PROCESS = textwrap.dedent("""
             "tied": model.lm_head.weight is model.model.embed_tokens.weight,
         }
     torch.save(results, sys.argv[1] + ".out")
-""")
+"""
 
 
 @pytest.fixture(scope="module")
@@ -86,6 +70,9 @@ def test_hub_directory_holds_config_auto_map_and_code(saved):
     assert config["model_type"] == "isollm"
     assert config["auto_map"] == {"AutoConfig": "configuration_isollm.IsoLLMConfig",
                                   "AutoModelForCausalLM": "modeling_isollm.IsoLLMForCausalLM"}
+    card = (directory / "README.md").read_text()
+    assert card.startswith("---\nlibrary_name: ") and "No training run was recorded" in card
+    assert f'from_pretrained("{directory}", trust_remote_code=True)' in card
     for name in ("modeling_isollm.py", "configuration_isollm.py", "config.py", "attention.py", "ffn.py",
                  "linear.py", "isotropic.py"):
         assert "import llm" not in (directory / name).read_text()
@@ -95,11 +82,7 @@ def test_hub_directory_holds_config_auto_map_and_code(saved):
 def test_fresh_process_without_llm_gets_identical_logits_and_generations(saved, tmp_path):
     inputs = tmp_path / "inputs.pt"
     torch.save({"prompt": PROMPT, "new_tokens": NEW_TOKENS}, inputs)
-    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
-    env.update(HF_MODULES_CACHE=str(tmp_path / "modules"), HF_HUB_OFFLINE="1")
-    directories = [str(directory) for _, directory in saved.values()]
-    subprocess.run([sys.executable, "-c", FRESH_PROCESS, str(inputs), *directories], cwd=tmp_path, env=env,
-                   check=True, timeout=300)
+    run_without_llm(FRESH_PROCESS, str(inputs), *(str(directory) for _, directory in saved.values()), cwd=tmp_path)
     results = torch.load(str(inputs) + ".out")
     for model, directory in saved.values():
         got = results[str(directory)]
@@ -133,3 +116,92 @@ def test_save_for_hub_writes_a_tokenizer_auto_tokenizer_loads(tmp_path):
     without_eos = Tokenizer(WordLevel({"<unk>": 0, "the": 1}, unk_token="<unk>"))
     with pytest.raises(DataError, match=f"tokenizer has no {EOS_TOKEN} token"):  # not one added past the vocab
         save_for_hub(model, tmp_path / "no-eos", tokenizer=without_eos)
+
+
+def word_tokenizer() -> Tokenizer:
+    """A word-level tokenizer covering the tiny vocabulary: ``w2`` ... ``w255``, eos id 1."""
+    vocab = {"<unk>": 0, EOS_TOKEN: 1, **{f"w{i}": i for i in range(2, TINY["vocab_size"])}}
+    tokenizer = Tokenizer(WordLevel(vocab, unk_token="<unk>"))
+    tokenizer.pre_tokenizer = Whitespace()
+    return tokenizer
+
+
+COMPLETE_DIRECTORY = """
+    import json
+    from transformers import AutoModelForCausalLM, AutoTokenizer, pipeline
+
+    prompts = ["w5 w9 w14 w3 w77", "w7", "w2 w8"]
+    report = {}
+    for directory, kind in (arg.split("=") for arg in sys.argv[1:]):
+        remote = {"trust_remote_code": True} if kind == "isollm" else {}
+        # transformers 5 reads the model config before the tokenizer's: an isollm directory names the flag
+        tokenizer = AutoTokenizer.from_pretrained(directory, **({"trust_remote_code": False} if remote else {}))
+        model = AutoModelForCausalLM.from_pretrained(directory, **remote)
+        generator = pipeline("text-generation", model=directory, **remote)
+        settings = dict(max_new_tokens=4, do_sample=False, return_full_text=False)
+        batched = generator(prompts, batch_size=len(prompts), **settings)
+        report[directory] = {
+            "tokenizer": type(tokenizer).__name__, "ids": tokenizer("w5 w9")["input_ids"],
+            "special": [tokenizer.eos_token_id, tokenizer.pad_token_id, tokenizer.padding_side],
+            "config": [model.config.eos_token_id, model.config.pad_token_id],
+            "generation_config": [model.generation_config.eos_token_id, model.generation_config.pad_token_id],
+            "model": type(model).__name__,
+            "batched": [row[0]["generated_text"] for row in batched],
+            "alone": [generator(prompt, **settings)[0]["generated_text"] for prompt in prompts],
+        }
+    print(json.dumps(report))
+"""
+
+
+@pytest.mark.slow
+def test_checkpoint_and_qwen3_directories_are_complete_for_a_user_without_llm(tmp_path):
+    """AutoTokenizer (no prompt, stock class), AutoModelForCausalLM and a batched text-generation
+    pipeline (left padding) load each directory; eos / pad ids are set; each padded row generates what
+    its prompt generates alone."""
+    directories = {}
+    for name, variant in {"softmax": {}, "iso_tanh": VARIANTS["isogmlp_causal_mean_iso_tanh"]}.items():
+        torch.manual_seed(0)
+        model = IsoLLMForCausalLM(IsoLLMConfig(**TINY, **variant))
+        directories[save_for_hub(model, tmp_path / name, tokenizer=word_tokenizer())] = "isollm"
+        if name == "softmax":
+            directories[export_qwen3(model, tmp_path / "qwen3", tokenizer=word_tokenizer())] = "qwen3"
+    for directory in directories:
+        for name in ("config.json", "generation_config.json"):
+            saved_config = json.loads((directory / name).read_text())
+            assert (saved_config["eos_token_id"], saved_config["pad_token_id"]) == (1, 1), (directory, name)
+        assert json.loads((directory / "tokenizer_config.json").read_text())["tokenizer_class"] == \
+            "PreTrainedTokenizerFast"
+    done = run_without_llm(COMPLETE_DIRECTORY, *(f"{d}={kind}" for d, kind in directories.items()), cwd=tmp_path)
+    report = json.loads(done.stdout.strip().splitlines()[-1])
+    for directory, kind in directories.items():
+        got = report[str(directory)]
+        assert got["model"] == ("Qwen3ForCausalLM" if kind == "qwen3" else "IsoLLMForCausalLM")
+        assert got["ids"] == [5, 9] and got["special"] == [1, 1, "left"]
+        assert got["config"] == got["generation_config"] == [1, 1]
+        assert got["batched"] == got["alone"] and all(got["alone"]), got
+
+
+QUIET_SAVE = """
+import sys
+from llm.hf import save_model_dir
+from llm.model import IsoLLMConfig, IsoLLMForCausalLM
+
+save_model_dir(IsoLLMForCausalLM(IsoLLMConfig(vocab_size=64, hidden_size=16, intermediate_size=32,
+                                              num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=1)),
+               sys.argv[1])
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("deepspeed_launch", [False, True])
+def test_saving_a_model_directory_prints_nothing_unless_deepspeed_runs(tmp_path, deepspeed_launch):
+    """No "Writing model shards" bar (it would cut through the training progress bar) and, outside a
+    DeepSpeed launch, no DeepSpeed "Setting accelerator to CPU" from the import transformers triggers."""
+    env = {**os.environ, "CUDA_VISIBLE_DEVICES": "", "ACCELERATE_USE_DEEPSPEED": str(deepspeed_launch).lower()}
+    done = subprocess.run([sys.executable, "-c", QUIET_SAVE, str(tmp_path / "model")], env=env,
+                          capture_output=True, text=True, timeout=120, check=True)
+    assert (tmp_path / "model" / "model.safetensors").is_file()
+    if not deepspeed_launch:
+        assert done.stdout + done.stderr == ""
+    elif importlib.util.find_spec("deepspeed") is not None:
+        assert "Setting accelerator to CPU" in done.stdout  # a DeepSpeed run keeps DeepSpeed's own output

@@ -188,6 +188,8 @@ def append(file, text):
 append("started", name)
 append("running", f"{name}={len(lines('started')) - len(lines('done'))}")
 print(f"fake run {name}", flush=True)
+sys.stderr.write(f"progress {name} 1\\rprogress {name} 2\\r\\n")
+sys.stderr.flush()
 deadline = time.monotonic() + 20
 while len(lines("started")) < need:
     if time.monotonic() > deadline:
@@ -220,10 +222,15 @@ def test_jobs_runs_at_most_n_at_once(fake_sweep, capfd: pytest.CaptureFixture[st
                                                           "r-swiglu-s1"]
     running = dict(line.split("=") for line in (log / "running").read_text().split())
     assert max(int(n) for n in running.values()) == 2
-    out = capfd.readouterr().out
-    assert out.count("fake run ") == 4  # each run still writes to this terminal
-    assert sorted(line.split()[0] for line in out.splitlines() if not line.startswith("fake run ")) == [
+    lines = capfd.readouterr().out.splitlines()
+    assert sorted(line.split()[0] for line in lines if line.startswith("[") and "/4]" in line.split()[0]) == [
         "[1/4]", "[2/4]", "[3/4]", "[4/4]"]  # whole lines, whatever order the threads printed them in
+    for name in ("r-swiglu-s0", "r-swiglu-s1", "r-isogmlp-s0", "r-isogmlp-s1"):
+        # stdout and stderr alike, progress redraws (\r) included, each line prefixed with its run's name
+        own = [line for line in lines if line.startswith(f"[{name}] ")]
+        assert sorted(own) == sorted(f"[{name}] {text} {name}{end}" for text, end in
+                                     (("fake run", ""), ("progress", " 1"), ("progress", " 2")))
+    assert len(lines) == 4 + 4 * 3  # nothing unprefixed
 
 
 def test_jobs_default_is_one_run_after_another(fake_sweep) -> None:

@@ -2,7 +2,8 @@
 
 Run by ``test_attention.py`` in a fresh process with ``TRITON_INTERPRET=1``. It checks iso_tanh's
 mapping onto the kernel (layout, scale, carried state, GQA expansion, backward) against the fp64
-reference on machines without a GPU. Two things the interpreter lacks are patched here: autotuning
+reference on machines without a GPU, and that zeroing padded queries and keys before the kernel
+gives each row of a padded batch its output alone. Two things the interpreter lacks are patched here: autotuning
 (it cannot time configs, so the first is taken) and loop counters as Triton scalars (fla calls
 ``i_t.to(tl.int64)`` on a ``range`` index, which the interpreter leaves a Python int).
 """
@@ -17,7 +18,7 @@ import torch
 import triton.language as tl
 from triton.runtime.autotuner import Autotuner
 
-from llm.model.attention import fla_chunk_linear_attn, iso_tanh_linear_attention, iso_tanh_naive
+from llm.model.attention import fla_chunk_linear_attn, iso_tanh_linear_attention, iso_tanh_naive, mask_padding
 
 B, H, T, SPLIT, D = 2, 4, 100, 70, 16  # fla tiles the head dimension by 16; 70 and 30 are not multiples of 64
 
@@ -50,6 +51,22 @@ def check(hkv: int) -> None:
         torch.testing.assert_close(g.double(), w, rtol=1e-4, atol=1e-4, msg=lambda m, n=name: f"d{n}: {m}")
 
 
+def check_padding() -> None:
+    """A left- and a right-padded row (forward only): real outputs as alone, zero at the padding."""
+    kernel = fla_chunk_linear_attn()
+    gen = torch.Generator().manual_seed(0)
+    q, k, v = (0.5 * torch.randn(2, heads, T, D, generator=gen) for heads in (H, 2, 2))
+    rows = [slice(30, T), slice(0, SPLIT)]
+    real = torch.zeros(2, T, dtype=torch.bool)
+    for row, tokens in enumerate(rows):
+        real[row, tokens] = True
+    out, _ = iso_tanh_linear_attention(*mask_padding(q, k, real), v, None, kernel)
+    for row, tokens in enumerate(rows):
+        alone = iso_tanh_naive(*(x[row : row + 1, :, tokens].double() for x in (q, k, v)))
+        torch.testing.assert_close(out[row : row + 1, :, tokens].double(), alone, rtol=1e-4, atol=1e-5)
+    assert not out.transpose(1, 2)[~real].any()
+
+
 def main() -> None:
     assert os.environ.get("TRITON_INTERPRET") == "1", "run with TRITON_INTERPRET=1 (see the module docstring)"
     first_config = Autotuner.prune_configs
@@ -58,6 +75,8 @@ def main() -> None:
     for hkv in (1, 2):
         check(hkv)
         print(f"hkv={hkv}: ok")
+    check_padding()
+    print("padding: ok")
 
 
 if __name__ == "__main__":

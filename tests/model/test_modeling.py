@@ -124,8 +124,7 @@ def test_reorder_cache_selects_every_state_of_the_chosen_rows(variant):
         cache = model(ids[:, :6], use_cache=True).past_key_values
         cache.reorder_cache(rows)
         continued = model(ids[rows, 6:], past_key_values=cache).logits
-        # 1e-6: the causal-mean gate sums in fp32 even in an fp64 model; a wrong row is off by ~1e-2
-        torch.testing.assert_close(continued, model(ids[rows]).logits[:, 6:], rtol=0, atol=1e-6)
+        torch.testing.assert_close(continued, model(ids[rows]).logits[:, 6:], rtol=0, atol=1e-12)
 
 
 @pytest.mark.parametrize("variant", CACHE_VARIANTS[:2], ids=variant_id)
@@ -153,14 +152,62 @@ def test_sampling_generate(scoring):
     assert torch.equal(top1, greedy_by_recomputation(model, prompt, 8))
 
 
-def test_padded_attention_mask_is_refused():
+def pad(rows: list[torch.Tensor], side: str) -> tuple[torch.Tensor, torch.Tensor]:
+    """``rows`` padded to one length on ``side`` with random tokens (whatever the padding holds must not
+    matter) and their attention mask."""
+    width = max(len(row) for row in rows)
+    ids = tokens(len(rows), width, seed=99)
+    mask = torch.zeros_like(ids)
+    for i, row in enumerate(rows):
+        real = slice(width - len(row), width) if side == "left" else slice(0, len(row))
+        ids[i, real], mask[i, real] = row, 1
+    return ids, mask
+
+
+LENGTHS = [T, 5, 1, 9]
+
+
+@pytest.mark.parametrize("side", ["left", "right"])
+@pytest.mark.parametrize("variant", CACHE_VARIANTS, ids=variant_id)
+def test_each_row_of_a_padded_batch_gives_its_logits_alone(variant, side):
+    model = build(**variant)
+    rows = [tokens(1, n, seed=i)[0] for i, n in enumerate(LENGTHS)]
+    ids, mask = pad(rows, side)
+    with torch.no_grad():
+        logits = model(ids, attention_mask=mask).logits
+        for i, row in enumerate(rows):
+            alone = model(row[None]).logits[0]
+            torch.testing.assert_close(logits[i, mask[i].bool()], alone, rtol=0, atol=1e-12)
+
+
+@pytest.mark.parametrize("side", ["left", "right"])
+@pytest.mark.parametrize("variant", CACHE_VARIANTS, ids=variant_id)
+def test_generate_on_a_padded_batch_gives_each_prompt_its_generation_alone(variant, side):
+    """Greedy tokens and every step's logits (which generate() returns in fp32): the KV cache or (S, G)
+    sums, the FFN's running means and the positions all skip the padding; prefill, then single tokens.
+    (The prompt alone gets an explicit mask: generate() would otherwise mask its pad_token_id.)"""
+    model = build(**variant)
+    rows = [tokens(1, n, seed=i)[0] for i, n in enumerate(LENGTHS)]
+    ids, mask = pad(rows, side)
+    kwargs = dict(max_new_tokens=5, do_sample=False, return_dict_in_generate=True, output_logits=True,
+                  pad_token_id=0)
+    batch = model.generate(ids, attention_mask=mask, **kwargs)
+    for i, row in enumerate(rows):
+        alone = model.generate(row[None], attention_mask=torch.ones(1, len(row), dtype=torch.long), **kwargs)
+        assert torch.equal(batch.sequences[i, ids.shape[1]:], alone.sequences[0, len(row):])
+        for step, (got, want) in enumerate(zip(batch.logits, alone.logits, strict=True)):
+            torch.testing.assert_close(got[i], want[0], rtol=0, atol=1e-12, msg=lambda m, s=step: f"step {s}: {m}")
+
+
+def test_an_all_ones_mask_is_no_mask_and_a_misshapen_one_is_refused():
     model = build()
     ids = tokens()
-    mask = torch.ones_like(ids)
-    torch.testing.assert_close(model(ids, attention_mask=mask).logits, model(ids).logits, rtol=0, atol=0)
-    mask[0, 0] = 0
-    with pytest.raises(ValueError, match="attention_mask"):
-        model(ids, attention_mask=mask)
+    with torch.no_grad():
+        assert torch.equal(model(ids, attention_mask=torch.ones_like(ids)).logits, model(ids).logits)
+        mask = torch.ones_like(ids)[:, 1:]
+        mask[0, 0] = 0
+        with pytest.raises(ValueError, match=r"attention_mask must be \[batch, past \+ new tokens\]"):
+            model(ids, attention_mask=mask)
 
 
 def test_loss_is_the_shifted_cross_entropy_in_fp32():
