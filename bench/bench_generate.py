@@ -66,6 +66,8 @@ def main() -> None:
     if args.threads:
         torch.set_num_threads(args.threads)
     base = load_config(f"configs/sizes/{args.preset}.yaml", ["train.max_steps=1"]).model
+    base = replace(base, max_position_embeddings=max(base.max_position_embeddings,
+                                                     max(args.contexts) + args.new_tokens))
     device = torch.device(args.device)
     torch.manual_seed(0)
     models = {scoring: IsoLLMForCausalLM(IsoLLMConfig.from_model_config(replace(base, attn_scoring=scoring)))
