@@ -23,10 +23,12 @@ also prints MFU against the GPU's dense datasheet peak.
 from __future__ import annotations
 
 import argparse
+import json
 import statistics
 import time
 from collections.abc import Callable
 from dataclasses import replace
+from pathlib import Path
 
 import torch
 import torch.nn.functional as F
@@ -156,6 +158,7 @@ def main() -> None:
     parser.add_argument("--variants", nargs="+", metavar="FFN+SCORING",
                         help="time exactly these ffn+scoring pairs instead of --ffn x --attn-scoring (swiglu with "
                              "each named scoring is added: the ratios need it)")
+    parser.add_argument("--json", metavar="PATH", help="also write the table's figures to PATH as JSON")
     parser.add_argument("--profile", action="store_true",
                         help="also print where swiglu+softmax's and Qwen3's step time goes (torch.profiler)")
     args = parser.parse_args()
@@ -201,29 +204,30 @@ def main() -> None:
 
     tokens = args.batch * args.seq
     tps = {name: tokens / min(t) for name, t in times.items()}
-    matmul = max(matmul_rates, default=None)
+    matmul = max(matmul_rates)
     gpu_peak = peak_flops(device, dtype) if device.type == "cuda" else None
     print(f"# training step, {args.preset} ({base.num_hidden_layers} layers, hidden {base.hidden_size}, "
           f"vocab {base.vocab_size}), batch {args.batch} x {args.seq}, {args.dtype}, {device.type}"
           f"{', compiled' if args.compile else ''}, best of {rounds} steps")
-    if matmul:
-        print(f"# measured {args.dtype} matmul ({matmul_n}^3, best of {rounds}): {matmul / 1e9:.1f} GFLOP/s")
+    print(f"# measured {args.dtype} matmul ({matmul_n}^3, best of {rounds}): {matmul / 1e9:.1f} GFLOP/s")
     header = f"{'variant':<26}{'tokens/s':>10}{'vs qwen3':>10}{'vs swiglu':>10}{'roofline':>10}{'of roofline':>12}"
     print(header + (f"{'MFU':>8}" if gpu_peak else ""))
+    figures = {}
     for name, value in tps.items():
         cfg = variants.get(name, base)
         fpt = flops_per_token(cfg, args.seq, training=True)
-        vs_qwen = paired_speedup(times[name], times["transformers Qwen3"])
-        vs_swiglu = paired_speedup(times[name], times[f"swiglu+{cfg.attn_scoring}"])  # same attention
-        row = f"{name:<26}{value:>10.0f}{vs_qwen:>9.2f}x{vs_swiglu:>9.2f}x"
-        if matmul:
-            roof = matmul / fpt
-            row += f"{roof:>10.0f}{value / roof:>11.0%} "
-        else:
-            row += f"{'':>10}{'':>12}"
-        if gpu_peak:
-            row += f"{value * fpt / gpu_peak:>8.1%}"
-        print(row)
+        figures[name] = f = {
+            "tokens_per_s": value,
+            "vs_qwen3": paired_speedup(times[name], times["transformers Qwen3"]),
+            "vs_swiglu": paired_speedup(times[name], times[f"swiglu+{cfg.attn_scoring}"]),  # same attention
+            "of_roofline": value * fpt / matmul,
+            "mfu_datasheet": value * fpt / gpu_peak if gpu_peak else None,
+        }
+        row = (f"{name:<26}{value:>10.0f}{f['vs_qwen3']:>9.2f}x{f['vs_swiglu']:>9.2f}x{matmul / fpt:>10.0f}"
+               f"{f['of_roofline']:>11.0%} ")
+        print(row + (f"{f['mfu_datasheet']:>8.1%}" if gpu_peak else ""))
+    if args.json:
+        Path(args.json).write_text(json.dumps({"matmul_flops": matmul, "variants": figures}, indent=1))
     if args.profile:
         for name in ("swiglu+softmax", "transformers Qwen3"):
             print(f"# {name}: {time_breakdown(steps[name], device)}")

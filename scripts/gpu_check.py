@@ -12,7 +12,8 @@ Stages, in order (a stage that fails or runs out of time is recorded and the nex
   train      train.py, 100 steps (dry run: 20) on the FineWeb sample with the offline Qwen3 tokenizer, through each
              launch/accelerate/*.yaml with one process (DDP, FSDP2 and ZeRO-3 first), then a resume from the
              DDP run's half-way checkpoint; checks that DDP, FSDP2 and ZeRO-3 losses agree, that each run used
-             the engine its config asked for, and that the resumed steps repeat the original ones
+             the engine its config asked for, and that the resumed steps repeat the original ones; each run's
+             measured peak memory stands beside ``isollm-params --plan``'s estimate for it
   attention  bench/bench_attention.py: fwd+bwd time and memory, iso_tanh via fla against SDPA (flash), T=2k-32k
   generate   bench/bench_generate.py: decode tokens/s and state, softmax KV cache against the iso_tanh state,
              context 4k-32k
@@ -186,12 +187,14 @@ class Check:
         result.notes += _tail_block(result.logs[-1], 15)
 
     def stage_step(self, result: Result, end: float) -> None:
-        argv = [PY, "bench/bench_train_step.py", *self.mode.step_args, "--variants", *VARIANTS]
+        argv = [PY, "bench/bench_train_step.py", *self.mode.step_args, "--variants", *VARIANTS,
+                "--json", str(self.logs / "step.json")]
         self.run(result, "step", argv, end)
         result.notes += _tail_block(result.logs[-1], 12)
 
     def stage_attention(self, result: Result, end: float) -> None:
-        self.run(result, "attention", [PY, "bench/bench_attention.py", *self.mode.attention_args], end)
+        argv = [PY, "bench/bench_attention.py", *self.mode.attention_args, "--json", str(self.logs / "attention.json")]
+        self.run(result, "attention", argv, end)
         result.notes += _tail_block(result.logs[-1], 10)
 
     def stage_generate(self, result: Result, end: float) -> None:
@@ -324,15 +327,35 @@ def _engine_lines(log: Path) -> list[str]:
     return [line.strip() for line in log.read_text().splitlines() if line.startswith("engine:")]
 
 
+PLAN_MODES = {"single": "single", "ddp": "ddp", "fsdp2-full_shard": "fsdp2", "fsdp2-shard_grad_op": "fsdp2",
+              "deepspeed-zero2": "zero2", "deepspeed-zero3": "zero3"}
+"""The ``isollm-params --plan`` mode of each engine a run can record."""
+
+
+def _planned_mib(run: Run) -> str:
+    """``llm.memory_plan``'s estimate for the run's model, engine and shape (to set against its measured peak)."""
+    from llm.memory_plan import plan_memory
+    from llm.model import ModelConfig
+
+    mode = PLAN_MODES.get(run.meta["engine"])
+    if mode is None:
+        return "-"
+    config = run.meta["config"]
+    precision = "bf16" if run.meta["mixed_precision"] == "bf16" else "fp32"
+    plan = plan_memory(ModelConfig(**config["model"]), mode, run.meta["world_size"],
+                       config["train"]["micro_batch_size"], config["data"]["seq_len"], precision)
+    return f"{plan.total / 2**20:.0f} MiB"
+
+
 def _engine_table(runs: dict[str, Run]) -> list[str]:
     lines = ["| run | engine asked | engine that ran | mixed precision | first loss | last loss | tokens/s | "
-             "peak memory |", "| --- | --- | --- | --- | --- | --- | --- | --- |"]
+             "peak memory | plan estimate |", "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
     for name, run in runs.items():
         first = run.losses[min(run.losses)]
         lines.append(f"| {name} | {run.meta.get('engine_requested') or 'data parallel'} | {run.meta.get('engine')} | "
                      f"{run.meta.get('mixed_precision')} | {first:.4f} | {run.last['loss']:.4f} | "
                      f"{run.last['tokens_per_s']:.0f} | {run.last['peak_mem_bytes'] / 2**20:.0f} MiB "
-                     f"({run.last['peak_mem_kind']}) |")
+                     f"({run.last['peak_mem_kind']}) | {_planned_mib(run)} |")
     return lines
 
 
@@ -371,19 +394,60 @@ def _resume_check(original: Run, resumed: Run, step: int, tolerance: float) -> t
             f"max abs. loss diff {worst:.2e} (<= {tolerance}); resumed from {resumed.meta.get('resumed_from')}")
 
 
+TARGETS = {"mfu": 0.40, "vs_swiglu": 0.95, "vs_qwen3": 1.1, "linear_from_t": 8192}
+"""The performance targets: swiglu+softmax MFU (of the measured matmul rate), every variant's tokens/s over
+swiglu+softmax's, swiglu+softmax's step over transformers' Qwen3, and the length from which iso_tanh's
+attention must beat SDPA's."""
+
+
+def targets(logs: Path) -> list[str]:
+    """The targets against the figures of the step and attention stages (reported, not a pass/fail of the check)."""
+    rows = []
+    step = logs / "step.json"
+    if step.exists():
+        figures = json.loads(step.read_text())["variants"]
+        ref = figures["swiglu+softmax"]
+        rows.append((f"swiglu+softmax MFU >= {TARGETS['mfu']:.0%} (of the measured matmul rate)",
+                     f"{ref['of_roofline']:.1%}", ref["of_roofline"] >= TARGETS["mfu"]))
+        for name in VARIANTS[1:]:
+            ratio = figures[name]["tokens_per_s"] / ref["tokens_per_s"]
+            rows.append((f"{name} tokens/s >= {TARGETS['vs_swiglu']}x swiglu+softmax's", f"{ratio:.3f}x",
+                         ratio >= TARGETS["vs_swiglu"]))
+        rows.append((f"swiglu+softmax step >= {TARGETS['vs_qwen3']}x transformers' Qwen3 (paired)",
+                     f"{ref['vs_qwen3']:.2f}x", ref["vs_qwen3"] >= TARGETS["vs_qwen3"]))
+    attention = logs / "attention.json"
+    if attention.exists():
+        for t, impls in json.loads(attention.read_text()).items():
+            linear = next(impl for impl in impls if impl != "sdpa")
+            if int(t) >= TARGETS["linear_from_t"]:
+                speedup = impls["sdpa"]["ms"] / impls[linear]["ms"]
+                rows.append((f"iso_tanh ({linear}) faster than SDPA at T={t}", f"{speedup:.2f}x", speedup > 1))
+        if not any(int(t) >= TARGETS["linear_from_t"] for t in json.loads(attention.read_text())):
+            rows.append((f"iso_tanh faster than SDPA from T={TARGETS['linear_from_t']}", "no such T measured", None))
+    verdict = {True: "met", False: "NOT met", None: "-"}
+    return ["| target | measured | |", "| --- | --- | --- |",
+            *[f"| {what} | {value} | {verdict[met]} |" for what, value, met in rows]]
+
+
 def _commit() -> str:
     done = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True, text=True,
                           check=False)
     return done.stdout.strip() or "unknown (no git)"
 
 
-def write_report(out: Path, mode: Mode, results: list[Result], data: Path | None, started: float) -> Path:
+def write_report(out: Path, mode: Mode, results: list[Result], logs: Path, data: Path | None,
+                 started: float) -> Path:
     now = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     lines = [f"# GPU check ({mode.name})", "",
              f"{now}, commit {_commit()}, host {platform.node()}, {time.monotonic() - started:.0f} s in all "
              f"(budget {mode.budget_s:.0f} s). Data: {data or 'none'}.", "",
              "| stage | status | seconds |", "| --- | --- | --- |"]
     lines += [f"| {r.stage} | {r.status} | {r.seconds:.0f} |" for r in results]
+    lines += ["", "## Targets", ""]
+    if mode is DRY:
+        lines += ["Dry run: tiny sizes on CPU, so these figures say nothing about the targets; the table is built "
+                  "as on the GPU.", ""]
+    lines += targets(logs)
     for r in results:
         lines += ["", f"## {r.stage}: {r.status}", "", *r.notes]
     lines += ["", "Raw output of every stage and each training run's metrics.jsonl: logs.tar.gz."]
@@ -420,7 +484,7 @@ def main(argv: list[str] | None = None) -> int:
     started = time.monotonic()
     results = Check(mode, work, data).run_all()
     args.out.mkdir(parents=True, exist_ok=True)
-    report = write_report(args.out, mode, results, data, started)
+    report = write_report(args.out, mode, results, work / "logs", data, started)
     with tarfile.open(args.out / "logs.tar.gz", "w:gz") as tar:
         tar.add(work / "logs", arcname="logs")
     print(f"gpu_check: report {report}; logs {args.out / 'logs.tar.gz'}")
