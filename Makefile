@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: venv demo test bench bench-gpu lint clean
+.PHONY: venv demo test bench bench-gpu gpu-wheels gpu-check-dry-run lint clean
 
 $(STAMP): pyproject.toml
 	$(PY) -m venv $(VENV)
@@ -37,8 +37,17 @@ bench-gpu:
 	$(PY) bench/bench_train_step.py --device cuda --dtype bf16 --compile --preset 134m --seq 2048 --batch 8 --rounds 10 --ffn swiglu isogmlp iso_ln --attn-scoring softmax iso_tanh
 	$(PY) bench/bench_attention.py --device cuda --dtype bf16 --impls sdpa,chunked,fla --lengths 1024,2048,4096,8192,16384
 
+# For a lent GPU machine that reaches no registry: the wheels its image lacks and the FineWeb sample, in .whl/
+# (git-ignored; carry it). There: scripts/gpu_check.sh, which writes report.md (docs/performance.md).
+gpu-wheels: $(STAMP)
+	scripts/gpu_wheels.sh $(BIN)/python
+
+# The same check at tiny size on this CPU (what tests/launch/test_gpu_check.py runs).
+gpu-check-dry-run: $(STAMP)
+	PYTHON=$(BIN)/python scripts/gpu_check.sh --dry-run runs/gpu-check-dry-run
+
 lint: $(STAMP)
-	$(BIN)/ruff check llm tests bench launch train.py eval.py
+	$(BIN)/ruff check llm tests bench launch scripts train.py eval.py
 
 clean:
 	rm -rf $(VENV) runs data_cache

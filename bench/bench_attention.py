@@ -33,6 +33,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable
+from pathlib import Path
 
 import torch
 
@@ -129,12 +130,16 @@ def compare(args: argparse.Namespace) -> None:
           f"device={args.device} threads={args.threads} chunk={args.chunk_size}; value (SDPA / value)")
     header = ["T"] + [f"{impl} ms" for impl in impls] + [f"{impl} MiB" for impl in impls]
     print(" | ".join(f"{h:>18}" for h in header))
+    by_length = {}
     for t in args.lengths:
         results = {impl: None if impl == "naive" and t > args.naive_max_t else
                    run_worker(args, impl, t, args.chunk_size) for impl in impls}
+        by_length[t] = results
         ref = results["sdpa"]
         cells = [str(t)] + [fmt(results[i], ref, key) for key in ("ms", "mib") for i in impls]
         print(" | ".join(f"{c:>18}" for c in cells), flush=True)
+    if args.json:
+        Path(args.json).write_text(json.dumps(by_length, indent=1))
     if "naive" in impls and max(args.lengths) > args.naive_max_t:
         print(f"naive skipped above T={args.naive_max_t}: it holds several B*H*T^2 score tensors "
               f"(raise --naive-max-t to run it)")
@@ -169,6 +174,7 @@ def main() -> None:
     parser.add_argument("--naive-max-t", type=int, default=4096)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--threads", type=int, default=torch.get_num_threads())
+    parser.add_argument("--json", metavar="PATH", help="also write {T: {impl: {ms, mib}}} to PATH")
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--impl", choices=IMPLS, help=argparse.SUPPRESS)
     parser.add_argument("--t", type=int, help=argparse.SUPPRESS)

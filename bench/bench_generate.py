@@ -2,6 +2,7 @@
 
     .venv/bin/python bench/bench_generate.py                      # contexts 256 .. 4096, 32 new tokens
     .venv/bin/python bench/bench_generate.py --contexts 512 2048 --new-tokens 16
+    python bench/bench_generate.py --device cuda --dtype bf16 --preset 134m --contexts 4096 8192 16384 32768
 
 For each context length the prompt is prefilled once (timed separately), then ``--new-tokens``
 tokens are decoded one at a time through the model's ``IsoLLMCache``, exactly as ``generate()``
@@ -28,17 +29,28 @@ def cache_bytes(cache: IsoLLMCache) -> int:
                for t in tree_leaves((layer.attention, layer.ffn)) if isinstance(t, torch.Tensor))
 
 
+DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
+
+
+def synchronize(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
 @torch.no_grad()
 def decode(model: IsoLLMForCausalLM, prompt: torch.Tensor, new_tokens: int) -> tuple[float, float, int]:
     """Prefill seconds, decode tokens/s and final cache bytes for greedy decoding."""
     cache = IsoLLMCache(model.config.num_hidden_layers)
+    synchronize(prompt.device)
     start = time.perf_counter()
     logits = model(prompt, past_key_values=cache, use_cache=True, logits_to_keep=1).logits
+    synchronize(prompt.device)
     prefill = time.perf_counter() - start
     start = time.perf_counter()
     for _ in range(new_tokens):
         token = logits[:, -1:].argmax(-1)
         logits = model(token, past_key_values=cache, use_cache=True).logits
+    synchronize(prompt.device)
     return prefill, new_tokens / (time.perf_counter() - start), cache_bytes(cache)
 
 
@@ -48,19 +60,24 @@ def main() -> None:
     parser.add_argument("--contexts", type=int, nargs="+", default=[256, 1024, 2048, 4096])
     parser.add_argument("--new-tokens", type=int, default=32)
     parser.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
+    parser.add_argument("--device", default="cpu", help="cpu or cuda")
+    parser.add_argument("--dtype", choices=DTYPES, default="fp32", help="weights and cache dtype")
     args = parser.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
     base = load_config(f"configs/sizes/{args.preset}.yaml", ["train.max_steps=1"]).model
+    base = replace(base, max_position_embeddings=max(base.max_position_embeddings,
+                                                     max(args.contexts) + args.new_tokens))
+    device = torch.device(args.device)
     torch.manual_seed(0)
-    models = {scoring: IsoLLMForCausalLM(IsoLLMConfig.from_model_config(replace(base, attn_scoring=scoring))).eval()
-              for scoring in ("softmax", "iso_tanh")}
+    models = {scoring: IsoLLMForCausalLM(IsoLLMConfig.from_model_config(replace(base, attn_scoring=scoring)))
+              .to(device, DTYPES[args.dtype]).eval() for scoring in ("softmax", "iso_tanh")}
     print(f"# generation, {args.preset} ({base.num_hidden_layers} layers, hidden {base.hidden_size}), batch 1, "
-          f"fp32, {args.new_tokens} new tokens after the prompt")
+          f"{args.dtype}, {device.type}, {args.new_tokens} new tokens after the prompt")
     print(f"{'context':>8}{'scoring':>10}{'prefill s':>11}{'decode tok/s':>14}{'state MiB':>11}"
           f"{'tok/s ratio':>13}{'state ratio':>13}")
     for context in args.contexts:
-        prompt = torch.randint(0, base.vocab_size, (1, context))
+        prompt = torch.randint(0, base.vocab_size, (1, context), device=device)
         results = {scoring: decode(model, prompt, args.new_tokens) for scoring, model in models.items()}
         soft = results["softmax"]
         for scoring, (prefill, tps, nbytes) in results.items():

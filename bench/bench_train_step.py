@@ -3,6 +3,7 @@
     .venv/bin/python bench/bench_train_step.py                 # 6 layers, hidden 384, vocab 8192, 8 x 256
     .venv/bin/python bench/bench_train_step.py --quick         # fewer timed steps
     .venv/bin/python bench/bench_train_step.py --device cuda --dtype bf16 --compile --preset 134m --seq 2048
+    .venv/bin/python bench/bench_train_step.py --variants swiglu+softmax swiglu+iso_tanh   # named pairs only
 
 A step is what the trainer does per micro-batch: forward, fp32 cross-entropy, backward, AdamW. All
 models are built first and then timed round-robin (one step of each, repeated), so that a change in
@@ -14,17 +15,20 @@ parameter-matched (``ffn_param_match``), as in a fair comparison.
 Columns: tokens/s; ``vs qwen3``: our tokens/s over transformers' ``Qwen3ForCausalLM`` at the identical
 shape (same layers, heads, widths, vocab, tied embeddings, qk-norm); ``roofline``: the machine's measured
 matmul FLOP/s divided by the variant's training FLOPs per token (``llm.metrics.flops``), the tokens/s a
-step would reach if it ran at matmul speed; ``of roofline``: tokens/s over that; ``vs swiglu``: tokens/s
-over that of swiglu with the same attention scoring. On CUDA it also prints MFU against the GPU's dense peak.
+step would reach if it ran at matmul speed; ``of roofline``: tokens/s over that, i.e. the MFU against the
+measured matmul rate; ``vs swiglu``: tokens/s over that of swiglu with the same attention scoring. On CUDA it
+also prints MFU against the GPU's dense datasheet peak.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import statistics
 import time
 from collections.abc import Callable
 from dataclasses import replace
+from pathlib import Path
 
 import torch
 import torch.nn.functional as F
@@ -78,8 +82,9 @@ def make_step(model: nn.Module, batch: torch.Tensor, dtype: torch.dtype) -> Call
     return step
 
 
-ROOFLINE_MATMUL_N = 1024
-"""The roofline's matmul: ``[n, n] @ [n, n]`` in the step's dtype, timed once per round (best kept)."""
+ROOFLINE_MATMUL_N = {"cpu": 1024, "cuda": 8192}
+"""The roofline's matmul: ``[n, n] @ [n, n]`` in the step's dtype, timed in every round (best kept); on a GPU
+large enough to reach the tensor cores' rate."""
 
 MATMUL_OPS = {"aten::mm", "aten::addmm", "aten::addmm_", "aten::bmm", "aten::baddbmm"}
 
@@ -117,6 +122,24 @@ def synchronize(device: torch.device) -> None:
         torch.cuda.synchronize()
 
 
+def variant_pairs(parser: argparse.ArgumentParser, args: argparse.Namespace) -> list[tuple[str, str]]:
+    """(ffn, scoring) pairs to time: ``--variants``, else every ``--ffn`` x ``--attn-scoring``; swiglu with
+    each scoring (the reference of ``vs swiglu``) and swiglu+softmax always come first."""
+    if args.variants:
+        pairs = []
+        for name in args.variants:
+            ffn, _, scoring = name.partition("+")
+            if ffn not in FFN_REGISTRY or scoring not in ATTN_SCORING_REGISTRY:
+                parser.error(f"--variants: {name!r} is not FFN+SCORING with FFN in {sorted(FFN_REGISTRY)} and "
+                             f"SCORING in {sorted(ATTN_SCORING_REGISTRY)}")
+            pairs.append((ffn, scoring))
+    else:
+        pairs = [(ffn, scoring) for scoring in args.attn_scoring for ffn in args.ffn]
+    scorings = ["softmax", *dict.fromkeys(s for _, s in pairs if s != "softmax")]
+    references = [("swiglu", scoring) for scoring in scorings]
+    return list(dict.fromkeys([*references, *pairs]))
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--preset", default="small-cpu", help="configs/sizes/<preset>.yaml")
@@ -132,6 +155,10 @@ def main() -> None:
                         help="FFN variants to time (swiglu is always included: the ratios need it)")
     parser.add_argument("--attn-scoring", nargs="+", choices=ATTN_SCORING_REGISTRY,
                         default=list(ATTN_SCORING_REGISTRY), help="attention scorings to time")
+    parser.add_argument("--variants", nargs="+", metavar="FFN+SCORING",
+                        help="time exactly these ffn+scoring pairs instead of --ffn x --attn-scoring (swiglu with "
+                             "each named scoring is added: the ratios need it)")
+    parser.add_argument("--json", metavar="PATH", help="also write the table's figures to PATH as JSON")
     parser.add_argument("--profile", action="store_true",
                         help="also print where swiglu+softmax's and Qwen3's step time goes (torch.profiler)")
     args = parser.parse_args()
@@ -139,13 +166,12 @@ def main() -> None:
         torch.set_num_threads(args.threads)
     rounds = 3 if args.quick else args.rounds
     device, dtype = torch.device(args.device), DTYPES[args.dtype]
+    matmul_n = ROOFLINE_MATMUL_N.get(device.type, ROOFLINE_MATMUL_N["cpu"])
     base = load_config(f"configs/sizes/{args.preset}.yaml", ["train.max_steps=1"]).model
 
-    ffns = ["swiglu", *(f for f in args.ffn if f != "swiglu")]
-    scorings = ["softmax", *(a for a in args.attn_scoring if a != "softmax")]
     variants: dict[str, ModelConfig] = {
         f"{ffn}+{scoring}": replace(base, ffn=ffn, attn_scoring=scoring, ffn_param_match=ffn != "swiglu")
-        for scoring in scorings for ffn in ffns
+        for ffn, scoring in variant_pairs(parser, args)
     }
     torch.manual_seed(0)
     models: dict[str, nn.Module] = {
@@ -173,34 +199,35 @@ def main() -> None:
             step()
             synchronize(device)
             times[name].append(time.perf_counter() - start)
-        if device.type == "cpu":  # the roofline's matmul rate, measured in the same rounds as the steps
-            matmul_rates.append(measure_matmul_flops(n=ROOFLINE_MATMUL_N, dtype=dtype, device=device, repeats=1))
+        # the roofline's matmul rate, measured in the same rounds as the steps
+        matmul_rates.append(measure_matmul_flops(n=matmul_n, dtype=dtype, device=device, repeats=1))
 
     tokens = args.batch * args.seq
     tps = {name: tokens / min(t) for name, t in times.items()}
-    matmul = max(matmul_rates, default=None)
+    matmul = max(matmul_rates)
     gpu_peak = peak_flops(device, dtype) if device.type == "cuda" else None
     print(f"# training step, {args.preset} ({base.num_hidden_layers} layers, hidden {base.hidden_size}, "
           f"vocab {base.vocab_size}), batch {args.batch} x {args.seq}, {args.dtype}, {device.type}"
           f"{', compiled' if args.compile else ''}, best of {rounds} steps")
-    if matmul:
-        print(f"# measured {args.dtype} matmul ({ROOFLINE_MATMUL_N}^3, best of {rounds}): {matmul / 1e9:.1f} GFLOP/s")
+    print(f"# measured {args.dtype} matmul ({matmul_n}^3, best of {rounds}): {matmul / 1e9:.1f} GFLOP/s")
     header = f"{'variant':<26}{'tokens/s':>10}{'vs qwen3':>10}{'vs swiglu':>10}{'roofline':>10}{'of roofline':>12}"
     print(header + (f"{'MFU':>8}" if gpu_peak else ""))
+    figures = {}
     for name, value in tps.items():
         cfg = variants.get(name, base)
         fpt = flops_per_token(cfg, args.seq, training=True)
-        vs_qwen = paired_speedup(times[name], times["transformers Qwen3"])
-        vs_swiglu = paired_speedup(times[name], times[f"swiglu+{cfg.attn_scoring}"])  # same attention
-        row = f"{name:<26}{value:>10.0f}{vs_qwen:>9.2f}x{vs_swiglu:>9.2f}x"
-        if matmul:
-            roof = matmul / fpt
-            row += f"{roof:>10.0f}{value / roof:>11.0%} "
-        else:
-            row += f"{'':>10}{'':>12}"
-        if gpu_peak:
-            row += f"{value * fpt / gpu_peak:>8.1%}"
-        print(row)
+        figures[name] = f = {
+            "tokens_per_s": value,
+            "vs_qwen3": paired_speedup(times[name], times["transformers Qwen3"]),
+            "vs_swiglu": paired_speedup(times[name], times[f"swiglu+{cfg.attn_scoring}"]),  # same attention
+            "of_roofline": value * fpt / matmul,
+            "mfu_datasheet": value * fpt / gpu_peak if gpu_peak else None,
+        }
+        row = (f"{name:<26}{value:>10.0f}{f['vs_qwen3']:>9.2f}x{f['vs_swiglu']:>9.2f}x{matmul / fpt:>10.0f}"
+               f"{f['of_roofline']:>11.0%} ")
+        print(row + (f"{f['mfu_datasheet']:>8.1%}" if gpu_peak else ""))
+    if args.json:
+        Path(args.json).write_text(json.dumps({"matmul_flops": matmul, "variants": figures}, indent=1))
     if args.profile:
         for name in ("swiglu+softmax", "transformers Qwen3"):
             print(f"# {name}: {time_breakdown(steps[name], device)}")

@@ -2,9 +2,11 @@
 
     isollm-params configs/sizes/83m.yaml
     isollm-params configs/sizes/83m.yaml --config exp.yaml model.ffn=isogmlp model.ffn_param_match=true
+    isollm-params configs/sizes/134m.yaml --plan --mode fsdp2 --gpus 8 --gpu-mem 80 --seq-len 2048
 
 Prints the total and non-embedding parameter counts (SPEC.md, "Sizes") and the FFN's resolved
-intermediate size, which ``ffn_param_match`` shrinks for the wider variants.
+intermediate size, which ``ffn_param_match`` shrinks for the wider variants. ``--plan`` adds the estimated
+memory per GPU of training it (``llm.memory_plan``) and the largest micro batch that fits.
 """
 
 from __future__ import annotations
@@ -12,7 +14,8 @@ from __future__ import annotations
 import argparse
 
 from llm.config import ConfigError, load_config
-from llm.model import param_counts
+from llm.memory_plan import MODES, RESERVED_FRACTION, largest_micro_batch, plan_memory
+from llm.model import ModelConfig, param_counts
 from llm.model.ffn import resolve_intermediate_size
 
 # A size preset holds only a `model:` section and so no training budget, which RunConfig.validate
@@ -27,11 +30,20 @@ def main(argv: list[str] | None = None) -> int:
                         help="more YAML files merged after SIZE (repeatable)")
     parser.add_argument("overrides", nargs="*", metavar="key=value",
                         help="dotted overrides, e.g. model.ffn=iso_ln")
+    plan = parser.add_argument_group("memory plan")
+    plan.add_argument("--plan", action="store_true", help="also print the estimated memory per GPU")
+    plan.add_argument("--mode", choices=MODES, default="ddp", help="launch mode (default ddp)")
+    plan.add_argument("--gpus", type=int, default=1, help="GPUs the run is sharded over (default 1)")
+    plan.add_argument("--gpu-mem", type=float, default=80.0, metavar="GIB", help="memory of one GPU (default 80)")
+    plan.add_argument("--seq-len", type=int, default=None, help="default: the config's data.seq_len")
+    plan.add_argument("--micro-batch", type=int, default=None, help="default: the config's train.micro_batch_size")
+    plan.add_argument("--precision", choices=("bf16", "fp32"), default="bf16")
     args = parser.parse_args(argv)
     try:
-        config = load_config([args.size, *args.config], [_PLACEHOLDER_BUDGET, *args.overrides]).model
+        run = load_config([args.size, *args.config], [_PLACEHOLDER_BUDGET, *args.overrides])
     except ConfigError as err:
         parser.exit(2, f"isollm-params: error: {err}\n")
+    config = run.model
     total, non_embedding = param_counts(config)
     print(f"variant:               {config.variant_name}")
     print(f"total parameters:      {total:,}")
@@ -40,7 +52,27 @@ def main(argv: list[str] | None = None) -> int:
           f"{config.hidden_size}, {'tied' if config.tie_word_embeddings else 'untied: input + output'})")
     print(f"ffn intermediate size: {resolve_intermediate_size(config)} "
           f"(config {config.intermediate_size}{', parameter-matched' if config.ffn_param_match else ''})")
+    if args.plan:
+        if args.gpus < 1 or args.gpu_mem <= 0:
+            parser.exit(2, "isollm-params: error: --gpus and --gpu-mem: expected positive numbers\n")
+        print_plan(config, args.mode, args.gpus, args.gpu_mem * 2**30, args.seq_len or run.data.seq_len,
+                   args.micro_batch or run.train.micro_batch_size, args.precision)
     return 0
+
+
+def print_plan(config: ModelConfig, mode: str, gpus: int, gpu_bytes: float, seq_len: int, micro_batch: int,
+               precision: str) -> None:
+    plan = plan_memory(config, mode, gpus, micro_batch, seq_len, precision)
+    gib = 2**30
+    print(f"memory plan:           {mode} over {gpus} GPU(s) of {gpu_bytes / gib:.0f} GiB, {precision}, "
+          f"seq_len {seq_len}, micro batch {micro_batch} (estimates, GiB per GPU)")
+    for part in ("weights", "gradients", "optimizer", "activations", "logits"):
+        print(f"  {part + ':':<20} {getattr(plan, part) / gib:8.2f}")
+    usable = (1 - RESERVED_FRACTION) * gpu_bytes
+    print(f"  {'total:':<20} {plan.total / gib:8.2f} of {usable / gib:.1f} usable "
+          f"({'fits' if plan.total <= usable else 'does NOT fit'})")
+    print(f"largest micro batch:   {largest_micro_batch(config, mode, gpus, gpu_bytes, seq_len, precision)} "
+          f"at seq_len {seq_len}")
 
 
 if __name__ == "__main__":

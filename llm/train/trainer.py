@@ -47,6 +47,7 @@ from llm.model import IsoLLMConfig, IsoLLMForCausalLM, param_counts
 from llm.model.config import ConfigError, ModelConfig
 from llm.train.checkpoint import has_checkpoints, latest_checkpoint, load_checkpoint, save_checkpoint
 from llm.train.distributed import is_distributed, is_main_process, rank_and_world_size
+from llm.train.engine import engine_in_use, engine_mismatch, engine_requested
 from llm.train.evaluate import evaluate
 from llm.train.logging import MetricsLog, ProgressBar, main_print, peak_memory, truncate_metrics
 from llm.train.optim import build_optimizer, build_scheduler
@@ -246,6 +247,9 @@ def fit(config: RunConfig) -> FitResult:
         val_windows = build_val_windows(config.data, tokenizer)
     model, optimizer, scheduler = accelerator.prepare(model, optimizer, scheduler)
     train_model = torch.compile(model) if config.train.compile else model
+    engine, asked_engine = engine_in_use(model, accelerator), engine_requested()
+    if (mismatch := engine_mismatch(asked_engine, engine)) is not None:
+        main_print(mismatch)
 
     state = TrainerState()
     grad_norms = GradNormTracker(config.train.grad_norm_window, config.train.warmup_steps)
@@ -270,7 +274,8 @@ def fit(config: RunConfig) -> FitResult:
     log.log("meta", state.step, state.tokens, name=config.name, variant=config.model.variant_name,
             seed=config.seed, params_total=total, params_non_embedding=non_embedding, flops_per_token=fpt,
             world_size=world_size, grad_accum=accum, max_steps=max_steps, mixed_precision=accelerator.mixed_precision,
-            resumed_from=str(resume_from) if resume_from else None, config=asdict(config))
+            engine=engine, engine_requested=asked_engine, resumed_from=str(resume_from) if resume_from else None,
+            config=asdict(config))
 
     device = accelerator.device
     peak = peak_flops(device, config.train.autocast_dtype(device.type) or torch.float32) * world_size
@@ -284,7 +289,7 @@ def fit(config: RunConfig) -> FitResult:
     interval_tokens, interval_time, data_wait = 0, 0.0, 0.0
 
     def checkpoint() -> Path:
-        trainer_state = {"state": asdict(state), "grad_norm_tracker": grad_norms.state_dict()}
+        trainer_state = {"state": asdict(state), "grad_norm_tracker": grad_norms.state_dict(), "engine": engine}
         return save_checkpoint(ckpt_dir, state.step, accelerator=accelerator, model=model,
                                tokenizer=tokenizer, config=config, trainer_state=trainer_state, loader=loader,
                                keep=config.train.keep_checkpoints)

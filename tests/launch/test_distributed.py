@@ -122,6 +122,7 @@ def test_train_py_ddp_via_accelerate_launch(corpus: Path, tokenizer_file: Path, 
     run_dir = tmp_path / "runs" / "ddp"
     (meta,) = metrics_rows(run_dir, "meta")
     assert (meta["world_size"], meta["grad_accum"]) == (2, 1)  # 256 tokens = 4 seqs x 32 x 2 ranks
+    assert (meta["engine"], meta["engine_requested"]) == ("ddp", None)
     losses = [r["loss"] for r in metrics_rows(run_dir, "train")]
     assert len(losses) == 4 and all(torch.isfinite(torch.tensor(losses)))
 

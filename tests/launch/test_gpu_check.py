@@ -1,0 +1,58 @@
+"""scripts/gpu_check.sh --dry-run: the GPU check's whole sequence at tiny size on CPU, so that a broken check
+is caught before a GPU ever runs it. On CPU every launch config trains as DDP: the runs record and say so,
+and their losses (and the resumed half) are bitwise equal."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import tarfile
+from pathlib import Path
+
+import pytest
+from tiny import FINEWEB, REPO
+
+SCRIPT = REPO / "scripts" / "gpu_check.sh"
+STAGES = ("env", "pytest", "step", "train", "attention", "generate")
+
+
+def sample_present() -> bool:
+    return any(any(d.glob("*.parquet")) for d in (REPO / ".whl" / "fineweb-sample", FINEWEB))
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not sample_present(), reason=f"no FineWeb sample at {FINEWEB} or .whl/fineweb-sample")
+def test_dry_run_passes_every_stage_and_records_the_engines(tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    env = {**os.environ, "PYTHON": sys.executable, "TMPDIR": str(tmp_path)}
+    env.pop("OUT", None)
+    done = subprocess.run(["bash", str(SCRIPT), "--dry-run", str(out)], cwd=REPO, env=env, capture_output=True,
+                          text=True, timeout=600, check=False)
+    report = (out / "report.md").read_text() if (out / "report.md").exists() else ""
+    assert done.returncode == 0, f"{done.stdout[-3000:]}\n{done.stderr[-3000:]}\n{report}"
+    for stage in STAGES:
+        assert f"| {stage} | ok |" in report
+    assert report.count("| pass |") == 3 and "FAIL" not in report  # fsdp2 and zero3 vs ddp, resume
+    assert sorted(p.name for p in out.iterdir()) == ["logs.tar.gz", "report.md"]
+
+    with tarfile.open(out / "logs.tar.gz") as tar:
+        names = set(tar.getnames())
+        assert {f"logs/{stage}.log" for stage in ("env", "pytest", "step", "attention", "generate")} <= names
+        metas = {name: json.loads(tar.extractfile(f"logs/metrics-{name}.jsonl").read().decode().splitlines()[0])
+                 for name in ("ddp", "fsdp2", "deepspeed_zero3")}
+    assert {name: (m["engine_requested"], m["engine"]) for name, m in metas.items()} == {
+        "ddp": (None, "ddp"), "fsdp2": ("fsdp2-full_shard", "ddp"), "deepspeed_zero3": ("deepspeed-zero3", "ddp")}
+    assert "fsdp2 said: `engine: the launch configuration asked for fsdp2-full_shard, but this run trains with ddp" \
+        in report
+    saved = {p.parents[2].name: json.loads(p.read_text())["engine"]
+             for p in tmp_path.glob("isollm-gpu-check-*/runs/*/checkpoints/*/trainer.json")}
+    assert set(saved.values()) == {"ddp"} and {"ddp", "fsdp2", "deepspeed_zero3"} <= saved.keys()
+
+
+def test_needs_an_output_folder() -> None:
+    env = {k: v for k, v in os.environ.items() if k != "OUT"}
+    done = subprocess.run(["bash", str(SCRIPT), "--dry-run"], cwd=REPO, env=env, capture_output=True, text=True,
+                          timeout=60, check=False)
+    assert done.returncode == 2 and "OUTDIR" in done.stderr

@@ -1,0 +1,92 @@
+"""The memory planner against what a training step really holds on CPU (fp32, one process): weights, gradients
+and AdamW state exactly, and the activations autograd keeps (counted through saved-tensor hooks, a deterministic
+count rather than a noisy process measurement) within 10% at shapes other than those its coefficients came from."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+import torch
+
+from llm.memory_plan import activation_bytes, largest_micro_batch, plan_memory
+from llm.model import IsoLLMConfig, IsoLLMForCausalLM, ModelConfig, param_counts
+from llm.params import main
+
+SHAPE = ModelConfig(vocab_size=384, hidden_size=96, intermediate_size=160, num_hidden_layers=3, num_attention_heads=6,
+                    num_key_value_heads=3, head_dim=16, max_position_embeddings=256)
+
+
+def storage_bytes(tensors: list[torch.Tensor]) -> int:
+    return sum(t.untyped_storage().nbytes() for t in {t.untyped_storage().data_ptr(): t for t in tensors}.values())
+
+
+def saved_for_backward(model: IsoLLMForCausalLM, ids: torch.Tensor) -> int:
+    """Bytes of the distinct storages autograd saves in the forward pass, the weights excluded."""
+    params = {p.untyped_storage().data_ptr() for p in model.parameters()}
+    saved: list[torch.Tensor] = []
+
+    def pack(t: torch.Tensor) -> torch.Tensor:
+        if t.untyped_storage().data_ptr() not in params:
+            saved.append(t)
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        model(input_ids=ids[:, :-1], shift_labels=ids[:, 1:])
+    return storage_bytes(saved)
+
+
+@pytest.mark.parametrize("ffn", ["swiglu", "isogmlp", "iso_ln", "iso_mlp"])
+@pytest.mark.parametrize("scoring", ["softmax", "iso_tanh"])
+def test_activation_estimate_within_10_percent_of_what_autograd_keeps(ffn: str, scoring: str) -> None:
+    config = dataclasses.replace(SHAPE, ffn=ffn, attn_scoring=scoring)
+    batch, seq = 3, 96
+    torch.manual_seed(0)
+    model = IsoLLMForCausalLM(IsoLLMConfig.from_model_config(config))
+    measured = saved_for_backward(model, torch.randint(0, config.vocab_size, (batch, seq + 1)))
+    # the fused LM head keeps the fp32 gradient of the tied embedding it computed in the forward pass
+    estimate = activation_bytes(config, batch, seq, "fp32") + 4 * config.vocab_size * config.hidden_size
+    assert 0.9 < estimate / measured < 1.1, (estimate, measured)
+
+
+def test_static_memory_of_one_process_is_exact() -> None:
+    torch.manual_seed(0)
+    model = IsoLLMForCausalLM(IsoLLMConfig.from_model_config(SHAPE))
+    optimizer = torch.optim.AdamW(model.parameters())
+    ids = torch.randint(0, SHAPE.vocab_size, (2, 33))
+    model(input_ids=ids[:, :-1], shift_labels=ids[:, 1:]).loss.backward()
+    optimizer.step()
+    plan = plan_memory(SHAPE, "single", 1, 2, 32, precision="fp32")
+    params = list(model.parameters())
+    assert plan.weights == storage_bytes(params) == 4 * param_counts(SHAPE)[0]
+    assert plan.gradients == storage_bytes([p.grad for p in params])
+    moments = [s[k] for s in optimizer.state.values() for k in ("exp_avg", "exp_avg_sq")]
+    assert plan.optimizer == storage_bytes(moments)
+
+
+@pytest.mark.parametrize("mode", ["single", "ddp", "fsdp2", "zero2", "zero3"])
+def test_largest_micro_batch_is_the_last_that_fits(mode: str) -> None:
+    config = ModelConfig()  # the Qwen3-vocabulary default shape
+    gpu = 80 * 2**30
+    best = largest_micro_batch(config, mode, 8, gpu, 2048)
+    assert best > 0
+    assert plan_memory(config, mode, 8, best, 2048).total <= 0.9 * gpu < plan_memory(config, mode, 8, best + 1,
+                                                                                       2048).total
+
+
+def test_sharding_shrinks_the_static_memory_per_gpu() -> None:
+    config = ModelConfig()
+    static = {mode: plan_memory(config, mode, 8, 0, 2048) for mode in ("ddp", "fsdp2", "zero2", "zero3")}
+    states = {mode: p.weights + p.gradients + p.optimizer for mode, p in static.items()}
+    assert states["ddp"] > states["zero2"] > states["zero3"] and states["ddp"] > states["fsdp2"]
+
+
+def test_plan_cli_prints_each_part_and_the_micro_batch(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["configs/sizes/134m.yaml", "--plan", "--mode", "zero3", "--gpus", "8", "--gpu-mem", "80",
+                 "--seq-len", "2048"]) == 0
+    out = capsys.readouterr().out
+    for part in ("weights", "gradients", "optimizer", "activations", "logits", "largest micro batch"):
+        assert part in out
+    with pytest.raises(SystemExit) as exit_info:
+        main(["configs/sizes/134m.yaml", "--plan", "--mode", "zero4"])
+    assert exit_info.value.code == 2
