@@ -10,7 +10,7 @@ This file is copied to the hub with the modelling code, so it imports nothing ou
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, fields, replace
 
 QWEN3_VOCAB_SIZE = 151_680  # the Qwen3 tokenizer's 151,669 ids padded to a multiple of 128
 
@@ -181,6 +181,16 @@ class ModelConfig:
         for selector in VARIANT_SELECTORS:
             collect(selector, selector)
         return owners
+
+    def with_variant(self, **choices: str) -> ModelConfig:
+        """This config with other variant choices (e.g. ``ffn="swiglu"``) and every option that the new
+        choices do not read back at its default, so the result validates (a reference build)."""
+        changed = replace(self, **choices)
+        owned = changed.option_owners()
+        defaults = _field_defaults()
+        all_options = {option for registry in _variant_registries().values() for entry in registry.values()
+                       for option in getattr(entry, "OPTIONS", ())}
+        return replace(changed, **{option: defaults[option] for option in all_options - owned.keys()})
 
     def _check_unused_options(self) -> None:
         """Refuse a non-default option that no selected variant reads (it would change nothing silently)."""

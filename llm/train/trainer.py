@@ -24,7 +24,6 @@ Conventions:
 
 from __future__ import annotations
 
-import dataclasses
 import math
 import time
 from collections.abc import Callable
@@ -207,7 +206,7 @@ def _print_params(model_cfg: ModelConfig) -> tuple[int, int]:
     total, non_embedding = param_counts(model_cfg)
     message = f"params: {total:,} total, {non_embedding:,} non-embedding ({model_cfg.variant_name})"
     if model_cfg.ffn != "swiglu":
-        ref_total, ref_non_embedding = param_counts(dataclasses.replace(model_cfg, ffn="swiglu"))
+        ref_total, ref_non_embedding = param_counts(model_cfg.with_variant(ffn="swiglu"))
         message += f"; swiglu at this size: {ref_total:,} total, {ref_non_embedding:,} non-embedding"
     main_print(message)
     return total, non_embedding

@@ -175,3 +175,12 @@ def test_every_option_field_is_owned_by_some_registry_entry():
                       "focus_mu_lr_mult", "focus_sigma_lr_mult"}
     assert declared == variant_fields
     assert set(VARIANT_SELECTORS) <= {f.name for f in fields(ModelConfig)}
+
+
+def test_with_variant_resets_the_options_the_new_choice_does_not_read():
+    config = ModelConfig(ffn="iso_ln", iso_ln_alpha=1.5, mixing_lr_mult=2.0, ffn_linear="focus",
+                         focus_sigma_init=0.2).validate()
+    swiglu = config.with_variant(ffn="swiglu").validate()
+    assert (swiglu.ffn, swiglu.iso_ln_alpha, swiglu.mixing_lr_mult) == ("swiglu", 0.0, 5.0)
+    assert (swiglu.ffn_linear, swiglu.focus_sigma_init) == ("focus", 0.2)  # still selected: kept
+    assert config.with_variant(ffn="isogmlp").mixing_lr_mult == 2.0  # isogmlp reads it too
