@@ -69,6 +69,16 @@ def _variant_registries() -> dict[str, dict[str, type]]:
             "iso_activation": ISO_ACTIVATIONS}
 
 
+def _declaring_entries() -> dict[str, list[str]]:
+    """Every variant option -> the registry entries that declare it, as ``selector=key``."""
+    entries: dict[str, list[str]] = {}
+    for selector, registry in _variant_registries().items():
+        for key, entry in registry.items():
+            for option in getattr(entry, "OPTIONS", ()):
+                entries.setdefault(option, []).append(f"{selector}={key}")
+    return entries
+
+
 def _field_defaults() -> dict[str, object]:
     return {f.name: f.default for f in fields(ModelConfig)}
 
@@ -186,22 +196,15 @@ class ModelConfig:
         """This config with other variant choices (e.g. ``ffn="swiglu"``) and every option that the new
         choices do not read back at its default, so the result validates (a reference build)."""
         changed = replace(self, **choices)
-        owned = changed.option_owners()
+        unread = _declaring_entries().keys() - changed.option_owners().keys()
         defaults = _field_defaults()
-        all_options = {option for registry in _variant_registries().values() for entry in registry.values()
-                       for option in getattr(entry, "OPTIONS", ())}
-        return replace(changed, **{option: defaults[option] for option in all_options - owned.keys()})
+        return replace(changed, **{option: defaults[option] for option in unread})
 
     def _check_unused_options(self) -> None:
         """Refuse a non-default option that no selected variant reads (it would change nothing silently)."""
         owned = self.option_owners()
         defaults = _field_defaults()
-        owners: dict[str, list[str]] = {}
-        for selector, registry in _variant_registries().items():
-            for key, entry in registry.items():
-                for option in getattr(entry, "OPTIONS", ()):
-                    owners.setdefault(option, []).append(f"{selector}={key}")
-        for option, entries in owners.items():
+        for option, entries in _declaring_entries().items():
             value = getattr(self, option)
             if option not in owned and value != defaults[option]:
                 selected = ", ".join(f"{s}={getattr(self, s)}" for s in VARIANT_SELECTORS)

@@ -166,10 +166,9 @@ def test_an_option_of_an_unselected_variant_is_refused(options, field, owner):
 
 def test_every_option_field_is_owned_by_some_registry_entry():
     """Each variant field is declared by the entries that read it; an undeclared one could never be refused."""
-    from llm.model.config import VARIANT_SELECTORS, _variant_registries
+    from llm.model.config import VARIANT_SELECTORS, _declaring_entries
 
-    declared = {option for registry in _variant_registries().values() for entry in registry.values()
-                for option in getattr(entry, "OPTIONS", ())}
+    declared = set(_declaring_entries())
     variant_fields = {"isogmlp_gate", "iso_ln_alpha", "iso_ln_layernorm", "iso_ln_pathway", "iso_activation",
                       "iso_r0", "iso_r_cap", "iso_leaky_slope", "ffn_init", "mixing_lr_mult", "focus_sigma_init",
                       "focus_mu_lr_mult", "focus_sigma_lr_mult"}
