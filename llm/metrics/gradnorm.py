@@ -187,15 +187,17 @@ class GroupGradNorms:
         self._measured: dict[str, float] = {}
 
     def measure(self) -> None:
+        norms: dict[str, torch.Tensor] = {}
         for name, params in self.groups.items():
             grads = [p.grad for p in params if p.grad is not None]
-            if not grads:
-                self._measured[name] = math.nan
-                continue
-            norm = torch.nn.utils.get_total_norm(grads)
-            if hasattr(norm, "full_tensor"):  # a DTensor under FSDP2: the norm over all shards
-                norm = norm.full_tensor()
-            self._measured[name] = float(norm)
+            if grads:
+                norm = torch.nn.utils.get_total_norm(grads)
+                # a DTensor under FSDP2: the norm over all shards
+                norms[name] = norm.full_tensor() if hasattr(norm, "full_tensor") else norm
+        # one device-to-host copy for all groups, not one synchronisation per group
+        values = torch.stack([n.float() for n in norms.values()]).tolist() if norms else []
+        measured = dict(zip(norms, values, strict=True))
+        self._measured = {name: measured.get(name, math.nan) for name in self.groups}
 
     def update(self, step: int) -> dict[str, float]:
         fields: dict[str, float] = {}

@@ -150,7 +150,8 @@ class ModelConfig:
     focus_sigma_lr_mult: float = 0.1
     """Learning-rate multiplier of the focus apertures sigma."""
     iso_tanh_chunk_size: int = 64
-    """Chunk length of the linear-time iso_tanh attention (exact inside a chunk, carried state across)."""
+    """Chunk length of the linear-time iso_tanh attention (exact inside a chunk, carried state across).
+    An execution setting (results equal up to rounding), so not an option of the iso_tanh variant."""
 
     @property
     def resolved_head_dim(self) -> int:
