@@ -1,12 +1,18 @@
 """Compare training runs: a seeds/isogmlp.txt Table 1 style table from each run's ``metrics.jsonl``.
 
-Runs are grouped by ``variant`` (from the meta row); each group's seeds give the final validation
-loss as mean ± sample std (ddof=1) and a Welch t-test (unequal variances) against the baseline
-variant. "Training stability" is the variance of the pre-clip global gradient norm over the run
-after warmup (``grad_norm_var_run`` of the last train row), as in seeds/isogmlp.txt section 4.3
-("measured by gradient norm variance"); lower is more stable.
+Runs are grouped by their whole configuration except the seed: the ``model``, ``data`` and ``train``
+sections of the meta row's ``config`` must be identical for two runs to share a row, so an ablation
+(``iso_ln[layernorm=false]``) or a run with another learning rate is never pooled with its parent. A
+row is labelled by the variant name, which carries every non-default variant option; rows whose
+variant names coincide but whose configurations differ are labelled with the fields that tell them
+apart, e.g. ``swiglu+softmax (train.lr=0.001)``. Inside a row the seeds must also agree on what the
+configuration implies (parameter counts, precision, final token count): a disagreement is an error.
+Each row's seeds give the final validation loss as mean ± sample std (ddof=1) and a Welch t-test
+(unequal variances) against the baseline row. "Training stability" is the variance of the pre-clip
+global gradient norm over the run after warmup (``grad_norm_var_run`` of the last train row), as in
+seeds/isogmlp.txt section 4.3 ("measured by gradient norm variance"); lower is more stable.
 
-Every variant of a fair comparison sees the same token budget; runs that end at different token
+Every variant of a fair comparison sees the same token budget; rows that end at different token
 counts are still tabulated but produce a warning.
 """
 
@@ -27,6 +33,10 @@ from scipy import stats
 from llm.eval.errors import EvalError
 
 DEFAULT_BASELINE = "swiglu+softmax"
+COMPARED_SECTIONS = ("model", "data", "train")
+"""Config sections two runs must share (every field) to be seeds of one row."""
+ROW_INVARIANTS = ("variant", "params_total", "params_non_embedding", "mixed_precision")
+"""Meta-row fields every seed of a row must agree on (besides the final token count)."""
 
 CSV_COLUMNS = (
     "variant", "n_seeds", "seeds", "params_total", "params_non_embedding", "val_loss_mean",
@@ -46,6 +56,11 @@ class RunRecord:
     @property
     def variant(self) -> str:
         return str(self.meta["variant"])
+
+    @property
+    def setup(self) -> dict[str, Any]:
+        """The ``model``, ``data`` and ``train`` sections of the run's config as dotted keys."""
+        return _flatten({section: self.meta["config"][section] for section in COMPARED_SECTIONS})
 
     @property
     def seed(self) -> int:
@@ -70,6 +85,16 @@ class RunRecord:
         """Median over the train rows: robust to the slow first steps (compilation, warm caches)."""
         rates = [float(r["tokens_per_s"]) for r in self.train if r.get("tokens_per_s") is not None]
         return statistics.median(rates) if rates else math.nan
+
+
+def _flatten(node: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    flat: dict[str, Any] = {}
+    for key, value in node.items():
+        if isinstance(value, dict):
+            flat.update(_flatten(value, f"{prefix}{key}."))
+        else:
+            flat[f"{prefix}{key}"] = value
+    return flat
 
 
 def _dedupe_by_step(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -103,6 +128,10 @@ def load_run(run_dir: str | Path) -> RunRecord:
         raise EvalError(f"{path}: no meta row (kind=meta) with the run's variant and seed")
     if "variant" not in metas[0]:
         raise EvalError(f"{path}: the meta row has no 'variant'")
+    config = metas[0].get("config")
+    if not isinstance(config, dict) or not all(isinstance(config.get(s), dict) for s in COMPARED_SECTIONS):
+        raise EvalError(f"{path}: the meta row has no 'config' with the {', '.join(COMPARED_SECTIONS)} "
+                        f"sections (needed to tell which runs are seeds of one configuration)")
     evals = _dedupe_by_step([r for r in rows if r.get("kind") == "eval"])
     if not evals:
         raise EvalError(f"{path}: no eval rows (kind=eval); the run never evaluated")
@@ -183,24 +212,49 @@ def _mean(values: Sequence[float]) -> float:
     return statistics.fmean(finite) if finite else math.nan
 
 
-def _single(values: list[Any], what: str, variant: str, warnings: list[str]) -> Any:
-    """The value shared by a variant's seeds (e.g. its parameter count); warn when seeds disagree."""
-    distinct = sorted(set(values), key=str)
-    if len(distinct) > 1:
-        warnings.append(f"variant {variant}: seeds differ in {what} ({', '.join(map(str, distinct))})")
-    return distinct[0] if distinct else None
+def _shared(runs: Sequence[RunRecord], what: str, value: Any, label: str) -> Any:
+    """``value(run)``, which every seed of row ``label`` must share; an EvalError naming the runs if not."""
+    values = {run.path.name: value(run) for run in runs}
+    if len({json.dumps(v, sort_keys=True) for v in values.values()}) > 1:
+        found = ", ".join(f"{name}={v}" for name, v in values.items())
+        raise EvalError(f"row {label}: runs with the same configuration differ in {what} ({found}); "
+                        f"they cannot be seeds of one row")
+    return next(iter(values.values()))
+
+
+def group_runs(runs: Sequence[RunRecord]) -> dict[str, list[RunRecord]]:
+    """Rows of the comparison: runs whose ``model``/``data``/``train`` sections are identical, each
+    labelled by its variant name, plus ``(field=value, ...)`` for the fields that differ between rows
+    with the same variant name. Sorted by label; members sorted by seed."""
+    by_setup: dict[str, list[RunRecord]] = {}
+    for run in runs:
+        by_setup.setdefault(json.dumps(run.setup, sort_keys=True), []).append(run)
+    same_name: dict[str, list[str]] = {}
+    for key, members in by_setup.items():
+        same_name.setdefault(members[0].variant, []).append(key)
+    rows: dict[str, list[RunRecord]] = {}
+    for variant, keys in same_name.items():
+        setups = [by_setup[key][0].setup for key in keys]
+        fields_ = sorted(set().union(*setups))
+        differing = [f for f in fields_ if len({json.dumps(s.get(f)) for s in setups}) > 1]
+        for key, setup in zip(keys, setups, strict=True):
+            label = variant if not differing else \
+                f"{variant} ({', '.join(f'{f}={setup.get(f)}' for f in differing)})"
+            rows[label] = sorted(by_setup[key], key=lambda r: r.seed)
+    return dict(sorted(rows.items()))
 
 
 def compare_runs(runs: Sequence[RunRecord], baseline: str = DEFAULT_BASELINE) -> Comparison:
-    """Group runs by variant and aggregate over seeds; the baseline row comes first."""
+    """Group runs into rows (``group_runs``) and aggregate over seeds; the baseline row comes first.
+
+    Raises EvalError when the seeds of a row disagree on a ``ROW_INVARIANTS`` field or on the final
+    token count."""
     if not runs:
         raise EvalError("no runs to compare")
-    groups: dict[str, list[RunRecord]] = {}
-    for run in runs:
-        groups.setdefault(run.variant, []).append(run)
+    groups = group_runs(runs)
     warnings: list[str] = []
     if baseline not in groups:
-        warnings.append(f"baseline {baseline} is not among the runs' variants "
+        warnings.append(f"baseline {baseline} is not among the rows "
                         f"({', '.join(sorted(groups))}); no p-values")
     budgets = {run.final_tokens for run in runs}
     if len(budgets) > 1:
@@ -209,24 +263,25 @@ def compare_runs(runs: Sequence[RunRecord], baseline: str = DEFAULT_BASELINE) ->
     baseline_losses = [r.final_val_loss for r in groups.get(baseline, [])]
     rows = []
     for variant in sorted(groups, key=lambda v: (v != baseline, v)):
-        members = sorted(groups[variant], key=lambda r: r.seed)
+        members = groups[variant]
         seeds = [r.seed for r in members]
         if len(set(seeds)) < len(seeds):
-            warnings.append(f"variant {variant}: repeated seeds {seeds}; repeats are not independent samples")
+            warnings.append(f"row {variant}: repeated seeds {seeds}; repeats are not independent samples")
+        for key in ROW_INVARIANTS:
+            _shared(members, key, lambda r, key=key: r.meta.get(key), variant)
+        final_tokens = _shared(members, "final token count", lambda r: r.final_tokens, variant)
         losses = [r.final_val_loss for r in members]
         rows.append(VariantSummary(
             variant=variant,
             runs=members,
-            params_total=_single([r.meta.get("params_total") for r in members], "params_total", variant,
-                                 warnings),
-            params_non_embedding=_single([r.meta.get("params_non_embedding") for r in members],
-                                         "params_non_embedding", variant, warnings),
+            params_total=members[0].meta.get("params_total"),
+            params_non_embedding=members[0].meta.get("params_non_embedding"),
             val_loss_mean=statistics.fmean(losses),
             val_loss_std=statistics.stdev(losses) if len(losses) > 1 else math.nan,
             p_value=math.nan if variant == baseline else welch_p_value(losses, baseline_losses),
             training_stability=_mean([r.stability for r in members]),
             tokens_per_s=_mean([r.tokens_per_s for r in members]),
-            final_tokens=max(r.final_tokens for r in members),
+            final_tokens=final_tokens,
         ))
     return Comparison(baseline=baseline, rows=rows, warnings=warnings)
 

@@ -1,7 +1,8 @@
 """PNG plots of a comparison's training curves (matplotlib, Agg backend: no display needed).
 
-Curves of one variant are averaged over its seeds at each logged step / token count; the shaded
-band is ± one sample std where at least two seeds logged that point.
+One curve per row of the comparison table (``compare.group_runs``: runs with the same configuration
+but the seed), averaged over its seeds at each logged step / token count; the shaded band is ± one
+sample std where at least two seeds logged that point.
 """
 
 from __future__ import annotations
@@ -18,16 +19,9 @@ matplotlib.use("Agg")  # before pyplot is imported: no display on clusters and C
 import matplotlib.pyplot as plt
 from matplotlib.axes import Axes
 
-from .compare import RunRecord
+from .compare import RunRecord, group_runs
 
 Row = dict[str, Any]
-
-
-def _by_variant(runs: Sequence[RunRecord]) -> dict[str, list[RunRecord]]:
-    groups: dict[str, list[RunRecord]] = {}
-    for run in runs:
-        groups.setdefault(run.variant, []).append(run)
-    return dict(sorted(groups.items()))
 
 
 def _seed_band(runs: Sequence[RunRecord], rows: Callable[[RunRecord], list[Row]], x_key: str,
@@ -77,7 +71,7 @@ def _save(fig: plt.Figure, path: Path) -> Path:
 def plot_val_loss(runs: Sequence[RunRecord], path: Path) -> Path:
     """Validation loss against training tokens, one line (mean ± std band over seeds) per variant."""
     fig, ax = plt.subplots(figsize=(7, 4.5))
-    for variant, members in _by_variant(runs).items():
+    for variant, members in group_runs(runs).items():
         _plot_band(ax, *_seed_band(members, lambda r: r.evals, "tokens", lambda row: row.get("val_loss")),
                    label=f"{variant} (n={len(members)})", marker=".")
     ax.set(xlabel="training tokens", ylabel="validation loss (nats/token)", title="Validation loss")
@@ -89,7 +83,7 @@ def plot_val_loss(runs: Sequence[RunRecord], path: Path) -> Path:
 def plot_grad_norm(runs: Sequence[RunRecord], path: Path) -> Path:
     """Pre-clip gradient norm and its rolling variance against step (mean ± std over seeds)."""
     fig, (top, bottom) = plt.subplots(2, 1, figsize=(7, 6.5), sharex=True)
-    for variant, members in _by_variant(runs).items():
+    for variant, members in group_runs(runs).items():
         for ax, key in ((top, "grad_norm"), (bottom, "grad_norm_var_rolling")):
             _plot_band(ax, *_seed_band(members, lambda r: r.train, "step", lambda row, k=key: row.get(k)),
                        label=variant)
@@ -115,7 +109,7 @@ def _layer_panel(ax: Axes, members: Sequence[RunRecord], key: str, title: str) -
 
 def _per_layer_over_training(runs: Sequence[RunRecord], key: str, path: Path, title: str) -> Path:
     """One panel per variant: ``key`` of each layer (colour = depth) against training tokens."""
-    groups = {v: m for v, m in _by_variant(runs).items() if _layers(m, key)}
+    groups = {v: m for v, m in group_runs(runs).items() if _layers(m, key)}
     fig, axes = plt.subplots(1, len(groups), figsize=(5 * len(groups), 4), squeeze=False, sharey=True)
     for ax, (variant, members) in zip(axes[0], groups.items(), strict=True):
         _layer_panel(ax, members, key, variant)
@@ -137,7 +131,7 @@ def plot_alpha(runs: Sequence[RunRecord], path: Path) -> Path | None:
     with_alpha = [run for run in runs if _layers([run], "alpha")]
     if not with_alpha:
         return None
-    groups = _by_variant(with_alpha)
+    groups = group_runs(with_alpha)
     fig, axes = plt.subplots(1, len(groups) + 1, figsize=(5 * (len(groups) + 1), 4), squeeze=False)
     final_ax = axes[0][0]
     for variant, members in groups.items():

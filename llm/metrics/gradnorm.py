@@ -19,13 +19,25 @@ Conventions, chosen once for every run:
 - Non-finite norms belong to skipped updates: they are counted, never added.
 - Run statistics use Welford's update in float64 (exact to rounding over millions of steps); the
   rolling window is recomputed from its values with a two-pass sum each step, so it never drifts.
+
+So that a spike can be attributed, ``GroupGradNorms`` tracks the same statistics for the pre-clip
+norm of each parameter group (``GRAD_NORM_GROUPS``: embedding, attention, FFN matrices, FFN mixing
+parameters, norms), logged as ``grad_norm_<group>``, ``grad_norm_<group>_var_rolling``, ... The
+group norms are the global norm split up: their squares sum to its square.
 """
 
 from __future__ import annotations
 
 import math
 from collections import deque
+from collections.abc import Iterable
 from typing import Any
+
+import torch
+from torch import nn
+
+GRAD_NORM_GROUPS = ("embedding", "attention", "ffn", "ffn_mixing", "norm")
+"""Parameter groups with their own gradient-norm statistics (``grad_norm_groups``)."""
 
 
 def _variance_and_cv(mean: float, variance: float) -> tuple[float, float]:
@@ -40,15 +52,17 @@ class GradNormTracker:
     Args:
         window: number of most recent finite norms in the rolling statistics.
         warmup_steps: norms of steps ``1 .. warmup_steps`` are left out of the run statistics.
+        prefix: the name of the norm in the returned fields (``grad_norm``, ``grad_norm_var_rolling``, ...).
     """
 
-    def __init__(self, window: int, warmup_steps: int) -> None:
+    def __init__(self, window: int, warmup_steps: int, prefix: str = "grad_norm") -> None:
         if window <= 0:
             raise ValueError(f"window: expected a positive integer, got {window}")
         if warmup_steps < 0:
             raise ValueError(f"warmup_steps: expected >= 0, got {warmup_steps}")
         self.window = window
         self.warmup_steps = warmup_steps
+        self.prefix = prefix
         self._recent: deque[float] = deque(maxlen=window)
         self._count = 0  # Welford state of the post-warmup norms
         self._mean = 0.0
@@ -61,7 +75,8 @@ class GradNormTracker:
 
         Returns the metrics row fields ``grad_norm``, ``grad_norm_var_rolling``,
         ``grad_norm_cv_rolling``, ``grad_norm_var_run``, ``grad_norm_cv_run`` and
-        ``grad_norm_nonfinite`` (the count of skipped, non-finite norms so far).
+        ``grad_norm_nonfinite`` (the count of skipped, non-finite norms so far), with ``prefix`` in
+        place of ``grad_norm``.
         """
         norm = float(norm)
         if not math.isfinite(norm):
@@ -73,7 +88,7 @@ class GradNormTracker:
                 delta = norm - self._mean
                 self._mean += delta / self._count
                 self._m2 += delta * (norm - self._mean)
-        return {"grad_norm": norm, **self.stats()}
+        return {self.prefix: norm, **self.stats()}
 
     def stats(self) -> dict[str, float]:
         """The current statistics without recording a new norm."""
@@ -89,11 +104,11 @@ class GradNormTracker:
         else:
             var_run = cv_run = math.nan
         return {
-            "grad_norm_var_rolling": var_rolling,
-            "grad_norm_cv_rolling": cv_rolling,
-            "grad_norm_var_run": var_run,
-            "grad_norm_cv_run": cv_run,
-            "grad_norm_nonfinite": float(self.nonfinite),
+            f"{self.prefix}_var_rolling": var_rolling,
+            f"{self.prefix}_cv_rolling": cv_rolling,
+            f"{self.prefix}_var_run": var_run,
+            f"{self.prefix}_cv_run": cv_run,
+            f"{self.prefix}_nonfinite": float(self.nonfinite),
         }
 
     def state_dict(self) -> dict[str, Any]:
@@ -123,3 +138,78 @@ class GradNormTracker:
         self._mean = float(state["mean"])
         self._m2 = float(state["m2"])
         self.nonfinite = int(state["nonfinite"])
+
+
+def grad_norm_groups(model: nn.Module, mixing_ids: Iterable[int]) -> dict[str, list[nn.Parameter]]:
+    """The trainable parameters of a decoder by ``GRAD_NORM_GROUPS``; empty groups are left out.
+
+    ``ffn_mixing``: the parameters whose ``id`` is in ``mixing_ids`` (the optimizer's multiplier groups,
+    ``llm.train.optim.multiplier_of``: iso_ln alpha/beta, IsoGMLP gamma/beta/gate, focus mu/sigma);
+    ``norm``: parameters of every ``*Norm`` module (RMSNorm, QK-norm, iso_ln's LayerNorm); ``embedding``:
+    embeddings and an untied LM head; ``ffn``: the rest of each ``mlp`` (its projection matrices,
+    affine_like biases); ``attention``: the rest of ``self_attn``.
+    """
+    mixing_ids = set(mixing_ids)
+    norm_ids = {id(p) for m in model.modules() if type(m).__name__.endswith("Norm") for p in m.parameters()}
+    embedding_ids = {id(m.weight) for m in model.modules() if isinstance(m, nn.Embedding)}
+    groups: dict[str, list[nn.Parameter]] = {name: [] for name in GRAD_NORM_GROUPS}
+    for name, p in model.named_parameters():
+        if not p.requires_grad:
+            continue
+        if id(p) in mixing_ids:
+            group = "ffn_mixing"
+        elif id(p) in norm_ids:
+            group = "norm"
+        elif id(p) in embedding_ids or name.startswith("lm_head."):
+            group = "embedding"
+        elif ".mlp." in name:
+            group = "ffn"
+        elif ".self_attn." in name:
+            group = "attention"
+        else:
+            raise ValueError(f"{name}: belongs to none of the gradient-norm groups {GRAD_NORM_GROUPS}")
+        groups[group].append(p)
+    return {name: params for name, params in groups.items() if params}
+
+
+class GroupGradNorms:
+    """``GradNormTracker`` statistics of the pre-clip gradient norm of each parameter group.
+
+    ``measure()`` reads the current gradients (call it after the backward passes, before clipping);
+    ``update(step)`` records what it measured as step ``step``. A group none of whose parameters holds
+    a gradient (DeepSpeed keeps them inside its engine) measures ``nan``.
+    """
+
+    def __init__(self, groups: dict[str, list[nn.Parameter]], window: int, warmup_steps: int) -> None:
+        self.groups = groups
+        self.trackers = {name: GradNormTracker(window, warmup_steps, prefix=f"grad_norm_{name}")
+                         for name in groups}
+        self._measured: dict[str, float] = {}
+
+    def measure(self) -> None:
+        norms: dict[str, torch.Tensor] = {}
+        for name, params in self.groups.items():
+            grads = [p.grad for p in params if p.grad is not None]
+            if grads:
+                norm = torch.nn.utils.get_total_norm(grads)
+                # a DTensor under FSDP2: the norm over all shards
+                norms[name] = norm.full_tensor() if hasattr(norm, "full_tensor") else norm
+        # one device-to-host copy for all groups, not one synchronisation per group
+        values = torch.stack([n.float() for n in norms.values()]).tolist() if norms else []
+        measured = dict(zip(norms, values, strict=True))
+        self._measured = {name: measured.get(name, math.nan) for name in self.groups}
+
+    def update(self, step: int) -> dict[str, float]:
+        fields: dict[str, float] = {}
+        for name, tracker in self.trackers.items():
+            fields.update(tracker.update(step, self._measured.get(name, math.nan)))
+        return fields
+
+    def state_dict(self) -> dict[str, Any]:
+        return {name: tracker.state_dict() for name, tracker in self.trackers.items()}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Continue the statistics of the groups the saved state has (a group new to this run starts fresh)."""
+        for name, tracker in self.trackers.items():
+            if name in state:
+                tracker.load_state_dict(state[name])

@@ -2,9 +2,13 @@
 
 Four views of "how uniformly do the representations use their space":
 
-- ``isoscore``: spread of variance over the principal axes (1 = every direction used equally).
+- ``isoscore``: spread of variance over the principal axes (1 = every direction used equally), of the
+  distribution the points are drawn from: a finite-sample correction removes the bias that makes a
+  sample of N points from an isotropic Gaussian score about 1 / (1 + d/N) (0.73 at d = 768, N = 2048),
+  so scores are comparable across widths and sample sizes.
 - ``mean_cosine_similarity``: do the vectors share a common direction (0 = no, 1 = all the same)?
-- ``effective_rank``: how many principal axes carry the variance (d = all, 1 = a single one).
+- ``effective_rank``: how many principal axes carry the spread, from the singular values of the
+  centred point matrix (Roy & Vetterli 2007; d = all, 1 = a single one).
 - ``basis_alignment``: is the mass concentrated on the *standard-basis* axes (outlier features),
   which the three rotation-invariant scores above cannot see? (1 = no preferred basis.)
 
@@ -36,33 +40,50 @@ def _covariance_spectrum(X: torch.Tensor) -> torch.Tensor:
     return torch.linalg.eigvalsh(cov).clamp_min(0.0)  # rounding leaves tiny negative eigenvalues
 
 
-def _isoscore_from_spectrum(variances: torch.Tensor) -> float:
+def _isoscore_from_spectrum(variances: torch.Tensor, n_samples: int | None) -> float:
+    """IsoScore from the covariance eigenvalues of ``n_samples`` points; ``None``: no correction.
+
+    Rudman et al. 2022, Algorithm 1, in closed form. With t = sum(lambda) and q = sum(lambda^2), step 4
+    rescales the variance vector to norm sqrt(d) (lambda_hat = lambda sqrt(d / q)), step 5 takes the defect
+    delta^2 = |lambda_hat - 1|^2 / (2 (d - sqrt(d))) = d (1 - t / sqrt(d q)) / (d - sqrt(d)), and step 6's
+    dimensions used, k = (d - delta^2 (d - sqrt(d)))^2 / d, simplify to k = t^2 / q (the participation
+    ratio); IsoScore = (k - 1) / (d - 1).
+
+    Finite-sample correction: the eigenvalues of a sample covariance spread around the population's
+    (Marchenko-Pastur), which inflates q by about (1 + d/N) and deflates IsoScore accordingly. We use
+    Srivastava (2005)'s estimator of the population's tr(Sigma^2), unbiased for Gaussian samples: with
+    n = N - 1, ``q_hat = n^2 / ((n - 1)(n + 2)) * (q - t^2 / n)`` (t is unbiased already). k is then
+    clipped to [1, d], its range. For a non-Gaussian cloud the correction is approximate.
+    """
     d = variances.numel()
-    norm = variances.norm()
-    if norm == 0:
+    total, sum_sq = variances.sum().item(), variances.pow(2).sum().item()
+    if sum_sq == 0:
         return math.nan
-    # Rudman et al. 2022, Algorithm 1: step 4 rescales the PCA variance vector to norm sqrt(d),
-    # the norm of the all-ones vector that an isotropic cloud would give.
-    normalized = variances * math.sqrt(d) / norm
-    # Step 5: isotropy defect, the distance to the all-ones vector divided by its largest value
-    # sqrt(2(d - sqrt(d))) (all variance on one axis), so delta lies in [0, 1].
-    defect = (normalized - 1.0).norm().item() / math.sqrt(2.0 * (d - math.sqrt(d)))
-    # Step 6: k(X) = (d - delta^2 (d - sqrt(d)))^2 / d dimensions are "used"; IsoScore maps
-    # k in [1, d] linearly onto [0, 1].
-    dims_used = (d - defect**2 * (d - math.sqrt(d))) ** 2 / d
+    if n_samples is not None:
+        n = n_samples - 1
+        sum_sq = n * n / ((n - 1) * (n + 2)) * (sum_sq - total * total / n)
+    dims_used = min(max(total * total / sum_sq, 1.0), float(d)) if sum_sq > 0 else float(d)
     return (dims_used - 1.0) / (d - 1.0)
 
 
 def _effective_rank_from_spectrum(variances: torch.Tensor) -> float:
-    total = variances.sum()
+    """Roy & Vetterli's effective rank of the centred point matrix from its covariance eigenvalues:
+    its singular values are sqrt((N - 1) lambda), and the constant factor cancels in p.
+
+    Eigenvalues below the rounding level of the eigensolver (``lambda_max * d * eps``, the tolerance of
+    ``torch.linalg.matrix_rank``) are zero: their square roots (~1e-8 of the largest) would otherwise add
+    phantom directions."""
+    tolerance = variances.max() * variances.numel() * torch.finfo(variances.dtype).eps
+    singular_values = torch.where(variances > tolerance, variances, 0.0).sqrt()
+    total = singular_values.sum()
     if total == 0:
         return math.nan
-    p = variances / total
+    p = singular_values / total
     entropy = -torch.special.xlogy(p, p).sum()  # xlogy(0, 0) = 0: empty directions add nothing
     return math.exp(entropy.item())
 
 
-def isoscore(X: torch.Tensor) -> float:
+def isoscore(X: torch.Tensor, finite_sample_correction: bool = True) -> float:
     """IsoScore of the point cloud ``X [N, d]`` in [0, 1].
 
     Rudman, Gillman, Rayne, Eickhoff, "IsoScore: Measuring the Uniformity of Embedding Space
@@ -77,8 +98,14 @@ def isoscore(X: torch.Tensor) -> float:
     1 for an isotropic cloud, 0 when all variance lies on one axis; exactly ``(k - 1) / (d - 1)``
     when the variance is spread equally over k of the d principal axes. Invariant to rotation,
     translation and scale. ``nan`` when all points coincide.
+
+    By default it estimates the IsoScore of the distribution the points come from (the finite-sample
+    correction of ``_isoscore_from_spectrum``): an isotropic Gaussian then scores ~1 at any N and d,
+    where the sample's own score is about 1 / (1 + d/N). ``finite_sample_correction=False`` gives
+    Algorithm 1 on the sample as published.
     """
-    return _isoscore_from_spectrum(_covariance_spectrum(_as_points(X)))
+    X = _as_points(X)
+    return _isoscore_from_spectrum(_covariance_spectrum(X), X.shape[0] if finite_sample_correction else None)
 
 
 def mean_cosine_similarity(X: torch.Tensor) -> float:
@@ -101,13 +128,15 @@ def mean_cosine_similarity(X: torch.Tensor) -> float:
 
 
 def effective_rank(X: torch.Tensor) -> float:
-    """Effective rank of the covariance of ``X [N, d]``, in [1, d].
+    """Effective rank of the centred point matrix ``X - mean(X)`` (``[N, d]``), in [1, d].
 
     Roy & Vetterli, "The effective rank: a measure of effective dimensionality", EUSIPCO 2007,
-    eq. 1-2, applied to the covariance matrix: with its eigenvalues ``lambda_k`` and
-    ``p_k = lambda_k / sum_j lambda_j``, ``erank = exp(-sum_k p_k log p_k)``. Exactly k when the
-    variance is spread equally over k principal axes; invariant to rotation, translation and
-    scale. ``nan`` when all points coincide.
+    eq. 1-2: with the matrix's singular values ``s_k`` and ``p_k = s_k / sum_j s_j``,
+    ``erank = exp(-sum_k p_k log p_k)``. (The singular values are the square roots of the covariance
+    eigenvalues up to a constant, so this differs from the entropy of the eigenvalues themselves,
+    which counts fewer dimensions for an anisotropic cloud.) Exactly k when the variance is spread
+    equally over k principal axes; invariant to rotation, translation and scale. ``nan`` when all
+    points coincide.
     """
     return _effective_rank_from_spectrum(_covariance_spectrum(_as_points(X)))
 
@@ -144,7 +173,7 @@ def isotropy_metrics(X: torch.Tensor) -> dict[str, float]:
     X = _as_points(X)
     spectrum = _covariance_spectrum(X)
     return {
-        "isoscore": _isoscore_from_spectrum(spectrum),
+        "isoscore": _isoscore_from_spectrum(spectrum, X.shape[0]),
         "mean_cos": mean_cosine_similarity(X),
         "eff_rank": _effective_rank_from_spectrum(spectrum),
         "basis_alignment": basis_alignment(X),

@@ -10,7 +10,7 @@ This file is copied to the hub with the modelling code, so it imports nothing ou
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, fields, replace
 
 QWEN3_VOCAB_SIZE = 151_680  # the Qwen3 tokenizer's 151,669 ids padded to a multiple of 128
 
@@ -32,6 +32,55 @@ def check_choice(field: str, value: str, choices: object) -> None:
     names = list(choices)
     if value not in names:
         raise ConfigError(field, f"unknown value {value!r}; expected one of: {', '.join(map(str, names))}")
+
+
+FFN_INITS = ("matched", "paper")
+"""``ModelConfig.ffn_init``: scale-matched constants (default) or the papers' raw formulas."""
+
+VARIANT_SELECTORS = ("ffn", "attn_scoring", "ffn_linear")
+"""The fields that pick a variant, in the order of ``variant_name``."""
+
+# Prefixes dropped from an option's field name inside a variant name: iso_ln_layernorm -> layernorm.
+_OPTION_PREFIXES = ("iso_ln_", "isogmlp_", "iso_tanh_", "iso_", "focus_", "ffn_")
+
+
+def _short_option_name(field: str) -> str:
+    prefix = next((p for p in _OPTION_PREFIXES if field.startswith(p)), "")
+    return field[len(prefix):]
+
+
+def _format_option(value: object) -> str:
+    if isinstance(value, bool):
+        return str(value).lower()
+    return f"{value:g}" if isinstance(value, float) else str(value)
+
+
+def _variant_registries() -> dict[str, dict[str, type]]:
+    """Every registry whose entries declare ``OPTIONS``: the three selectors and iso_mlp's activation.
+
+    Imported here, not at module level: the registries' modules import this one.
+    """
+    from .attention import ATTN_SCORING_REGISTRY
+    from .ffn import FFN_REGISTRY
+    from .isotropic import ISO_ACTIVATIONS
+    from .linear import LINEAR_REGISTRY
+
+    return {"ffn": FFN_REGISTRY, "attn_scoring": ATTN_SCORING_REGISTRY, "ffn_linear": LINEAR_REGISTRY,
+            "iso_activation": ISO_ACTIVATIONS}
+
+
+def _declaring_entries() -> dict[str, list[str]]:
+    """Every variant option -> the registry entries that declare it, as ``selector=key``."""
+    entries: dict[str, list[str]] = {}
+    for selector, registry in _variant_registries().items():
+        for key, entry in registry.items():
+            for option in getattr(entry, "OPTIONS", ()):
+                entries.setdefault(option, []).append(f"{selector}={key}")
+    return entries
+
+
+def _field_defaults() -> dict[str, object]:
+    return {f.name: f.default for f in fields(ModelConfig)}
 
 
 @dataclass
@@ -80,12 +129,20 @@ class ModelConfig:
     """iso_ln ablation: False drops the isotropy pathway (output ``W_down(alpha*Gated + beta)``)."""
     iso_activation: str = "tanh"
     """iso_mlp's radial function: tanh | relu | capped_relu | leaky_relu (``isotropic.ISO_ACTIVATIONS``)."""
-    iso_r0: float = 1.0
-    """R_0 of iso-ReLU, capped iso-ReLU and iso-leaky-ReLU (isotropic-deep-learning eq. 17-20)."""
-    iso_r_cap: float = 8.0
-    """R_inf of the capped iso-ReLU (isotropic-deep-learning eq. 18)."""
+    iso_r0: float = 0.5
+    """R_0 of iso-ReLU, capped iso-ReLU and iso-leaky-ReLU (isotropic-deep-learning eq. 17-20), in units
+    of the initial radius under ``ffn_init=matched`` (docs/ARCHITECTURE.md, "Matched initial scale")."""
+    iso_r_cap: float = 1.0
+    """R_inf of the capped iso-ReLU (isotropic-deep-learning eq. 18), in the same units as ``iso_r0``."""
     iso_leaky_slope: float = 0.1
     """alpha of the iso-leaky-ReLU (isotropic-deep-learning eq. 20)."""
+    ffn_init: str = "matched"
+    """matched | paper. matched: affine_like and the iso activations are rescaled by constants so that at
+    initialisation they see and give the scale ``linear`` / SwiGLU do; paper: the raw formulas."""
+    mixing_lr_mult: float = 5.0
+    """Learning-rate multiplier of the learned mixing parameters (iso_ln alpha/beta, isogmlp gamma/beta and
+    alpha gate): Adam moves a parameter by about lr per step, so at 1x iso_ln's alpha cannot pass 1.49 on the
+    83m schedule; 5x lets it reach the paper's 1.81 with room to spare (docs/ARCHITECTURE.md)."""
     focus_sigma_init: float = 0.1
     """Initial aperture sigma of every focusing neuron (focusing-neuron eq. 6)."""
     focus_mu_lr_mult: float = 0.1
@@ -93,7 +150,8 @@ class ModelConfig:
     focus_sigma_lr_mult: float = 0.1
     """Learning-rate multiplier of the focus apertures sigma."""
     iso_tanh_chunk_size: int = 64
-    """Chunk length of the linear-time iso_tanh attention (exact inside a chunk, carried state across)."""
+    """Chunk length of the linear-time iso_tanh attention (exact inside a chunk, carried state across).
+    An execution setting (results equal up to rounding), so not an option of the iso_tanh variant."""
 
     @property
     def resolved_head_dim(self) -> int:
@@ -101,16 +159,62 @@ class ModelConfig:
 
     @property
     def variant_name(self) -> str:
-        """``<ffn>+<attn_scoring>`` plus ``+<ffn_linear>`` when not ``linear`` (docs/ARCHITECTURE.md)."""
-        name = f"{self.ffn}+{self.attn_scoring}"
-        return name if self.ffn_linear == "linear" else f"{name}+{self.ffn_linear}"
+        """``<ffn>+<attn_scoring>``, plus ``+<ffn_linear>`` when not ``linear``, each followed by its
+        non-default options in brackets, e.g. ``iso_ln[layernorm=false]+softmax`` (docs/ARCHITECTURE.md)."""
+        options: dict[str, list[str]] = {selector: [] for selector in VARIANT_SELECTORS}
+        defaults = _field_defaults()
+        for option, selector in self.option_owners().items():
+            value = getattr(self, option)
+            if value != defaults[option]:
+                options[selector].append(f"{_short_option_name(option)}={_format_option(value)}")
+        parts = [f"{getattr(self, s)}[{','.join(options[s])}]" if options[s] else getattr(self, s)
+                 for s in VARIANT_SELECTORS]
+        if parts[2] == "linear":
+            parts.pop()
+        return "+".join(parts)
+
+    def option_owners(self) -> dict[str, str]:
+        """The variant options in use: each option field owned by a selected registry entry -> the
+        top-level selector (``ffn``, ``attn_scoring`` or ``ffn_linear``) whose choice brings it.
+
+        Every registry entry lists the fields it reads in ``OPTIONS``; an option that is itself a choice
+        (iso_mlp's ``iso_activation``) brings the options of the entry it selects.
+        """
+        registries = _variant_registries()
+        owners: dict[str, str] = {}
+
+        def collect(selector: str, top: str) -> None:
+            for option in getattr(registries[selector][getattr(self, selector)], "OPTIONS", ()):
+                owners.setdefault(option, top)
+                if option in registries:
+                    collect(option, top)
+
+        for selector in VARIANT_SELECTORS:
+            collect(selector, selector)
+        return owners
+
+    def with_variant(self, **choices: str) -> ModelConfig:
+        """This config with other variant choices (e.g. ``ffn="swiglu"``) and every option that the new
+        choices do not read back at its default, so the result validates (a reference build)."""
+        changed = replace(self, **choices)
+        unread = _declaring_entries().keys() - changed.option_owners().keys()
+        defaults = _field_defaults()
+        return replace(changed, **{option: defaults[option] for option in unread})
+
+    def _check_unused_options(self) -> None:
+        """Refuse a non-default option that no selected variant reads (it would change nothing silently)."""
+        owned = self.option_owners()
+        defaults = _field_defaults()
+        for option, entries in _declaring_entries().items():
+            value = getattr(self, option)
+            if option not in owned and value != defaults[option]:
+                selected = ", ".join(f"{s}={getattr(self, s)}" for s in VARIANT_SELECTORS)
+                raise ConfigError(option, f"{value!r} has no effect: it is an option of {' or '.join(entries)}, "
+                                  f"and this model is {selected}")
 
     def validate(self) -> ModelConfig:
         """Raise ``ConfigError`` naming the first bad field; return self so calls chain."""
-        from .attention import ATTN_SCORING_REGISTRY
-        from .ffn import FFN_REGISTRY, ISOGMLP_GATES
-        from .isotropic import ISO_ACTIVATIONS
-        from .linear import LINEAR_REGISTRY
+        from .ffn import ISOGMLP_GATES
 
         for name in ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers",
                      "num_attention_heads", "num_key_value_heads", "max_position_embeddings",
@@ -130,20 +234,23 @@ class ModelConfig:
             raise ConfigError("head_dim", f"rotary embedding needs an even head dimension, "
                               f"got {self.resolved_head_dim}")
         for name in ("rope_theta", "rms_norm_eps", "initializer_range", "focus_sigma_init",
-                     "focus_mu_lr_mult", "focus_sigma_lr_mult"):
+                     "mixing_lr_mult", "focus_mu_lr_mult", "focus_sigma_lr_mult"):
             if not getattr(self, name) > 0:
                 raise ConfigError(name, f"expected a positive number, got {getattr(self, name)!r}")
-        check_choice("ffn", self.ffn, FFN_REGISTRY)
-        check_choice("attn_scoring", self.attn_scoring, ATTN_SCORING_REGISTRY)
-        check_choice("ffn_linear", self.ffn_linear, LINEAR_REGISTRY)
+        for selector, registry in _variant_registries().items():
+            check_choice(selector, getattr(self, selector), registry)
         check_choice("isogmlp_gate", self.isogmlp_gate, ISOGMLP_GATES)
-        check_choice("iso_activation", self.iso_activation, ISO_ACTIVATIONS)
+        check_choice("ffn_init", self.ffn_init, FFN_INITS)
+        self._check_unused_options()
         if self.iso_ln_alpha and not 0.5 <= self.iso_ln_alpha <= 2.0:
             raise ConfigError("iso_ln_alpha", f"expected 0 (learned) or a value in [0.5, 2], got {self.iso_ln_alpha}")
         if not 0 <= self.iso_r0 < self.iso_r_cap:
             raise ConfigError("iso_r0", f"expected 0 <= iso_r0 < iso_r_cap={self.iso_r_cap}, got {self.iso_r0}")
         if not 0 <= self.iso_leaky_slope <= 1:
             raise ConfigError("iso_leaky_slope", f"expected a slope in [0, 1], got {self.iso_leaky_slope}")
+        if self.ffn_init == "matched" and "iso_r0" in self.option_owners() and not self.iso_r0 < 1:
+            raise ConfigError("iso_r0", f"expected < 1 with ffn_init=matched (radii in units of the initial "
+                              f"radius: R0 >= 1 zeroes a typical vector at init), got {self.iso_r0}")
         return self
 
     @classmethod

@@ -46,6 +46,11 @@ class FeedForward(nn.Module):
 
     PROJECTIONS: ClassVar[tuple[str, ...]]
     """The fused input projections, in the row order of ``in_proj.weight``."""
+    OPTIONS: ClassVar[tuple[str, ...]] = ()
+    """The ``ModelConfig`` fields this variant reads (``ModelConfig.validate`` refuses them elsewhere)."""
+    LR_MULTIPLIERS: ClassVar[dict[str, str]] = {}
+    """Parameter name (relative to the block) -> the ``ModelConfig`` field of its learning-rate multiplier;
+    such parameters get their own optimizer group without weight decay (llm/train/optim.py)."""
 
     def __init__(self, config: ModelConfig, intermediate_size: int | None = None) -> None:
         super().__init__()
@@ -106,10 +111,11 @@ class IsoMLP(FeedForward):
     """
 
     PROJECTIONS = ("up",)
+    OPTIONS = ("iso_activation", "ffn_init")
 
     def __init__(self, config: ModelConfig, intermediate_size: int | None = None) -> None:
         super().__init__(config, intermediate_size)
-        self.act = make_iso_activation(config)
+        self.act = make_iso_activation(config, self.intermediate_size)
 
     def hidden(self, x: Tensor, cache: Cache | None, padding_mask: Tensor | None = None) -> Tensor:
         (up,) = self.project(x)
@@ -256,6 +262,9 @@ class IsoGMLP(TwoPathwayFFN):
     """
 
     PROJECTIONS = ("gate", "up", "iso")
+    OPTIONS = ("isogmlp_gate", "mixing_lr_mult")
+    LR_MULTIPLIERS: ClassVar[dict[str, str]] = {name: "mixing_lr_mult" for name in
+                      ("gamma", "beta", "alpha_gate.proj.weight", "alpha_gate.proj.bias")}
 
     def __init__(self, config: ModelConfig, intermediate_size: int | None = None) -> None:
         super().__init__(config, intermediate_size)
@@ -298,6 +307,9 @@ class IsoLN(TwoPathwayFFN):
     ``W_i x`` as is, ``iso_ln_pathway: false`` drops ``W_i`` and the pathway: ``W_down(alpha*Gated + beta)``.
     Ablated parts create no parameters, so distributed training sees no unused ones.
     """
+
+    OPTIONS = ("iso_ln_alpha", "iso_ln_layernorm", "iso_ln_pathway", "mixing_lr_mult")
+    LR_MULTIPLIERS: ClassVar[dict[str, str]] = {"alpha_raw": "mixing_lr_mult", "beta_raw": "mixing_lr_mult"}
 
     def __init__(self, config: ModelConfig, intermediate_size: int | None = None) -> None:
         super().__init__(config, intermediate_size)

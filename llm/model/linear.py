@@ -10,11 +10,17 @@ weight ``W * Phi`` at the dense neuron's scale because eq. 7 normalises each row
 sqrt(m), i.e. mean square 1; the paper's eq. 10 (uniform with bound sqrt(6)/|phi_j| = sqrt(6/m), a
 He-uniform init) would give focus layers a different, width-dependent scale from the baseline's
 projections and break the like-for-like comparison.
+
+``affine_like`` divides by the norm of its input, which follows an RMSNorm and so has norm sqrt(d) at
+initialisation; under ``ffn_init=matched`` it is multiplied by the constant sqrt(d + 1), the norm of the
+augmented input ``[x, 1]`` at initialisation, so that its pre-activations (and the change an update of W
+makes to them) start at ``linear``'s scale instead of sqrt(d + 1) times smaller (20x at d = 384).
 """
 
 from __future__ import annotations
 
 import math
+from typing import ClassVar
 
 import torch
 import torch.nn.functional as F
@@ -22,14 +28,19 @@ from torch import Tensor, nn
 
 from .config import ModelConfig
 
-# Smallest aperture the focus coefficients use. The paper clips sigma to [0.01, 1.0] after each update
-# (focusing-neuron Algorithm 3); we clamp in the forward pass instead so no optimizer hook is needed.
-# Only the lower bound matters for stability: a wide aperture just makes the neuron dense (s -> 1).
-FOCUS_SIGMA_MIN = 0.01
+# focusing-neuron Algorithm 3 clips the apertures to [0.01, 1.0] and the centres to [0, 1] after every
+# update (``Focus.clip_parameters_``, called by the optimizer's step hook in llm/train/optim.py).
+FOCUS_SIGMA_RANGE = (0.01, 1.0)
+FOCUS_MU_RANGE = (0.0, 1.0)
 
 
 class Projection(nn.Module):
     """A bias-free ``[out, in]`` weight, normal(0, ``initializer_range``); subclasses add their form."""
+
+    OPTIONS: ClassVar[tuple[str, ...]] = ()
+    """The ``ModelConfig`` fields this projection reads (``ModelConfig.validate`` refuses them elsewhere)."""
+    LR_MULTIPLIERS: ClassVar[dict[str, str]] = {}
+    """Parameter name -> the ``ModelConfig`` field of its learning-rate multiplier (llm/train/optim.py)."""
 
     def __init__(self, in_features: int, out_features: int, config: ModelConfig, groups: int = 1) -> None:
         super().__init__()
@@ -65,11 +76,15 @@ class AffineLike(Projection):
 
     Dividing weight and bias alike by ``sqrt(|x|^2 + 1)`` (the norm of the augmented input ``[x, 1]``)
     makes the update of z follow the ideal steepest-descent direction (the paper's affine divergence)
-    while keeping |x| as information, unlike a normaliser.
+    while keeping |x| as information, unlike a normaliser. ``ffn_init=matched`` multiplies z by
+    ``sqrt(d + 1)`` (module docstring); ``paper`` keeps eq. 19 as written.
     """
+
+    OPTIONS = ("ffn_init",)
 
     def add_form_parameters(self, config: ModelConfig) -> None:
         self.bias = nn.Parameter(torch.empty(self.out_features))
+        self.scale = math.sqrt(self.in_features + 1) if config.ffn_init == "matched" else 1.0
 
     def reset_parameters(self) -> None:
         super().reset_parameters()
@@ -78,7 +93,10 @@ class AffineLike(Projection):
     def forward(self, x: Tensor) -> Tensor:
         # The squared norm is summed in fp32 at least: bf16 would round |x|^2 over d features badly.
         sq_norm = x.pow(2).sum(dim=-1, keepdim=True, dtype=torch.promote_types(x.dtype, torch.float32))
-        return F.linear(x, self.weight, self.bias) * torch.rsqrt(sq_norm + 1).to(x.dtype)
+        return F.linear(x, self.weight, self.bias) * (self.scale * torch.rsqrt(sq_norm + 1)).to(x.dtype)
+
+    def extra_repr(self) -> str:
+        return f"{super().extra_repr()}, scale={self.scale:g}"
 
 
 class Focus(Projection):
@@ -90,9 +108,12 @@ class Focus(Projection):
     so each neuron j sees a Gaussian window of the m inputs centred at ``focus_mu[j]`` with aperture
     ``focus_sigma[j]``, and ``|Phi[j, :]| = sqrt(m)`` exactly. The centres are spread evenly over [0, 1]
     within each of the ``groups`` output blocks, so that each pathway of a fused projection covers
-    the whole input. The parameter names end in ``focus_mu`` / ``focus_sigma`` so the optimizer can
-    give them their own learning-rate multipliers.
+    the whole input. mu and sigma have their own learning-rate multipliers and are clipped after every
+    optimizer step (Algorithm 3), so sigma stays > 0 without a clamp that would block its gradient.
     """
+
+    OPTIONS = ("focus_sigma_init", "focus_mu_lr_mult", "focus_sigma_lr_mult")
+    LR_MULTIPLIERS: ClassVar[dict[str, str]] = {"focus_mu": "focus_mu_lr_mult", "focus_sigma": "focus_sigma_lr_mult"}
 
     def add_form_parameters(self, config: ModelConfig) -> None:
         self.sigma_init = config.focus_sigma_init
@@ -120,12 +141,17 @@ class Focus(Projection):
         m = self.in_features
         mu = self.focus_mu
         tau = torch.arange(1, m + 1, device=mu.device, dtype=mu.dtype) / m
-        sigma = self.focus_sigma.clamp_min(FOCUS_SIGMA_MIN)
-        dist = (tau[None, :] - mu[:, None]).pow(2) / (2 * sigma[:, None].pow(2))
+        dist = (tau[None, :] - mu[:, None]).pow(2) / (2 * self.focus_sigma[:, None].pow(2))
         return math.sqrt(m) * torch.exp(-dist - 0.5 * torch.logsumexp(-2 * dist, dim=1, keepdim=True))
 
     def forward(self, x: Tensor) -> Tensor:
         return F.linear(x, self.weight * self.focus_coefficients().to(self.weight.dtype))
+
+    @torch.no_grad()
+    def clip_parameters_(self) -> None:
+        """Algorithm 3's ``clip(sigma, 0.01, 1.0)`` and ``clip(mu, 0, 1)``, in place."""
+        self.focus_sigma.clamp_(*FOCUS_SIGMA_RANGE)
+        self.focus_mu.clamp_(*FOCUS_MU_RANGE)
 
 
 LINEAR_REGISTRY: dict[str, type[Projection]] = {

@@ -1,11 +1,22 @@
-"""AdamW parameter groups and the warmup + cosine learning-rate schedule.
+"""AdamW parameter groups, the focus clipping hook and the warmup + cosine learning-rate schedule.
 
-Weight decay (decoupled, AdamW) is applied to projection matrices only. Norm gains, biases, the
-IsoGMLP gamma/beta, the iso_ln scalars and the embeddings (hence also a tied LM head) are not
-decayed: decaying them pulls gains towards 0 and rare-token embeddings towards the origin, which
-is a regulariser none of the papers intend. The focusing neuron's centres and apertures get their
-own groups with learning-rate multipliers (the focusing-neuron paper's experiments train mu and
-sigma at 0.1x and 0.1-0.005x the global rate, e.g. eta_g = 0.1, eta_mu = eta_sigma = 0.01 on MNIST).
+Weight decay (decoupled, AdamW) is applied to projection matrices only. Norm gains, biases and the
+embeddings (hence also a tied LM head) are not decayed: decaying them pulls gains towards 0 and
+rare-token embeddings towards the origin, which is a regulariser none of the papers intend.
+
+Mixing parameters get their own groups, without weight decay, at ``lr`` times a multiplier from the
+model config: every module lists them in ``LR_MULTIPLIERS`` (parameter name -> multiplier field):
+
+- ``mixing`` (``mixing_lr_mult``, default 5): iso_ln's alpha/beta scalars, IsoGMLP's gamma/beta and alpha
+  gate. Adam moves a parameter by about lr per step whatever its gradient, so on the 83m schedule
+  (configs/experiments/fineweb-83m.yaml: 400 warmup + 3,600 cosine steps to 0.1x of 3e-4) a parameter
+  travels at most ``3e-4 * (400/2 + 3600 * 0.55) = 0.654``: iso_ln's ``alpha = 0.5 + 1.5 sigmoid(a)``
+  stops at 1.49 (a <= 0.654), below the paper's learned 1.81 +- 0.03 (a = 1.93, i.e. 2.95x), and
+  ``beta = 0.1 tanh(b)`` at |beta| <= 0.057. 5x (a <= 3.27, alpha <= 1.94) lets both reach their whole
+  range on that schedule; the weight matrices stay at 1x.
+- ``focus_mu`` / ``focus_sigma`` (``focus_mu_lr_mult``, ``focus_sigma_lr_mult``): the focusing neuron's
+  centres and apertures (the paper trains them at 0.1x and 0.1-0.005x the global rate, e.g.
+  eta_g = 0.1, eta_mu = eta_sigma = 0.01 on MNIST).
 """
 
 from __future__ import annotations
@@ -19,41 +30,53 @@ from torch.optim.lr_scheduler import LambdaLR
 
 from llm.config import RunConfig
 
-__all__ = ["build_optimizer", "build_scheduler", "lr_lambda", "param_groups"]
+__all__ = ["build_optimizer", "build_scheduler", "lr_lambda", "multiplier_of", "param_groups"]
 
-FOCUS_SUFFIXES = ("focus_mu", "focus_sigma")
+MULTIPLIER_GROUPS = {"mixing_lr_mult": "mixing", "focus_mu_lr_mult": "focus_mu",
+                     "focus_sigma_lr_mult": "focus_sigma"}
+"""``ModelConfig`` multiplier field -> optimizer group name, in group order."""
 
 
 def _embedding_params(model: nn.Module) -> set[int]:
     return {id(m.weight) for m in model.modules() if isinstance(m, nn.Embedding)}
 
 
+def multiplier_of(model: nn.Module) -> dict[int, str]:
+    """``id(parameter)`` -> its multiplier field, for every parameter a module lists in ``LR_MULTIPLIERS``."""
+    fields: dict[int, str] = {}
+    for module in model.modules():
+        for name, field in getattr(module, "LR_MULTIPLIERS", {}).items():
+            try:
+                fields[id(module.get_parameter(name))] = field
+            except AttributeError:  # an ablated parameter (iso_ln with a fixed alpha has no alpha_raw)
+                continue
+    return fields
+
+
 def param_groups(model: nn.Module, config: RunConfig) -> list[dict]:
     """AdamW groups, in a fixed order so optimizer state lines up on resume.
 
-    ``decay``: matrices (ndim >= 2) that are not embeddings; ``no_decay``: everything else except
-    the focus parameters; ``focus_mu`` / ``focus_sigma``: lr * the model's multipliers, no decay.
-    Empty groups are dropped. Tied parameters appear once (``named_parameters`` deduplicates).
+    ``decay``: matrices (ndim >= 2) that are neither embeddings nor mixing parameters; ``no_decay``:
+    the other non-mixing parameters; then one group per multiplier (``MULTIPLIER_GROUPS``) at
+    ``lr * multiplier``, no decay. Empty groups are dropped. Tied parameters appear once
+    (``named_parameters`` deduplicates).
     """
     train, model_cfg = config.train, config.model
     embeddings = _embedding_params(model)
-    buckets: dict[str, list[nn.Parameter]] = {"decay": [], "no_decay": [], "focus_mu": [], "focus_sigma": []}
-    for name, p in model.named_parameters():
+    multipliers = multiplier_of(model)
+    buckets: dict[str, list[nn.Parameter]] = {"decay": [], "no_decay": [],
+                                              **{group: [] for group in MULTIPLIER_GROUPS.values()}}
+    for _, p in model.named_parameters():
         if not p.requires_grad:
             continue
-        suffix = next((s for s in FOCUS_SUFFIXES if name.endswith(s)), None)
-        if suffix is not None:
-            buckets[suffix].append(p)
+        if id(p) in multipliers:
+            buckets[MULTIPLIER_GROUPS[multipliers[id(p)]]].append(p)
         elif p.ndim >= 2 and id(p) not in embeddings:
             buckets["decay"].append(p)
         else:
             buckets["no_decay"].append(p)
-    settings = {
-        "decay": (train.lr, train.weight_decay),
-        "no_decay": (train.lr, 0.0),
-        "focus_mu": (train.lr * model_cfg.focus_mu_lr_mult, 0.0),
-        "focus_sigma": (train.lr * model_cfg.focus_sigma_lr_mult, 0.0),
-    }
+    settings = {"decay": (train.lr, train.weight_decay), "no_decay": (train.lr, 0.0),
+                **{group: (train.lr * getattr(model_cfg, field), 0.0) for field, group in MULTIPLIER_GROUPS.items()}}
     return [
         {"name": key, "params": params, "lr": settings[key][0], "weight_decay": settings[key][1]}
         for key, params in buckets.items()
@@ -61,12 +84,30 @@ def param_groups(model: nn.Module, config: RunConfig) -> list[dict]:
     ]
 
 
+def _clip_after_step(model: nn.Module) -> Callable[..., None]:
+    """An optimizer step post-hook that calls every ``clip_parameters_`` of ``model``'s modules (the
+    focusing neuron's Algorithm 3 clipping), looked up at call time so wrapped or sharded modules work."""
+
+    def hook(optimizer: torch.optim.Optimizer, args: object, kwargs: object) -> None:
+        for module in model.modules():
+            clip = getattr(module, "clip_parameters_", None)
+            if clip is not None:
+                clip()
+
+    return hook
+
+
 def build_optimizer(model: nn.Module, config: RunConfig) -> torch.optim.AdamW:
-    """AdamW over ``param_groups``, fused: one kernel for all parameters, on CPU as on CUDA (4x faster
-    than the default multi-tensor path on these CPUs; bench/bench_train_step.py)."""
+    """AdamW over ``param_groups`` (clipping the focus parameters after each step), fused: one kernel for
+    all parameters, on CPU as on CUDA (4x faster than the default multi-tensor path on these CPUs;
+    bench/bench_train_step.py). The clipping hook runs on torch's optimizer step, so under DeepSpeed,
+    which updates its own fp32 copies of the weights, the focus parameters are not clipped."""
     t = config.train
-    return torch.optim.AdamW(param_groups(model, config), lr=t.lr, betas=(t.beta1, t.beta2), eps=t.eps,
-                             fused=True)
+    optimizer = torch.optim.AdamW(param_groups(model, config), lr=t.lr, betas=(t.beta1, t.beta2), eps=t.eps,
+                                  fused=True)
+    if any(hasattr(module, "clip_parameters_") for module in model.modules()):
+        optimizer.register_step_post_hook(_clip_after_step(model))
+    return optimizer
 
 
 def lr_lambda(warmup_steps: int, max_steps: int, min_lr_ratio: float) -> Callable[[int], float]:

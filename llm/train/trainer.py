@@ -24,7 +24,6 @@ Conventions:
 
 from __future__ import annotations
 
-import dataclasses
 import math
 import time
 from collections.abc import Callable
@@ -41,7 +40,7 @@ from torch import nn
 from llm.config import RunConfig, save_config
 from llm.data import build_train_loader, build_val_windows, load_tokenizer
 from llm.metrics.flops import flops_per_token, mfu, peak_flops
-from llm.metrics.gradnorm import GradNormTracker
+from llm.metrics.gradnorm import GradNormTracker, GroupGradNorms, grad_norm_groups
 from llm.metrics.layers import layer_report
 from llm.model import IsoLLMConfig, IsoLLMForCausalLM, param_counts
 from llm.model.config import ConfigError, ModelConfig
@@ -50,7 +49,7 @@ from llm.train.distributed import is_distributed, is_main_process, rank_and_worl
 from llm.train.engine import engine_in_use, engine_mismatch, engine_requested
 from llm.train.evaluate import evaluate
 from llm.train.logging import MetricsLog, ProgressBar, main_print, peak_memory, truncate_metrics
-from llm.train.optim import build_optimizer, build_scheduler
+from llm.train.optim import build_optimizer, build_scheduler, multiplier_of
 from llm.train.signals import StopRequest
 
 __all__ = [
@@ -143,6 +142,7 @@ def train_step(
     accelerator: Accelerator,
     grad_clip: float,
     stop_requested: Callable[[], bool] | None = None,
+    before_clip: Callable[[], None] | None = None,
 ) -> StepResult:
     """One optimizer step over ``len(batches)`` micro-batches (``accelerator.gradient_accumulation_steps``
     of them), each ``LongTensor[B, seq_len + 1]`` on the model's device.
@@ -156,7 +156,8 @@ def train_step(
     The decision to skip uses rank-averaged loss and the all-reduced gradient norm, so every rank
     takes the same branch. ``stop_requested()`` (this rank was asked to stop) is polled once, after the
     backward passes, and agreed over ranks in the loss's all-reduce as ``StepResult.stop``, so all ranks
-    stop after the same step.
+    stop after the same step. ``before_clip()`` runs once the gradients are complete, before clipping
+    (the per-group gradient norms are measured there).
     """
     model.train()
     loss_sum = torch.zeros((), device=accelerator.device)
@@ -167,6 +168,8 @@ def train_step(
             loss_sum += loss.detach()
     this_rank_stops = stop_requested is not None and stop_requested()
     mean_loss, stop = _reduce_over_ranks(loss_sum / len(batches), this_rank_stops)
+    if before_clip is not None:
+        before_clip()
     norm = accelerator.clip_grad_norm_(model.parameters(), grad_clip if grad_clip > 0 else math.inf)
     if hasattr(norm, "full_tensor"):  # a DTensor under FSDP2
         norm = norm.full_tensor()
@@ -204,7 +207,7 @@ def _print_params(model_cfg: ModelConfig) -> tuple[int, int]:
     total, non_embedding = param_counts(model_cfg)
     message = f"params: {total:,} total, {non_embedding:,} non-embedding ({model_cfg.variant_name})"
     if model_cfg.ffn != "swiglu":
-        ref_total, ref_non_embedding = param_counts(dataclasses.replace(model_cfg, ffn="swiglu"))
+        ref_total, ref_non_embedding = param_counts(model_cfg.with_variant(ffn="swiglu"))
         message += f"; swiglu at this size: {ref_total:,} total, {ref_non_embedding:,} non-embedding"
     main_print(message)
     return total, non_embedding
@@ -253,11 +256,15 @@ def fit(config: RunConfig) -> FitResult:
 
     state = TrainerState()
     grad_norms = GradNormTracker(config.train.grad_norm_window, config.train.warmup_steps)
+    unwrapped = accelerator.unwrap_model(model)
+    group_grad_norms = GroupGradNorms(grad_norm_groups(unwrapped, multiplier_of(unwrapped).keys()),
+                                      config.train.grad_norm_window, config.train.warmup_steps)
     resume_from = latest_checkpoint(ckpt_dir) if config.resume else None
     if resume_from is not None:
         saved = load_checkpoint(resume_from, accelerator=accelerator, loader=loader, config=config)
         state = TrainerState(**saved["state"])
         grad_norms.load_state_dict(saved["grad_norm_tracker"])
+        group_grad_norms.load_state_dict(saved.get("group_grad_norms", {}))
         main_print(f"resumed from {resume_from} at step {state.step}")
     elif config.resume:
         main_print(f"resume=true but {ckpt_dir} holds no complete checkpoint: starting from step 0")
@@ -289,7 +296,8 @@ def fit(config: RunConfig) -> FitResult:
     interval_tokens, interval_time, data_wait = 0, 0.0, 0.0
 
     def checkpoint() -> Path:
-        trainer_state = {"state": asdict(state), "grad_norm_tracker": grad_norms.state_dict(), "engine": engine}
+        trainer_state = {"state": asdict(state), "grad_norm_tracker": grad_norms.state_dict(),
+                         "group_grad_norms": group_grad_norms.state_dict(), "engine": engine}
         return save_checkpoint(ckpt_dir, state.step, accelerator=accelerator, model=model,
                                tokenizer=tokenizer, config=config, trainer_state=trainer_state, loader=loader,
                                keep=config.train.keep_checkpoints)
@@ -309,14 +317,15 @@ def fit(config: RunConfig) -> FitResult:
             data_wait += time.perf_counter() - started
             lr = optimizer.param_groups[0]["lr"]
             result = train_step(train_model, batches, optimizer, scheduler, accelerator,
-                                config.train.grad_clip, stop_requested=stop.received)
+                                config.train.grad_clip, stop_requested=stop.received,
+                                before_clip=group_grad_norms.measure)
             interval_time += time.perf_counter() - started
             interval_tokens += tokens_per_step
             state.step += 1
             state.tokens += tokens_per_step
             state.skipped_steps += result.skipped
             state.consecutive_bad_steps = state.consecutive_bad_steps + 1 if result.skipped else 0
-            grad_stats = grad_norms.update(state.step, result.grad_norm)
+            grad_stats = {**grad_norms.update(state.step, result.grad_norm), **group_grad_norms.update(state.step)}
             tokens_per_s = interval_tokens / max(interval_time, 1e-9)
             progress.update(result.loss, tokens_per_s)
 

@@ -6,10 +6,12 @@ import csv
 import json
 import math
 from pathlib import Path
+from typing import Any
 
 import pytest
 
-from llm.eval.compare import compare_runs, expand_run_dirs, format_table, load_run, write_comparison
+from llm.eval.compare import compare_runs, expand_run_dirs, format_table, group_runs, load_run, write_comparison
+from llm.eval.errors import EvalError
 from llm.eval.plots import write_plots
 
 # Final val losses per variant and seed; Welch's t and its Welch–Satterthwaite df are computed by
@@ -25,14 +27,27 @@ HAS_ALPHA = {"isogmlp+softmax", "iso_ln+softmax"}
 TOKENS_PER_STEP = 1000
 
 
+def run_config(variant: str, seed: int, **changes: Any) -> dict[str, Any]:
+    """A meta row's ``config``: the sections compare groups by, plus the seed it ignores."""
+    config = {"name": "x", "seed": seed, "model": {"ffn": variant.split("+")[0], "hidden_size": 64},
+              "data": {"seed": 0, "seq_len": 128}, "train": {"lr": 3e-3, "max_steps": 20}}
+    for dotted, value in changes.items():
+        section, key = dotted.split("__")
+        config[section][key] = value
+    return config
+
+
 def write_run(root: Path, variant: str, seed: int, final_loss: float, *, steps: int = 20,
-              final_tokens: int | None = None, layers: int = 3) -> Path:
-    """A metrics.jsonl as the trainer writes it (docs/ARCHITECTURE.md): meta, train rows, eval rows."""
-    run = root / f"{variant.replace('+', '_')}_s{seed}"
+              final_tokens: int | None = None, layers: int = 3, params: tuple[int, int] | None = None,
+              dirname: str | None = None, **config_changes: Any) -> Path:
+    """A metrics.jsonl as the trainer writes it (docs/ARCHITECTURE.md): meta, train rows, eval rows.
+    ``config_changes`` are ``section__key=value`` edits of the meta row's config."""
+    run = root / (dirname or f"{variant.replace('+', '_')}_s{seed}")
     run.mkdir(parents=True)
-    total, non_emb = PARAMS[variant]
+    total, non_emb = params or PARAMS.get(variant, PARAMS["swiglu+softmax"])
     rows = [{"kind": "meta", "step": 0, "tokens": 0, "name": run.name, "variant": variant, "seed": seed,
-             "params_total": total, "params_non_embedding": non_emb, "flops_per_token": 1, "config": {}}]
+             "params_total": total, "params_non_embedding": non_emb, "flops_per_token": 1,
+             "config": run_config(variant, seed, **config_changes)}]
     for step in range(1, steps + 1):
         rows.append({"kind": "train", "step": step, "tokens": step * TOKENS_PER_STEP, "loss": 6.0 - step / 10,
                      "grad_norm": 1.0 + 0.1 * seed + 0.01 * step, "grad_norm_var_rolling": 0.01 * step,
@@ -148,7 +163,7 @@ def test_errors_name_the_file(tmp_path: Path) -> None:
 
 def test_mixed_token_budgets_warn(tmp_path: Path) -> None:
     runs = [load_run(write_run(tmp_path, "swiglu+softmax", 0, 5.0)),
-            load_run(write_run(tmp_path, "isogmlp+softmax", 0, 5.0, final_tokens=40_000))]
+            load_run(write_run(tmp_path, "isogmlp+softmax", 0, 5.0, final_tokens=40_000, train__max_steps=40))]
     comparison = compare_runs(runs)
     assert any("different token counts" in w and "not a fair comparison" in w for w in comparison.warnings)
     assert "Warning: runs end at different token counts" in format_table(comparison)
@@ -172,3 +187,46 @@ def test_no_alpha_plot_without_alpha(tmp_path: Path) -> None:
     runs = [load_run(write_run(tmp_path, "swiglu+softmax", s, 5.0)) for s in range(2)]
     names = sorted(p.name for p in write_plots(runs, tmp_path / "plots"))
     assert names == ["grad_norm.png", "isotropy.png", "val_loss.png"]
+
+
+def test_ablations_and_other_settings_never_share_a_row(tmp_path: Path) -> None:
+    """Rows are whole configurations minus the seed: an ablation (its own variant name) and a parent run
+    with another lr or data order are separate rows; same-named rows say which fields differ."""
+    runs = [load_run(write_run(tmp_path, "iso_mlp+softmax", s, 4.90 + 0.01 * s, model__iso_activation="tanh"))
+            for s in range(2)]
+    runs += [load_run(write_run(tmp_path, "iso_mlp[activation=relu]+softmax", s, 5.10 + 0.01 * s,
+                                model__iso_activation="relu", dirname=f"relu_s{s}")) for s in range(2)]
+    runs += [load_run(write_run(tmp_path, "iso_mlp+softmax", s, 4.95 + 0.01 * s, model__iso_activation="tanh",
+                                train__lr=1e-3, dirname=f"lr_s{s}")) for s in range(2)]
+    runs.append(load_run(write_run(tmp_path, "iso_mlp+softmax", 0, 4.97, model__iso_activation="tanh",
+                                   data__seed=1, dirname="data1_s0")))
+    rows = group_runs(runs)
+    assert {label: [r.path.name for r in members] for label, members in rows.items()} == {
+        "iso_mlp+softmax (data.seed=0, train.lr=0.003)": ["iso_mlp_softmax_s0", "iso_mlp_softmax_s1"],
+        "iso_mlp+softmax (data.seed=0, train.lr=0.001)": ["lr_s0", "lr_s1"],
+        "iso_mlp+softmax (data.seed=1, train.lr=0.003)": ["data1_s0"],
+        "iso_mlp[activation=relu]+softmax": ["relu_s0", "relu_s1"],
+    }
+    comparison = compare_runs(runs, baseline="iso_mlp[activation=relu]+softmax")
+    means = {row.variant: row.val_loss_mean for row in comparison.rows}
+    assert means["iso_mlp[activation=relu]+softmax"] == pytest.approx(5.105)
+    assert means["iso_mlp+softmax (data.seed=0, train.lr=0.003)"] == pytest.approx(4.905)
+
+
+@pytest.mark.parametrize("mismatch", ["params", "tokens"])
+def test_a_mismatch_inside_a_row_is_an_error(tmp_path: Path, mismatch: str) -> None:
+    runs = [load_run(write_run(tmp_path, "swiglu+softmax", 0, 5.0))]
+    changed = {"params": {"params": (1, 1)}, "tokens": {"final_tokens": 10}}[mismatch]
+    runs.append(load_run(write_run(tmp_path, "swiglu+softmax", 1, 5.0, **changed)))
+    what = {"params": "params_total", "tokens": "final token count"}[mismatch]
+    with pytest.raises(EvalError, match=rf"row swiglu\+softmax: .*differ in {what} \(swiglu_softmax_s0="):
+        compare_runs(runs)
+
+
+def test_a_run_without_its_config_is_refused(tmp_path: Path) -> None:
+    run = write_run(tmp_path, "swiglu+softmax", 0, 5.0)
+    rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    del rows[0]["config"]["train"]
+    (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    with pytest.raises(EvalError, match=r"metrics.jsonl: the meta row has no 'config' with the model, data, train"):
+        load_run(run)

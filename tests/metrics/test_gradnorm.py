@@ -101,3 +101,65 @@ def test_resume_with_other_window_or_warmup() -> None:
 def test_bad_arguments(window: int, warmup: int) -> None:
     with pytest.raises(ValueError, match=r"^(window|warmup_steps):"):
         GradNormTracker(window=window, warmup_steps=warmup)
+
+
+VARIANTS = [{"ffn": "swiglu"}, {"ffn": "isogmlp", "ffn_linear": "focus"},
+            {"ffn": "iso_ln", "ffn_linear": "affine_like", "tie_word_embeddings": False}, {"ffn": "iso_mlp"}]
+
+
+@pytest.mark.parametrize("variant", VARIANTS, ids=[v["ffn"] for v in VARIANTS])
+def test_group_norms_split_the_global_norm(variant: dict) -> None:
+    """Every parameter is in one group, mixing parameters in ffn_mixing, and the group norms' squares add
+    up to the global norm's square."""
+    import torch
+
+    from llm.metrics.gradnorm import GroupGradNorms, grad_norm_groups
+    from llm.model.config import ModelConfig
+    from llm.train.optim import multiplier_of
+    from llm.train.trainer import build_model
+
+    torch.manual_seed(0)
+    model = build_model(ModelConfig(vocab_size=128, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                                    num_attention_heads=2, num_key_value_heads=1, **variant))
+    ids = torch.randint(0, 128, (2, 17))
+    model(input_ids=ids[:, :-1], shift_labels=ids[:, 1:]).loss.backward()
+    groups = grad_norm_groups(model, multiplier_of(model).keys())
+    assert sorted(id(p) for ps in groups.values() for p in ps) == sorted(id(p) for p in model.parameters())
+    assert {id(p) for p in groups.get("ffn_mixing", [])} == set(multiplier_of(model))
+    assert ("ffn_mixing" in groups) == (variant["ffn"] in ("isogmlp", "iso_ln") or "ffn_linear" in variant)
+    tracker = GroupGradNorms(groups, window=3, warmup_steps=0)
+    tracker.measure()
+    row = tracker.update(1)
+    total = torch.nn.utils.get_total_norm([p.grad for p in model.parameters()]).item()
+    assert math.fsum(row[f"grad_norm_{g}"] ** 2 for g in groups) == pytest.approx(total**2, rel=1e-5)
+    assert {"grad_norm_ffn_var_rolling", "grad_norm_attention_cv_run", "grad_norm_norm_nonfinite"} <= row.keys()
+    names = {id(p): n for n, p in model.named_parameters()}
+    assert all(".self_attn." in names[id(p)] for p in groups["attention"])
+    assert all("norm" in names[id(p)] for p in groups["norm"])
+
+
+def test_group_trackers_resume_exactly() -> None:
+    import torch
+
+    from llm.metrics.gradnorm import GroupGradNorms
+
+    params = {"ffn": [torch.nn.Parameter(torch.zeros(3))], "norm": [torch.nn.Parameter(torch.zeros(2))]}
+    rng = np.random.default_rng(1)
+    grads = [(torch.tensor(rng.normal(size=3), dtype=torch.float32), torch.tensor(rng.normal(size=2),
+                                                                                  dtype=torch.float32))
+             for _ in range(12)]
+
+    def run(tracker: GroupGradNorms, steps: range) -> list[dict[str, float]]:
+        rows = []
+        for step in steps:
+            params["ffn"][0].grad, params["norm"][0].grad = grads[step - 1]
+            tracker.measure()
+            rows.append(tracker.update(step))
+        return rows
+
+    whole = run(GroupGradNorms(params, window=4, warmup_steps=2), range(1, 13))
+    first = GroupGradNorms(params, window=4, warmup_steps=2)
+    run(first, range(1, 7))
+    resumed = GroupGradNorms(params, window=4, warmup_steps=2)
+    resumed.load_state_dict(json.loads(json.dumps(first.state_dict())))
+    assert run(resumed, range(7, 13)) == whole[6:]

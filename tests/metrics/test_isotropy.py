@@ -63,7 +63,7 @@ def test_isotropic_gaussian() -> None:
 def test_k_equal_directions(k: int) -> None:
     """Variance spread equally over k axes: IsoScore = (k - 1) / (d - 1) and eff. rank = k exactly."""
     x = equal_variance_subspace(200, k)
-    assert isoscore(x) == pytest.approx((k - 1) / (D - 1), abs=1e-9)
+    assert isoscore(x, finite_sample_correction=False) == pytest.approx((k - 1) / (D - 1), abs=1e-9)
     assert effective_rank(x) == pytest.approx(k, rel=1e-9)
 
 
@@ -72,23 +72,56 @@ def test_points_on_one_ray() -> None:
     scales = torch.rand(100, generator=torch.Generator().manual_seed(4), dtype=torch.float64) + 0.1
     x = scales[:, None] * direction
     assert mean_cosine_similarity(x) == pytest.approx(1.0, abs=1e-12)
-    assert isoscore(x) == pytest.approx(0.0, abs=1e-9)
+    assert isoscore(x, finite_sample_correction=False) == pytest.approx(0.0, abs=1e-9)
+    # corrected, one axis: q_hat = n^2/((n-1)(n+2)) (1 - 1/n) lambda^2 = n/(n+2) lambda^2, so k = (n+2)/n
+    n = 99  # 100 points
+    assert isoscore(x) == pytest.approx((2 / n) / (D - 1), rel=1e-9)
     assert effective_rank(x) == pytest.approx(1.0, abs=1e-9)
 
 
 def test_isoscore_matches_the_published_algorithm() -> None:
     scales = torch.logspace(-2, 1, D, dtype=torch.float64)
     x = gaussian(500, seed=5) * scales @ haar_rotation(D, 6).T
-    assert isoscore(x) == pytest.approx(isoscore_reference(x.numpy()), abs=1e-10)
-    assert 0.05 < isoscore(x) < 0.9  # a case in between, not an end point
+    raw = isoscore(x, finite_sample_correction=False)
+    assert raw == pytest.approx(isoscore_reference(x.numpy()), abs=1e-10)
+    assert 0.05 < raw < 0.9  # a case in between, not an end point
 
 
 def test_effective_rank_of_a_known_spectrum() -> None:
-    """Covariance eigenvalues (4, 1, 1, 0 ...) -> p = (2/3, 1/6, 1/6): erank = exp(H(p))."""
+    """Singular values of the centred matrix (2, 1, 1, 0 ...) -> p = (1/2, 1/4, 1/4): erank = exp(H(p))
+    (Roy & Vetterli eq. 1-2), not the entropy of the covariance eigenvalues (4, 1, 1)."""
     z, _ = torch.linalg.qr(gaussian(300, 3, seed=7) - gaussian(300, 3, seed=7).mean(dim=0))
     x = (z * torch.tensor([2.0, 1.0, 1.0], dtype=torch.float64)) @ haar_rotation(D, 8)[:, :3].T
-    p = np.array([4.0, 1.0, 1.0]) / 6.0
+    p = np.array([2.0, 1.0, 1.0]) / 4.0
     assert effective_rank(x) == pytest.approx(math.exp(-(p * np.log(p)).sum()), rel=1e-9)
+
+
+def test_effective_rank_equals_roy_vetterli_on_the_svd() -> None:
+    """An independent reference: exp(entropy) of the normalised singular values of the centred matrix."""
+    x = gaussian(400, 64, seed=17) * torch.logspace(-1, 1, 64, dtype=torch.float64) + 3.0
+    s = torch.linalg.svdvals(x - x.mean(dim=0))
+    p = s / s.sum()
+    assert effective_rank(x) == pytest.approx(math.exp(-(p * p.log()).sum().item()), rel=1e-10)
+
+
+@pytest.mark.parametrize("d", [384, 512, 768])  # the 83m, 134m and 250m widths
+def test_isoscore_of_an_isotropic_gaussian_does_not_depend_on_the_sample(d: int) -> None:
+    """With the training default of 2,048 samples the sample's own IsoScore is ~1 / (1 + d/N) (0.73 at
+    d = 768); the finite-sample correction estimates the distribution's, 1."""
+    x = gaussian(2048, d, seed=d)
+    assert isoscore(x) >= 0.95
+    assert isoscore(x, finite_sample_correction=False) == pytest.approx(1 / (1 + d / 2048), abs=0.01)
+
+
+def test_corrected_isoscore_estimates_the_population_value() -> None:
+    """Variance 1 on half of 512 axes and 0.25 on the rest: population k = t^2 / q = 409.6 dimensions."""
+    d = 512
+    scales = torch.cat([torch.ones(d // 2), torch.full((d // 2,), 0.5)]).double()
+    x = gaussian(2048, d, seed=18) * scales @ haar_rotation(d, 19).T
+    t, q = (scales**2).sum().item(), (scales**4).sum().item()
+    population = (t * t / q - 1) / (d - 1)
+    assert isoscore(x) == pytest.approx(population, abs=0.02)
+    assert isoscore(x, finite_sample_correction=False) < population - 0.1  # the uncorrected bias
 
 
 def test_mean_cosine_matches_all_pairs_and_skips_zero_rows() -> None:

@@ -112,3 +112,74 @@ def test_params_cli_reports_a_bad_value_in_one_line(capsys):
     assert info.value.code == 2
     assert capsys.readouterr().err.strip().endswith("model.ffn: unknown value 'bogus'; expected one of: "
                                                     "swiglu, isogmlp, iso_ln, iso_mlp")
+
+
+VARIANT_NAMES = [
+    ({}, "swiglu+softmax"),
+    ({"ffn": "iso_ln", "iso_ln_layernorm": False}, "iso_ln[layernorm=false]+softmax"),
+    ({"ffn": "iso_ln", "iso_ln_pathway": False}, "iso_ln[pathway=false]+softmax"),
+    ({"ffn": "iso_ln", "iso_ln_alpha": 1.5}, "iso_ln[alpha=1.5]+softmax"),
+    ({"ffn": "isogmlp", "isogmlp_gate": "causal_mean"}, "isogmlp[gate=causal_mean]+softmax"),
+    ({"ffn": "iso_mlp", "iso_activation": "relu"}, "iso_mlp[activation=relu]+softmax"),
+    ({"ffn": "iso_mlp", "iso_activation": "leaky_relu", "iso_leaky_slope": 0.2, "ffn_init": "paper"},
+     "iso_mlp[activation=leaky_relu,leaky_slope=0.2,init=paper]+softmax"),
+    ({"attn_scoring": "iso_tanh"}, "swiglu+iso_tanh"),
+    ({"ffn_linear": "affine_like"}, "swiglu+softmax+affine_like"),
+    ({"ffn_linear": "focus", "focus_sigma_init": 0.2}, "swiglu+softmax+focus[sigma_init=0.2]"),
+    ({"ffn": "isogmlp", "mixing_lr_mult": 1.0}, "isogmlp[mixing_lr_mult=1]+softmax"),
+]
+
+
+@pytest.mark.parametrize(("options", "name"), VARIANT_NAMES, ids=[n for _, n in VARIANT_NAMES])
+def test_variant_name_carries_every_non_default_option(options, name):
+    assert ModelConfig(**options).validate().variant_name == name
+
+
+def test_all_variant_names_of_the_ablations_are_distinct():
+    names = [ModelConfig(**options).validate().variant_name for options, _ in VARIANT_NAMES]
+    assert len(set(names)) == len(names)
+
+
+UNUSED_OPTIONS = [
+    ({"iso_ln_alpha": 1.5}, "iso_ln_alpha", "ffn=iso_ln"),
+    ({"ffn": "isogmlp", "iso_ln_layernorm": False}, "iso_ln_layernorm", "ffn=iso_ln"),
+    ({"isogmlp_gate": "causal_mean"}, "isogmlp_gate", "ffn=isogmlp"),
+    ({"ffn": "iso_mlp", "iso_r0": 0.3}, "iso_r0", "iso_activation=relu"),  # tanh has no radius
+    ({"ffn": "iso_mlp", "iso_activation": "relu", "iso_r_cap": 2.0}, "iso_r_cap", "iso_activation=capped_relu"),
+    ({"iso_activation": "relu"}, "iso_activation", "ffn=iso_mlp"),
+    ({"ffn_init": "paper"}, "ffn_init", "ffn=iso_mlp or ffn_linear=affine_like"),
+    ({"focus_mu_lr_mult": 0.5}, "focus_mu_lr_mult", "ffn_linear=focus"),
+    ({"mixing_lr_mult": 2.0}, "mixing_lr_mult", "ffn=isogmlp or ffn=iso_ln"),
+]
+
+
+@pytest.mark.parametrize(("options", "field", "owner"), UNUSED_OPTIONS, ids=[f for _, f, _ in UNUSED_OPTIONS])
+def test_an_option_of_an_unselected_variant_is_refused(options, field, owner):
+    with pytest.raises(ConfigError) as info:
+        ModelConfig(**options).validate()
+    assert info.value.field == field and owner in str(info.value) and "\n" not in str(info.value)
+    overrides = [f"model.{key}={value}" for key, value in options.items()]
+    with pytest.raises(ConfigError) as info:
+        load_config([str(SIZES / "tiny.yaml")], ["train.max_steps=1", *overrides])
+    assert info.value.field == f"model.{field}"
+
+
+def test_every_option_field_is_owned_by_some_registry_entry():
+    """Each variant field is declared by the entries that read it; an undeclared one could never be refused."""
+    from llm.model.config import VARIANT_SELECTORS, _declaring_entries
+
+    declared = set(_declaring_entries())
+    variant_fields = {"isogmlp_gate", "iso_ln_alpha", "iso_ln_layernorm", "iso_ln_pathway", "iso_activation",
+                      "iso_r0", "iso_r_cap", "iso_leaky_slope", "ffn_init", "mixing_lr_mult", "focus_sigma_init",
+                      "focus_mu_lr_mult", "focus_sigma_lr_mult"}
+    assert declared == variant_fields
+    assert set(VARIANT_SELECTORS) <= {f.name for f in fields(ModelConfig)}
+
+
+def test_with_variant_resets_the_options_the_new_choice_does_not_read():
+    config = ModelConfig(ffn="iso_ln", iso_ln_alpha=1.5, mixing_lr_mult=2.0, ffn_linear="focus",
+                         focus_sigma_init=0.2).validate()
+    swiglu = config.with_variant(ffn="swiglu").validate()
+    assert (swiglu.ffn, swiglu.iso_ln_alpha, swiglu.mixing_lr_mult) == ("swiglu", 0.0, 5.0)
+    assert (swiglu.ffn_linear, swiglu.focus_sigma_init) == ("focus", 0.2)  # still selected: kept
+    assert config.with_variant(ffn="isogmlp").mixing_lr_mult == 2.0  # isogmlp reads it too

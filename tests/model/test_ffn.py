@@ -193,12 +193,16 @@ def test_iso_ln_fixed_alpha_ablation():
     assert block.diagnostics(x)["alpha"] == 1.5
 
 
-def test_iso_mlp_equals_reference():
-    block = build(ffn="iso_mlp", iso_activation="tanh")
-    x = inputs() * 20  # radii around 1, where iso-tanh is far from linear
+@pytest.mark.parametrize("init", ["paper", "matched"])
+def test_iso_mlp_equals_reference(init):
+    block = build(ffn="iso_mlp", iso_activation="tanh", ffn_init=init)
+    x = inputs() * 20  # radii around 1, where paper iso-tanh is far from linear
     v = x @ block.in_proj.weight.detach().T
     r = v.norm(dim=-1, keepdim=True)
-    expected = (torch.tanh(r) * v / r) @ block.down_proj.weight.detach().T  # eq. 16
+    # matched: radii in units of the initial norm initializer_range * sqrt(d h), gain 1 / tanh(1)
+    unit = TINY.initializer_range * math.sqrt(D * block.intermediate_size) if init == "matched" else 1.0
+    gain = 1 / math.tanh(1.0) if init == "matched" else 1.0
+    expected = (gain * unit * torch.tanh(r / unit) * v / r) @ block.down_proj.weight.detach().T  # eq. 16
     torch.testing.assert_close(block(x), expected, rtol=1e-13, atol=1e-15)
 
 

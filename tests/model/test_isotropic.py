@@ -43,11 +43,13 @@ def test_registry_keys_are_the_config_choices():
     assert set(ISO_ACTIVATIONS) == {"tanh", "relu", "capped_relu", "leaky_relu"}
 
 
+@pytest.mark.parametrize("init", ["paper", "matched"])
 @pytest.mark.parametrize("name", sorted(ISO_ACTIVATIONS))
-def test_rotation_equivariance(name):
+def test_rotation_equivariance(name, init):
     gen = torch.Generator().manual_seed(0)
-    act = make_iso_activation(ModelConfig(**{**vars(CONFIG), "iso_activation": name}))
     n = 48
+    radii = {"iso_r0": 0.5} if init == "matched" else {}  # matched radii are fractions of the initial one
+    act = make_iso_activation(ModelConfig(**{**vars(CONFIG), "iso_activation": name, "ffn_init": init, **radii}), n)
     directions = torch.randn(len(RADII), n, generator=gen, dtype=torch.float64)
     x = directions / directions.norm(dim=-1, keepdim=True) * torch.tensor(RADII, dtype=torch.float64)[:, None]
     for _ in range(3):
@@ -122,7 +124,31 @@ def test_iso_tanh_bounded_and_bf16():
 
 
 def test_make_iso_activation_reads_the_config():
-    act = make_iso_activation(ModelConfig(iso_activation="capped_relu", iso_r0=0.5, iso_r_cap=2.0))
+    paper = ModelConfig(iso_activation="capped_relu", iso_r0=0.5, iso_r_cap=2.0, ffn_init="paper")
+    act = make_iso_activation(paper, 64)
     assert isinstance(act, IsoCappedReLU) and (act.r0, act.r_cap) == (0.5, 2.0)
-    leaky = make_iso_activation(ModelConfig(iso_activation="leaky_relu", iso_r0=2.0, iso_leaky_slope=0.25))
+    assert (act.radius_unit, act.gain) == (1.0, 1.0)
+    leaky = make_iso_activation(ModelConfig(iso_activation="leaky_relu", iso_r0=2.0, iso_leaky_slope=0.25,
+                                            ffn_init="paper"), 64)
     assert isinstance(leaky, IsoLeakyReLU) and (leaky.r0, leaky.slope) == (2.0, 0.25)
+
+
+@pytest.mark.parametrize("name", sorted(ISO_ACTIVATIONS))
+def test_matched_form_measures_radii_in_the_initial_norm_and_keeps_it(name):
+    """matched: f(v) = (r_init / sigma(1)) sigma(|v| / r_init) v/|v|, r_init = initializer_range sqrt(d h)."""
+    config = ModelConfig(**{**vars(CONFIG), "iso_activation": name, "iso_r0": 0.5, "iso_r_cap": 1.0,
+                            "hidden_size": 64, "initializer_range": 0.02})
+    h = 96
+    act = make_iso_activation(config, h)
+    r_init = 0.02 * math.sqrt(64 * h)
+    sigma = {"tanh": math.tanh, "relu": lambda r: max(r - 0.5, 0.0),
+             "capped_relu": lambda r: min(max(r - 0.5, 0.0), 1.0),
+             "leaky_relu": lambda r: SLOPE * r if r < 0.5 else r - (1 - SLOPE) * 0.5}[name]
+    gen = torch.Generator().manual_seed(3)
+    direction = torch.randn(h, generator=gen, dtype=torch.float64)
+    direction /= direction.norm()
+    for radius in (0.1, 0.7, 1.0, 1.3, 4.0):
+        out = act(direction * radius * r_init)
+        expected = r_init / sigma(1.0) * sigma(radius) * direction
+        torch.testing.assert_close(out, expected, rtol=1e-12, atol=1e-14)
+    torch.testing.assert_close(act(direction * r_init).norm().item(), r_init)  # the initial radius is kept

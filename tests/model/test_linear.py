@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import pytest
 import torch
 
 from llm.model.config import ModelConfig
-from llm.model.linear import FOCUS_SIGMA_MIN, LINEAR_REGISTRY, AffineLike, Focus, Linear, make_linear
+from llm.model.linear import FOCUS_MU_RANGE, FOCUS_SIGMA_RANGE, LINEAR_REGISTRY, AffineLike, Focus, Linear, make_linear
 
 CONFIG = ModelConfig(hidden_size=32, intermediate_size=64, focus_sigma_init=0.1, initializer_range=0.02)
 
@@ -39,21 +40,25 @@ def test_linear_is_a_bias_free_matmul():
     torch.testing.assert_close(proj(x), x @ proj.weight.T, rtol=0, atol=0)
 
 
-def test_affine_like_equals_eq_19():
-    proj = AffineLike(16, 24, CONFIG).double()
+@pytest.mark.parametrize("init", ["paper", "matched"])
+def test_affine_like_equals_eq_19(init):
+    """paper: eq. 19 as written; matched: eq. 19 times sqrt(d + 1), the augmented input's norm at init."""
+    proj = AffineLike(16, 24, dataclasses.replace(CONFIG, ffn_init=init)).double()
+    scale = 1.0 if init == "paper" else math.sqrt(17)
     assert torch.equal(proj.bias, torch.zeros(24, dtype=torch.float64))  # bias starts at 0
     with torch.no_grad():
         proj.bias.normal_()
     scales = torch.tensor([[0.0], [0.1], [1.0], [30.0]], dtype=torch.float64)  # includes x = 0
     x = torch.randn(4, 16, dtype=torch.float64) * scales
-    expected = torch.stack([(proj.weight @ xi + proj.bias) / math.sqrt(xi.dot(xi).item() + 1) for xi in x])
+    expected = torch.stack([scale * (proj.weight @ xi + proj.bias) / math.sqrt(xi.dot(xi).item() + 1)
+                            for xi in x])
     torch.testing.assert_close(proj(x), expected, rtol=1e-14, atol=1e-15)
 
 
 def randomize_focus(proj: Focus, generator: torch.Generator) -> None:
     with torch.no_grad():
         proj.focus_mu.uniform_(-0.5, 1.5, generator=generator)
-        proj.focus_sigma.uniform_(FOCUS_SIGMA_MIN, 0.5, generator=generator)
+        proj.focus_sigma.uniform_(FOCUS_SIGMA_RANGE[0], 0.5, generator=generator)
 
 
 def test_focus_coefficients_have_norm_sqrt_m():
@@ -64,7 +69,7 @@ def test_focus_coefficients_have_norm_sqrt_m():
     randomize_focus(proj, gen)
     with torch.no_grad():
         proj.focus_mu[:3] = torch.tensor([7.0, -5.0, 0.5], dtype=torch.float64)  # far outside: all underflow
-        proj.focus_sigma[:3] = FOCUS_SIGMA_MIN
+        proj.focus_sigma[:3] = FOCUS_SIGMA_RANGE[0]
     phi = proj.focus_coefficients()
     assert phi.shape == (60, m) and (phi >= 0).all()
     torch.testing.assert_close(phi.norm(dim=1), torch.full((60,), math.sqrt(m), dtype=torch.float64),
@@ -111,12 +116,15 @@ def test_focus_parameters_get_finite_gradients():
     assert proj.focus_mu.grad.abs().sum() > 0 and proj.focus_sigma.grad.abs().sum() > 0
 
 
-def test_focus_sigma_is_clamped_positive():
-    proj = Focus(16, 4, CONFIG).double()
+def test_focus_clips_mu_and_sigma_after_a_step_not_in_forward():
+    """Algorithm 3: clip(sigma, 0.01, 1.0) and clip(mu, 0, 1) after each update. The forward pass does not
+    clamp, so a sigma below 0.01 still has a gradient that can move it back."""
+    proj = Focus(256, 4, CONFIG).double()
     with torch.no_grad():
-        proj.focus_mu.fill_(0.5)
-        proj.focus_sigma.copy_(torch.tensor([-1.0, 0.0, 1e-6, FOCUS_SIGMA_MIN], dtype=torch.float64))
-    phi = proj.focus_coefficients()
-    assert torch.isfinite(phi).all()
-    torch.testing.assert_close(phi[0], phi[3])  # every sigma below the floor acts as the floor
-    torch.testing.assert_close(phi[1], phi[3])
+        proj.focus_mu.copy_(torch.tensor([0.5, -0.3, 1.7, 0.2], dtype=torch.float64))
+        proj.focus_sigma.copy_(torch.tensor([0.005, 0.3, 2.0, 0.05], dtype=torch.float64))
+    proj(torch.randn(3, 256, dtype=torch.float64)).pow(2).sum().backward()
+    assert proj.focus_sigma.grad[0] != 0
+    proj.clip_parameters_()
+    assert proj.focus_sigma.tolist() == [FOCUS_SIGMA_RANGE[0], 0.3, FOCUS_SIGMA_RANGE[1], 0.05]
+    assert proj.focus_mu.tolist() == [0.5, FOCUS_MU_RANGE[0], FOCUS_MU_RANGE[1], 0.2]

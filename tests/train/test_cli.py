@@ -17,6 +17,7 @@ from llm.train.cli import main
     ("model.ffn=nope", "model.ffn", "unknown value 'nope'"),
     ("train.lr=-1", "train.lr", "expected a positive learning rate"),
     ("train.nope=1", "train.nope", "unknown key"),
+    ("model.iso_ln_alpha=1.5", "model.iso_ln_alpha", "has no effect: it is an option of ffn=iso_ln"),
 ])
 def test_bad_config_is_one_line_exit_2(override: str, field: str, message: str, tmp_path: Path,
                                       capsys: pytest.CaptureFixture) -> None:

@@ -19,6 +19,9 @@ from llm.train.trainer import TrainingError, fit
 TRAIN_KEYS = {"kind", "step", "tokens", "loss", "ppl", "lr", "grad_norm", "grad_norm_var_rolling",
               "grad_norm_cv_rolling", "grad_norm_var_run", "grad_norm_cv_run", "grad_norm_nonfinite",
               "tokens_per_s", "mfu", "peak_mem_bytes", "peak_mem_kind", "data_wait_s", "skipped_steps"}
+GROUP_STATS = ("", "_var_rolling", "_cv_rolling", "_var_run", "_cv_run", "_nonfinite")
+ISOGMLP_GROUP_KEYS = {f"grad_norm_{group}{stat}" for group in ("embedding", "attention", "ffn", "ffn_mixing", "norm")
+                      for stat in GROUP_STATS}
 LAYER_KEYS = {"layer", "isoscore", "mean_cos", "eff_rank", "basis_alignment"}
 
 
@@ -39,7 +42,9 @@ def test_loss_falls_and_metrics_rows_are_documented(tiny_config) -> None:
     train = metrics_rows(run_dir, "train")
     assert [r["step"] for r in train] == list(range(1, 31))
     for row in train:
-        assert set(row) == TRAIN_KEYS
+        assert set(row) == TRAIN_KEYS | ISOGMLP_GROUP_KEYS
+        groups_sq = sum(row[f"grad_norm_{g}"] ** 2 for g in ("embedding", "attention", "ffn", "ffn_mixing", "norm"))
+        assert math.sqrt(groups_sq) == pytest.approx(row["grad_norm"], rel=1e-4)  # the global norm, split up
         assert row["tokens"] == row["step"] * 256
         assert row["peak_mem_kind"] == "cpu_max_rss" and row["peak_mem_bytes"] > 0
         assert row["skipped_steps"] == 0 and math.isfinite(row["grad_norm"]) and row["mfu"] > 0
@@ -97,6 +102,7 @@ def test_stop_and_resume_equals_uninterrupted_run(tiny_config, monkeypatch: pyte
     assert_same_weights(whole.last_checkpoint, resumed.last_checkpoint)
     # the grad-norm statistics continued rather than restarted
     assert last(resumed, "train", "grad_norm_var_run") == last(whole, "train", "grad_norm_var_run")
+    assert last(resumed, "train", "grad_norm_ffn_var_run") == last(whole, "train", "grad_norm_ffn_var_run")
     (_, meta_2) = metrics_rows(resumed.run_dir, "meta")
     assert meta_2["resumed_from"].endswith("step_00000005") and meta_2["step"] == 5
     assert meta_2["mixed_precision"] == ("bf16" if precision == "bf16" else "no")
