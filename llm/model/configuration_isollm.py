@@ -38,6 +38,14 @@ class IsoLLMConfig(ModelConfig, PreTrainedConfig):
         ModelConfig.validate(self)
         return self
 
+    @classmethod
+    def from_dict(cls, config_dict: dict[str, Any], **kwargs: Any) -> IsoLLMConfig:
+        """A ``config.json`` written before ``ffn_init`` existed holds the papers' raw scales: load it so,
+        rather than as today's scale-matched default, so that an old checkpoint computes what it was trained to."""
+        if "ffn_init" not in config_dict:
+            config_dict = {**config_dict, "ffn_init": "paper"}
+        return super().from_dict(config_dict, **kwargs)
+
     def to_model_config(self) -> ModelConfig:
         return ModelConfig(**{name: getattr(self, name) for name in ModelConfig.field_names()})
 

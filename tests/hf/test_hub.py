@@ -205,3 +205,19 @@ def test_saving_a_model_directory_prints_nothing_unless_deepspeed_runs(tmp_path,
         assert done.stdout + done.stderr == ""
     elif importlib.util.find_spec("deepspeed") is not None:
         assert "Setting accelerator to CPU" in done.stdout  # a DeepSpeed run keeps DeepSpeed's own output
+
+
+def test_a_config_written_before_ffn_init_existed_loads_with_the_papers_raw_scales(tmp_path: Path) -> None:
+    """Such a model was trained with the raw affine_like / iso-activation scales; loading it as the new
+    scale-matched default would silently change its outputs."""
+    model = IsoLLMForCausalLM(IsoLLMConfig(**TINY, ffn="iso_mlp", ffn_linear="affine_like", ffn_init="paper"))
+    model.save_pretrained(tmp_path)
+    config_path = tmp_path / "config.json"
+    written = json.loads(config_path.read_text())
+    del written["ffn_init"]
+    config_path.write_text(json.dumps(written))
+    loaded = AutoModelForCausalLM.from_pretrained(tmp_path).eval()
+    assert loaded.config.ffn_init == "paper"
+    with torch.no_grad():
+        torch.testing.assert_close(loaded(PROMPT).logits, model.eval()(PROMPT).logits, rtol=0, atol=0)
+    assert IsoLLMConfig(**TINY).ffn_init == "matched"  # a new model keeps the default
