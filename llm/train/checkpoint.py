@@ -333,7 +333,7 @@ def usable_checkpoints(ckpt_dir: str | Path, *, warn: bool = True) -> Iterator[P
             verify_checkpoint(candidate)
         except CheckpointError as err:
             if warn:
-                warnings.warn(f"skipping checkpoint {candidate}: {err}", CheckpointWarning, stacklevel=2)
+                warnings.warn(f"skipping checkpoint {err}", CheckpointWarning, stacklevel=2)  # err names it
             continue
         yield candidate
 
