@@ -3,7 +3,7 @@
 A sweep file (``launch/sweeps/*.yaml``)::
 
     name: ffn-attn                      # slurm job name and array-script file name
-    configs: [configs/sizes/tiny.yaml]  # base config files of every run (relative to the repo root)
+    configs: [configs/sizes/tiny.yaml]  # base config files of every run (relative to the checkout root)
     files:                              # optional axes over config files: axis -> {label: file}
       size: {tiny: configs/sizes/tiny.yaml, 83m: configs/sizes/83m.yaml}
     grid:                               # axes over dotted config keys: key -> list of values
@@ -24,9 +24,14 @@ at once, and the runs must agree on everything that makes a comparison fair (SPE
 order, same validation tokens, same token budget): the whole ``data`` section and the fields in
 ``COMPARISON_INVARIANTS``. A ``data.*`` grid axis is therefore refused.
 
+Runs start in the checkout the sweep is invoked from (``--root``, else the checkout of launch/sweep.py when run
+through it, else the one holding the current directory), never in the installed ``llm`` package's location: with
+one environment shared by two clones, each clone's sweeps train its own code and write its own runs/.
+
     python launch/sweep.py launch/sweeps/ffn_attn.yaml --mode print|local|slurm [--dry-run]
         [--only NAME ...]    # just these runs of the grid
         [-j N]               # --mode local: at most N runs at once (default 1: one after another)
+        [--root DIR]         # the checkout to run in (default: see above)
 """
 
 from __future__ import annotations
@@ -50,7 +55,6 @@ from omegaconf import OmegaConf
 from llm.cli_types import at_least
 from llm.config import RunConfig, load_config
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
 COMPARISON_INVARIANTS = ("train.global_batch_tokens", "train.max_tokens", "train.max_steps")
 """Run-config fields (besides the whole ``data`` section) that every run of a sweep must share."""
 SWEEP_KEYS = ("name", "configs", "files", "grid", "overrides", "run_name", "command", "slurm")
@@ -90,6 +94,8 @@ class Sweep:
     command: list[str]
     slurm: dict[str, Any]
     source: Path
+    root: Path
+    """The checkout the runs start in (config paths are relative to it)."""
 
     def commands(self) -> list[list[str]]:
         return [[*self.command, *run.train_args()] for run in self.runs]
@@ -102,6 +108,16 @@ class Sweep:
             raise ValueError(f"--only: no run named {', '.join(unknown)} in {self.source}; "
                              f"valid names: {', '.join(valid)}")
         return replace(self, runs=[run for run in self.runs if run.name in names])
+
+
+def find_checkout(start: Path) -> Path:
+    """The isollm checkout holding ``start``: the nearest directory up with train.py and llm/__init__.py."""
+    start = start.resolve()
+    for directory in (start, *start.parents):
+        if (directory / "train.py").is_file() and (directory / "llm" / "__init__.py").is_file():
+            return directory
+    raise FileNotFoundError(f"{start} is not inside an isollm checkout (a directory with train.py and llm/); "
+                            "run from one or pass --root")
 
 
 def format_value(value: Any) -> str:
@@ -119,9 +135,9 @@ def _fail(path: Path, key: str, message: str) -> ValueError:
     return ValueError(f"{path}: {key}: {message}")
 
 
-def _resolve_file(path: Path, key: str, file: str) -> str:
-    """Config paths are relative to the repository root (as in train.py's --config); check they exist."""
-    resolved = Path(file) if Path(file).is_absolute() else REPO_ROOT / file
+def _resolve_file(path: Path, key: str, file: str, root: Path) -> str:
+    """Config paths are relative to the checkout root (as in train.py's --config); check they exist."""
+    resolved = Path(file) if Path(file).is_absolute() else root / file
     if not resolved.is_file():
         raise _fail(path, key, f"no such config file: {resolved}")
     return file
@@ -137,9 +153,10 @@ def _render_name(path: Path, template: str, axes: dict[str, str]) -> str:
     return PLACEHOLDER.sub(substitute, template)
 
 
-def expand(spec: dict[str, Any], path: Path) -> list[Run]:
-    """The cartesian product of the ``files`` and ``grid`` axes as named runs (names checked unique)."""
-    configs = [_resolve_file(path, "configs", f) for f in spec.get("configs") or []]
+def expand(spec: dict[str, Any], path: Path, root: Path) -> list[Run]:
+    """The cartesian product of the ``files`` and ``grid`` axes as named runs (names checked unique); config
+    files are relative to the checkout ``root``."""
+    configs = [_resolve_file(path, "configs", f, root) for f in spec.get("configs") or []]
     files: dict[str, dict[str, str]] = spec.get("files") or {}
     grid: dict[str, list[Any]] = spec.get("grid") or {}
     overrides = [f"{key}={format_value(value)}" for key, value in (spec.get("overrides") or {}).items()]
@@ -147,7 +164,7 @@ def expand(spec: dict[str, Any], path: Path) -> list[Run]:
         if not isinstance(choices, dict) or not choices:
             raise _fail(path, f"files.{axis}", "expected a non-empty mapping label -> config file")
         for label, file in choices.items():
-            _resolve_file(path, f"files.{axis}.{label}", file)
+            _resolve_file(path, f"files.{axis}.{label}", file, root)
     for key, values in grid.items():
         if not isinstance(values, list) or not values:
             raise _fail(path, f"grid.{key}", "expected a non-empty list of values")
@@ -180,12 +197,12 @@ def _field(config: RunConfig, dotted: str) -> Any:
     return value
 
 
-def check_comparable(runs: list[Run], path: Path) -> list[RunConfig]:
+def check_comparable(runs: list[Run], path: Path, root: Path) -> list[RunConfig]:
     """Resolve every run's config (fails on any bad key or value) and check they form a fair comparison."""
     resolved: list[RunConfig] = []
     for run in runs:
         try:
-            files = [str(REPO_ROOT / f) for f in run.configs]
+            files = [str(root / f) for f in run.configs]
             resolved.append(load_config(files, [*run.overrides, f"name={run.name}"]))
         except ValueError as err:
             raise ValueError(f"{path}: run {run.name}: {err}") from None
@@ -203,9 +220,11 @@ def check_comparable(runs: list[Run], path: Path) -> list[RunConfig]:
     return resolved
 
 
-def load_sweep(path: str | Path, check: bool = True) -> Sweep:
-    """Read a sweep file, expand its grid and (``check``) resolve and compare every run's config."""
+def load_sweep(path: str | Path, check: bool = True, root: Path | None = None) -> Sweep:
+    """Read a sweep file, expand its grid and (``check``) resolve and compare every run's config; its runs
+    start in the checkout ``root`` (default: the one holding the current directory)."""
     path = Path(path)
+    root = root.resolve() if root is not None else find_checkout(Path.cwd())
     if not path.is_file():
         raise FileNotFoundError(f"no such sweep file: {path}")
     try:
@@ -223,11 +242,11 @@ def load_sweep(path: str | Path, check: bool = True) -> Sweep:
     unknown = sorted(set(slurm) - set(SLURM_DEFAULTS))
     if unknown:
         raise _fail(path, f"slurm.{unknown[0]}", f"unknown key; expected one of: {', '.join(SLURM_DEFAULTS)}")
-    runs = expand(spec, path)
+    runs = expand(spec, path, root)
     if check:
-        check_comparable(runs, path)
+        check_comparable(runs, path, root)
     command = shlex.split(str(spec.get("command") or "python train.py"))
-    return Sweep(str(spec["name"]), runs, command, slurm, path)
+    return Sweep(str(spec["name"]), runs, command, slurm, path, root)
 
 
 def slurm_array_script(sweep: Sweep) -> str:
@@ -271,14 +290,14 @@ def slurm_array_script(sweep: Sweep) -> str:
 
 
 def run_local(sweep: Sweep, dry_run: bool, jobs: int = 1) -> int:
-    """Run the sweep's commands from the repo root in grid order, at most ``jobs`` at once (1: one after
+    """Run the sweep's commands from its checkout root in grid order, at most ``jobs`` at once (1: one after
     another), each writing to this terminal; return how many failed."""
     commands = sweep.commands()
 
     def launch(i: int) -> bool:
         # one write per line (print writes the end separately): lines of runs started together stay whole
         print(f"[{i + 1}/{len(commands)}] {shlex.join(commands[i])}\n", end="", flush=True)
-        return dry_run or subprocess.run(commands[i], cwd=REPO_ROOT).returncode == 0
+        return dry_run or subprocess.run(commands[i], cwd=sweep.root).returncode == 0
 
     # map cancels the runs not yet started when it raises (Ctrl-C): only the running ones finish
     with ThreadPoolExecutor(max_workers=jobs) as pool:
@@ -299,20 +318,24 @@ def submit_slurm(sweep: Sweep, dry_run: bool, script_dir: Path) -> Path:
     if not dry_run:
         if shutil.which("sbatch") is None:
             raise FileNotFoundError(f"sbatch not found here; submit {script} from a Slurm login node")
-        (REPO_ROOT / "logs").mkdir(exist_ok=True)
-        subprocess.run(command, cwd=REPO_ROOT, check=True)
+        (sweep.root / "logs").mkdir(exist_ok=True)
+        subprocess.run(command, cwd=sweep.root, check=True)
     return script
 
 
-def main(argv: list[str] | None = None) -> int:
+def main(argv: list[str] | None = None, root: Path | None = None) -> int:
+    """``root``: the checkout to run in unless ``--root`` is given (launch/sweep.py passes its own)."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("sweep", help="sweep YAML file (launch/sweeps/*.yaml)")
     parser.add_argument("--mode", choices=("print", "local", "slurm"), default="print",
                         help="print the commands, run them here (see --jobs), or submit a Slurm array")
     parser.add_argument("--dry-run", action="store_true",
                         help="local: only print; slurm: write the array script without calling sbatch")
-    parser.add_argument("--script-dir", default=str(REPO_ROOT / "runs" / "sweeps"),
-                        help="where --mode slurm writes <sweep name>.sbatch")
+    parser.add_argument("--script-dir", default=None,
+                        help="where --mode slurm writes <sweep name>.sbatch (default: <root>/runs/sweeps)")
+    parser.add_argument("--root", type=Path, default=root,
+                        help="the checkout whose train.py and configs the runs use, and where they write runs/ "
+                             "(default: the one launch/sweep.py is in, else the one holding this directory)")
     parser.add_argument("--only", nargs="+", metavar="NAME",
                         help="just these runs of the grid (their run names; every mode)")
     parser.add_argument("-j", "--jobs", type=at_least(1), default=1, metavar="N",
@@ -321,7 +344,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.jobs != 1 and args.mode != "local":
         parser.error(f"--jobs applies to --mode local only, not --mode {args.mode}")
     try:
-        sweep = load_sweep(args.sweep)
+        sweep = load_sweep(args.sweep, root=args.root)
         if args.only:
             sweep = sweep.only(args.only)
         if args.jobs > 1 and {"accelerate", "torchrun", "deepspeed"} & set(map(os.path.basename, sweep.command)):
@@ -334,7 +357,7 @@ def main(argv: list[str] | None = None) -> int:
         elif args.mode == "local":
             return 1 if run_local(sweep, args.dry_run, args.jobs) else 0
         else:
-            submit_slurm(sweep, args.dry_run, Path(args.script_dir))
+            submit_slurm(sweep, args.dry_run, Path(args.script_dir or sweep.root / "runs" / "sweeps"))
     except (ValueError, FileNotFoundError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2

@@ -12,6 +12,7 @@ import argparse
 import os
 import sys
 import warnings
+from pathlib import Path
 
 from llm.config import load_config
 from llm.data.errors import DataError
@@ -72,11 +73,21 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
+def _record_exit(code: int) -> None:
+    """Under launch/supervise.sh (``ISOLLM_EXIT_DIR`` set), write this rank's exit code and the node's rank count
+    there: it exits 0 when every rank did, whatever the launcher's own status after a signal."""
+    directory = os.environ.get("ISOLLM_EXIT_DIR")
+    if directory:
+        rank, ranks = os.environ.get("LOCAL_RANK", "0"), os.environ.get("LOCAL_WORLD_SIZE", "1")
+        Path(directory, f"rank{rank}").write_text(f"{code} {ranks}\n")
+
+
 def run() -> None:
     """Entry point: exit with ``main``'s code. Multi-process runs end with ``os._exit`` (after flushing),
     which SPEC.md found avoids gloo's abort at interpreter exit."""
     _one_line_checkpoint_warnings()
     code = main()
+    _record_exit(code)
     if int(os.environ.get("WORLD_SIZE", "1")) > 1:
         sys.stdout.flush()
         sys.stderr.flush()
