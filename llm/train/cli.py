@@ -1,9 +1,11 @@
 """``python train.py --config configs/X.yaml [--config more.yaml] key.sub=value ...``
 
 Exit codes: 0 done (or stopped by SIGTERM/SIGINT after checkpointing), 1 the run failed
-(non-finite steps, a checkpoint that could not be written), 2 bad configuration, arguments or data
-inputs (a missing or unreadable file, a checkpoint that does not fit this launch), reported as one
-``error: <field>: <message>`` line before any training step.
+(non-finite steps or parameters, a checkpoint or run-directory file that could not be written), 2 bad
+configuration, arguments or data inputs (a missing or unreadable file, a checkpoint that does not fit this
+launch, a run directory locked by another run, ``resume=true`` over checkpoints none of which is usable),
+reported as one ``error: <field>: <message>`` line before any training step. A skipped checkpoint is one
+``warning:`` line.
 """
 
 from __future__ import annotations
