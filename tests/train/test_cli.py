@@ -15,7 +15,7 @@ from llm.train.cli import main
 
 @pytest.mark.parametrize(("override", "field", "message"), [
     ("model.ffn=nope", "model.ffn", "unknown value 'nope'"),
-    ("train.lr=-1", "train.lr", "expected a positive learning rate"),
+    ("train.lr=-1", "train.lr", "expected a finite positive number"),
     ("train.nope=1", "train.nope", "unknown key"),
 ])
 def test_bad_config_is_one_line_exit_2(override: str, field: str, message: str, tmp_path: Path,
