@@ -69,7 +69,7 @@ def main(argv: list[str] | None = None) -> int:
     except (ConfigError, DataError, FileNotFoundError) as err:
         _report(err)
         return 2
-    except (TrainingError, CheckpointError) as err:
+    except (TrainingError, CheckpointError, OSError) as err:  # OSError: a full disk while logging a row
         _report(err)
         return 1
     return 0

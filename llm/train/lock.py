@@ -65,8 +65,12 @@ class RunLock:
                         f"that run to end, or choose another name=") from None
                 path.unlink(missing_ok=True)
                 continue
-            with os.fdopen(fd, "w") as f:
-                json.dump({**record, "renewed": time.time()}, f)
+            try:
+                with os.fdopen(fd, "w") as f:
+                    json.dump({**record, "renewed": time.time()}, f)
+            except OSError:  # a full disk: leave no empty lock behind
+                path.unlink(missing_ok=True)
+                raise
             return cls(path, record)
         raise RunLockedError(f"{path.parent}: another process took {path} while a stale lock was replaced")
 

@@ -150,13 +150,16 @@ def _reduce_over_ranks(loss: torch.Tensor, stop: bool) -> tuple[float, bool]:
 
 
 def _parameters_finite(model: nn.Module) -> bool:
-    """Whether every parameter (this rank's shard of it under FSDP2) is finite, agreed over ranks. One
-    max-abs reduction per tensor (``_foreach_norm`` with ord=inf: no overflow, NaN propagates) and one sync:
-    a fraction of the optimizer's own passes over the parameters."""
-    local = [p.detach().to_local() if hasattr(p, "to_local") else p.detach() for p in model.parameters()]
+    """Whether every parameter is finite: one max-abs reduction per tensor (``_foreach_norm`` with ord=inf: no
+    overflow, NaN propagates) and one sync, a fraction of the optimizer's own passes over the parameters.
+    Replicated parameters (one process, DDP) give every rank the same answer with no collective; FSDP2's
+    shards (DTensors) are checked locally and agreed over ranks."""
+    params = list(model.parameters())
+    sharded = any(hasattr(p, "to_local") for p in params)
+    local = [p.detach().to_local() if hasattr(p, "to_local") else p.detach() for p in params]
     local = [t for t in local if t.numel()]  # DeepSpeed ZeRO-3 leaves empty placeholders
     finite = not local or bool(torch.isfinite(torch.stack(torch._foreach_norm(local, ord=math.inf))).all())
-    return all_ranks_agree(finite, any_rank=False)
+    return all_ranks_agree(finite, any_rank=False) if sharded else finite
 
 
 def train_step(
@@ -243,8 +246,10 @@ def _lock_run_dir(run_dir: Path) -> RunLock | None:
     if is_main_process():
         try:
             lock = RunLock.acquire(run_dir)
-        except (RunLockedError, OSError) as err:
-            error = one_line(err) if isinstance(err, OSError) else str(err)
+        except RunLockedError as err:
+            error = str(err)
+        except OSError as err:
+            error = f"could not create the lock of {run_dir} ({one_line(err)})"
     errors = gather_messages(error)
     if errors:
         raise ConfigError("name", errors[0])

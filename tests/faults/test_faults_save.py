@@ -24,6 +24,7 @@ import llm.train.checkpoint as checkpoint
 import llm.train.trainer as trainer
 from llm.train.checkpoint import verify_checkpoint
 from llm.train.cli import main
+from llm.train.logging import MetricsLog
 
 FAILING = "step_00000004"
 ENOSPC = OSError(errno.ENOSPC, "No space left on device")
@@ -172,3 +173,22 @@ def test_failed_save_on_one_rank_stops_both_with_the_same_line(run_overrides: li
                         f"{ckpts / 'step_00000002'}")
     assert sorted(p.name for p in ckpts.iterdir()) == ["latest", "step_00000002"]
     assert [r["step"] for r in metrics_rows(tmp_path / "runs" / "full", "train")] == [1, 2, 3, 4]
+
+
+def test_disk_full_while_logging_a_row_is_one_line(run_overrides: list[str], tmp_path: Path,
+                                                   monkeypatch: pytest.MonkeyPatch, capsys) -> None:
+    real = MetricsLog.log
+
+    def log(self, kind, step, tokens, **fields):
+        if kind == "train" and step == 3:
+            raise OSError(errno.ENOSPC, "No space left on device", str(tmp_path / "runs" / "full" / "metrics.jsonl"))
+        return real(self, kind, step, tokens, **fields)
+
+    monkeypatch.setattr(MetricsLog, "log", log)
+    assert main([*run_overrides, "name=full", "train.max_steps=4", "train.checkpoint_every=2"]) == 1
+    err = capsys.readouterr().err
+    assert "Traceback" not in err
+    run_dir = tmp_path / "runs" / "full"
+    assert _error_lines(err) == [f"error: [Errno 28] No space left on device: '{run_dir / 'metrics.jsonl'}'"]
+    assert (run_dir / "checkpoints" / "latest").read_text() == "step_00000002\n"
+    assert not (run_dir / "run.lock").exists()
