@@ -242,28 +242,31 @@ def save_checkpoint(
     name = checkpoint_name(step)
     tmp, final = ckpt_dir / f"{name}.tmp", ckpt_dir / name
     main = is_main_process()
-    if main:
-        if tmp.exists():
-            shutil.rmtree(tmp)
-        (tmp / "state").mkdir(parents=True)
-    accelerator.wait_for_everyone()
-
+    rank, world_size = rank_and_world_size()
     error: str | None = None
-    try:
-        with _weights_in_model_dir(accelerator):
-            accelerator.save_state(str(tmp / "state"))
-        torch.save(loader.state_dict(), tmp / "state" / f"data_rank{rank_and_world_size()[0]}.pt")
-        state_dict = accelerator.get_state_dict(model)
-        if main:
-            hf_model = accelerator.unwrap_model(model)
-            hf_model.save_pretrained(tmp / MODEL_DIR, state_dict=state_dict)
-            as_transformers_tokenizer(tokenizer).save_pretrained(tmp / MODEL_DIR)
-            (tmp / "trainer.json").write_text(json.dumps(trainer_state, indent=1))
-            save_config(config, tmp / "config.yaml")
-    except Exception as err:  # a full disk raises OSError, RuntimeError, SafetensorError or a bare Exception
-        rank, world_size = rank_and_world_size()
-        error = f"rank {rank}: {one_line(err)}" if world_size > 1 else one_line(err)
-    errors = gather_messages(error)
+    if main:
+        try:
+            if tmp.exists():
+                shutil.rmtree(tmp)
+            (tmp / "state").mkdir(parents=True)
+        except OSError as err:
+            error = one_line(err)
+    errors = gather_messages(error)  # every rank waits for the directory, and learns if it failed
+    if not errors:
+        try:
+            with _weights_in_model_dir(accelerator):
+                accelerator.save_state(str(tmp / "state"))
+            torch.save(loader.state_dict(), tmp / "state" / f"data_rank{rank}.pt")
+            state_dict = accelerator.get_state_dict(model)
+            if main:
+                hf_model = accelerator.unwrap_model(model)
+                hf_model.save_pretrained(tmp / MODEL_DIR, state_dict=state_dict)
+                as_transformers_tokenizer(tokenizer).save_pretrained(tmp / MODEL_DIR)
+                (tmp / "trainer.json").write_text(json.dumps(trainer_state, indent=1))
+                save_config(config, tmp / "config.yaml")
+        except Exception as err:  # a full disk raises OSError, RuntimeError, SafetensorError or a bare Exception
+            error = f"rank {rank}: {one_line(err)}" if world_size > 1 else one_line(err)
+        errors = gather_messages(error)
     if not errors and main:
         renamed = False
         try:
@@ -277,7 +280,7 @@ def save_checkpoint(
             _write_pointer(ckpt_dir, name)
         except Exception as err:
             error = one_line(err)
-            if renamed:  # not published: the pointer still names the previous checkpoint
+            if renamed and _pointer_target(ckpt_dir, warn=False) != name:  # renamed, never published
                 shutil.rmtree(final, ignore_errors=True)
         else:
             _prune(ckpt_dir, keep, name)

@@ -164,9 +164,12 @@ def test_failed_save_on_one_rank_stops_both_with_the_same_line(run_overrides: li
     """Rank 1's ``torch.save`` of its data-loader state fails; rank 0 wrote its part. Both ranks print the
     same line (naming rank 1's error) and exit 1, instead of rank 0 dying of "Connection closed by peer"."""
     args = [*run_overrides, "name=full", "train.max_steps=4", "train.checkpoint_every=2"]
-    proc = run(torchrun(2, str(WORKER), FAILING, *args), expect=None)
+    logs = tmp_path / "logs"  # each rank's stderr in its own file: lines of two ranks cannot interleave
+    proc = run(torchrun(2, "--log-dir", str(logs), "--redirects", "2", str(WORKER), FAILING, *args), expect=None)
     ckpts = tmp_path / "runs" / "full" / "checkpoints"
-    lines = _error_lines(proc.stderr)
+    per_rank = sorted(logs.rglob("stderr.log"), key=lambda p: p.parent.name)
+    assert [p.parent.name for p in per_rank] == ["0", "1"], proc.stderr[-3000:]
+    lines = [line for p in per_rank for line in _error_lines(p.read_text())]
     assert lines == [lines[0]] * 2, proc.stderr[-3000:]
     assert lines[0] == (f"error: could not write checkpoint {ckpts / (FAILING + '.tmp')} (rank 1: OSError: "
                         f"[Errno 28] No space left on device); the previous checkpoint is intact: "
