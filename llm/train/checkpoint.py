@@ -63,6 +63,7 @@ __all__ = [
     "has_checkpoints",
     "latest_checkpoint",
     "load_checkpoint",
+    "one_line_checkpoint_warnings",
     "resume_checkpoint",
     "save_checkpoint",
     "verify_checkpoint",
@@ -80,6 +81,19 @@ class CheckpointError(RuntimeError):
 
 class CheckpointWarning(UserWarning):
     """A checkpoint was skipped on resume (incomplete or corrupt)."""
+
+
+def one_line_checkpoint_warnings() -> None:
+    """Command lines (train.py, eval.py) report a skipped checkpoint or pointer as one ``warning:`` line
+    (not file:line plus source)."""
+    default = warnings.formatwarning
+
+    def format_warning(message, category, filename, lineno, line=None) -> str:
+        if issubclass(category, CheckpointWarning):
+            return f"warning: {message}\n"
+        return default(message, category, filename, lineno, line)
+
+    warnings.formatwarning = format_warning
 
 
 def checkpoint_name(step: int) -> str:

@@ -13,13 +13,12 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-import warnings
 from pathlib import Path
 
 from llm.config import load_config
 from llm.data.errors import DataError
 from llm.model.config import ConfigError
-from llm.train.checkpoint import CheckpointError, CheckpointWarning
+from llm.train.checkpoint import CheckpointError, one_line_checkpoint_warnings
 
 __all__ = ["main"]
 
@@ -41,18 +40,6 @@ def _report(err: BaseException) -> None:
     lines = [line for line in str(err).splitlines() if line.strip()] or [type(err).__name__]
     message = lines[-1].split(": ", 1)[1] if len(lines) > 1 and ": " in lines[-1] else lines[-1]
     print(f"error: {message}", file=sys.stderr)
-
-
-def _one_line_checkpoint_warnings() -> None:
-    """A skipped checkpoint or pointer is reported as one ``warning:`` line (not file:line plus source)."""
-    default = warnings.formatwarning
-
-    def format_warning(message, category, filename, lineno, line=None) -> str:
-        if issubclass(category, CheckpointWarning):
-            return f"warning: {message}\n"
-        return default(message, category, filename, lineno, line)
-
-    warnings.formatwarning = format_warning
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -87,7 +74,7 @@ def _record_exit(code: int) -> None:
 def run() -> None:
     """Entry point: exit with ``main``'s code. Multi-process runs end with ``os._exit`` (after flushing),
     which SPEC.md found avoids gloo's abort at interpreter exit."""
-    _one_line_checkpoint_warnings()
+    one_line_checkpoint_warnings()
     code = main()
     _record_exit(code)
     if int(os.environ.get("WORLD_SIZE", "1")) > 1:
