@@ -95,7 +95,7 @@ class RunLock:
     def _renew(self) -> None:
         interval = float(self._record["lease_s"]) / 10
         while not self._stop.wait(interval):
-            tmp = self.path.with_suffix(".tmp")
+            tmp = self.path.with_name(f".{LOCK_FILE}.tmp")
             try:
                 tmp.write_text(json.dumps({**self._record, "renewed": time.time()}))
                 os.replace(tmp, self.path)
