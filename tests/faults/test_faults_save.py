@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 import safetensors
 import torch
+import transformers
 import transformers.modeling_utils
 from tiny import metrics_rows, run, torchrun
 
@@ -57,21 +58,14 @@ def _safetensors(monkeypatch: pytest.MonkeyPatch) -> str:
 
 
 def _tokenizer(monkeypatch: pytest.MonkeyPatch) -> str:
-    real = checkpoint.as_transformers_tokenizer
+    real = transformers.PreTrainedTokenizerFast.save_pretrained
 
-    def as_transformers_tokenizer(tok):
-        wrapped = real(tok)
-        real_save = wrapped.save_pretrained
+    def save_pretrained(self, directory, *args, **kwargs):
+        if f"{FAILING}.tmp" in str(directory):
+            raise Exception("No space left on device (os error 28)")  # what the Rust tokenizer raises
+        return real(self, directory, *args, **kwargs)
 
-        def save_pretrained(directory, *args, **kwargs):
-            if f"{FAILING}.tmp" in str(directory):
-                raise Exception("No space left on device (os error 28)")  # what the Rust tokenizer raises
-            return real_save(directory, *args, **kwargs)
-
-        wrapped.save_pretrained = save_pretrained
-        return wrapped
-
-    monkeypatch.setattr(checkpoint, "as_transformers_tokenizer", as_transformers_tokenizer)
+    monkeypatch.setattr(transformers.PreTrainedTokenizerFast, "save_pretrained", save_pretrained)
     return "Exception: No space left on device (os error 28)"
 
 
