@@ -256,25 +256,22 @@ def _lock_run_dir(run_dir: Path) -> RunLock | None:
     return lock
 
 
-def _resume(config: RunConfig, ckpt_dir: Path, accelerator: Accelerator, loader: Any, state: TrainerState,
-            grad_norms: GradNormTracker) -> Path | None:
-    """Restore the newest usable checkpoint into the objects passed; return it (None: start at step 0).
-    ``resume=true`` refuses to start over checkpoints that all failed to verify or load (history would be
-    overwritten); ``resume=restart`` starts from step 0 then."""
+def _resume(config: RunConfig, ckpt_dir: Path, accelerator: Accelerator,
+            loader: Any) -> tuple[Path | None, dict | None]:
+    """Load the newest usable checkpoint (``resume_checkpoint``); return it and its trainer.json, or
+    ``(None, None)`` to start at step 0. ``resume=true`` refuses to start over checkpoints that all failed to
+    verify or load (history would be overwritten); ``resume=restart`` starts from step 0 then."""
     resume_from, saved = (resume_checkpoint(ckpt_dir, accelerator=accelerator, loader=loader, config=config)
                           if config.resume else (None, None))
     if saved is not None:
-        for key, value in saved["state"].items():
-            setattr(state, key, value)
-        grad_norms.load_state_dict(saved["grad_norm_tracker"])
-        main_print(f"resumed from {resume_from} at step {state.step}")
+        main_print(f"resumed from {resume_from} at step {saved['state']['step']}")
     elif config.resume is True and has_checkpoints(ckpt_dir):
         raise ConfigError("resume", f"no usable checkpoint in {ckpt_dir} (found {', '.join(checkpoint_names(ckpt_dir))}"
                                     f"; each skipped, see the warnings): not starting over them; repair or move "
                                     f"them, or pass resume=restart to start from step 0")
     elif config.resume:
         main_print(f"resume={config.resume} but {ckpt_dir} holds no usable checkpoint: starting from step 0")
-    return resume_from
+    return resume_from, saved
 
 
 def _prepare_run_dir(config: RunConfig, step: int) -> None:
@@ -334,7 +331,10 @@ def fit(config: RunConfig) -> FitResult:
     grad_norms = GradNormTracker(config.train.grad_norm_window, config.train.warmup_steps)
     lock = _lock_run_dir(run_dir)
     try:
-        resume_from = _resume(config, ckpt_dir, accelerator, loader, state, grad_norms)
+        resume_from, saved = _resume(config, ckpt_dir, accelerator, loader)
+        if saved is not None:
+            state = TrainerState(**saved["state"])
+            grad_norms.load_state_dict(saved["grad_norm_tracker"])
         _prepare_run_dir(config, state.step)
     except BaseException:
         if lock is not None:
