@@ -8,7 +8,9 @@
 # runs DDP (NCCL on GPUs, gloo on CPU). --standalone rendezvouses on a free local port, so two jobs on
 # one node do not clash. For FSDP2 or DeepSpeed use `accelerate launch --config_file
 # launch/accelerate/<mode>.yaml` instead (docs/distributed.md).
-# Environment: PYTHON (interpreter, default python), OMP_NUM_THREADS (default: cores / processes).
+# SIGTERM / SIGINT to this script stop every rank after a checkpoint, with exit code 0 (launch/supervise.sh).
+# Environment: PYTHON (interpreter, default python), OMP_NUM_THREADS (default: cores / processes),
+# TORCH_ELASTIC_SHUTDOWN_TIMEOUT (seconds torchrun waits for the ranks' checkpoint after a signal, default 540).
 set -euo pipefail
 
 if [[ $# -lt 1 || ! "$1" =~ ^[1-9][0-9]*$ ]]; then
@@ -21,7 +23,8 @@ cd "$(dirname "$0")/.."
 
 cores="$(nproc)"
 export OMP_NUM_THREADS="${OMP_NUM_THREADS:-$(( cores / procs > 0 ? cores / procs : 1 ))}"
+export TORCH_ELASTIC_SHUTDOWN_TIMEOUT="${TORCH_ELASTIC_SHUTDOWN_TIMEOUT:-540}"
 
-exec "${PYTHON:-python}" -m torch.distributed.run \
+exec launch/supervise.sh "${PYTHON:-python}" -m torch.distributed.run \
     --standalone --nproc_per_node "$procs" \
     train.py "$@"

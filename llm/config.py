@@ -9,6 +9,7 @@ is one line naming the field.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -123,11 +124,15 @@ class TrainConfig:
     """Token vectors per layer used for the isotropy metrics at each eval."""
 
     def validate(self) -> TrainConfig:
-        if not self.lr > 0:
-            raise ConfigError("lr", f"expected a positive learning rate, got {self.lr}")
+        for name in ("lr", "eps"):  # NaN and inf fail every comparison below too, but name them plainly
+            if not (math.isfinite(getattr(self, name)) and getattr(self, name) > 0):
+                raise ConfigError(name, f"expected a finite positive number, got {getattr(self, name)}")
         if not 0 <= self.min_lr_ratio <= 1:
             raise ConfigError("min_lr_ratio", f"expected a value in [0, 1], got {self.min_lr_ratio}")
-        for name in ("warmup_steps", "max_steps", "max_tokens", "weight_decay", "grad_clip"):
+        for name in ("weight_decay", "grad_clip"):  # a NaN grad_clip would silently disable clipping
+            if not (math.isfinite(getattr(self, name)) and getattr(self, name) >= 0):
+                raise ConfigError(name, f"expected a finite number >= 0, got {getattr(self, name)}")
+        for name in ("warmup_steps", "max_steps", "max_tokens"):
             if getattr(self, name) < 0:
                 raise ConfigError(name, f"expected >= 0, got {getattr(self, name)}")
         if self.max_steps == 0 and self.max_tokens == 0:
@@ -160,8 +165,10 @@ class RunConfig:
     out_dir: str = "runs"
     seed: int = 0
     """Model-initialisation and dropout seed (the data order has its own, ``data.seed``)."""
-    resume: bool = False
-    """Continue from the newest complete checkpoint in the run directory."""
+    resume: bool | str = False
+    """true: continue from the newest usable checkpoint in the run directory (none there yet: start at step
+    0; only unusable ones: refuse, naming them, rather than overwrite them); restart: the same, but start at
+    step 0 over unusable checkpoints."""
     trackers: list[str] = field(default_factory=lambda: ["tensorboard"])
     """Accelerate trackers besides metrics.jsonl: tensorboard, wandb (the `track` extra), or none."""
     wandb_project: str = "isollm"
@@ -174,8 +181,10 @@ class RunConfig:
         return Path(self.out_dir) / self.name
 
     def validate(self) -> RunConfig:
-        if not self.name or "/" in self.name:
-            raise ConfigError("name", f"expected a non-empty directory name without '/', got {self.name!r}")
+        if self.name in ("", ".", "..") or "/" in self.name or "\\" in self.name:
+            raise ConfigError("name", f"expected a plain directory name (no '/', not '.' or '..'), got {self.name!r}")
+        if self.resume not in (True, False, "restart"):
+            raise ConfigError("resume", f"expected true, false or restart, got {self.resume!r}")
         for tracker in self.trackers:
             check_choice("trackers", tracker, ("tensorboard", "wandb"))
         for section in ("model", "data", "train"):
@@ -183,6 +192,10 @@ class RunConfig:
                 getattr(self, section).validate()
             except ConfigError as err:
                 raise err.prefixed(section) from None
+        if self.data.seq_len > self.model.max_position_embeddings:
+            raise ConfigError("data.seq_len", f"{self.data.seq_len} exceeds model.max_position_embeddings "
+                                              f"({self.model.max_position_embeddings}), the longest sequence the "
+                                              f"exported model declares; raise it or shorten data.seq_len")
         return self
 
 

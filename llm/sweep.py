@@ -3,7 +3,7 @@
 A sweep file (``launch/sweeps/*.yaml``)::
 
     name: ffn-attn                      # slurm job name and array-script file name
-    configs: [configs/sizes/tiny.yaml]  # base config files of every run (relative to the repo root)
+    configs: [configs/sizes/tiny.yaml]  # base config files of every run (relative to the checkout root)
     files:                              # optional axes over config files: axis -> {label: file}
       size: {tiny: configs/sizes/tiny.yaml, 83m: configs/sizes/83m.yaml}
     grid:                               # axes over dotted config keys: key -> list of values
@@ -24,10 +24,15 @@ at once, and the runs must agree on everything that makes a comparison fair (SPE
 order, same validation tokens, same token budget): the whole ``data`` section and the fields in
 ``COMPARISON_INVARIANTS``. A ``data.*`` grid axis is therefore refused.
 
+Runs start in the checkout the sweep is invoked from (``--root``, else the checkout of launch/sweep.py when run
+through it, else the one holding the current directory), never in the installed ``llm`` package's location: with
+one environment shared by two clones, each clone's sweeps train its own code and write its own runs/.
+
     python launch/sweep.py launch/sweeps/ffn_attn.yaml --mode print|local|slurm [--dry-run]
         [--only NAME ...]    # just these runs of the grid
         [-j N]               # --mode local: at most N runs at once (default 1: one after another);
                              # with N > 1 each output line is prefixed with its run's name
+        [--root DIR]         # the checkout to run in (default: see above)
 """
 
 from __future__ import annotations
@@ -52,7 +57,6 @@ from omegaconf import OmegaConf
 from llm.cli_types import at_least
 from llm.config import RunConfig, load_config
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
 COMPARISON_INVARIANTS = ("train.global_batch_tokens", "train.max_tokens", "train.max_steps")
 """Run-config fields (besides the whole ``data`` section) that every run of a sweep must share."""
 SWEEP_KEYS = ("name", "configs", "files", "grid", "overrides", "run_name", "command", "slurm")
@@ -92,6 +96,8 @@ class Sweep:
     command: list[str]
     slurm: dict[str, Any]
     source: Path
+    root: Path
+    """The checkout the runs start in (config paths are relative to it)."""
 
     def commands(self) -> list[list[str]]:
         return [[*self.command, *run.train_args()] for run in self.runs]
@@ -104,6 +110,16 @@ class Sweep:
             raise ValueError(f"--only: no run named {', '.join(unknown)} in {self.source}; "
                              f"valid names: {', '.join(valid)}")
         return replace(self, runs=[run for run in self.runs if run.name in names])
+
+
+def find_checkout(start: Path) -> Path:
+    """The isollm checkout holding ``start``: the nearest directory up with train.py and llm/__init__.py."""
+    start = start.resolve()
+    for directory in (start, *start.parents):
+        if (directory / "train.py").is_file() and (directory / "llm" / "__init__.py").is_file():
+            return directory
+    raise FileNotFoundError(f"{start} is not inside an isollm checkout (a directory with train.py and llm/); "
+                            "run from one or pass --root")
 
 
 def format_value(value: Any) -> str:
@@ -121,9 +137,9 @@ def _fail(path: Path, key: str, message: str) -> ValueError:
     return ValueError(f"{path}: {key}: {message}")
 
 
-def _resolve_file(path: Path, key: str, file: str) -> str:
-    """Config paths are relative to the repository root (as in train.py's --config); check they exist."""
-    resolved = Path(file) if Path(file).is_absolute() else REPO_ROOT / file
+def _resolve_file(path: Path, key: str, file: str, root: Path) -> str:
+    """Config paths are relative to the checkout root (as in train.py's --config); check they exist."""
+    resolved = Path(file) if Path(file).is_absolute() else root / file
     if not resolved.is_file():
         raise _fail(path, key, f"no such config file: {resolved}")
     return file
@@ -139,9 +155,10 @@ def _render_name(path: Path, template: str, axes: dict[str, str]) -> str:
     return PLACEHOLDER.sub(substitute, template)
 
 
-def expand(spec: dict[str, Any], path: Path) -> list[Run]:
-    """The cartesian product of the ``files`` and ``grid`` axes as named runs (names checked unique)."""
-    configs = [_resolve_file(path, "configs", f) for f in spec.get("configs") or []]
+def expand(spec: dict[str, Any], path: Path, root: Path) -> list[Run]:
+    """The cartesian product of the ``files`` and ``grid`` axes as named runs (names checked unique); config
+    files are relative to the checkout ``root``."""
+    configs = [_resolve_file(path, "configs", f, root) for f in spec.get("configs") or []]
     files: dict[str, dict[str, str]] = spec.get("files") or {}
     grid: dict[str, list[Any]] = spec.get("grid") or {}
     overrides = [f"{key}={format_value(value)}" for key, value in (spec.get("overrides") or {}).items()]
@@ -149,7 +166,7 @@ def expand(spec: dict[str, Any], path: Path) -> list[Run]:
         if not isinstance(choices, dict) or not choices:
             raise _fail(path, f"files.{axis}", "expected a non-empty mapping label -> config file")
         for label, file in choices.items():
-            _resolve_file(path, f"files.{axis}.{label}", file)
+            _resolve_file(path, f"files.{axis}.{label}", file, root)
     for key, values in grid.items():
         if not isinstance(values, list) or not values:
             raise _fail(path, f"grid.{key}", "expected a non-empty list of values")
@@ -182,12 +199,12 @@ def _field(config: RunConfig, dotted: str) -> Any:
     return value
 
 
-def check_comparable(runs: list[Run], path: Path) -> list[RunConfig]:
+def check_comparable(runs: list[Run], path: Path, root: Path) -> list[RunConfig]:
     """Resolve every run's config (fails on any bad key or value) and check they form a fair comparison."""
     resolved: list[RunConfig] = []
     for run in runs:
         try:
-            files = [str(REPO_ROOT / f) for f in run.configs]
+            files = [str(root / f) for f in run.configs]
             resolved.append(load_config(files, [*run.overrides, f"name={run.name}"]))
         except ValueError as err:
             raise ValueError(f"{path}: run {run.name}: {err}") from None
@@ -205,9 +222,11 @@ def check_comparable(runs: list[Run], path: Path) -> list[RunConfig]:
     return resolved
 
 
-def load_sweep(path: str | Path, check: bool = True) -> Sweep:
-    """Read a sweep file, expand its grid and (``check``) resolve and compare every run's config."""
+def load_sweep(path: str | Path, check: bool = True, root: Path | None = None) -> Sweep:
+    """Read a sweep file, expand its grid and (``check``) resolve and compare every run's config; its runs
+    start in the checkout ``root`` (default: the one holding the current directory)."""
     path = Path(path)
+    root = root.resolve() if root is not None else find_checkout(Path.cwd())
     if not path.is_file():
         raise FileNotFoundError(f"no such sweep file: {path}")
     try:
@@ -225,11 +244,11 @@ def load_sweep(path: str | Path, check: bool = True) -> Sweep:
     unknown = sorted(set(slurm) - set(SLURM_DEFAULTS))
     if unknown:
         raise _fail(path, f"slurm.{unknown[0]}", f"unknown key; expected one of: {', '.join(SLURM_DEFAULTS)}")
-    runs = expand(spec, path)
+    runs = expand(spec, path, root)
     if check:
-        check_comparable(runs, path)
+        check_comparable(runs, path, root)
     command = shlex.split(str(spec.get("command") or "python train.py"))
-    return Sweep(str(spec["name"]), runs, command, slurm, path)
+    return Sweep(str(spec["name"]), runs, command, slurm, path, root)
 
 
 def slurm_array_script(sweep: Sweep) -> str:
@@ -286,13 +305,13 @@ def _write_prefixed(name: str, lines: list[bytes]) -> None:
             sys.stdout.flush()
 
 
-def run_prefixed(command: list[str], name: str) -> bool:
-    """Run ``command`` from the repo root with stdout and stderr merged, each line written to this
+def run_prefixed(command: list[str], name: str, root: Path) -> bool:
+    """Run ``command`` from the checkout ``root`` with stdout and stderr merged, each line written to this
     terminal as ``[name] line`` (a progress-bar redraw, ended by ``\\r``, is a line too); True if it
     exited 0."""
     # unbuffered: a Python child writing to a pipe would otherwise hold its lines back until it exits
     env = {**os.environ, "TQDM_MININTERVAL": str(PROGRESS_INTERVAL_S), "PYTHONUNBUFFERED": "1"}
-    with subprocess.Popen(command, cwd=REPO_ROOT, env=env, stdout=subprocess.PIPE,
+    with subprocess.Popen(command, cwd=root, env=env, stdout=subprocess.PIPE,
                           stderr=subprocess.STDOUT) as proc:
         pending = b""
         for chunk in iter(lambda: proc.stdout.read1(1 << 16), b""):
@@ -303,7 +322,7 @@ def run_prefixed(command: list[str], name: str) -> bool:
 
 
 def run_local(sweep: Sweep, dry_run: bool, jobs: int = 1) -> int:
-    """Run the sweep's commands from the repo root in grid order, at most ``jobs`` at once (1: one after
+    """Run the sweep's commands from its checkout root in grid order, at most ``jobs`` at once (1: one after
     another, writing to this terminal as they are; more: each line prefixed with its run's name, see
     ``run_prefixed``); return how many failed."""
     commands = sweep.commands()
@@ -314,8 +333,8 @@ def run_local(sweep: Sweep, dry_run: bool, jobs: int = 1) -> int:
         if dry_run:
             return True
         if jobs == 1:
-            return subprocess.run(commands[i], cwd=REPO_ROOT).returncode == 0
-        return run_prefixed(commands[i], sweep.runs[i].name)
+            return subprocess.run(commands[i], cwd=sweep.root).returncode == 0
+        return run_prefixed(commands[i], sweep.runs[i].name, sweep.root)
 
     # map cancels the runs not yet started when it raises (Ctrl-C): only the running ones finish
     with ThreadPoolExecutor(max_workers=jobs) as pool:
@@ -336,20 +355,24 @@ def submit_slurm(sweep: Sweep, dry_run: bool, script_dir: Path) -> Path:
     if not dry_run:
         if shutil.which("sbatch") is None:
             raise FileNotFoundError(f"sbatch not found here; submit {script} from a Slurm login node")
-        (REPO_ROOT / "logs").mkdir(exist_ok=True)
-        subprocess.run(command, cwd=REPO_ROOT, check=True)
+        (sweep.root / "logs").mkdir(exist_ok=True)
+        subprocess.run(command, cwd=sweep.root, check=True)
     return script
 
 
-def main(argv: list[str] | None = None) -> int:
+def main(argv: list[str] | None = None, root: Path | None = None) -> int:
+    """``root``: the checkout to run in unless ``--root`` is given (launch/sweep.py passes its own)."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("sweep", help="sweep YAML file (launch/sweeps/*.yaml)")
     parser.add_argument("--mode", choices=("print", "local", "slurm"), default="print",
                         help="print the commands, run them here (see --jobs), or submit a Slurm array")
     parser.add_argument("--dry-run", action="store_true",
                         help="local: only print; slurm: write the array script without calling sbatch")
-    parser.add_argument("--script-dir", default=str(REPO_ROOT / "runs" / "sweeps"),
-                        help="where --mode slurm writes <sweep name>.sbatch")
+    parser.add_argument("--script-dir", default=None,
+                        help="where --mode slurm writes <sweep name>.sbatch (default: <root>/runs/sweeps)")
+    parser.add_argument("--root", type=Path, default=root,
+                        help="the checkout whose train.py and configs the runs use, and where they write runs/ "
+                             "(default: the one launch/sweep.py is in, else the one holding this directory)")
     parser.add_argument("--only", nargs="+", metavar="NAME",
                         help="just these runs of the grid (their run names; every mode)")
     parser.add_argument("-j", "--jobs", type=at_least(1), default=1, metavar="N",
@@ -358,7 +381,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.jobs != 1 and args.mode != "local":
         parser.error(f"--jobs applies to --mode local only, not --mode {args.mode}")
     try:
-        sweep = load_sweep(args.sweep)
+        sweep = load_sweep(args.sweep, root=args.root)
         if args.only:
             sweep = sweep.only(args.only)
         if args.jobs > 1 and {"accelerate", "torchrun", "deepspeed"} & set(map(os.path.basename, sweep.command)):
@@ -371,7 +394,7 @@ def main(argv: list[str] | None = None) -> int:
         elif args.mode == "local":
             return 1 if run_local(sweep, args.dry_run, args.jobs) else 0
         else:
-            submit_slurm(sweep, args.dry_run, Path(args.script_dir))
+            submit_slurm(sweep, args.dry_run, Path(args.script_dir or sweep.root / "runs" / "sweeps"))
     except (ValueError, FileNotFoundError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2

@@ -12,6 +12,7 @@ import hashlib
 import json
 import os
 import tempfile
+import warnings
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -69,17 +70,38 @@ def _val_texts(data_cfg: DataConfig) -> Iterator[list[str]]:
             yield split_batch(batch, reader.source, data_cfg.val_bucket, data_cfg.max_doc_chars)[1]
 
 
+def _windows_digest(windows: torch.Tensor) -> str:
+    return hashlib.blake2b(windows.numpy().tobytes(), digest_size=16).hexdigest()
+
+
+def _load_cached_windows(path: Path, shape: tuple[int, int]) -> torch.Tensor | None:
+    """The cached windows when the file holds them intact (its shape and checksum), else None with a
+    warning naming the file (it is rebuilt): a torn or corrupted cache must not change the validation set."""
+    try:
+        cached = torch.load(path, weights_only=True)
+        windows = cached["windows"] if isinstance(cached, dict) else None
+        if isinstance(windows, torch.Tensor) and tuple(windows.shape) == shape and windows.dtype == torch.int64 \
+                and cached.get("blake2b") == _windows_digest(windows):
+            return windows
+        reason = "not the windows of this data config with their checksum"
+    except Exception as err:  # torch.load raises RuntimeError, UnpicklingError, EOFError, ... on bad bytes
+        reason = f"{type(err).__name__}: {(str(err).splitlines() or [''])[0]}"
+    warnings.warn(f"rebuilding the validation cache {path}: unreadable ({reason})", stacklevel=3)
+    return None
+
+
 def build_val_windows(data_cfg: DataConfig, tokenizer: Tokenizer) -> torch.Tensor:
     """LongTensor[N, seq_len + 1] of held-out tokens, N = max(1, val_tokens // (seq_len + 1)).
 
     Validation documents are taken in source order (no shuffle: the set must not depend on the data seed),
     each followed by EOS, packed into non-overlapping windows. The tensor is cached in ``data_cfg.cache_dir``
-    (written to a temporary file then renamed, so concurrent ranks never read a partial file)."""
+    (written to a temporary file then renamed, so concurrent ranks never read a partial file) with a
+    checksum; a cache file that does not load or match it is rebuilt."""
     path = val_cache_path(data_cfg, tokenizer)
-    if path.is_file():
-        return torch.load(path, weights_only=True)
     width = data_cfg.seq_len + 1
     num_windows = max(1, data_cfg.val_tokens // width)
+    if path.is_file() and (cached := _load_cached_windows(path, (num_windows, width))) is not None:
+        return cached
     need = num_windows * width
     eos = eos_id(tokenizer)
     parts, have, docs = [], 0, 0
@@ -101,6 +123,6 @@ def build_val_windows(data_cfg: DataConfig, tokenizer: Tokenizer) -> torch.Tenso
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name, suffix=".tmp")
     os.close(fd)
-    torch.save(windows, tmp)
+    torch.save({"windows": windows, "blake2b": _windows_digest(windows)}, tmp)
     os.replace(tmp, path)
     return windows

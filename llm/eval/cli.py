@@ -165,6 +165,9 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def run() -> None:
+    from llm.train.checkpoint import one_line_checkpoint_warnings
+
+    one_line_checkpoint_warnings()
     sys.exit(main())
 
 

@@ -73,9 +73,21 @@ class ResolvedModel:
         return int(json.loads((self.checkpoint_dir / "trainer.json").read_text())["state"]["step"])
 
 
+def _verify(checkpoint: Path) -> None:
+    """A checkpoint named directly must match its manifest (sizes and checksums), as on resume."""
+    from llm.train.checkpoint import MANIFEST, CheckpointError, verify_checkpoint
+
+    if (checkpoint / MANIFEST).is_file():
+        try:
+            verify_checkpoint(checkpoint)
+        except CheckpointError as err:
+            raise EvalError(str(err)) from None
+
+
 def resolve_checkpoint(target: str) -> ResolvedModel:
-    """A run directory (-> its newest complete checkpoint), a checkpoint directory, its ``model/``
-    directory, or a hub id. Raise FileNotFoundError naming ``target`` for a local path that is none."""
+    """A run directory (-> its newest complete checkpoint), a checkpoint directory (checked against its
+    manifest), its ``model/`` directory, or a hub id. Raise FileNotFoundError naming ``target`` for a local
+    path that is none."""
     path = Path(target).expanduser()
     if path.is_dir():
         if (path / "checkpoints").is_dir() or (path / "metrics.jsonl").is_file():
@@ -87,6 +99,7 @@ def resolve_checkpoint(target: str) -> ResolvedModel:
                                         f"(nothing verifiable in {path / 'checkpoints'})")
             return ResolvedModel(str(checkpoint / "model"), checkpoint)
         if (path / "model" / "config.json").is_file():
+            _verify(path)
             return ResolvedModel(str(path / "model"), path)
         if (path / "config.json").is_file():
             parent = path.parent if (path.parent / "config.yaml").is_file() else None

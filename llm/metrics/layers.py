@@ -7,6 +7,7 @@ forward pass gathers parameters); only the main process needs to log the result.
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import torch
@@ -16,6 +17,16 @@ from .isotropy import isotropy_metrics
 
 FFN_DIAGNOSTIC_KEYS = ("alpha", "beta", "pathway_ratio")
 """Keys of ``mlp.diagnostics(x)`` that go into a layer row (the variant decides which exist)."""
+ISOTROPY_KEYS = ("isoscore", "mean_cos", "eff_rank", "basis_alignment")
+"""Keys of ``isotropy_metrics``: all NaN for hidden states that are not finite."""
+
+
+def _isotropy_or_nan(points: torch.Tensor) -> dict[str, float]:
+    """``isotropy_metrics(points)``, or NaN for every score when a point is not finite (a diverged model):
+    the eigen-decomposition would fail on them, and the eval row must still be written."""
+    if not bool(torch.isfinite(points).all()):
+        return dict.fromkeys(ISOTROPY_KEYS, math.nan)
+    return isotropy_metrics(points)
 
 
 @torch.no_grad()
@@ -25,7 +36,8 @@ def layer_report(model: nn.Module, input_ids: torch.Tensor, samples: int,
 
     Row ``layer = 0`` is the embedding output, row ``i`` the output of block ``i`` (before the final
     norm); each has ``isoscore``, ``mean_cos``, ``eff_rank``, ``basis_alignment`` (see
-    ``llm.metrics.isotropy``) over the same ``samples`` token positions, drawn without replacement
+    ``llm.metrics.isotropy``; NaN when a sampled hidden state is not finite) over the same ``samples`` token
+    positions, drawn without replacement
     by a generator seeded with ``seed`` (all ``B * T`` positions when there are fewer). Row ``i >= 1``
     also has block ``i``'s ``model.model.layers[i - 1].mlp.diagnostics(x)`` on the FFN's whole input
     ``x [B, T, d]``, captured by a forward pre-hook.
@@ -62,7 +74,7 @@ def layer_report(model: nn.Module, input_ids: torch.Tensor, samples: int,
     chosen = torch.randperm(positions, generator=generator)[:samples].to(input_ids.device)
     rows: list[dict[str, float]] = []
     for layer, hidden in enumerate(hidden_states):
-        row: dict[str, float] = {"layer": layer, **isotropy_metrics(hidden.flatten(0, -2)[chosen])}
+        row: dict[str, float] = {"layer": layer, **_isotropy_or_nan(hidden.flatten(0, -2)[chosen])}
         if layer >= 1:
             diagnostics = blocks[layer - 1].mlp.diagnostics(ffn_inputs[layer - 1])
             row.update({key: float(diagnostics[key]) for key in FFN_DIAGNOSTIC_KEYS if key in diagnostics})

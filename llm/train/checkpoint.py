@@ -1,11 +1,14 @@
 """Atomic, resumable checkpoints (layout: docs/ARCHITECTURE.md, "Run directory").
 
 A checkpoint is written into ``step_XXXXXXXX.tmp/``; every file is flushed and fsynced, a
-``manifest.json`` of file sizes is written last inside it, the directory is renamed to
-``step_XXXXXXXX/`` and only then is the ``latest`` pointer replaced (write a temp file, fsync,
-``os.replace``). A crash at any point therefore leaves the previous checkpoint and pointer
-intact; at worst a stale ``.tmp`` directory, which the next save removes. On resume a checkpoint
-whose files do not match its manifest (truncated, missing, unreadable) is skipped with a
+``manifest.json`` of file sizes and xxh3-128 checksums is written last inside it, the directory is
+renamed to ``step_XXXXXXXX/`` and only then is the ``latest`` pointer replaced (write a temp file,
+fsync, ``os.replace``). A crash at any point therefore leaves the previous checkpoint and pointer
+intact; at worst a stale ``.tmp`` directory, which the next save removes. A save that fails (any
+exception, on any rank: a full disk surfaces as ``OSError``, torch's ``RuntimeError``, a
+``SafetensorError`` or a bare ``Exception`` from the tokenizer) removes its ``.tmp`` and raises the
+same one-line ``CheckpointError`` on every rank. On resume a checkpoint whose files do not match its
+manifest (truncated, missing, altered bytes) or that fails to load is skipped with a
 ``CheckpointWarning`` and the previous complete one is used.
 
 Contents::
@@ -16,7 +19,7 @@ Contents::
                     + data_rank<r>.pt, the data-loader state of each rank
     trainer.json    step, tokens, bad-step counters, grad-norm tracker
     config.yaml     the resolved run config
-    manifest.json   relative path -> size in bytes of every other file
+    manifest.json   relative path -> {"size": bytes, "xxh3_128": hex digest} of every other file
 
 The weights are written once. Single-process and DDP runs keep them in ``model/`` only:
 ``save_state`` skips its copy and ``load_state`` reads them back from ``model/`` (bitwise: the export
@@ -41,6 +44,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+import xxhash
 from accelerate import Accelerator
 from accelerate.utils import extract_model_from_parallel
 from safetensors import safe_open
@@ -51,14 +55,17 @@ from torch import nn
 from llm.config import RunConfig, load_config, save_config
 from llm.hf.hub import save_model_dir
 from llm.model.config import ConfigError
-from llm.train.distributed import all_ranks_agree, is_main_process, rank_and_world_size
+from llm.train.distributed import all_ranks_agree, gather_messages, is_main_process, rank_and_world_size
 
 __all__ = [
     "CheckpointError",
     "CheckpointWarning",
+    "checkpoint_names",
     "has_checkpoints",
     "latest_checkpoint",
     "load_checkpoint",
+    "one_line_checkpoint_warnings",
+    "resume_checkpoint",
     "save_checkpoint",
     "verify_checkpoint",
 ]
@@ -75,6 +82,19 @@ class CheckpointError(RuntimeError):
 
 class CheckpointWarning(UserWarning):
     """A checkpoint was skipped on resume (incomplete or corrupt)."""
+
+
+def one_line_checkpoint_warnings() -> None:
+    """Command lines (train.py, eval.py) report a skipped checkpoint or pointer as one ``warning:`` line
+    (not file:line plus source)."""
+    default = warnings.formatwarning
+
+    def format_warning(message, category, filename, lineno, line=None) -> str:
+        if issubclass(category, CheckpointWarning):
+            return f"warning: {message}\n"
+        return default(message, category, filename, lineno, line)
+
+    warnings.formatwarning = format_warning
 
 
 def checkpoint_name(step: int) -> str:
@@ -97,11 +117,25 @@ def _fsync_tree(root: Path) -> None:
         _fsync_path(Path(dirpath))
 
 
+def one_line(err: BaseException) -> str:
+    """``Type: first line`` of an exception (torch and safetensors errors span several lines)."""
+    lines = [line for line in str(err).splitlines() if line.strip()]
+    return f"{type(err).__name__}: {lines[0]}" if lines else type(err).__name__
+
+
+def _checksum(path: Path) -> str:
+    """xxh3-128 of the file's bytes (several GB/s: a checkpoint is hashed about as fast as it is read)."""
+    digest = xxhash.xxh3_128()
+    with open(path, "rb") as f:
+        while chunk := f.read(1 << 23):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
 def _write_manifest(root: Path) -> None:
-    sizes = {
-        str(p.relative_to(root)): p.stat().st_size for p in sorted(root.rglob("*")) if p.is_file()
-    }
-    (root / MANIFEST).write_text(json.dumps(sizes, indent=1, sort_keys=True))
+    files = {str(p.relative_to(root)): {"size": p.stat().st_size, "xxh3_128": _checksum(p)}
+             for p in sorted(root.rglob("*")) if p.is_file()}
+    (root / MANIFEST).write_text(json.dumps(files, indent=1, sort_keys=True))
 
 
 def _write_pointer(ckpt_dir: Path, name: str) -> None:
@@ -125,6 +159,31 @@ def _complete_dirs(ckpt_dir: Path) -> list[Path]:
 
 def has_checkpoints(ckpt_dir: str | Path) -> bool:
     return bool(_complete_dirs(Path(ckpt_dir)))
+
+
+def checkpoint_names(ckpt_dir: str | Path) -> list[str]:
+    """Names of the renamed (complete or corrupt, not ``.tmp``) checkpoint directories, newest first."""
+    return [p.name for p in _complete_dirs(Path(ckpt_dir))]
+
+
+def _pointer_target(ckpt_dir: Path, *, warn: bool) -> str | None:
+    """The checkpoint name in the ``latest`` pointer, or None when it is missing or not a checkpoint name
+    (torn, overwritten with garbage: then resume scans the directories instead)."""
+    pointer = ckpt_dir / POINTER
+    if not pointer.is_file():
+        return None
+    try:
+        name = pointer.read_bytes().decode("ascii").strip()
+    except (OSError, UnicodeDecodeError) as err:
+        name, reason = None, one_line(err)
+    else:
+        reason = f"{name[:40]!r} is not a checkpoint name"
+    if name is not None and name.startswith(PREFIX) and name[len(PREFIX):].isdigit():
+        return name
+    if warn:
+        warnings.warn(f"ignoring unreadable {pointer} ({reason}); scanning {ckpt_dir}", CheckpointWarning,
+                      stacklevel=3)
+    return None
 
 
 def _prune(ckpt_dir: Path, keep: int, current: str) -> None:
@@ -198,64 +257,77 @@ def save_checkpoint(
     name = checkpoint_name(step)
     tmp, final = ckpt_dir / f"{name}.tmp", ckpt_dir / name
     main = is_main_process()
+    rank, world_size = rank_and_world_size()
+    error: str | None = None
     if main:
-        if tmp.exists():
-            shutil.rmtree(tmp)
-        (tmp / "state").mkdir(parents=True)
-    accelerator.wait_for_everyone()
-
-    error: BaseException | None = None
-    try:
-        with _weights_in_model_dir(accelerator):
-            accelerator.save_state(str(tmp / "state"))
-        torch.save(loader.state_dict(), tmp / "state" / f"data_rank{rank_and_world_size()[0]}.pt")
-        state_dict = accelerator.get_state_dict(model)
-        if main:
-            hf_model = accelerator.unwrap_model(model)
-            save_model_dir(hf_model, tmp / MODEL_DIR, tokenizer, state_dict=state_dict)
-            (tmp / "trainer.json").write_text(json.dumps(trainer_state, indent=1))
-            save_config(config, tmp / "config.yaml")
-    except OSError as err:
-        error = err
-    ok = all_ranks_agree(error is None, any_rank=False)
-    if ok and main:
+        try:
+            if tmp.exists():
+                shutil.rmtree(tmp)
+            (tmp / "state").mkdir(parents=True)
+        except OSError as err:
+            error = one_line(err)
+    errors = gather_messages(error)  # every rank waits for the directory, and learns if it failed
+    if not errors:
+        try:
+            with _weights_in_model_dir(accelerator):
+                accelerator.save_state(str(tmp / "state"))
+            torch.save(loader.state_dict(), tmp / "state" / f"data_rank{rank}.pt")
+            state_dict = accelerator.get_state_dict(model)
+            if main:
+                hf_model = accelerator.unwrap_model(model)
+                save_model_dir(hf_model, tmp / MODEL_DIR, tokenizer, state_dict=state_dict)
+                (tmp / "trainer.json").write_text(json.dumps(trainer_state, indent=1))
+                save_config(config, tmp / "config.yaml")
+        except Exception as err:  # a full disk raises OSError, RuntimeError, SafetensorError or a bare Exception
+            error = f"rank {rank}: {one_line(err)}" if world_size > 1 else one_line(err)
+        errors = gather_messages(error)
+    if not errors and main:
+        renamed = False
         try:
             _write_manifest(tmp)
             _fsync_tree(tmp)
             if final.exists():  # a re-save of the same step (e.g. SIGTERM right after a periodic save)
                 shutil.rmtree(final)
             os.rename(tmp, final)
+            renamed = True
             _fsync_path(ckpt_dir)
             _write_pointer(ckpt_dir, name)
+        except Exception as err:
+            error = one_line(err)
+            if renamed and _pointer_target(ckpt_dir, warn=False) != name:  # renamed, never published
+                shutil.rmtree(final, ignore_errors=True)
+        else:
             _prune(ckpt_dir, keep, name)
-        except OSError as err:
-            error = err
-    ok = all_ranks_agree(ok and error is None, any_rank=False)
-    if not ok:
+    errors = errors or gather_messages(error)
+    if errors:
         if main:
             shutil.rmtree(tmp, ignore_errors=True)
-        previous = latest_checkpoint(ckpt_dir, warn=False)
+            (ckpt_dir / f".{POINTER}.tmp").unlink(missing_ok=True)
+        accelerator.wait_for_everyone()  # the pointer is read after the main process cleaned up
+        previous = _pointer_target(ckpt_dir, warn=False)
         raise CheckpointError(
-            f"could not write checkpoint {tmp} ({error or 'a write failed on another rank'}); "
-            f"the previous checkpoint is intact: {previous or 'none'}"
-        )
+            f"could not write checkpoint {tmp} ({'; '.join(errors)}); the previous checkpoint is intact: "
+            f"{ckpt_dir / previous if previous else 'none'}")
     return final
 
 
 def verify_checkpoint(path: str | Path) -> None:
-    """Raise ``CheckpointError`` unless every file of the manifest exists with its size and the
-    safetensors files parse."""
+    """Raise ``CheckpointError`` unless every file of the manifest exists with its size and checksum and
+    the safetensors files parse. (Manifests written before checksums, sizes only, are checked by size.)"""
     path = Path(path)
     manifest = path / MANIFEST
     try:
-        sizes = json.loads(manifest.read_text())
-    except (OSError, ValueError) as err:
-        raise CheckpointError(f"{path}: unreadable {MANIFEST} ({err})") from None
-    for rel, size in sizes.items():
+        entries = json.loads(manifest.read_text())
+        entries = {rel: entry if isinstance(entry, dict) else {"size": entry} for rel, entry in entries.items()}
+    except (OSError, ValueError, AttributeError) as err:
+        raise CheckpointError(f"{path}: unreadable {MANIFEST} ({one_line(err)})") from None
+    for rel, entry in entries.items():
         file = path / rel
         actual = file.stat().st_size if file.is_file() else None
-        if actual != size:
-            raise CheckpointError(f"{path}: {rel} has {actual} bytes, expected {size}")
+        if actual != entry.get("size"):
+            raise CheckpointError(f"{path}: {rel} has {actual} bytes, expected {entry.get('size')}")
+        if "xxh3_128" in entry and _checksum(file) != entry["xxh3_128"]:
+            raise CheckpointError(f"{path}: {rel} does not match its checksum in {MANIFEST} (altered on disk)")
         if file.suffix == ".safetensors":
             try:
                 with safe_open(str(file), framework="pt"):
@@ -264,25 +336,29 @@ def verify_checkpoint(path: str | Path) -> None:
                 raise CheckpointError(f"{path}: {rel} is not a valid safetensors file ({err})") from None
 
 
-def latest_checkpoint(ckpt_dir: str | Path, *, warn: bool = True) -> Path | None:
-    """The newest complete checkpoint: the ``latest`` pointer's target when it verifies, else the
-    newest one that does (skipping, with a ``CheckpointWarning``, each that does not); None if none."""
+def usable_checkpoints(ckpt_dir: str | Path, *, warn: bool = True) -> Iterator[Path]:
+    """The complete checkpoints that verify, the ``latest`` pointer's target first, then newest first; each
+    that does not verify is skipped with a ``CheckpointWarning`` naming it and why."""
     ckpt_dir = Path(ckpt_dir)
     candidates = _complete_dirs(ckpt_dir)
-    pointer = ckpt_dir / POINTER
-    if pointer.is_file():
-        target = ckpt_dir / pointer.read_text().strip()
-        if target in candidates:
-            candidates.remove(target)
-            candidates.insert(0, target)
+    target = _pointer_target(ckpt_dir, warn=warn)
+    if target is not None and ckpt_dir / target in candidates:
+        candidates.remove(ckpt_dir / target)
+        candidates.insert(0, ckpt_dir / target)
     for candidate in candidates:
         try:
             verify_checkpoint(candidate)
-            return candidate
         except CheckpointError as err:
             if warn:
-                warnings.warn(f"skipping checkpoint {candidate}: {err}", CheckpointWarning, stacklevel=2)
-    return None
+                warnings.warn(f"skipping checkpoint {err}", CheckpointWarning, stacklevel=2)  # err names it
+            continue
+        yield candidate
+
+
+def latest_checkpoint(ckpt_dir: str | Path, *, warn: bool = True) -> Path | None:
+    """The newest complete checkpoint: the ``latest`` pointer's target when it verifies, else the
+    newest one that does (skipping, with a ``CheckpointWarning``, each that does not); None if none."""
+    return next(usable_checkpoints(ckpt_dir, warn=warn), None)
 
 
 def check_model_config(path: str | Path, config: RunConfig) -> None:
@@ -308,3 +384,28 @@ def load_checkpoint(path: str | Path, *, accelerator: Accelerator, loader: Any, 
     with _weights_in_model_dir(accelerator):
         accelerator.load_state(str(path / "state"))
     return json.loads((path / "trainer.json").read_text())
+
+
+def resume_checkpoint(ckpt_dir: str | Path, *, accelerator: Accelerator, loader: Any,
+                      config: RunConfig) -> tuple[Path | None, dict | None]:
+    """Load the newest usable checkpoint of ``ckpt_dir`` (``load_checkpoint``); return it and its
+    ``trainer.json``. One that fails to load on any rank (bytes that verify but do not parse: a file
+    written corrupt) is skipped with a ``CheckpointWarning`` and the previous one is tried, as one that
+    fails verification. ``(None, None)`` when none is usable; a checkpoint that does not fit this launch
+    (``ConfigError``) stops the search. Every rank takes the same decisions."""
+    for candidate in usable_checkpoints(ckpt_dir):
+        error, saved = None, None
+        try:
+            saved = load_checkpoint(candidate, accelerator=accelerator, loader=loader, config=config)
+            if not isinstance(saved, dict) or not {"state", "grad_norm_tracker"} <= saved.keys():
+                raise ValueError("trainer.json lacks its state or grad_norm_tracker")
+        except ConfigError:
+            raise
+        except Exception as err:  # torch, pickle, json and accelerate each raise their own types
+            error = one_line(err)
+        if all_ranks_agree(error is None, any_rank=False):
+            return candidate, saved
+        if error is not None:
+            warnings.warn(f"skipping checkpoint {candidate}: cannot load it ({error})", CheckpointWarning,
+                          stacklevel=2)
+    return None, None

@@ -1,9 +1,11 @@
 """``python train.py --config configs/X.yaml [--config more.yaml] key.sub=value ...``
 
 Exit codes: 0 done (or stopped by SIGTERM/SIGINT after checkpointing), 1 the run failed
-(non-finite steps, a checkpoint that could not be written), 2 bad configuration, arguments or data
-inputs (a missing or unreadable file, a checkpoint that does not fit this launch), reported as one
-``error: <field>: <message>`` line before any training step.
+(non-finite steps or parameters, a checkpoint or run-directory file that could not be written), 2 bad
+configuration, arguments or data inputs (a missing or unreadable file, a checkpoint that does not fit this
+launch, a run directory locked by another run, ``resume=true`` over checkpoints none of which is usable),
+reported as one ``error: <field>: <message>`` line before any training step. A skipped checkpoint is one
+``warning:`` line.
 """
 
 from __future__ import annotations
@@ -11,11 +13,12 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+from pathlib import Path
 
 from llm.config import load_config
 from llm.data.errors import DataError
 from llm.model.config import ConfigError
-from llm.train.checkpoint import CheckpointError
+from llm.train.checkpoint import CheckpointError, one_line_checkpoint_warnings
 
 __all__ = ["main"]
 
@@ -53,16 +56,27 @@ def main(argv: list[str] | None = None) -> int:
     except (ConfigError, DataError, FileNotFoundError) as err:
         _report(err)
         return 2
-    except (TrainingError, CheckpointError) as err:
+    except (TrainingError, CheckpointError, OSError) as err:  # OSError: a full disk while logging a row
         _report(err)
         return 1
     return 0
 
 
+def _record_exit(code: int) -> None:
+    """Under launch/supervise.sh (``ISOLLM_EXIT_DIR`` set), write this rank's exit code and the node's rank count
+    there: it exits 0 when every rank did, whatever the launcher's own status after a signal."""
+    directory = os.environ.get("ISOLLM_EXIT_DIR")
+    if directory:
+        rank, ranks = os.environ.get("LOCAL_RANK", "0"), os.environ.get("LOCAL_WORLD_SIZE", "1")
+        Path(directory, f"rank{rank}").write_text(f"{code} {ranks}\n")
+
+
 def run() -> None:
     """Entry point: exit with ``main``'s code. Multi-process runs end with ``os._exit`` (after flushing),
     which SPEC.md found avoids gloo's abort at interpreter exit."""
+    one_line_checkpoint_warnings()
     code = main()
+    _record_exit(code)
     if int(os.environ.get("WORLD_SIZE", "1")) > 1:
         sys.stdout.flush()
         sys.stderr.flush()

@@ -10,7 +10,7 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
-__all__ = ["all_ranks_agree", "is_distributed", "is_main_process", "rank_and_world_size"]
+__all__ = ["all_ranks_agree", "gather_messages", "is_distributed", "is_main_process", "rank_and_world_size"]
 
 
 def is_distributed() -> bool:
@@ -37,3 +37,13 @@ def all_ranks_agree(flag: bool, *, any_rank: bool) -> bool:
     t = torch.tensor([int(flag)], device=device)
     dist.all_reduce(t, op=dist.ReduceOp.MAX if any_rank else dist.ReduceOp.MIN)
     return bool(t.item())
+
+
+def gather_messages(message: str | None) -> list[str]:
+    """Every rank's non-None ``message`` (an error), in rank order: the same list on every rank, so every
+    rank can stop with the same error."""
+    if not is_distributed():
+        return [message] if message is not None else []
+    gathered: list[str | None] = [None] * dist.get_world_size()
+    dist.all_gather_object(gathered, message)
+    return [m for m in gathered if m is not None]

@@ -14,7 +14,11 @@ Conventions:
   ``tokens`` and the data stream, so a run's token budget and data order do not depend on how
   many steps were skipped, and a resumed run does not retry the bad batch. The lr schedule
   therefore lags by the number of skipped steps (logged as ``skipped_steps``). A train row is
-  logged every ``log_every`` steps, at the last step and for every skipped step.
+  logged every ``log_every`` steps, at the last step and for every skipped step. The parameters are
+  checked after every applied update: an update that made any of them non-finite (a finite loss and
+  gradient norm with a huge lr) stops the run at once, before any eval or checkpoint, so no checkpoint
+  ever holds non-finite weights.
+- The main process holds the run directory's lock (``llm.train.lock``) before reading or writing there.
 - On resume, metrics.jsonl rows past the checkpoint's step (logged after it by the interrupted
   run) are dropped before the resumed run logs them again, so each step appears once.
 - The model is initialised from ``seed`` (``accelerate.utils.set_seed``: python, numpy, torch,
@@ -44,10 +48,18 @@ from llm.metrics.gradnorm import GradNormTracker, GroupGradNorms, grad_norm_grou
 from llm.metrics.layers import layer_report
 from llm.model import IsoLLMConfig, IsoLLMForCausalLM, param_counts
 from llm.model.config import ConfigError, ModelConfig
-from llm.train.checkpoint import has_checkpoints, latest_checkpoint, load_checkpoint, save_checkpoint
-from llm.train.distributed import is_distributed, is_main_process, rank_and_world_size
+from llm.train.checkpoint import (
+    checkpoint_name,
+    checkpoint_names,
+    has_checkpoints,
+    one_line,
+    resume_checkpoint,
+    save_checkpoint,
+)
+from llm.train.distributed import all_ranks_agree, gather_messages, is_distributed, is_main_process, rank_and_world_size
 from llm.train.engine import engine_in_use, engine_mismatch, engine_requested
 from llm.train.evaluate import evaluate
+from llm.train.lock import RunLock, RunLockedError
 from llm.train.logging import MetricsLog, ProgressBar, main_print, peak_memory, truncate_metrics
 from llm.train.optim import build_optimizer, build_scheduler, multiplier_of
 from llm.train.signals import StopRequest
@@ -65,7 +77,8 @@ __all__ = [
 
 
 class TrainingError(RuntimeError):
-    """The run stopped on its own account (too many consecutive non-finite steps)."""
+    """The run stopped on its own account (too many consecutive non-finite steps, non-finite parameters,
+    a run-directory file it could not write)."""
 
 
 @dataclass
@@ -78,6 +91,8 @@ class StepResult:
     """True when loss or norm was not finite and the update was not applied."""
     stop: bool
     """True on every rank when ``stop_requested()`` returned True on any rank."""
+    params_finite: bool = True
+    """False on every rank when the applied update left a non-finite parameter on any rank."""
 
 
 @dataclass
@@ -134,6 +149,19 @@ def _reduce_over_ranks(loss: torch.Tensor, stop: bool) -> tuple[float, bool]:
     return mean_loss, stops > 0
 
 
+def _parameters_finite(model: nn.Module) -> bool:
+    """Whether every parameter is finite: one max-abs reduction per tensor (``_foreach_norm`` with ord=inf: no
+    overflow, NaN propagates) and one sync, a fraction of the optimizer's own passes over the parameters.
+    Replicated parameters (one process, DDP) give every rank the same answer with no collective; FSDP2's
+    shards (DTensors) are checked locally and agreed over ranks."""
+    params = list(model.parameters())
+    sharded = any(hasattr(p, "to_local") for p in params)
+    local = [p.detach().to_local() if hasattr(p, "to_local") else p.detach() for p in params]
+    local = [t for t in local if t.numel()]  # DeepSpeed ZeRO-3 leaves empty placeholders
+    finite = not local or bool(torch.isfinite(torch.stack(torch._foreach_norm(local, ord=math.inf))).all())
+    return all_ranks_agree(finite, any_rank=False) if sharded else finite
+
+
 def train_step(
     model: nn.Module,
     batches: list[torch.Tensor],
@@ -157,7 +185,8 @@ def train_step(
     takes the same branch. ``stop_requested()`` (this rank was asked to stop) is polled once, after the
     backward passes, and agreed over ranks in the loss's all-reduce as ``StepResult.stop``, so all ranks
     stop after the same step. ``before_clip()`` runs once the gradients are complete, before clipping
-    (the per-group gradient norms are measured there).
+    (the per-group gradient norms are measured there). After an applied update the parameters are checked
+    (``params_finite``).
     """
     model.train()
     loss_sum = torch.zeros((), device=accelerator.device)
@@ -175,11 +204,13 @@ def train_step(
         norm = norm.full_tensor()
     grad_norm = float(norm)
     skipped = not (math.isfinite(mean_loss) and math.isfinite(grad_norm))
+    params_finite = True
     if not skipped:
         optimizer.step()
         scheduler.step()
+        params_finite = _parameters_finite(model)
     optimizer.zero_grad(set_to_none=True)
-    return StepResult(loss=mean_loss, grad_norm=grad_norm, skipped=skipped, stop=stop)
+    return StepResult(loss=mean_loss, grad_norm=grad_norm, skipped=skipped, stop=stop, params_finite=params_finite)
 
 
 def _mixed_precision(config: RunConfig, device_type: str) -> str:
@@ -211,6 +242,56 @@ def _print_params(model_cfg: ModelConfig) -> tuple[int, int]:
         message += f"; swiglu at this size: {ref_total:,} total, {ref_non_embedding:,} non-embedding"
     main_print(message)
     return total, non_embedding
+
+
+def _lock_run_dir(run_dir: Path) -> RunLock | None:
+    """The main process takes the run directory's lock; if it cannot, every rank raises the same one-line
+    ``ConfigError`` naming the holder. Returns the lock on the main process, None elsewhere."""
+    lock, error = None, None
+    if is_main_process():
+        try:
+            lock = RunLock.acquire(run_dir)
+        except RunLockedError as err:
+            error = str(err)
+        except OSError as err:
+            error = f"could not create the lock of {run_dir} ({one_line(err)})"
+    errors = gather_messages(error)
+    if errors:
+        raise ConfigError("name", errors[0])
+    return lock
+
+
+def _resume(config: RunConfig, ckpt_dir: Path, accelerator: Accelerator,
+            loader: Any) -> tuple[Path | None, dict | None]:
+    """Load the newest usable checkpoint (``resume_checkpoint``); return it and its trainer.json, or
+    ``(None, None)`` to start at step 0. ``resume=true`` refuses to start over checkpoints that all failed to
+    verify or load (history would be overwritten); ``resume=restart`` starts from step 0 then."""
+    resume_from, saved = (resume_checkpoint(ckpt_dir, accelerator=accelerator, loader=loader, config=config)
+                          if config.resume else (None, None))
+    if saved is not None:
+        main_print(f"resumed from {resume_from} at step {saved['state']['step']}")
+    elif config.resume is True and has_checkpoints(ckpt_dir):
+        raise ConfigError("resume", f"no usable checkpoint in {ckpt_dir} (found {', '.join(checkpoint_names(ckpt_dir))}"
+                                    f"; each skipped, see the warnings): not starting over them; repair or move "
+                                    f"them, or pass resume=restart to start from step 0")
+    elif config.resume:
+        main_print(f"resume={config.resume} but {ckpt_dir} holds no usable checkpoint: starting from step 0")
+    return resume_from, saved
+
+
+def _prepare_run_dir(config: RunConfig, step: int) -> None:
+    """config.yaml, and metrics.jsonl cut back to ``step``; a failed write (a full disk) is one
+    ``TrainingError`` on every rank."""
+    error = None
+    if is_main_process():
+        try:
+            save_config(config, config.run_dir / "config.yaml")
+            truncate_metrics(config.run_dir / "metrics.jsonl", step)
+        except OSError as err:
+            error = f"could not write to {config.run_dir} ({one_line(err)}); nothing in it was changed"
+    errors = gather_messages(error)
+    if errors:
+        raise TrainingError(errors[0])
 
 
 def fit(config: RunConfig) -> FitResult:
@@ -259,20 +340,18 @@ def fit(config: RunConfig) -> FitResult:
     unwrapped = accelerator.unwrap_model(model)
     group_grad_norms = GroupGradNorms(grad_norm_groups(unwrapped, multiplier_of(unwrapped).keys()),
                                       config.train.grad_norm_window, config.train.warmup_steps)
-    resume_from = latest_checkpoint(ckpt_dir) if config.resume else None
-    if resume_from is not None:
-        saved = load_checkpoint(resume_from, accelerator=accelerator, loader=loader, config=config)
-        state = TrainerState(**saved["state"])
-        grad_norms.load_state_dict(saved["grad_norm_tracker"])
-        group_grad_norms.load_state_dict(saved.get("group_grad_norms", {}))
-        main_print(f"resumed from {resume_from} at step {state.step}")
-    elif config.resume:
-        main_print(f"resume=true but {ckpt_dir} holds no complete checkpoint: starting from step 0")
-
-    if is_main_process():
-        run_dir.mkdir(parents=True, exist_ok=True)
-        save_config(config, run_dir / "config.yaml")
-        truncate_metrics(run_dir / "metrics.jsonl", state.step)
+    lock = _lock_run_dir(run_dir)
+    try:
+        resume_from, saved = _resume(config, ckpt_dir, accelerator, loader)
+        if saved is not None:
+            state = TrainerState(**saved["state"])
+            grad_norms.load_state_dict(saved["grad_norm_tracker"])
+            group_grad_norms.load_state_dict(saved.get("group_grad_norms", {}))
+        _prepare_run_dir(config, state.step)
+    except BaseException:
+        if lock is not None:
+            lock.release()
+        raise
     accelerator.init_trackers(config.wandb_project, config=_flat_hparams(config),
                               init_kwargs={"wandb": {"name": config.name, "dir": str(run_dir)}})
     log = MetricsLog(run_dir / "metrics.jsonl", accelerator)
@@ -337,6 +416,11 @@ def fit(config: RunConfig) -> FitResult:
                         peak_mem_kind=memory_kind, data_wait_s=data_wait, skipped_steps=state.skipped_steps)
                 interval_tokens, interval_time, data_wait = 0, 0.0, 0.0
 
+            if not result.params_finite:
+                raise TrainingError(
+                    f"stopping: the update of step {state.step} made parameters non-finite (its loss and gradient "
+                    f"norm were finite: is train.lr={config.train.lr} too large?); nothing of it was saved, the "
+                    f"last good checkpoint is {last_ckpt or 'none'}")
             if state.consecutive_bad_steps >= config.train.max_bad_steps:
                 last_ckpt = checkpoint()
                 raise TrainingError(
@@ -345,13 +429,16 @@ def fit(config: RunConfig) -> FitResult:
                     f"weights and optimizer state are saved in {last_ckpt}")
             if state.step % config.train.eval_every == 0 or state.step == max_steps:
                 evaluate_and_log()
-            if result.stop or state.step % config.train.checkpoint_every == 0 or state.step == max_steps:
+            due = result.stop or state.step % config.train.checkpoint_every == 0 or state.step == max_steps
+            if due and not (last_ckpt is not None and last_ckpt.name == checkpoint_name(state.step)):
                 last_ckpt = checkpoint()
             if result.stop:
                 main_print(f"stopped by signal at step {state.step}; checkpoint {last_ckpt}")
                 stopped_by_signal = True
                 break
     finally:
+        if lock is not None:
+            lock.release()
         stop.restore()
         progress.close()
         log.close()

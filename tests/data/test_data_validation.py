@@ -15,6 +15,7 @@ from tiny import fail_reads, record_sleeps
 from tokenizers import Tokenizer
 
 from llm.config import DataConfig
+from llm.data import validation
 from llm.data.errors import DataError
 from llm.data.tokenizer import eos_id
 from llm.data.validation import build_val_windows, is_validation, val_cache_path
@@ -45,12 +46,13 @@ def test_val_windows_are_the_held_out_documents_in_order(data_cfg: DataConfig, b
 def test_val_windows_identical_across_builds_ranks_and_cached(data_cfg: DataConfig, bpe: Tokenizer) -> None:
     first = build_val_windows(data_cfg, bpe)
     path = val_cache_path(data_cfg, bpe)
-    assert path.is_file() and torch.equal(torch.load(path), first)
+    assert path.is_file() and torch.equal(torch.load(path)["windows"], first)
     # what a rank, a worker count or a data-order seed changes does not touch the validation set
     other = replace(data_cfg, seed=3, num_workers=2, shuffle_block=1)
     assert val_cache_path(other, bpe) == path
-    torch.save(torch.zeros(2, 3, dtype=torch.long), path)  # a marker: a second build must read the cache
-    assert build_val_windows(other, bpe).shape == (2, 3)
+    marker = first.flip(0)  # a marker (with its checksum): a second build must read the cache
+    torch.save({"windows": marker, "blake2b": validation._windows_digest(marker)}, path)
+    assert torch.equal(build_val_windows(other, bpe), marker)
     path.unlink()
     assert torch.equal(build_val_windows(other, bpe), first)  # rebuilt from the source: identical
     assert val_cache_path(replace(data_cfg, seq_len=32), bpe) != path

@@ -3,6 +3,7 @@ hundred of its documents, and the tiny run overrides of a 2-layer, width-32 mode
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -29,8 +30,18 @@ def bpe(corpus: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     return out
 
 
+@pytest.fixture(scope="module")
+def overrides_under(corpus: Path, bpe: Path) -> Callable[[Path], list[str]]:
+    """``overrides_under(root)``: overrides of a tiny run on the corpus writing under ``root`` (runs/, cache/)."""
+
+    def make(root: Path) -> list[str]:
+        return [f"data.source={corpus}", f"data.tokenizer={bpe}", f"data.cache_dir={root / 'cache'}",
+                f"out_dir={root / 'runs'}", *TINY]
+
+    return make
+
+
 @pytest.fixture
-def run_overrides(corpus: Path, bpe: Path, tmp_path: Path) -> list[str]:
+def run_overrides(overrides_under: Callable[[Path], list[str]], tmp_path: Path) -> list[str]:
     """Overrides of a tiny run on the corpus, writing under ``tmp_path``; append train.max_steps etc."""
-    return [f"data.source={corpus}", f"data.tokenizer={bpe}", f"data.cache_dir={tmp_path / 'cache'}",
-            f"out_dir={tmp_path / 'runs'}", *TINY]
+    return overrides_under(tmp_path)

@@ -50,7 +50,7 @@ def test_disk_full_mid_model_save_keeps_previous_checkpoint(run_overrides: list[
     errors = [line for line in capsys.readouterr().err.splitlines() if line.startswith("error:")]
     assert len(errors) == 1  # one line (stderr also holds the progress bars)
     err = errors[0]
-    assert err.startswith(f"error: could not write checkpoint {ckpts / 'step_00000004.tmp'} ([Errno 28] No "
+    assert err.startswith(f"error: could not write checkpoint {ckpts / 'step_00000004.tmp'} (OSError: [Errno 28] No "
                           f"space left on device: '{ckpts / 'step_00000004.tmp' / 'model' / 'model.safetensors'}'")
     assert err.endswith(f"the previous checkpoint is intact: {ckpts / 'step_00000002'}")
 

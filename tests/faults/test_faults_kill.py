@@ -11,6 +11,13 @@ Which test covers which fault:
 - non-finite (NaN) batches are skipped and counted, and too many in a row stop the run with state saved:
   tests/train/test_fit.py::test_nonfinite_step_is_skipped_and_counted and
   ::test_consecutive_nonfinite_steps_stop_with_state_saved.
+- a full disk as each writer reports it, on one rank of two, on resume, while logging: test_faults_save.py.
+- same-size corruption of each checkpoint file, the pointer, the validation cache; no usable checkpoint:
+  test_faults_corrupt.py.
+- two runs of one name, stale locks: test_faults_lock.py.
+- non-finite parameters after an update, NaN metrics, eval.py on NaN / altered checkpoints, config gaps:
+  test_faults_nonfinite.py.
+- SIGTERM to the launcher (torchrun.sh, accelerate launch), the sweep's checkout: test_faults_launch.py.
 """
 
 from __future__ import annotations

@@ -36,6 +36,7 @@ def slurm(tmp_path: Path) -> dict[str, str]:
     """Environment of a 2-node job (id 1234) with the stand-in commands first on PATH."""
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
+    (tmp_path / "launch").symlink_to(REPO / "launch")  # the submit directory is a checkout
     for name, body in FAKES.items():
         (bin_dir / name).write_text(f"#!/usr/bin/env bash\n{body}\n")
         (bin_dir / name).chmod(0o755)
@@ -43,6 +44,7 @@ def slurm(tmp_path: Path) -> dict[str, str]:
             "FAKE_ARGS": str(tmp_path / "args"), "FAKE_PID": str(tmp_path / "pid"),
             "SLURM_SUBMIT_DIR": str(tmp_path), "SLURM_JOB_ID": "1234", "SLURM_JOB_NAME": "isollm",
             "SLURM_JOB_NODELIST": "node[001-002]", "SLURM_NNODES": "2", "GPUS_PER_NODE": "8",
+            "SLURM_CPUS_PER_TASK": "64",
             "PYTHON_ENV": str(tmp_path / "no-venv")}
 
 
@@ -57,7 +59,8 @@ def test_sbatch_rendezvous_from_slurm_environment(slurm: dict[str, str], tmp_pat
                     "--log_dir", "logs/isollm-1234/node0",
                     "train.py", "--config", "x.yaml", "name=a b", "resume=true"]
     log = Path(slurm["FAKE_LOG"]).read_text()
-    assert "srun --ntasks-per-node=1" in log and "requeue" not in log  # finished: no requeue
+    # srun binds the batch job's CPUs per task explicitly (Slurm >= 22.05 no longer passes them on)
+    assert "srun --ntasks-per-node=1 --cpus-per-task=64 " in log and "requeue" not in log  # finished: no requeue
     assert (tmp_path / "logs" / "isollm-1234").is_dir()
 
 

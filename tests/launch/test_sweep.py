@@ -11,8 +11,9 @@ from pathlib import Path
 
 import pytest
 import yaml
+from tiny import REPO
 
-from llm.sweep import REPO_ROOT, expand, load_sweep, main, slurm_array_script
+from llm.sweep import expand, load_sweep, main, slurm_array_script
 
 TINY = {"model": {"vocab_size": 512, "hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 2,
                   "num_attention_heads": 2, "num_key_value_heads": 1},
@@ -65,7 +66,7 @@ def test_every_run_resolves_with_the_same_data_and_its_own_variant(sweep_file) -
     from llm.sweep import check_comparable
 
     sweep = load_sweep(sweep_file(), check=False)
-    configs = check_comparable(sweep.runs, Path("sweep.yaml"))
+    configs = check_comparable(sweep.runs, Path("sweep.yaml"), sweep.root)
     assert {c.data.seed for c in configs} == {7}
     assert {(c.model.num_hidden_layers, c.model.ffn, c.model.attn_scoring, c.seed) for c in configs} == {
         (n, f, a, s) for n in (2, 4) for f in ("swiglu", "isogmlp") for a in ("softmax", "iso_tanh")
@@ -105,7 +106,7 @@ def test_expand_without_template_names_runs_by_all_axes(sweep_file) -> None:
     assert sweep.runs[0].name == "swiglu-softmax-0"
 
 
-SHIPPED = sorted((REPO_ROOT / "launch" / "sweeps").glob("*.yaml"))
+SHIPPED = sorted((REPO / "launch" / "sweeps").glob("*.yaml"))
 
 
 @pytest.mark.parametrize("path", SHIPPED, ids=lambda p: p.stem)
@@ -163,7 +164,7 @@ def test_slurm_array_script_gives_each_task_its_run(sweep_file, tmp_path: Path) 
 def test_expand_order_is_files_then_grid_in_file_order(tmp_path: Path) -> None:
     a, b = write(tmp_path / "a.yaml", {}), write(tmp_path / "b.yaml", {})
     runs = expand({"name": "x", "files": {"f": {"A": str(a), "B": str(b)}}, "grid": {"k.x": [1, 2]},
-                   "run_name": "{f}{k.x}"}, tmp_path / "s.yaml")
+                   "run_name": "{f}{k.x}"}, tmp_path / "s.yaml", REPO)
     assert [r.name for r in runs] == ["A1", "A2", "B1", "B2"]
     assert json.dumps(runs[0].axes) == '{"f": "A", "k.x": "1"}'
 
@@ -253,7 +254,7 @@ def test_jobs_must_be_positive_and_local(fake_sweep, capsys: pytest.CaptureFixtu
 
 def test_jobs_refuse_a_multi_process_launcher(capsys: pytest.CaptureFixture[str]) -> None:
     """Two `accelerate launch` runs side by side would each take every GPU and the same port."""
-    sweep = REPO_ROOT / "launch" / "sweeps" / "ffn_attn.yaml"
+    sweep = REPO / "launch" / "sweeps" / "ffn_attn.yaml"
     assert main([str(sweep), "--mode", "local", "--dry-run", "-j", "2"]) == 2
     assert "is a multi-process launcher; -j runs single-process commands" in capsys.readouterr().err
     assert main([str(sweep), "--mode", "local", "--dry-run", "-j", "1"]) == 0

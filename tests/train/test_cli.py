@@ -15,7 +15,7 @@ from llm.train.cli import main
 
 @pytest.mark.parametrize(("override", "field", "message"), [
     ("model.ffn=nope", "model.ffn", "unknown value 'nope'"),
-    ("train.lr=-1", "train.lr", "expected a positive learning rate"),
+    ("train.lr=-1", "train.lr", "expected a finite positive number"),
     ("train.nope=1", "train.nope", "unknown key"),
     ("model.iso_ln_alpha=1.5", "model.iso_ln_alpha", "has no effect: it is an option of ffn=iso_ln"),
 ])

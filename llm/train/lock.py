@@ -1,0 +1,108 @@
+"""One writer per run directory: ``run.lock`` names the process that holds it.
+
+Two processes writing the same ``runs/<name>/`` would interleave metrics.jsonl rows, and the resume's
+``truncate_metrics`` of one would replace the file the other appends to. So the main process of a run
+creates ``run.lock`` exclusively (``O_CREAT | O_EXCL``) before it reads or writes anything there, with
+its pid, host and a lease that a daemon thread renews while the run lives; the lock is removed when the
+run ends. A lock is stale, and taken over, when its holder is a dead pid on this host or its lease has
+expired (a holder on another host that stopped renewing: a crashed node).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import threading
+import time
+from pathlib import Path
+
+__all__ = ["LEASE_S", "RunLock", "RunLockedError"]
+
+LOCK_FILE = "run.lock"
+LEASE_S = 600.0
+"""A holder renews its lease every ``LEASE_S / 10`` seconds; a lock not renewed for ``LEASE_S`` is stale."""
+
+
+class RunLockedError(RuntimeError):
+    """Another live process holds the run directory."""
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # alive, owned by another user
+        return True
+    return True
+
+
+class RunLock:
+    """``RunLock.acquire(run_dir)`` takes the directory or raises ``RunLockedError`` naming the holder;
+    ``release()`` gives it back (and stops renewing the lease)."""
+
+    def __init__(self, path: Path, record: dict) -> None:
+        self.path = path
+        self._record = record
+        self._stop = threading.Event()
+        self._renewer = threading.Thread(target=self._renew, name="run-lock-lease", daemon=True)
+        self._renewer.start()
+
+    @classmethod
+    def acquire(cls, run_dir: str | Path, lease_s: float = LEASE_S) -> RunLock:
+        path = Path(run_dir) / LOCK_FILE
+        path.parent.mkdir(parents=True, exist_ok=True)
+        record = {"pid": os.getpid(), "host": socket.gethostname(), "lease_s": lease_s}
+        for _ in range(2):  # a stale lock is removed once, then created afresh
+            try:
+                fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
+            except FileExistsError:
+                holder = cls._holder(path)
+                if holder is not None and not cls._stale(holder):
+                    raise RunLockedError(
+                        f"{path.parent} is in use by pid {holder['pid']} on {holder['host']} ({path}); wait for "
+                        f"that run to end, or choose another name=") from None
+                path.unlink(missing_ok=True)
+                continue
+            try:
+                with os.fdopen(fd, "w") as f:
+                    json.dump({**record, "renewed": time.time()}, f)
+            except OSError:  # a full disk: leave no empty lock behind
+                path.unlink(missing_ok=True)
+                raise
+            return cls(path, record)
+        raise RunLockedError(f"{path.parent}: another process took {path} while a stale lock was replaced")
+
+    @staticmethod
+    def _holder(path: Path) -> dict | None:
+        """The lock's record; None when it is unreadable (torn by a crash while being written: stale)."""
+        try:
+            holder = json.loads(path.read_text())
+            return holder if {"pid", "host", "renewed", "lease_s"} <= holder.keys() else None
+        except (OSError, ValueError, AttributeError):
+            return None
+
+    @staticmethod
+    def _stale(holder: dict) -> bool:
+        if time.time() - float(holder["renewed"]) > float(holder["lease_s"]):
+            return True
+        if holder["host"] == socket.gethostname():
+            # our own pid: a lock an earlier run in this process could not release (a crash before the loop)
+            return holder["pid"] == os.getpid() or not _pid_alive(int(holder["pid"]))
+        return False
+
+    def _renew(self) -> None:
+        interval = float(self._record["lease_s"]) / 10
+        while not self._stop.wait(interval):
+            tmp = self.path.with_name(f".{LOCK_FILE}.tmp")
+            try:
+                tmp.write_text(json.dumps({**self._record, "renewed": time.time()}))
+                os.replace(tmp, self.path)
+            except OSError:  # a full disk: the lease may lapse, the dead-pid check still protects this host
+                continue
+
+    def release(self) -> None:
+        self._stop.set()
+        self._renewer.join()
+        self.path.unlink(missing_ok=True)

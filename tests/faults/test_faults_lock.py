@@ -1,0 +1,137 @@
+"""Two processes writing one run directory: the second gets one line naming the holder (pid, host) and exit 2,
+and nothing of the first run's is touched; a stale lock (a dead pid on this host, an expired lease) is taken
+over; a finished run leaves no lock behind."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from tiny import metrics_rows, start_train_py
+
+from llm.train.cli import main
+from llm.train.lock import LOCK_FILE, RunLock, RunLockedError
+
+HOST = socket.gethostname()
+
+
+def _write_lock(run_dir: Path, pid: int, host: str = HOST, renewed: float | None = None,
+                lease_s: float = 600.0) -> Path:
+    run_dir.mkdir(parents=True, exist_ok=True)
+    path = run_dir / LOCK_FILE
+    path.write_text(json.dumps({"pid": pid, "host": host, "lease_s": lease_s,
+                                "renewed": time.time() if renewed is None else renewed}))
+    return path
+
+
+@pytest.fixture
+def live_pid():
+    """A live process other than this one."""
+    proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
+    yield proc.pid
+    proc.kill()
+    proc.wait()
+
+
+@pytest.fixture
+def dead_pid() -> int:
+    proc = subprocess.Popen([sys.executable, "-c", "pass"])
+    proc.wait()
+    return proc.pid
+
+
+def test_lock_held_by_a_live_process_refuses(tmp_path: Path, live_pid: int) -> None:
+    _write_lock(tmp_path, live_pid)
+    with pytest.raises(RunLockedError, match=rf"^{tmp_path} is in use by pid {live_pid} on {HOST} "):
+        RunLock.acquire(tmp_path)
+    _write_lock(tmp_path, 1, host="elsewhere")  # another host, lease still running: its pid cannot be checked
+    with pytest.raises(RunLockedError, match=r"in use by pid 1 on elsewhere"):
+        RunLock.acquire(tmp_path)
+
+
+@pytest.mark.parametrize("stale", ["dead pid", "expired lease", "torn file"])
+def test_stale_lock_is_taken_over_and_released(stale: str, tmp_path: Path, dead_pid: int) -> None:
+    if stale == "dead pid":
+        _write_lock(tmp_path, dead_pid)
+    elif stale == "expired lease":
+        _write_lock(tmp_path, 1, host="elsewhere", renewed=time.time() - 700)
+    else:
+        (tmp_path / LOCK_FILE).write_text('{"pid": 12')
+    lock = RunLock.acquire(tmp_path)
+    holder = json.loads((tmp_path / LOCK_FILE).read_text())
+    assert (holder["pid"], holder["host"]) == (os.getpid(), HOST)
+    lock.release()
+    assert not (tmp_path / LOCK_FILE).exists()
+
+
+def test_lease_is_renewed_while_held(tmp_path: Path) -> None:
+    lock = RunLock.acquire(tmp_path, lease_s=0.5)  # renewed every 0.05 s
+    try:
+        first = json.loads((tmp_path / LOCK_FILE).read_text())["renewed"]
+        deadline = time.monotonic() + 30
+        while json.loads((tmp_path / LOCK_FILE).read_text())["renewed"] == first:
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+    finally:
+        lock.release()
+
+
+def test_train_py_on_a_locked_run_is_one_line_exit_2(run_overrides: list[str], tmp_path: Path, live_pid: int,
+                                                     capsys) -> None:
+    run_dir = tmp_path / "runs" / "x"
+    lock = _write_lock(run_dir, live_pid)
+    before = lock.read_bytes()
+    assert main([*run_overrides, "name=x", "train.max_steps=2", "resume=true"]) == 2
+    lines = [line for line in capsys.readouterr().err.splitlines() if line.startswith("error:")]
+    assert lines == [f"error: name: {run_dir} is in use by pid {live_pid} on {HOST} ({lock}); wait for that run "
+                     f"to end, or choose another name="]
+    assert sorted(p.name for p in run_dir.iterdir()) == [LOCK_FILE] and lock.read_bytes() == before
+
+
+@pytest.mark.slow
+def test_second_train_py_on_a_running_run_is_refused(run_overrides: list[str], tmp_path: Path) -> None:
+    """Two runs of one name: the second stops at once, touching nothing; the first keeps every row."""
+    args = [*run_overrides, "name=x", "train.max_steps=100000", "resume=true"]
+    first = start_train_py(tmp_path, *args)
+    run_dir = tmp_path / "runs" / "x"
+    deadline = time.monotonic() + 180
+    while not (run_dir / "metrics.jsonl").is_file() and time.monotonic() < deadline:
+        assert first.poll() is None, first.communicate()[1]
+        time.sleep(0.1)
+    second = start_train_py(tmp_path, *args)
+    _, err = second.communicate(timeout=300)
+    assert second.returncode == 2, err
+    assert [line for line in err.splitlines() if line.startswith("error:")] == [
+        f"error: name: {run_dir} is in use by pid {first.pid} on {HOST} ({run_dir / LOCK_FILE}); wait for that "
+        f"run to end, or choose another name="]
+    first.send_signal(signal.SIGTERM)
+    _, first_err = first.communicate(timeout=300)
+    assert first.returncode == 0, first_err
+    steps = [r["step"] for r in metrics_rows(run_dir, "train")]
+    assert steps == list(range(1, len(steps) + 1))  # every row of the first run, once
+    assert not (run_dir / LOCK_FILE).exists()
+
+
+@pytest.mark.slow
+def test_lock_of_a_killed_run_is_taken_over(run_overrides: list[str], tmp_path: Path) -> None:
+    args = [*run_overrides, "name=x", "train.max_steps=1000", "resume=true", "train.checkpoint_every=2"]
+    killed = start_train_py(tmp_path, *args)
+    run_dir = tmp_path / "runs" / "x"
+    deadline = time.monotonic() + 180
+    while not (run_dir / "checkpoints" / "latest").is_file() and time.monotonic() < deadline:
+        assert killed.poll() is None
+        time.sleep(0.1)
+    killed.send_signal(signal.SIGKILL)
+    killed.wait()
+    assert json.loads((run_dir / LOCK_FILE).read_text())["pid"] == killed.pid  # left behind by the kill
+    resumed = start_train_py(tmp_path, *args[:-3], "train.max_steps=4", "resume=true")
+    _, err = resumed.communicate(timeout=300)
+    assert resumed.returncode == 0, err
+    assert not (run_dir / LOCK_FILE).exists()
