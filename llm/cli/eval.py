@@ -17,7 +17,7 @@ import math
 import sys
 from typing import Any
 
-from llm.cli_types import at_least
+from llm.cli.arg_types import at_least
 from llm.data.errors import DataError
 from llm.eval.errors import EvalError
 from llm.model.config import ConfigError

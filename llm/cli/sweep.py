@@ -49,10 +49,10 @@ from typing import Any
 
 from omegaconf import OmegaConf
 
-from llm.cli_types import at_least
+from llm.cli.arg_types import at_least
 from llm.config import RunConfig, load_config
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
+REPO_ROOT = Path(__file__).resolve().parents[2]
 COMPARISON_INVARIANTS = ("train.global_batch_tokens", "train.max_tokens", "train.max_steps")
 """Run-config fields (besides the whole ``data`` section) that every run of a sweep must share."""
 SWEEP_KEYS = ("name", "configs", "files", "grid", "overrides", "run_name", "command", "slurm")

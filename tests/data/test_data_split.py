@@ -113,7 +113,7 @@ def test_long_document_is_cut_before_tokenizing(tmp_path: Path, bpe: Tokenizer) 
 
 def test_integer_text_column_is_one_line_naming_file_and_column(tmp_path: Path,
                                                                  capsys: pytest.CaptureFixture[str]) -> None:
-    from llm.data.cli import main
+    from llm.cli.data import main
 
     path = tmp_path / "numbers.parquet"
     pq.write_table(pa.table({"text": [1, 2, 3], "id": ["a", "b", "c"]}), path)

@@ -17,8 +17,8 @@ import pytest
 import torch
 from tokenizers import Tokenizer
 
+from llm.cli.data import main
 from llm.config import DataConfig
-from llm.data.cli import main
 from llm.data.errors import DataError
 from llm.data.shards import FORMAT, INDEX_FILE, PreparedTokens, prepare
 from llm.data.stream import StreamingTokens, build_train_loader, iter_windows
