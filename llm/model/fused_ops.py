@@ -1,9 +1,9 @@
-"""Hand-fused kernels of the decoder: RMSNorm and rotary embedding with hand-written backward passes.
+"""RMSNorm and rotary position embedding (RoPE), fused, with hand-written backward passes.
 
-Each is an ``autograd.Function`` that makes fewer passes over its input than autograd's record of the
-composed ops (the decoder is memory-bound on CPU and in small models). Under ``torch.compile`` the
-composed ops are used instead: the compiler fuses them itself and does not trace through ``out=``
-writes into slices. tests/model/test_modeling.py checks both paths against the composed ops in fp64.
+Each kernel is an ``autograd.Function`` that makes fewer passes over its input than autograd's record of
+the composed ops. Under ``torch.compile`` the composed ops are used instead: the compiler fuses them
+itself and does not support ``out=`` writes into slices. tests/model/test_modeling.py checks each kernel
+against the composed ops (values and gradients), test_lm_head.py the compiled step against the eager one.
 """
 
 from __future__ import annotations
@@ -56,6 +56,22 @@ class _RMSNorm(torch.autograd.Function):
             mean_dot = torch.linalg.vecdot(grad_normed, normed).unsqueeze(-1).div_(x.shape[-1])
             grad_x = torch.addcmul(grad_normed, normed, mean_dot, value=-1).mul_(rstd)
         return grad_x.to(x.dtype), grad_weight.to(weight.dtype), None
+
+
+def rotary_cos_sin(position_ids: torch.Tensor, head_dim: int, theta: float,
+                   dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    """RoPE's cos and sin, ``[B, T, head_dim]``, for integer positions ``[B, T]`` (Su et al. 2021).
+
+    Frequencies ``theta^(-2i/head_dim)`` are laid out as ``[f_0..f_{D/2-1}, f_0..f_{D/2-1}]``, the
+    rotate-half convention of Llama and Qwen3 (not interleaved pairs), so that an exported model gives
+    stock Qwen3's logits. Computed per call in fp32 rather than kept as a buffer: it is a tiny
+    ``T x D`` table shared by all layers, and a buffer would be cast to bf16 by ``model.to(bf16)``.
+    """
+    exponent = torch.arange(0, head_dim, 2, dtype=torch.float32, device=position_ids.device) / head_dim
+    inv_freq = 1.0 / (theta**exponent)
+    freqs = position_ids[..., None].float() * inv_freq
+    angles = torch.cat([freqs, freqs], dim=-1)
+    return angles.cos().to(dtype), angles.sin().to(dtype)
 
 
 class _Rotary(torch.autograd.Function):

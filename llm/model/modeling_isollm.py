@@ -34,24 +34,8 @@ from .cache import IsoLLMCache, LayerState
 from .config import ModelConfig
 from .configuration_isollm import IsoLLMConfig
 from .ffn import FFN_REGISTRY
-from .fused_ops import RMSNorm, apply_rotary
+from .fused_ops import RMSNorm, apply_rotary, rotary_cos_sin
 from .lm_head import IGNORE_INDEX, LMHead
-
-
-def rotary_cos_sin(position_ids: torch.Tensor, head_dim: int, theta: float,
-                   dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
-    """RoPE's cos and sin, ``[B, T, head_dim]``, for integer positions ``[B, T]`` (Su et al. 2021).
-
-    Frequencies ``theta^(-2i/head_dim)`` are laid out as ``[f_0..f_{D/2-1}, f_0..f_{D/2-1}]``, the
-    rotate-half convention of Llama and Qwen3 (not interleaved pairs), so that an exported model gives
-    stock Qwen3's logits. Computed per call in fp32 rather than kept as a buffer: it is a tiny
-    ``T x D`` table shared by all layers, and a buffer would be cast to bf16 by ``model.to(bf16)``.
-    """
-    exponent = torch.arange(0, head_dim, 2, dtype=torch.float32, device=position_ids.device) / head_dim
-    inv_freq = 1.0 / (theta**exponent)
-    freqs = position_ids[..., None].float() * inv_freq
-    angles = torch.cat([freqs, freqs], dim=-1)
-    return angles.cos().to(dtype), angles.sin().to(dtype)
 
 
 class IsoLLMAttention(nn.Module):
