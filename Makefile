@@ -22,7 +22,7 @@ demo: $(STAMP)
 test: $(STAMP)
 	$(BIN)/python -m pytest -n 2 -q
 
-# Speed and memory, side by side in one run each (issue: numbers are ratios, never asserted in tests).
+# Speed and memory, side by side in one run each (the numbers are ratios, never asserted in tests).
 bench: $(STAMP)
 	$(BIN)/python bench/bench_train_step.py --threads 2 --rounds 12 --profile
 	$(BIN)/python bench/bench_train_step.py --threads 2 --rounds 10 --compile --ffn swiglu isogmlp iso_ln --attn-scoring softmax
@@ -31,7 +31,7 @@ bench: $(STAMP)
 	$(BIN)/python bench/bench_data.py
 
 # On a CUDA machine, in an environment with CUDA torch and `pip install -e '.[dev,gpu]'` (not .venv, whose
-# torch is the CPU build): the GPU tests, then issue 7's GPU figures (bf16, torch.compile, MFU, fla).
+# torch is the CPU build): the GPU tests, then the GPU figures of docs/performance.md (bf16, torch.compile, MFU, fla).
 bench-gpu:
 	$(PY) -m pytest -q -m gpu
 	$(PY) bench/bench_train_step.py --device cuda --dtype bf16 --compile --preset 134m --seq 2048 --batch 8 --rounds 10 --ffn swiglu isogmlp iso_ln --attn-scoring softmax iso_tanh

@@ -1,9 +1,9 @@
 """Evaluate checkpoints / hub models and compare runs: ``python eval.py --help``.
 
-See ``llm/eval/cli.py`` for the subcommands (compare, lm-eval) and exit codes.
+See ``llm/cli/eval.py`` for the subcommands (compare, lm-eval) and exit codes.
 """
 
-from llm.eval.cli import run
+from llm.cli.eval import run
 
 if __name__ == "__main__":
     run()

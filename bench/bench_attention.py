@@ -37,14 +37,14 @@ from pathlib import Path
 
 import torch
 
-from llm.model.attention import (
-    SoftmaxScoring,
+from llm.model.attention import SoftmaxScoring
+from llm.model.config import ModelConfig
+from llm.model.iso_tanh import (
     fla_chunk_linear_attn,
     iso_tanh_chunked,
     iso_tanh_linear_attention,
     iso_tanh_naive,
 )
-from llm.model.config import ModelConfig
 
 IMPLS = ("sdpa", "naive", "chunked", "chunk_loop", "fla")
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}

@@ -9,4 +9,4 @@ cd "$(dirname "$0")/.."
 if [[ -z "${PYTHON:-}" ]]; then
     if [[ -x .venv/bin/python ]]; then PYTHON=.venv/bin/python; else PYTHON=python; fi
 fi
-exec "$PYTHON" -m llm.demo "$@"
+PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" exec "$PYTHON" scripts/demo.py "$@"

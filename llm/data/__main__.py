@@ -2,6 +2,6 @@
 
 import sys
 
-from llm.data.cli import main
+from llm.cli.data import main
 
 sys.exit(main())

@@ -33,7 +33,8 @@ from llm.config import DataConfig
 from llm.data.errors import DataError
 from llm.data.sources import data_source
 from llm.data.split import epoch_order
-from llm.data.stream import State, StreamingTokens, TokenSource, block_permutation
+from llm.data.streaming import StreamingTokens
+from llm.data.token_source import State, TokenSource, block_permutation
 from llm.data.tokenizer import tokenizer_identity
 
 __all__ = ["FORMAT", "INDEX_FILE", "START", "PreparedTokens", "continue_positions", "node_positions", "prepare"]

@@ -1,6 +1,6 @@
 """Evaluate a checkpoint (loss, perplexity, bits per byte, isotropy, samples), compare runs, plot, lm-eval.
 
-Entry point: ``eval.py`` (``llm.eval.cli``).
+Entry point: ``eval.py`` (``llm.cli.eval``).
 """
 
 from llm.eval.compare import Comparison, RunRecord, compare_runs, format_table, load_run, write_comparison

@@ -11,169 +11,31 @@ Qwen3 export (``llm/hf``) splits them back.
                      x = x + mlp(post_attention_layernorm(x))         # FFN_REGISTRY[config.ffn]
     logits = lm_head(norm(x))                                         # lm_head tied to embed_tokens
 
-Generation keeps an ``IsoLLMCache``: per layer, the scoring's opaque state (the KV cache for softmax,
-the O(1) ``(S, G)`` sums for iso_tanh) and a dict the FFN may keep running statistics in.
+Generation keeps an ``IsoLLMCache`` (cache.py): per layer, the scoring's opaque state (the KV cache for
+softmax, the O(1) ``(S, G)`` sums for iso_tanh) and a dict the FFN may keep running statistics in.
+Siblings: attention.py (scoring registry; iso_tanh's forms in iso_tanh.py), ffn.py (FFN registry),
+fused_ops.py (RMSNorm and rotary kernels), lm_head.py (the LM head and its fused cross-entropy).
 
 Copied to the hub with its relative imports: torch and transformers only.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 import torch
 import torch.nn.functional as F
 from torch import nn
-from torch.utils._pytree import tree_map
 from transformers import GenerationMixin, PreTrainedModel
 from transformers.modeling_outputs import CausalLMOutputWithPast
 
 from .attention import ATTN_SCORING_REGISTRY
+from .cache import IsoLLMCache, LayerState
 from .config import ModelConfig
 from .configuration_isollm import IsoLLMConfig
 from .ffn import FFN_REGISTRY
+from .fused_ops import RMSNorm, apply_rotary, rotary_cos_sin
 from .lm_head import IGNORE_INDEX, LMHead
-
-
-class RMSNorm(nn.Module):
-    """``weight * x / sqrt(mean(x^2) + eps)``, normalised in fp32 as in Qwen3 (bf16 would round the mean)."""
-
-    def __init__(self, dim: int, eps: float) -> None:
-        super().__init__()
-        self.weight = nn.Parameter(torch.ones(dim))
-        self.eps = eps
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if torch.compiler.is_compiling():  # the composed ops, which the compiler fuses itself
-            x32 = x.float()
-            x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
-            return self.weight * x32.to(x.dtype)
-        return _RMSNorm.apply(x, self.weight, self.eps)
-
-
-class _RMSNorm(torch.autograd.Function):
-    """``RMSNorm.forward`` with a hand-written backward: 3 passes over x forward and about 6 backward,
-    where autograd's record of the composed ops takes 4 and 10."""
-
-    @staticmethod
-    def forward(ctx: Any, x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-        # Autocast would run vecdot in bf16 on CPU: the mean of squares must stay in fp32.
-        with torch.autocast(x.device.type, enabled=False):
-            x32 = x.to(torch.promote_types(x.dtype, torch.float32))
-            rstd = torch.linalg.vecdot(x32, x32).unsqueeze(-1).div_(x.shape[-1]).add_(eps).rsqrt_()
-        ctx.save_for_backward(x, weight, rstd)
-        return weight * (x32 * rstd).to(x.dtype)
-
-    @staticmethod
-    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, None]:
-        x, weight, rstd = ctx.saved_tensors
-        with torch.autocast(x.device.type, enabled=False):  # a backward called inside autocast, too
-            grad = grad.to(rstd.dtype)  # bf16 when the weight is (model.to(bf16), FSDP2/DeepSpeed bf16)
-            normed = x.to(rstd.dtype) * rstd
-            grad_weight = torch.linalg.vecdot(grad.reshape(-1, x.shape[-1]), normed.reshape(-1, x.shape[-1]),
-                                              dim=0)
-            grad_normed = grad * weight
-            # d/dx of x * rstd(x): rstd * (g - normed * mean(g * normed))
-            mean_dot = torch.linalg.vecdot(grad_normed, normed).unsqueeze(-1).div_(x.shape[-1])
-            grad_x = torch.addcmul(grad_normed, normed, mean_dot, value=-1).mul_(rstd)
-        return grad_x.to(x.dtype), grad_weight.to(weight.dtype), None
-
-
-def rotary_cos_sin(position_ids: torch.Tensor, head_dim: int, theta: float,
-                   dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
-    """RoPE's cos and sin, ``[B, T, head_dim]``, for integer positions ``[B, T]`` (Su et al. 2021).
-
-    Frequencies ``theta^(-2i/head_dim)`` are laid out as ``[f_0..f_{D/2-1}, f_0..f_{D/2-1}]``, the
-    rotate-half convention of Llama and Qwen3 (not interleaved pairs), so that an exported model gives
-    stock Qwen3's logits. Computed per call in fp32 rather than kept as a buffer: it is a tiny
-    ``T x D`` table shared by all layers, and a buffer would be cast to bf16 by ``model.to(bf16)``.
-    """
-    exponent = torch.arange(0, head_dim, 2, dtype=torch.float32, device=position_ids.device) / head_dim
-    inv_freq = 1.0 / (theta**exponent)
-    freqs = position_ids[..., None].float() * inv_freq
-    angles = torch.cat([freqs, freqs], dim=-1)
-    return angles.cos().to(dtype), angles.sin().to(dtype)
-
-
-class _Rotary(torch.autograd.Function):
-    """``x * cos + rotate_half(x) * sin``, with ``rotate_half([x1, x2]) = [-x2, x1]``, written half by half
-    into one output (two passes over x where the composed ops take five); the backward pass is the
-    rotation by the opposite angles, ``rotate(grad, cos, -sin)``."""
-
-    @staticmethod
-    def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-        half = x.shape[-1] // 2
-        x1, x2 = x[..., :half], x[..., half:]
-        cos, sin = cos[..., :half], sin[..., :half]  # both halves of the tables are equal
-        out = torch.empty(torch.broadcast_shapes(x.shape, (*cos.shape[:-1], x.shape[-1])),
-                          dtype=torch.promote_types(x.dtype, cos.dtype), device=x.device)
-        torch.mul(x1, cos, out=out[..., :half]).addcmul_(x2, sin, value=-1)  # x1 cos - x2 sin
-        torch.mul(x2, cos, out=out[..., half:]).addcmul_(x1, sin)  # x2 cos + x1 sin
-        return out
-
-    @staticmethod
-    def forward(ctx: Any, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-        ctx.save_for_backward(cos, sin)
-        ctx.x_dtype = x.dtype
-        return _Rotary.rotate(x, cos, sin)
-
-    @staticmethod
-    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None, None]:
-        cos, sin = ctx.saved_tensors
-        return _Rotary.rotate(grad, cos, -sin).to(ctx.x_dtype), None, None
-
-
-def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """Rotate ``x`` ``[B, heads, T, D]`` by its positions' angles (cos, sin ``[B, T, D]``, no gradient).
-
-    Under ``torch.compile`` the composed ops are left to the compiler, which fuses them itself (and does
-    not support the ``out=`` writes into slices that ``_Rotary`` uses).
-    """
-    cos, sin = cos[:, None], sin[:, None]
-    if torch.compiler.is_compiling():
-        x1, x2 = x.chunk(2, dim=-1)
-        return x * cos + torch.cat([-x2, x1], dim=-1) * sin
-    return _Rotary.apply(x, cos, sin)
-
-
-@dataclass
-class LayerState:
-    """What one decoder layer carries from one generation step to the next."""
-
-    attention: Any = None
-    """The scoring's opaque ``present``: ``(k, v)`` for softmax, ``(S, G)`` for iso_tanh."""
-    ffn: dict[str, torch.Tensor] = field(default_factory=dict)
-    """The FFN's own running state (isogmlp's causal_mean gate keeps its prefix sum here)."""
-
-
-class IsoLLMCache:
-    """Generation state of all layers plus the number of tokens seen (the next token's position).
-
-    Not a ``transformers.cache_utils.Cache``: iso_tanh has no keys or values to cache. It offers what
-    ``generate()`` asks of a cache for greedy decoding, sampling and beam search (``get_seq_length``,
-    ``reorder_cache``); it is not compileable or croppable, so assisted decoding is not supported.
-    """
-
-    is_compileable = False
-    is_croppable = False
-
-    def __init__(self, num_layers: int) -> None:
-        self.layers = [LayerState() for _ in range(num_layers)]
-        self.seen_tokens = 0
-
-    def get_seq_length(self, layer_idx: int = 0) -> int:
-        return self.seen_tokens
-
-    def reorder_cache(self, beam_idx: torch.LongTensor) -> None:
-        """Beam search: keep the rows of the surviving beams (every state tensor is batch-first)."""
-        def select(value: Any) -> Any:
-            if isinstance(value, torch.Tensor):
-                return value.index_select(0, beam_idx.to(value.device))
-            return value
-
-        for layer in self.layers:
-            layer.attention, layer.ffn = tree_map(select, (layer.attention, layer.ffn))
 
 
 class IsoLLMAttention(nn.Module):
@@ -193,16 +55,20 @@ class IsoLLMAttention(nn.Module):
         self.k_norm = norm()
         self.scoring = ATTN_SCORING_REGISTRY[config.attn_scoring](config)
 
-    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, past: Any = None,
-                use_cache: bool = False, padding_mask: torch.Tensor | None = None) -> tuple[torch.Tensor, Any]:
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, state: LayerState | None = None,
+                padding_mask: torch.Tensor | None = None) -> torch.Tensor:
+        """``state``: the layer's generation state (None in training), whose scoring state this call advances."""
         b, t, _ = x.shape
         qkv = self.qkv_proj(x).view(b, t, self.num_heads + 2 * self.num_kv_heads, self.head_dim)
         q, k, v = qkv.split([self.num_heads, self.num_kv_heads, self.num_kv_heads], dim=2)
         q = apply_rotary(self.q_norm(q).transpose(1, 2), cos, sin)
         k = apply_rotary(self.k_norm(k).transpose(1, 2), cos, sin)
-        out, present = self.scoring(q, k, v.transpose(1, 2), past=past, use_cache=use_cache,
-                                    padding_mask=padding_mask)
-        return self.o_proj(out.transpose(1, 2).reshape(b, t, -1)), present
+        if state is None:
+            out, _ = self.scoring(q, k, v.transpose(1, 2), padding_mask=padding_mask)
+        else:
+            out, state.attention = self.scoring(q, k, v.transpose(1, 2), past=state.attention, use_cache=True,
+                                                padding_mask=padding_mask)
+        return self.o_proj(out.transpose(1, 2).reshape(b, t, -1))
 
 
 class IsoLLMDecoderLayer(nn.Module):
@@ -218,15 +84,10 @@ class IsoLLMDecoderLayer(nn.Module):
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
                 state: LayerState | None = None, padding_mask: torch.Tensor | None = None) -> torch.Tensor:
         """``padding_mask``: ``[B, T_past + T]``, True at real tokens (None: all real); see attention.py."""
-        past = state.attention if state is not None else None
-        attn_out, present = self.self_attn(self.input_layernorm(x), cos, sin, past=past,
-                                           use_cache=state is not None, padding_mask=padding_mask)
-        x = x + attn_out
-        if state is not None:
-            state.attention = present
+        ffn_cache = state.ffn if state is not None else None
         ffn_mask = padding_mask[:, -x.shape[1]:] if padding_mask is not None else None
-        return x + self.mlp(self.post_attention_layernorm(x), cache=state.ffn if state is not None else None,
-                            padding_mask=ffn_mask)
+        x = x + self.self_attn(self.input_layernorm(x), cos, sin, state, padding_mask)
+        return x + self.mlp(self.post_attention_layernorm(x), cache=ffn_cache, padding_mask=ffn_mask)
 
 
 class IsoLLMModel(nn.Module):

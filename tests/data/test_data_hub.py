@@ -13,8 +13,8 @@ import pytest
 from tiny import fineweb_files
 from tokenizers import Tokenizer
 
+from llm.cli.data import main
 from llm.config import DataConfig
-from llm.data.cli import main
 from llm.data.pieces import list_pieces
 from llm.data.sources import resolve_source
 from llm.data.stream import build_train_loader

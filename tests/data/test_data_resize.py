@@ -9,8 +9,8 @@ import pytest
 import torch
 from tiny import PYTHON, TINY_TRAIN, metrics_rows, run, torchrun, write_docs
 
+from llm.cli.data import main
 from llm.data import train_tokenizer
-from llm.data.cli import main
 
 
 @pytest.mark.slow

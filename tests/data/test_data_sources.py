@@ -147,7 +147,7 @@ def test_mixed_file_types_are_rejected(tmp_path: Path) -> None:
 
 
 def test_cli_reports_bad_source_in_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    from llm.data.cli import main
+    from llm.cli.data import main
 
     missing = tmp_path / "missing.parquet"
     assert guarded(lambda: main(["prepare", "--out", str(tmp_path / "out"), "--source", str(missing)])) == 2

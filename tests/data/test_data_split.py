@@ -96,7 +96,7 @@ def test_one_global_epoch_for_any_number_of_nodes(kind: str, tmp_path: Path) -> 
 def test_long_document_is_cut_before_tokenizing(tmp_path: Path, bpe: Tokenizer) -> None:
     """A 2M-character single-line document reaches the tokenizer as its first max_doc_chars characters
     (so tokenizing it costs what a normal batch costs); the validation set cuts the same way."""
-    from llm.data.stream import StreamingTokens
+    from llm.data.streaming import StreamingTokens
     from llm.data.tokenizer import eos_id
 
     path = tmp_path / "long.jsonl"
@@ -113,7 +113,7 @@ def test_long_document_is_cut_before_tokenizing(tmp_path: Path, bpe: Tokenizer) 
 
 def test_integer_text_column_is_one_line_naming_file_and_column(tmp_path: Path,
                                                                  capsys: pytest.CaptureFixture[str]) -> None:
-    from llm.data.cli import main
+    from llm.cli.data import main
 
     path = tmp_path / "numbers.parquet"
     pq.write_table(pa.table({"text": [1, 2, 3], "id": ["a", "b", "c"]}), path)

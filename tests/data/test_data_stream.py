@@ -17,11 +17,12 @@ import pytest
 import torch
 from tokenizers import Tokenizer
 
+from llm.cli.data import main
 from llm.config import DataConfig
-from llm.data.cli import main
 from llm.data.errors import DataError
 from llm.data.shards import FORMAT, INDEX_FILE, PreparedTokens, prepare
-from llm.data.stream import StreamingTokens, build_train_loader, iter_windows
+from llm.data.stream import build_train_loader
+from llm.data.streaming import StreamingTokens, iter_windows
 from llm.data.tokenizer import eos_id, load_tokenizer
 from llm.data.validation import is_validation
 

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 from tokenizers import Tokenizer
 
-from llm.data.cli import main
+from llm.cli.data import main
 from llm.data.tokenizer import (
     EOS_TOKEN,
     encode_documents,

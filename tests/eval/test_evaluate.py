@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 import torch
 
-import llm.eval.cli as cli
-from llm.eval.cli import main
+import llm.cli.eval as cli
+from llm.cli.eval import main
 from llm.eval.evaluate import (
     bits_per_byte,
     evaluate_checkpoint,

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from llm.eval.cli import main
+from llm.cli.eval import main
 from llm.eval.lm_eval_adapter import lm_eval_available
 
 pytestmark = pytest.mark.skipif(

@@ -12,7 +12,7 @@ import sys
 
 import torch
 
-from llm.train.cli import main
+from llm.cli.train import main
 
 
 def run() -> None:

@@ -16,8 +16,8 @@ import pytest
 import safetensors.torch
 import transformers.modeling_utils
 
+from llm.cli.train import main
 from llm.train.checkpoint import verify_checkpoint
-from llm.train.cli import main
 
 FAILING_STEP = 4
 

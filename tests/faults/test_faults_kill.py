@@ -1,4 +1,4 @@
-"""Fault-injection suite (issue 8: no run is lost to a kill, a crash, a bad batch, a bad file).
+"""Fault-injection suite: no run is lost to a kill, a crash, a bad batch, a bad file.
 
 Which test covers which fault:
 

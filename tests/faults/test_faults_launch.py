@@ -18,7 +18,7 @@ import pytest
 import yaml
 from tiny import REPO, TINY_MODEL, metrics_rows
 
-from llm.sweep import main as sweep_main
+from llm.cli.sweep import main as sweep_main
 from llm.train.checkpoint import verify_checkpoint
 
 STUB_TRAIN_PY = """import json, os, sys

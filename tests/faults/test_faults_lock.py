@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 from tiny import metrics_rows, start_train_py
 
-from llm.train.cli import main
+from llm.cli.train import main
 from llm.train.lock import LOCK_FILE, RunLock, RunLockedError
 
 HOST = socket.gethostname()

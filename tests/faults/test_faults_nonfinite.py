@@ -16,9 +16,9 @@ from tiny import checkpoint_weights, metrics_rows
 
 import llm.train.checkpoint as checkpoint
 from llm.config import load_config
-from llm.eval.cli import main as eval_main
+from llm.cli.eval import main as eval_main
 from llm.metrics.layers import ISOTROPY_KEYS, layer_report
-from llm.train.cli import main
+from llm.cli.train import main
 from llm.train.trainer import build_model
 
 

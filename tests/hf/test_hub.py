@@ -73,8 +73,8 @@ def test_hub_directory_holds_config_auto_map_and_code(saved):
     card = (directory / "README.md").read_text()
     assert card.startswith("---\nlibrary_name: ") and "No training run was recorded" in card
     assert f'from_pretrained("{directory}", trust_remote_code=True)' in card
-    for name in ("modeling_isollm.py", "configuration_isollm.py", "config.py", "attention.py", "ffn.py",
-                 "linear.py", "isotropic.py"):
+    for name in ("modeling_isollm.py", "configuration_isollm.py", "config.py", "attention.py", "iso_tanh.py",
+                 "fused_ops.py", "lm_head.py", "cache.py", "ffn.py", "linear.py", "isotropic.py"):
         assert "import llm" not in (directory / name).read_text()
         assert "from llm" not in (directory / name).read_text()
 

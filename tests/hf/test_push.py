@@ -10,9 +10,9 @@ import pytest
 from huggingface_hub import HfApi
 from tiny import TINY_MODEL, metrics_rows
 
+from llm.cli.hub import main
 from llm.data import eos_id, load_tokenizer
 from llm.hf.card import ATTENTION_EQUATIONS, FFN_EQUATIONS, LINEAR_EQUATIONS, run_summary
-from llm.hf.cli import main
 from llm.model import ModelConfig, param_counts
 from llm.model.attention import ATTN_SCORING_REGISTRY
 from llm.model.ffn import FFN_REGISTRY

@@ -12,7 +12,7 @@ engine's bf16 mode as on a GPU (Accelerate's autocast, FSDP2's bf16 ``param_dtyp
     python dist_worker.py --mode fsdp2 --out REF --data SRC --tokenizer TOK --reference DIR
 
 Why not Accelerate for FSDP2 / ZeRO: on CPU Accelerate ignores its FSDP plugin and reports rank 0 of
-1 under DeepSpeed (SPEC.md, Verified), so the engines are used directly; DDP goes through Accelerate
+1 under DeepSpeed (verified on CPU with accelerate 1.15), so the engines are used directly; DDP goes through Accelerate
 exactly as train.py does.
 """
 
@@ -199,7 +199,7 @@ def main() -> None:
 
         # Sharded save (each rank writes its shards), as accelerator.save_state does under FSDP2.
         dcp.save({"model": model.state_dict()}, checkpoint_id=str(args.out / "dcp"))
-    if world > 1:  # SPEC.md, Verified: avoids gloo's abort at interpreter exit
+    if world > 1:  # avoids gloo's abort at interpreter exit (verified on CPU)
         dist.barrier()
         dist.destroy_process_group()
         sys.stdout.flush()

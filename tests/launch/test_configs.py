@@ -67,7 +67,7 @@ def test_accelerate_config_loads(path: Path) -> None:
     assert isinstance(config, ClusterConfig)
     assert config.distributed_type == EXPECTED_TYPE[path.stem]
     assert config.num_machines == 1 and config.machine_rank == 0  # multi-node: command-line overrides
-    assert not config.use_cpu  # `--cpu` would start one process (SPEC.md, Verified)
+    assert not config.use_cpu  # `--cpu` would start one process (verified with accelerate 1.15)
     args, env = launch_env(path)
     assert args.num_processes == (1 if path.stem == "single_gpu" else 8)
     if path.stem in ZERO_STAGE:

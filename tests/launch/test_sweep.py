@@ -13,7 +13,7 @@ import pytest
 import yaml
 from tiny import REPO
 
-from llm.sweep import expand, load_sweep, main, slurm_array_script
+from llm.cli.sweep import expand, load_sweep, main, slurm_array_script
 
 TINY = {"model": {"vocab_size": 512, "hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 2,
                   "num_attention_heads": 2, "num_key_value_heads": 1},
@@ -63,7 +63,7 @@ def test_grid_expands_to_the_product_with_unique_names(sweep_file) -> None:
 
 
 def test_every_run_resolves_with_the_same_data_and_its_own_variant(sweep_file) -> None:
-    from llm.sweep import check_comparable
+    from llm.cli.sweep import check_comparable
 
     sweep = load_sweep(sweep_file(), check=False)
     configs = check_comparable(sweep.runs, Path("sweep.yaml"), sweep.root)

@@ -18,7 +18,7 @@ import torch
 import triton.language as tl
 from triton.runtime.autotuner import Autotuner
 
-from llm.model.attention import fla_chunk_linear_attn, iso_tanh_linear_attention, iso_tanh_naive, mask_padding
+from llm.model.iso_tanh import fla_chunk_linear_attn, iso_tanh_linear_attention, iso_tanh_naive, mask_padding
 
 B, H, T, SPLIT, D = 2, 4, 100, 70, 16  # fla tiles the head dimension by 16; 70 and 30 are not multiples of 64
 

@@ -12,10 +12,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from llm.model.attention import (
-    ATTN_SCORING_REGISTRY,
-    IsoTanhScoring,
-    SoftmaxScoring,
+from llm.model.attention import ATTN_SCORING_REGISTRY, IsoTanhScoring, SoftmaxScoring
+from llm.model.config import ModelConfig
+from llm.model.iso_tanh import (
     _exclusive_cumsum,
     iso_tanh_chunked,
     iso_tanh_linear_attention,
@@ -23,7 +22,6 @@ from llm.model.attention import (
     iso_tanh_recurrent,
     mask_padding,
 )
-from llm.model.config import ModelConfig
 
 B, H, HKV, D, CHUNK = 2, 4, 2, 8, 8
 EXACT = {"rtol": 0.0, "atol": 1e-10}
@@ -247,6 +245,7 @@ def test_linear_attention_identity(hkv: int) -> None:
     torch.testing.assert_close(final, iso_tanh_chunked(q, k, v, CHUNK)[1], **EXACT)
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(torch.cuda.is_available(), reason="with CUDA, test_fla_kernel_matches_naive runs the real kernels")
 @pytest.mark.skipif(sys.platform != "linux", reason="triton ships Linux wheels only")
 def test_fla_kernel_interpreted_matches_naive() -> None:

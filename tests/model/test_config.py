@@ -10,10 +10,10 @@ import pytest
 from transformers import AutoConfig, AutoModelForCausalLM
 
 import llm  # noqa: F401  (registers the Auto classes)
+from llm.cli.params import main as params_main
 from llm.config import load_config
 from llm.model import IsoLLMConfig, IsoLLMForCausalLM, ModelConfig, param_counts
 from llm.model.config import ConfigError
-from llm.params import main as params_main
 
 SIZES = Path(__file__).resolve().parents[2] / "configs" / "sizes"
 TINY = dict(vocab_size=256, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,

@@ -103,6 +103,7 @@ def test_model_training_mode_fuses_the_loss_and_matches_eval_mode(tied):
     torch.testing.assert_close(by_labels.loss, by_shift.loss, rtol=0, atol=0)
 
 
+@pytest.mark.slow
 def test_torch_compile_training_step_equals_eager():
     """``train.compile``: the compiled model (rotary left to the compiler, the fused loss run eagerly)
     gives the eager loss and gradients."""

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from tiny import metrics_rows, start_train_py
 
-from llm.train.cli import main
+from llm.cli.train import main
 
 
 @pytest.mark.parametrize(("override", "field", "message"), [

@@ -9,9 +9,9 @@ import dataclasses
 import pytest
 import torch
 
+from llm.cli.params import main
 from llm.memory_plan import activation_bytes, largest_micro_batch, plan_memory
 from llm.model import IsoLLMConfig, IsoLLMForCausalLM, ModelConfig, param_counts
-from llm.params import main
 
 SHAPE = ModelConfig(vocab_size=384, hidden_size=96, intermediate_size=160, num_hidden_layers=3, num_attention_heads=6,
                     num_key_value_heads=3, head_dim=16, max_position_embeddings=256)

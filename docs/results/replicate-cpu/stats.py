@@ -6,7 +6,7 @@ From the same ``metrics.jsonl`` files (read with ``llm.eval.compare.load_run``):
 
 1. final validation loss: each variant's difference to the baseline with the Welch 95% confidence
    interval (the table gives only the p-value);
-2. gradient-norm stability (seeds/isogmlp.txt section 4.3, "gradient norm variance"): the per-seed
+2. gradient-norm stability (isogmlp section 4.3, "gradient norm variance"): the per-seed
    ``grad_norm_var_run`` and the scale-free ``grad_norm_cv_run`` of the last train row, and the variance
    over the second half of the steps only (where the early downward trend of the norm no longer
    dominates) and the largest pre-clip norm after warmup, each with a two-sided Welch t-test and an exact

@@ -1,6 +1,6 @@
 """The README demo: train SwiGLU and IsoGMLP side by side on real text, then compare them.
 
-``python -m llm.demo [key=value ...]`` (what ``scripts/demo.sh`` / ``make demo`` run):
+``scripts/demo.sh [key=value ...]`` (what ``make demo`` runs; ``python scripts/demo.py`` where ``llm`` is installed):
 
 1. text: FineWeb streamed from the hub when online (a few thousand documents, saved locally so both
    runs read the same file); offline the FineWeb sample in ``../shared/data/`` beside the checkout

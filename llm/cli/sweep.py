@@ -54,7 +54,7 @@ from typing import Any
 
 from omegaconf import OmegaConf
 
-from llm.cli_types import at_least
+from llm.cli.arg_types import at_least
 from llm.config import RunConfig, load_config
 
 COMPARISON_INVARIANTS = ("train.global_batch_tokens", "train.max_tokens", "train.max_steps")

@@ -4,7 +4,8 @@
     isollm-params configs/sizes/83m.yaml --config exp.yaml model.ffn=isogmlp model.ffn_param_match=true
     isollm-params configs/sizes/134m.yaml --plan --mode fsdp2 --gpus 8 --gpu-mem 80 --seq-len 2048
 
-Prints the total and non-embedding parameter counts (SPEC.md, "Sizes") and the FFN's resolved
+Prints the total and non-embedding parameter counts (the size presets are named by the total with the tied
+Qwen3 vocabulary, so the non-embedding count says how much is decoder) and the FFN's resolved
 intermediate size, which ``ffn_param_match`` shrinks for the wider variants. ``--plan`` adds the estimated
 memory per GPU of training it (``llm.memory_plan``) and the largest micro batch that fits.
 """

@@ -15,7 +15,7 @@ import time
 from omegaconf import OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
-from llm.cli_types import at_least
+from llm.cli.arg_types import at_least
 from llm.config import DataConfig
 from llm.model.config import ConfigError
 

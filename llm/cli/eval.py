@@ -17,7 +17,7 @@ import math
 import sys
 from typing import Any
 
-from llm.cli_types import at_least
+from llm.cli.arg_types import at_least
 from llm.data.errors import DataError
 from llm.eval.errors import EvalError
 from llm.model.config import ConfigError
@@ -58,7 +58,7 @@ def _compare_parser() -> argparse.ArgumentParser:
     from llm.eval.compare import DEFAULT_BASELINE
 
     parser = argparse.ArgumentParser(
-        prog="eval.py compare", description="Table (seeds/isogmlp.txt Table 1 style) and plots of runs "
+        prog="eval.py compare", description="Table (in the style of isogmlp Table 1) and plots of runs "
         "grouped by variant over seeds.")
     parser.add_argument("runs", nargs="+", metavar="RUN_DIR", help="run directories or quoted glob patterns")
     parser.add_argument("--baseline", default=DEFAULT_BASELINE, help="variant the p-values test against")

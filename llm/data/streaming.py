@@ -1,0 +1,135 @@
+"""Streamed training tokens (``StreamingTokens``): per node, a deterministic resumable stream of windows.
+
+1. Epoch split (``llm.data.split``): every epoch orders the source's pieces (parquet row groups, or whole
+   jsonl/txt files) by ``(seed, epoch)`` and gives each node a contiguous ``1/num_nodes`` of the epoch's rows
+   (bytes for jsonl/txt): one global epoch, whatever the number of files.
+2. Validation documents are dropped (``validation.is_validation``), documents are cut to
+   ``max_doc_chars`` characters, every document gets EOS appended, and the node's token stream is cut into
+   windows of ``seq_len + 1`` tokens: window k = tokens [k(L+1), (k+1)(L+1)). Windows continue across
+   epoch boundaries, so no token is dropped or repeated.
+3. Window shuffle: windows are permuted within consecutive blocks of ``shuffle_block`` windows by a
+   permutation seeded with ``(seed, num_nodes, node, block index)`` (the block index counts over the node's
+   whole stream, epochs included).
+
+A streaming node's position is a JSON dict ``{"block", "index", "start"}``: the block being emitted, how
+many of its windows were emitted, and where the block's first window starts: ``{"epoch", "pos",
+"offset"}``, ``pos`` being the reader's position at the start of a tokenization chunk (``{"seg", "at"}``:
+the segment of the node's share, the piece position) and ``offset`` the tokens of that chunk consumed
+before the window. Resuming re-reads that chunk, regenerates the block and skips what was emitted: exact,
+at the cost of re-tokenizing at most one block. It resumes only with the same number of nodes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from itertools import islice
+
+import numpy as np
+from tokenizers import Tokenizer
+
+from llm.config import DataConfig
+from llm.data.errors import DataError
+from llm.data.pieces import PieceReader, list_pieces
+from llm.data.sources import data_source
+from llm.data.split import epoch_order, node_segments
+from llm.data.token_source import State, TokenSource, block_permutation
+from llm.data.tokenizer import encode_documents, eos_id
+from llm.data.validation import split_batch
+
+
+class StreamingTokens(TokenSource):
+    """Training tokens streamed from a repository (hub or local) or local files, by pieces."""
+
+    def __init__(self, data_cfg: DataConfig, tokenizer: Tokenizer) -> None:
+        self.source = data_source(data_cfg)
+        self.reader = PieceReader(self.source, data_cfg)
+        self.pieces = list_pieces(self.source)
+        self.tokenizer = tokenizer
+        self.eos = eos_id(tokenizer)
+        self.cfg = data_cfg
+
+    def piece_docs(self, piece: int, start: int, hi: int) -> Iterator[tuple[int, list[str]]]:
+        """(position before the batch, training texts of the batch) of a piece's range: validation documents
+        dropped, a failed read retried (``PieceReader.batches``)."""
+        for before, rows, _ in self.reader.batches(piece, start, hi):
+            yield before, split_batch(rows, self.source, self.cfg.val_bucket, self.cfg.max_doc_chars)[0]
+
+    def tokens(self, docs: list[str]) -> np.ndarray:
+        return encode_documents(self.tokenizer, docs, self.eos)[0]
+
+    def chunks(self, epoch: int, node: int, num_nodes: int, start: State | None
+               ) -> Iterator[tuple[State, np.ndarray]]:
+        """(position at the chunk's start, its tokens) for this node's documents of one epoch, from
+        ``start`` (a position yielded earlier) or the epoch's beginning."""
+        order = epoch_order(len(self.pieces), self.cfg.seed, epoch, self.cfg.shuffle_shards)
+        segments = node_segments(self.pieces, order, node, num_nodes)
+        first, at = (start["seg"], start["at"]) if start else (0, None)
+        for seg in range(first, len(segments)):
+            piece, lo, hi = segments[seg]
+            for before, docs in self.piece_docs(piece, at if seg == first and at is not None else lo, hi):
+                if docs:
+                    yield {"seg": seg, "at": before}, self.tokens(docs)
+
+    def node_windows(self, node: int, num_nodes: int, state: State | None) -> Iterator[tuple[np.ndarray, State]]:
+        return iter_windows(self, node, num_nodes, self.cfg.seq_len + 1, self.cfg.seed, self.cfg.shuffle_block,
+                            state)
+
+
+def _pieces(source: StreamingTokens, node: int, num_nodes: int, start: State, max_epochs: int | None
+            ) -> Iterator[tuple[int, State, int, np.ndarray]]:
+    """(epoch, chunk position, offset, tokens[offset:]) over epochs, from a window-start state."""
+    epoch, pos, offset = start["epoch"], start["pos"], start["offset"]
+    while max_epochs is None or epoch < max_epochs:
+        empty = pos is None
+        for chunk_pos, tokens in source.chunks(epoch, node, num_nodes, pos):
+            empty = False
+            yield epoch, chunk_pos, offset, tokens[offset:]
+            offset = 0
+        if empty:
+            raise DataError(
+                f"data: node {node} of {num_nodes} (rank x worker) got no training documents in epoch {epoch} "
+                f"from a source of {len(source.pieces)} piece(s); use fewer ranks/workers or more data"
+            )
+        epoch, pos, offset = epoch + 1, None, 0
+
+
+def _windows(source: StreamingTokens, node: int, num_nodes: int, width: int, start: State,
+             max_epochs: int | None) -> Iterator[tuple[np.ndarray, State]]:
+    """(window of ``width`` tokens, state where the next window starts); a final partial window is dropped."""
+    parts: list[np.ndarray] = []
+    have = 0
+    for epoch, pos, offset, tokens in _pieces(source, node, num_nodes, start, max_epochs):
+        i = 0
+        while i < len(tokens):
+            take = min(width - have, len(tokens) - i)
+            parts.append(tokens[i : i + take])
+            have += take
+            i += take
+            if have == width:
+                yield np.concatenate(parts), {"epoch": epoch, "pos": pos, "offset": offset + i}
+                parts, have = [], 0
+
+
+def initial_state() -> State:
+    return {"block": 0, "index": 0, "start": {"epoch": 0, "pos": None, "offset": 0}}
+
+
+def iter_windows(
+    source: StreamingTokens, node: int, num_nodes: int, width: int, seed: int, shuffle_block: int,
+    state: State | None = None, max_epochs: int | None = None,
+) -> Iterator[tuple[np.ndarray, State]]:
+    """One node's shuffled windows, each with the node state after it (resume from it to continue)."""
+    state = state or initial_state()
+    block, skip, start = state["block"], state["index"], state["start"]
+    windows = _windows(source, node, num_nodes, width, start, max_epochs)
+    while True:
+        buffered = list(islice(windows, shuffle_block))
+        if not buffered:
+            return
+        next_start = buffered[-1][1]
+        order = block_permutation(seed, node, num_nodes, block, len(buffered))
+        for k in range(skip, len(buffered)):
+            after = ({"block": block, "index": k + 1, "start": start} if k + 1 < len(buffered)
+                     else {"block": block + 1, "index": 0, "start": next_start})
+            yield buffered[order[k]][0], after
+        block, skip, start = block + 1, 0, next_start

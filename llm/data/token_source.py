@@ -1,0 +1,40 @@
+"""What the training loader reads from: one node's windows of tokens, with an exact resumable position.
+
+Implemented by ``llm.data.streaming.StreamingTokens`` (streamed from the source) and
+``llm.data.shards.PreparedTokens`` (pre-tokenized shards).
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Iterator
+from typing import Any
+
+import numpy as np
+
+from llm.config import DataConfig
+
+State = dict[str, Any]
+
+
+def block_permutation(seed: int, node: int, num_nodes: int, block: int, size: int) -> np.ndarray:
+    """Order in which the windows of one block are emitted."""
+    return np.random.default_rng([seed, num_nodes, node, block]).permutation(size)
+
+
+class TokenSource(ABC):
+    """Windows of training tokens for one node, with an exact resumable position."""
+
+    cfg: DataConfig
+    resharding = False
+    """Whether a position can continue with another number of nodes (``reshard``)."""
+
+    @abstractmethod
+    def node_windows(self, node: int, num_nodes: int, state: State | None) -> Iterator[tuple[np.ndarray, State]]:
+        """Node ``node``'s windows of ``seq_len + 1`` tokens, each with the node state after it, from ``state``
+        (a state yielded earlier; None: the start)."""
+
+    def reshard(self, states: list[State | None], num_nodes: int) -> list[State]:
+        """States of ``num_nodes`` nodes continuing the global order where ``states`` (one per node of a run
+        with another number of nodes) left it: nothing lost, nothing repeated."""
+        raise NotImplementedError

@@ -1,0 +1,272 @@
+"""iso_tanh attention's forms (isotropic-deep-learning eq. 16, 28), as functions on ``[B, heads, T, D]``.
+
+The softmax of causal attention is replaced by the isotropic tanh ``f(s) = tanh(|s|) s/|s|`` (eq. 16),
+applied to each query's row of scores ``s_i`` over the visible keys ``j <= i`` only. Because the weights
+are a per-query scalar times the raw scores,
+
+    out_i = g(|s_i|) sum_{j<=i} s_ij v_j = g(|s_i|) q_i^T S_i / sqrt(D),
+    |s_i|^2 = q_i^T G_i q_i / D,   S_i = sum_{j<=i} k_j v_j^T,   G_i = sum_{j<=i} k_j k_j^T,
+
+with ``g(r) = tanh(r) / r`` (``g(0) = 1``). Both running sums are linear attention, so iso_tanh runs in
+linear time. The forms, which give the same output (tests/model/test_attention.py, in fp64):
+
+- ``iso_tanh_naive``: the O(T^2) reference, from the masked score rows as written;
+- ``iso_tanh_chunked``: exact scores inside chunks, the running sums between them (training, prefill);
+- ``iso_tanh_recurrent``: one token at a time with an O(1) state ``(S, G)`` (generation, no KV cache);
+- ``iso_tanh_linear_attention``: through a linear-attention kernel (fla's ``chunk_linear_attn`` on GPU).
+
+The state is kept per KV head: the query heads of a group read the same sums. Internally the two sums
+travel as one ``[..., D, 2D]`` matrix ``[S | G] = sum_j k_j [v_j | k_j]^T``, so one matmul with
+``[v | k]`` yields both the numerator and ``G q``. The module in attention.py chooses the form.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable
+from typing import ParamSpec, TypeVar
+
+import torch
+import torch.nn.functional as F
+
+from .isotropic import tanh_ratio
+
+IsoTanhState = tuple[torch.Tensor, torch.Tensor]
+"""``(S, G)``, each ``[B, Hkv, D, D]`` in fp32 (fp64 for fp64 inputs): ``sum_j k_j v_j^T`` and
+``sum_j k_j k_j^T`` over every token seen so far."""
+
+LinearAttention = Callable[..., tuple[torch.Tensor, torch.Tensor | None]]
+"""fla's ``chunk_linear_attn`` signature: ``(q, k, v, scale, initial_state, output_final_state,
+normalize) -> (o, final_state)`` on ``[B, T, H, K]`` tensors, ``o_i = sum_{j<=i} scale (q_i.k_j) v_j``
+plus the initial state's contribution ``scale q_i^T state``."""
+
+
+@functools.cache
+def fla_chunk_linear_attn() -> LinearAttention | None:
+    """flash-linear-attention's chunked Triton kernel (``pip install fla-core``), or None without it.
+
+    Imported on first call, not with this module: importing fla takes seconds, and a CPU run never
+    uses it.
+    """
+    try:
+        from fla.ops.linear_attn import chunk_linear_attn
+    except (ImportError, RuntimeError):  # no fla, no triton, or triton without a GPU driver: torch serves
+        return None
+    return chunk_linear_attn
+
+
+_P = ParamSpec("_P")
+_R = TypeVar("_R")
+
+
+def _without_autocast(fn: Callable[_P, _R]) -> Callable[_P, _R]:
+    """Run ``fn`` (whose first argument is ``q``) with autocast off on q's device.
+
+    The running sums must accumulate in fp32: under a bf16 autocast the matmuls below would
+    otherwise be recast to bf16 whatever dtype their operands were given.
+    """
+
+    @functools.wraps(fn)
+    def wrapper(*args: _P.args, **kwargs: _P.kwargs) -> _R:
+        q = args[0] if args else kwargs["q"]
+        with torch.autocast(device_type=q.device.type, enabled=False):
+            return fn(*args, **kwargs)
+
+    return wrapper
+
+
+def check_qkv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> tuple[int, int, int, int, int]:
+    """Validate the shared shape contract; return ``(B, H, Hkv, T, D)``."""
+    if q.dim() != 4 or k.dim() != 4 or v.dim() != 4:
+        raise ValueError(f"attention expects 4-d q, k, v [B, heads, T, D]; got {tuple(q.shape)}, "
+                         f"{tuple(k.shape)}, {tuple(v.shape)}")
+    b, h, t, d = q.shape
+    hkv = k.shape[1]
+    if k.shape != v.shape or k.shape[0] != b or k.shape[3] != d or h % hkv:
+        raise ValueError(f"attention expects k, v [B, Hkv, T, D] with Hkv dividing H; got q "
+                         f"{tuple(q.shape)}, k {tuple(k.shape)}, v {tuple(v.shape)}")
+    return b, h, hkv, t, d
+
+
+def _accumulation_dtype(dtype: torch.dtype) -> torch.dtype:
+    """fp32 for half-precision inputs (the running sums grow with T), fp64 kept for exact tests."""
+    return torch.promote_types(dtype, torch.float32)
+
+
+def _iso_tanh_gain(r2: torch.Tensor) -> torch.Tensor:
+    """``g(|s|) = tanh(|s|)/|s|`` from ``r2 = |s|^2`` (isotropic-deep-learning eq. 16 over ``|s|``).
+
+    ``r2`` comes out of a quadratic form and may round to slightly below zero. The clamp to the
+    smallest normal keeps ``sqrt`` off its infinite slope at 0: where ``r2 = 0`` the query is zero or
+    sees no key, so the numerator and ``d r2/d q`` vanish and a zero gradient through ``r2`` is exact.
+    """
+    return tanh_ratio(r2.clamp_min(torch.finfo(r2.dtype).tiny).sqrt())
+
+
+def _pack_state(state: IsoTanhState | None, b: int, hkv: int, d: int, like: torch.Tensor) -> torch.Tensor:
+    """``(S, G)`` -> ``[B, Hkv, D, 2D]`` in ``like``'s dtype (zeros when there is no state)."""
+    if state is None:
+        return like.new_zeros(b, hkv, d, 2 * d)
+    s, g = state
+    if s.shape != (b, hkv, d, d) or g.shape != (b, hkv, d, d):
+        raise ValueError(f"iso_tanh state must be (S, G), each [B, Hkv, D, D] = {[b, hkv, d, d]}; "
+                         f"got {tuple(s.shape)}, {tuple(g.shape)}")
+    return torch.cat([s, g], dim=-1).to(like.dtype)
+
+
+def _unpack_state(sg: torch.Tensor) -> IsoTanhState:
+    s, g = sg.chunk(2, dim=-1)
+    return s, g
+
+
+def mask_padding(q: torch.Tensor, k: torch.Tensor, real: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """iso_tanh's padding: zero the queries and keys where ``real`` (``[B, T]``) is False.
+
+    A zero key adds nothing to ``S = sum_j k_j v_j^T`` or ``G = sum_j k_j k_j^T``, and a zero query's
+    output ``g(|s|) q^T S / sqrt(D)`` is zero: the sums, and so every real token's output, are exactly
+    those of the real tokens alone. It holds for any form that computes those sums (naive, chunked,
+    recurrent, or fla's kernel, linear in k), so the masking happens once, before the form is chosen.
+    """
+    keep = real[:, None, :, None]
+    return q.masked_fill(~keep, 0.0), k.masked_fill(~keep, 0.0)
+
+
+def iso_tanh_naive(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    """O(T^2) reference of iso_tanh attention, computed from the masked score rows as written.
+
+    ``w_i = tanh(|s_i|) s_i/|s_i|`` (isotropic-deep-learning eq. 16, 28) with ``s_i`` the scores of
+    query i over keys ``j <= i`` only (the masked entries are absent from the norm, not -inf), and
+    ``f(0) = 0``. Deliberately independent of ``tanh_ratio`` and of the ``(S, G)`` identity it checks.
+    """
+    _, h, hkv, t, d = check_qkv(q, k, v)
+    k = k.repeat_interleave(h // hkv, dim=1)
+    v = v.repeat_interleave(h // hkv, dim=1)
+    visible = torch.ones(t, t, dtype=torch.bool, device=q.device).tril()
+    scores = (q @ k.transpose(-1, -2) / d**0.5).masked_fill(~visible, 0.0)
+    norm = torch.linalg.vector_norm(scores, dim=-1, keepdim=True)
+    safe_norm = torch.where(norm > 0, norm, torch.ones_like(norm))  # keeps the unused branch finite
+    weights = torch.where(norm > 0, torch.tanh(norm) * scores / safe_norm, scores)
+    return weights @ v
+
+
+def _exclusive_cumsum(x: torch.Tensor, block: int = 16) -> torch.Tensor:
+    """``y_m = sum_{m' < m} x_m'`` over dim -2 of ``[..., n, F]``, as matmuls.
+
+    ``torch.cumsum`` over a non-innermost dim is slow on CPU (a strided scan; 10-20x a matmul here).
+    A strictly-lower-triangular ones matrix does it in one batched matmul, but costs ``n^2 F``; so the
+    scan is blocked: exclusive sums inside blocks of ``block`` rows, plus the exclusive sum of the block
+    totals (recursively), ``O(n * block * F)`` in all.
+    """
+    n = x.shape[-2]
+    if n <= block:
+        return torch.ones(n, n, dtype=x.dtype, device=x.device).tril(-1) @ x
+    nb = -(-n // block)
+    blocks = F.pad(x, (0, 0, 0, nb * block - n)).unflatten(-2, (nb, block))  # [..., nb, block, F]
+    within = _exclusive_cumsum(blocks, block)
+    before = _exclusive_cumsum(blocks.sum(-2), block).unsqueeze(-2)
+    return (within + before).flatten(-3, -2)[..., :n, :]
+
+
+@_without_autocast
+def iso_tanh_chunked(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, chunk_size: int,
+                     state: IsoTanhState | None = None) -> tuple[torch.Tensor, IsoTanhState]:
+    """iso_tanh attention in O(T * (chunk_size + D) * D): exact scores inside each chunk of
+    ``chunk_size`` positions, the running ``(S, G)`` for everything before it.
+
+    All chunks are processed at once (no Python loop over T): the per-chunk sums ``k^T [v | k]`` are
+    turned into the state before each chunk by an exclusive prefix sum over chunks, which keeps
+    ``T / chunk_size`` states of ``D x 2D`` in memory. Sums are accumulated in fp32 (fp64 stays fp64)
+    whatever the input dtype; ``out`` is returned in the input dtype, the final state in fp32.
+
+    ``state``: the sums over earlier tokens (``None`` = start of sequence), so a sequence split in
+    pieces and fed with the carried state gives the output of the whole.
+    """
+    if not isinstance(chunk_size, int) or chunk_size <= 0:
+        raise ValueError(f"iso_tanh_chunked: chunk_size must be a positive integer, got {chunk_size!r}")
+    b, h, hkv, t, d = check_qkv(q, k, v)
+    grp = h // hkv
+    acc = _accumulation_dtype(q.dtype)
+    init = _pack_state(state, b, hkv, d, q.new_empty(0, dtype=acc))
+    if t == 0:
+        return q.new_empty(b, h, 0, d), _unpack_state(init)
+    c = min(chunk_size, t)
+    n = -(-t // c)
+
+    def chunks(x: torch.Tensor) -> torch.Tensor:  # [B, heads, T, D] -> [B, heads, n, c, D]
+        x = x.to(acc)
+        if n * c > t:  # zero keys and values add nothing to any sum; padded queries are dropped
+            x = F.pad(x, (0, 0, 0, n * c - t))
+        return x.unflatten(2, (n, c))
+
+    # A group's queries share their KV head's keys and state: stack them as the rows of one chunk,
+    # [B, Hkv, n, grp * c, D], so every product below is a plain batched matmul without expanding k, v.
+    qc = (chunks(q) * d**-0.5).unflatten(1, (hkv, grp)).transpose(2, 3).flatten(3, 4)
+    kc, vc = chunks(k), chunks(v)
+    vkc = torch.cat([vc, kc], dim=-1)  # [v | k]: one matmul gives S and G together
+
+    chunk_sums = kc.transpose(-1, -2) @ vkc  # [B, Hkv, n, D, 2D]
+    before = _exclusive_cumsum(chunk_sums.flatten(-2)).unflatten(-1, (d, 2 * d))
+    if state is not None:  # without one the sums before the first chunk are zero: nothing to add
+        before = before + init[:, :, None]
+    inter = qc @ before  # [q^T S | q^T G] over the chunks before, per row
+
+    position = torch.arange(grp * c, device=q.device) % c
+    hidden = torch.arange(c, device=q.device) > position[:, None]  # causal mask inside a chunk
+    scores = (qc @ kc.transpose(-1, -2)).masked_fill_(hidden, 0.0)  # [B, Hkv, n, grp * c, c]
+
+    numerator = scores @ vc + inter[..., :d]
+    r2 = scores.square().sum(-1) + (qc * inter[..., d:]).sum(-1)  # |s_i|^2 = q_i^T G_i q_i / D
+    out = _iso_tanh_gain(r2).unsqueeze(-1) * numerator
+    out = out.unflatten(3, (grp, c)).transpose(2, 3).reshape(b, h, n * c, d)[:, :, :t]
+    final = before[:, :, -1] + chunk_sums[:, :, -1]
+    return out.to(q.dtype), _unpack_state(final)
+
+
+@_without_autocast
+def iso_tanh_recurrent(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                       state: IsoTanhState | None) -> tuple[torch.Tensor, IsoTanhState]:
+    """iso_tanh attention one token at a time with an O(1) state: generation without a KV cache.
+
+    For each new token: ``[S | G] += k_t [v_t | k_t]^T``, then ``out_t = g(|s_t|) q_t^T S / sqrt(D)``
+    with ``|s_t|^2 = q_t^T G q_t / D``. Same contract and dtypes as ``iso_tanh_chunked``.
+    """
+    b, h, hkv, t, d = check_qkv(q, k, v)
+    acc = _accumulation_dtype(q.dtype)
+    sg = _pack_state(state, b, hkv, d, q.new_empty(0, dtype=acc))
+    qs = (q.to(acc) * d**-0.5).view(b, hkv, h // hkv, t, d)
+    vk = torch.cat([v, k], dim=-1).to(acc)
+    k = vk[..., d:]
+    outs = []
+    for i in range(t):
+        sg = sg + k[:, :, i, :, None] * vk[:, :, i, None, :]
+        q_t = qs[:, :, :, i]  # [B, Hkv, grp, D]
+        qsg = q_t @ sg
+        r2 = (q_t * qsg[..., d:]).sum(-1, keepdim=True)
+        outs.append(_iso_tanh_gain(r2) * qsg[..., :d])
+    out = torch.stack(outs, dim=3).reshape(b, h, t, d)
+    return out.to(q.dtype), _unpack_state(sg)
+
+
+def iso_tanh_linear_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, state: IsoTanhState | None,
+                              linear_attn: LinearAttention) -> tuple[torch.Tensor, IsoTanhState]:
+    """iso_tanh through a linear-attention kernel ``LA_i(q, k, v) = sum_{j<=i} (q_i.k_j/sqrt(D)) v_j``.
+
+    One call ``LA(q, k, [v | k])`` gives the numerator ``sum_j s_ij v_j`` and ``G_i q_i / sqrt(D)``,
+    whence ``|s_i|^2 = q_i . LA(q, k, k)_i / sqrt(D)``. ``linear_attn`` is fla's ``chunk_linear_attn``
+    on GPU; any function with its signature works (the tests pass a plain-torch one). Kernels want
+    equal head counts, so k and v are expanded to the query heads and the state back to one per KV head.
+    """
+    b, h, hkv, _, d = check_qkv(q, k, v)
+    grp = h // hkv
+    acc = _accumulation_dtype(q.dtype)
+    init = None if state is None else _pack_state(state, b, hkv, d, q.new_empty(0, dtype=acc))
+    if init is not None:
+        init = init.repeat_interleave(grp, dim=1)
+    vk = torch.cat([v, k], dim=-1).repeat_interleave(grp, dim=1)
+    k = vk[..., d:]  # the expanded keys, already in [v | k]
+    la, final = linear_attn(q.transpose(1, 2), k.transpose(1, 2), vk.transpose(1, 2), scale=d**-0.5,
+                            initial_state=init, output_final_state=True, normalize=False)
+    la = la.transpose(1, 2).to(acc)  # [B, H, T, 2D]
+    r2 = (q.to(acc) * la[..., d:]).sum(-1, keepdim=True) * d**-0.5
+    out = _iso_tanh_gain(r2) * la[..., :d]
+    return out.to(q.dtype), _unpack_state(final.to(acc).view(b, hkv, grp, d, 2 * d)[:, :, 0])
