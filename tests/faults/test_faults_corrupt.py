@@ -16,11 +16,11 @@ import torch
 from tiny import metrics_rows, start_train_py
 
 import llm.train.checkpoint as checkpoint
+from llm.cli.train import main
 from llm.config import load_config
 from llm.data.tokenizer import load_tokenizer
 from llm.data.validation import build_val_windows, val_cache_path
 from llm.train.checkpoint import CheckpointWarning, latest_checkpoint
-from llm.cli.train import main
 
 NEWEST, PREVIOUS = "step_00000004", "step_00000002"
 

@@ -15,10 +15,10 @@ from safetensors.torch import load_file, save_file
 from tiny import checkpoint_weights, metrics_rows
 
 import llm.train.checkpoint as checkpoint
-from llm.config import load_config
 from llm.cli.eval import main as eval_main
-from llm.metrics.layers import ISOTROPY_KEYS, layer_report
 from llm.cli.train import main
+from llm.config import load_config
+from llm.metrics.layers import ISOTROPY_KEYS, layer_report
 from llm.train.trainer import build_model
 
 

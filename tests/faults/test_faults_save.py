@@ -23,8 +23,8 @@ from tiny import metrics_rows, run, torchrun
 
 import llm.train.checkpoint as checkpoint
 import llm.train.trainer as trainer
-from llm.train.checkpoint import verify_checkpoint
 from llm.cli.train import main
+from llm.train.checkpoint import verify_checkpoint
 from llm.train.logging import MetricsLog
 
 FAILING = "step_00000004"
