@@ -20,7 +20,7 @@ A local ``accelerate launch`` command names the same config through an interpola
 
 The runs are the cartesian product of all axes (``files`` first, then ``grid``, in file order). Every
 run's config is resolved with ``load_config`` before anything starts, so a typo fails the whole sweep
-at once, and the runs must agree on everything that makes a comparison fair (SPEC.md: same data
+at once, and the runs must agree on everything that makes a comparison fair (same data
 order, same validation tokens, same token budget): the whole ``data`` section and the fields in
 ``COMPARISON_INVARIANTS``. A ``data.*`` grid axis is therefore refused.
 

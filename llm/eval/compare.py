@@ -1,4 +1,4 @@
-"""Compare training runs: a seeds/isogmlp.txt Table 1 style table from each run's ``metrics.jsonl``.
+"""Compare training runs: a table in the style of isogmlp Table 1 from each run's ``metrics.jsonl``.
 
 Runs are grouped by their whole configuration except the seed: the ``model``, ``data`` and ``train``
 sections of the meta row's ``config`` must be identical for two runs to share a row, so an ablation
@@ -10,7 +10,7 @@ configuration implies (parameter counts, precision, final token count): a disagr
 Each row's seeds give the final validation loss as mean ± sample std (ddof=1) and a Welch t-test
 (unequal variances) against the baseline row. "Training stability" is the variance of the pre-clip
 global gradient norm over the run after warmup (``grad_norm_var_run`` of the last train row), as in
-seeds/isogmlp.txt section 4.3 ("measured by gradient norm variance"); lower is more stable.
+isogmlp section 4.3 ("measured by gradient norm variance"); lower is more stable.
 
 Every variant of a fair comparison sees the same token budget; rows that end at different token
 counts are still tabulated but produce a warning.

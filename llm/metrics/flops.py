@@ -16,7 +16,7 @@ Attention mixing, per token and layer, with H query heads, K KV heads, head widt
   and head. We count the *visible* keys only, ``(T + 1) / 2`` on average over positions (causal
   halving, which is what a causal FlashAttention kernel does); PaLM and nanoGPT count all T keys
   (their ``12 L H Q T``), so their attention term is about twice ours.
-- ``iso_tanh`` (chunked, chunk C = min(iso_tanh_chunk_size, T); SPEC.md "attn_scoring"): the exact
+- ``iso_tanh`` (chunked, chunk C = min(iso_tanh_chunk_size, T); isotropic-deep-learning eq. 28): the exact
   scores and weighted values inside the chunk over ``(C + 1) / 2`` visible keys on average,
   ``2 * D * (C + 1)`` per query head; ``q^T [S | G]`` against the carried state, ``2 * D * 2D``
   per query head (the ``q^T G q`` dot that follows is elementwise); the state update

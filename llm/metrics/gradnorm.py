@@ -1,4 +1,4 @@
-"""Gradient-norm statistics: the "training stability" column of seeds/isogmlp.txt Table 1.
+"""Gradient-norm statistics: the "training stability" column of isogmlp Table 1.
 
 The paper measures stability as the variance of the gradient norm. We log, every step, the
 global pre-clip norm together with its variance and coefficient of variation (CV = std / mean,

@@ -146,7 +146,7 @@ def basis_alignment(X: torch.Tensor) -> float:
 
     The statistic ``kappa(X) = E[sum_i x_i^4] / E[|x|^4]`` (expectations over the rows, not
     centred) is 1 when every row lies on an axis and 1/d when every coordinate is equal in size.
-    SPEC.md scores it relative to the same statistic after a random rotation ``R``. Its average
+    We score it relative to the same statistic after a random rotation ``R``. Its average
     over Haar-random rotations has a closed form, for every distribution of x: ``Rx`` is uniform
     on the sphere of radius ``|x|``, whose coordinates have ``E[u_i^4] = 3 / (d (d + 2))``, so
     ``E_R[sum_i (Rx)_i^4] = 3 |x|^4 / (d + 2)`` and ``E_R[kappa(XR^T)] = 3 / (d + 2)``. We use this

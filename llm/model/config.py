@@ -1,7 +1,7 @@
 """The model's hyper-parameters: one flat, documented dataclass.
 
 Field names follow transformers' Qwen3 config so that the HF config (``configuration_isollm.py``)
-is this dataclass plus ``model_type``; the variant fields use the names of SPEC.md. Every string
+is this dataclass plus ``model_type``; the variant fields are named after the papers' terms. Every string
 choice is a key into an explicit registry (``FFN_REGISTRY``, ``ATTN_SCORING_REGISTRY``, ...), and
 ``validate()`` names the offending field in one line.
 
@@ -110,7 +110,7 @@ class ModelConfig:
     initializer_range: float = 0.02
     """Std of the normal init of every projection and the embedding."""
 
-    # --- Variants (SPEC.md, Model) ---
+    # --- Variants: FFN block, its input projections, attention scoring ---
     ffn: str = "swiglu"
     """FFN block: swiglu | isogmlp | iso_ln | iso_mlp (``ffn.FFN_REGISTRY``)."""
     attn_scoring: str = "softmax"

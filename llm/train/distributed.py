@@ -1,7 +1,7 @@
 """The few torch.distributed facts the trainer needs, read from torch rather than from Accelerate.
 
 Through Accelerate on CPU with DeepSpeed, ``process_index`` / ``num_processes`` read 0 / 1 on every
-rank (SPEC.md, "Verified on these machines"), so data sharding and cross-rank agreement use
+rank (seen with accelerate 1.15 and deepspeed 0.19), so data sharding and cross-rank agreement use
 ``torch.distributed`` directly whenever a process group exists.
 """
 

