@@ -53,6 +53,7 @@ from tokenizers import Tokenizer
 from torch import nn
 
 from llm.config import RunConfig, load_config, save_config
+from llm.data.errors import DataError
 from llm.hf.hub import save_model_dir
 from llm.model.config import ConfigError
 from llm.train.distributed import all_ranks_agree, gather_messages, is_main_process, rank_and_world_size
@@ -392,14 +393,15 @@ def resume_checkpoint(ckpt_dir: str | Path, *, accelerator: Accelerator, loader:
     ``trainer.json``. One that fails to load on any rank (bytes that verify but do not parse: a file
     written corrupt) is skipped with a ``CheckpointWarning`` and the previous one is tried, as one that
     fails verification. ``(None, None)`` when none is usable; a checkpoint that does not fit this launch
-    (``ConfigError``) stops the search. Every rank takes the same decisions."""
+    (``ConfigError``, or the data loader's ``DataError``: another world size on a streamed source) stops the
+    search. Every rank takes the same decisions."""
     for candidate in usable_checkpoints(ckpt_dir):
         error, saved = None, None
         try:
             saved = load_checkpoint(candidate, accelerator=accelerator, loader=loader, config=config)
             if not isinstance(saved, dict) or not {"state", "grad_norm_tracker"} <= saved.keys():
                 raise ValueError("trainer.json lacks its state or grad_norm_tracker")
-        except ConfigError:
+        except (ConfigError, DataError):  # the checkpoint is sound but does not fit this launch or data
             raise
         except Exception as err:  # torch, pickle, json and accelerate each raise their own types
             error = one_line(err)
