@@ -93,7 +93,8 @@ class SwiGLU(FeedForward):
 
 
 class IsoMLP(FeedForward):
-    """``W_down( f(W_up x) )`` with f an isotropic activation on the whole h-vector (isotropic-dl eq. 13).
+    """``W_down( f(W_up x) )`` with f an isotropic activation on the whole h-vector
+    (isotropic-deep-learning eq. 13).
 
     Rotation-equivariant: ``W_up -> R W_up``, ``W_down -> W_down R^T`` leaves the block unchanged
     (isotropic-deep-learning eq. 15), so no hidden basis direction is privileged.
@@ -257,7 +258,8 @@ class IsoGMLP(FeedForward):
 
 
 class IsoLN(FeedForward):
-    """isotropy-ln-pathway: ``W_down( alpha*Gated + (2-alpha)*Iso + beta )``, ``Iso = LayerNorm(W_i x)``.
+    """isotropy-ln-pathway sec. 3.1-3.3 (it numbers no equations): ``W_down( alpha*Gated + (2-alpha)*Iso + beta )``,
+    ``Iso = LayerNorm(W_i x)``.
 
     ``alpha = 0.5 + 1.5*sigmoid(alpha_raw)`` in [0.5, 2] and ``beta = 0.1*tanh(beta_raw)`` in
     [-0.1, 0.1], learned scalars per layer (raw init 0: alpha 1.25, beta 0). Ablations:
@@ -300,12 +302,13 @@ class IsoLN(FeedForward):
         return 0.1 * torch.tanh(self.beta_raw)
 
     def pathways(self, x: Tensor) -> tuple[Tensor, Tensor | None]:
-        """The gated pathway and the isotropy projection ``W_i x`` before its norm (None when ablated)."""
+        """The gated pathway (sec. 3.1) and the isotropy projection ``W_i x`` before its norm (sec. 3.2; None
+        when ablated)."""
         gate, up, *projected = self.in_proj(x).split(self.intermediate_size, dim=-1)
         return F.silu(gate) * up, (projected[0] if projected else None)
 
     def weighted_iso(self, projected: Tensor, weight: Tensor, shift: Tensor) -> Tensor:
-        """``weight*Iso + shift`` in one fused kernel.
+        """``weight*Iso + shift`` in one fused kernel, ``Iso = LayerNorm(W_i x)`` (sec. 3.2) or ``W_i x``.
 
         With the LayerNorm, ``weight*LayerNorm(v) + shift`` is the LayerNorm with its affine scaled by
         ``weight`` and shifted: one kernel, whose backward already reduces the gradients of its ``[h]``
@@ -321,7 +324,7 @@ class IsoLN(FeedForward):
         gated, projected = self.pathways(x)
         alpha, beta = self.alpha(), self.beta()
         shifted = beta if projected is None else self.weighted_iso(projected, 2 - alpha, beta)
-        return self.down_proj(torch.addcmul(shifted, gated, alpha))  # alpha*Gated + [(2-alpha)*Iso] + beta
+        return self.down_proj(torch.addcmul(shifted, gated, alpha))  # sec. 3.3: alpha*Gated + (2-alpha)*Iso + beta
 
     @torch.no_grad()
     def diagnostics(self, x: Tensor) -> dict[str, float]:
