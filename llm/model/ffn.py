@@ -1,15 +1,19 @@
 """Feed-forward blocks (``ModelConfig.ffn``): swiglu | isogmlp | iso_ln | iso_mlp, and parameter matching.
 
-Every block is ``down_proj(hidden(x))``: one fused input projection ``in_proj = make_linear(config, d,
-k*h, groups=k)`` computes all k input pathways of the variant in a single matmul (rows in the order of
-``projection_names``, e.g. swiglu's ``[gate; up]``, which the stock-Qwen3 export splits back into
-``gate_proj`` / ``up_proj``), the variant mixes them into an h-vector, and ``down_proj`` (a plain
-bias-free nn.Linear h -> d) maps it back. With d the hidden size and x one token's vector:
+Every block has one fused input projection ``in_proj = make_linear(config, d, k*h, groups=k)`` that computes
+all k input pathways of the variant in a single matmul (rows in the order of ``projection_names``, e.g.
+swiglu's ``[gate; up]``, which the stock-Qwen3 export splits back into ``gate_proj`` / ``up_proj``), mixes
+them into an h-vector, and maps it back with ``down_proj`` (a plain bias-free nn.Linear h -> d). Each
+variant's ``forward`` is its equation, with d the hidden size and x one token's vector:
 
     swiglu   W_down( SiLU(W_g x) * (W_u x) )
     isogmlp  W_down( alpha*Gated + (1-alpha)*Iso ),  Iso = gamma*(W_i x) + beta, alpha = sigmoid(...)
     iso_ln   W_down( alpha*Gated + (2-alpha)*LayerNorm(W_i x) + beta ),  alpha in [0.5, 2], |beta| <= 0.1
     iso_mlp  W_down( f(W_up x) ),  f an isotropic activation (isotropic.py)
+
+The two-pathway blocks mix with as few passes over the ``[B, T, h]`` activations as their formula allows
+(one ``lerp`` / ``addcmul``, the LayerNorm's affine), which keeps them near SwiGLU's speed
+(bench/bench_train_step.py). Their ``diagnostics`` reuse ``pathways``, the computation ``forward`` mixes.
 
 ``forward(x, cache, padding_mask)`` takes ``x`` ``[B, T, d]``; ``cache`` is None in training and, in
 generation, one dict per layer that persists across steps (only isogmlp's ``causal_mean`` gate keeps state
@@ -19,7 +23,7 @@ other block is per-token).
 
 from __future__ import annotations
 
-from typing import Any, ClassVar, NamedTuple
+from typing import Any, ClassVar
 
 import torch
 import torch.nn.functional as F
@@ -32,16 +36,12 @@ from .linear import make_linear
 Cache = dict[str, Any]
 
 
-def swiglu(gate: Tensor, up: Tensor) -> Tensor:
-    """The gated pathway shared by every gated variant: ``SiLU(W_g x) * (W_u x)`` (isogmlp eq. 1)."""
-    return F.silu(gate) * up
-
-
 class FeedForward(nn.Module):
-    """Base block: fused ``in_proj`` -> ``hidden`` (per variant) -> ``down_proj``.
+    """Base block: the fused ``in_proj``, ``down_proj``, and what parameter matching and the optimizer read.
 
     ``intermediate_size`` is h; None resolves it from the config (``ffn_param_match`` shrinks it so the
     block has SwiGLU's parameter count). Parameter matching itself builds blocks with an explicit h.
+    Subclasses define ``forward(x, cache=None, padding_mask=None)`` (module docstring).
     """
 
     PROJECTIONS: ClassVar[tuple[str, ...]]
@@ -74,17 +74,6 @@ class FeedForward(nn.Module):
         self.in_proj.reset_parameters()
         nn.init.normal_(self.down_proj.weight, std=self.init_std)
 
-    def project(self, x: Tensor) -> tuple[Tensor, ...]:
-        """All input pathways from one matmul, split into h-wide blocks."""
-        return self.in_proj(x).split(self.intermediate_size, dim=-1)
-
-    def hidden(self, x: Tensor, cache: Cache | None, padding_mask: Tensor | None = None) -> Tensor:
-        """The h-vector fed to ``down_proj``."""
-        raise NotImplementedError
-
-    def forward(self, x: Tensor, cache: Cache | None = None, padding_mask: Tensor | None = None) -> Tensor:
-        return self.down_proj(self.hidden(x, cache, padding_mask))
-
     def diagnostics(self, x: Tensor) -> dict[str, float]:
         """Learned mixing statistics on the block input ``x``; none for single-pathway blocks."""
         return {}
@@ -94,17 +83,18 @@ class FeedForward(nn.Module):
 
 
 class SwiGLU(FeedForward):
-    """``W_down( SiLU(W_g x) * (W_u x) )``, the Qwen3 baseline."""
+    """``W_down( SiLU(W_g x) * (W_u x) )``, the Qwen3 baseline (isogmlp eq. 1 is its gated pathway)."""
 
     PROJECTIONS = ("gate", "up")
 
-    def hidden(self, x: Tensor, cache: Cache | None, padding_mask: Tensor | None = None) -> Tensor:
-        gate, up = self.project(x)
-        return swiglu(gate, up)
+    def forward(self, x: Tensor, cache: Cache | None = None, padding_mask: Tensor | None = None) -> Tensor:
+        gate, up = self.in_proj(x).split(self.intermediate_size, dim=-1)
+        return self.down_proj(F.silu(gate) * up)
 
 
 class IsoMLP(FeedForward):
-    """``W_down( f(W_up x) )`` with f an isotropic activation on the whole h-vector (isotropic-dl eq. 13).
+    """``W_down( f(W_up x) )`` with f an isotropic activation on the whole h-vector
+    (isotropic-deep-learning eq. 13).
 
     Rotation-equivariant: ``W_up -> R W_up``, ``W_down -> W_down R^T`` leaves the block unchanged
     (isotropic-deep-learning eq. 15), so no hidden basis direction is privileged.
@@ -117,24 +107,8 @@ class IsoMLP(FeedForward):
         super().__init__(config, intermediate_size)
         self.act = make_iso_activation(config, self.intermediate_size)
 
-    def hidden(self, x: Tensor, cache: Cache | None, padding_mask: Tensor | None = None) -> Tensor:
-        (up,) = self.project(x)
-        return self.act(up)
-
-
-class Mixture(NamedTuple):
-    """A two-pathway block's pathways before mixing, and the learned weights that mix them."""
-
-    gated: Tensor
-    """The gated pathway ``SiLU(W_g x) * (W_u x)``, unweighted."""
-    iso: Tensor | None
-    """The isotropy pathway, unweighted; None when the pathway is ablated."""
-    alpha: Tensor
-    """The gated pathway's weight: per token ``[B, T, 1]`` or a 0-dim tensor."""
-    iso_weight: Tensor
-    """The isotropy pathway's weight (``1 - alpha`` for isogmlp, ``2 - alpha`` for iso_ln)."""
-    beta: Tensor
-    """The learned bias reported as ``beta`` (isogmlp: the per-channel vector; iso_ln: a scalar)."""
+    def forward(self, x: Tensor, cache: Cache | None = None, padding_mask: Tensor | None = None) -> Tensor:
+        return self.down_proj(self.act(self.in_proj(x)))
 
 
 def _widened(t: Tensor | float) -> Tensor:
@@ -147,31 +121,15 @@ def _rms(t: Tensor) -> Tensor:
     return _widened(t).pow(2).mean().sqrt()
 
 
-class TwoPathwayFFN(FeedForward):
-    """Shared by isogmlp and iso_ln: a SwiGLU pathway mixed with an isotropy pathway.
-
-    ``mixture`` returns the unweighted pathways and their weights, for ``diagnostics``; each variant's
-    ``hidden`` mixes them with as few passes over the ``[B, T, h]`` activations as its formula allows
-    (fused ``lerp`` / ``addcmul`` / LayerNorm affine), which is what keeps these blocks near SwiGLU's
-    speed (bench/bench_train_step.py).
-    """
-
-    def mixture(self, x: Tensor, cache: Cache | None, padding_mask: Tensor | None = None) -> Mixture:
-        raise NotImplementedError
-
-    @torch.no_grad()
-    def diagnostics(self, x: Tensor) -> dict[str, float]:
-        """``alpha`` (mean over tokens), ``beta`` (mean over channels for isogmlp's vector) and
-        ``pathway_ratio`` = RMS of the weighted gated contribution / RMS of the weighted isotropy one
-        (absent when the isotropy pathway is ablated)."""
-        mix = self.mixture(x, None)
-        stats = {
-            "alpha": _widened(mix.alpha).mean().item(),
-            "beta": _widened(mix.beta).mean().item(),
-        }
-        if mix.iso is not None:
-            stats["pathway_ratio"] = (_rms(mix.alpha * mix.gated) / _rms(mix.iso_weight * mix.iso)).item()
-        return stats
+def mixing_diagnostics(alpha: Tensor, beta: Tensor, weighted_gated: Tensor,
+                       weighted_iso: Tensor | None) -> dict[str, float]:
+    """A two-pathway block's ``diagnostics``: ``alpha`` (mean over tokens), ``beta`` (mean over channels for
+    isogmlp's vector) and ``pathway_ratio`` = RMS of the weighted gated contribution / RMS of the weighted
+    isotropy one (absent when the isotropy pathway is ablated: ``weighted_iso`` None)."""
+    stats = {"alpha": _widened(alpha).mean().item(), "beta": _widened(beta).mean().item()}
+    if weighted_iso is not None:
+        stats["pathway_ratio"] = (_rms(weighted_gated) / _rms(weighted_iso)).item()
+    return stats
 
 
 class AlphaGate(nn.Module):
@@ -255,7 +213,7 @@ ISOGMLP_GATES: dict[str, type[AlphaGate]] = {
 """``ModelConfig.isogmlp_gate`` -> alpha gate class."""
 
 
-class IsoGMLP(TwoPathwayFFN):
+class IsoGMLP(FeedForward):
     """isogmlp eq. 1-4: ``W_down( alpha*Gated + (1-alpha)*Iso )``, ``Iso = gamma*(W_i x) + beta``.
 
     gamma, beta are per-channel in R^h (init 1 and 0); alpha comes from ``config.isogmlp_gate``.
@@ -278,28 +236,30 @@ class IsoGMLP(TwoPathwayFFN):
         nn.init.zeros_(self.beta)
         self.alpha_gate.reset_parameters()
 
-    def mixture(self, x: Tensor, cache: Cache | None, padding_mask: Tensor | None = None) -> Mixture:
-        gate, up, iso = self.project(x)
-        gated = swiglu(gate, up)
-        alpha = self.alpha_gate(x, cache, padding_mask)
-        return Mixture(
-            gated=gated,
-            iso=torch.addcmul(self.beta, self.gamma, iso).to(gated.dtype),  # eq. 2: gamma * (W_i x) + beta
-            alpha=alpha,
-            iso_weight=1 - alpha,
-            beta=self.beta,
-        )
+    def pathways(self, x: Tensor, cache: Cache | None = None,
+                 padding_mask: Tensor | None = None) -> tuple[Tensor, Tensor, Tensor]:
+        """``(Gated, Iso, alpha)``: the two pathways, unweighted, and the gated one's weight ``[B, T, 1]``."""
+        gate, up, projected = self.in_proj(x).split(self.intermediate_size, dim=-1)
+        gated = F.silu(gate) * up  # eq. 1
+        iso = torch.addcmul(self.beta, self.gamma, projected).to(gated.dtype)  # eq. 2: gamma*(W_i x) + beta
+        return gated, iso, self.alpha_gate(x, cache, padding_mask)  # eq. 3
 
-    def hidden(self, x: Tensor, cache: Cache | None, padding_mask: Tensor | None = None) -> Tensor:
-        mix = self.mixture(x, cache, padding_mask)
-        # lerp wants one dtype. Under autocast the pathways are bf16 and alpha fp32: alpha is rounded rather
-        # than the pathways promoted, which would save two fp32 [B, T, h] copies for the backward pass.
-        alpha = mix.alpha.to(mix.gated.dtype)
-        return torch.lerp(mix.iso, mix.gated, alpha)  # eq. 4: alpha*Gated + (1-alpha)*Iso in one pass
+    def forward(self, x: Tensor, cache: Cache | None = None, padding_mask: Tensor | None = None) -> Tensor:
+        gated, iso, alpha = self.pathways(x, cache, padding_mask)
+        # eq. 4, alpha*Gated + (1-alpha)*Iso, in one lerp. lerp wants one dtype: under autocast the pathways
+        # are bf16 and alpha fp32; alpha is rounded rather than the pathways promoted, which would save two
+        # fp32 [B, T, h] copies for the backward pass.
+        return self.down_proj(torch.lerp(iso, gated, alpha.to(gated.dtype)))
+
+    @torch.no_grad()
+    def diagnostics(self, x: Tensor) -> dict[str, float]:
+        gated, iso, alpha = self.pathways(x)
+        return mixing_diagnostics(alpha, self.beta, alpha * gated, (1 - alpha) * iso)
 
 
-class IsoLN(TwoPathwayFFN):
-    """isotropy-ln-pathway: ``W_down( alpha*Gated + (2-alpha)*Iso + beta )``, ``Iso = LayerNorm(W_i x)``.
+class IsoLN(FeedForward):
+    """isotropy-ln-pathway sec. 3.1-3.3 (it numbers no equations): ``W_down( alpha*Gated + (2-alpha)*Iso + beta )``,
+    ``Iso = LayerNorm(W_i x)``.
 
     ``alpha = 0.5 + 1.5*sigmoid(alpha_raw)`` in [0.5, 2] and ``beta = 0.1*tanh(beta_raw)`` in
     [-0.1, 0.1], learned scalars per layer (raw init 0: alpha 1.25, beta 0). Ablations:
@@ -342,40 +302,36 @@ class IsoLN(TwoPathwayFFN):
         return 0.1 * torch.tanh(self.beta_raw)
 
     def pathways(self, x: Tensor) -> tuple[Tensor, Tensor | None]:
-        """The gated pathway and the isotropy projection ``W_i x`` before its norm (None when ablated)."""
-        gate, up, *iso = self.project(x)
-        return swiglu(gate, up), (iso[0] if iso else None)
+        """The gated pathway (sec. 3.1) and the isotropy projection ``W_i x`` before its norm (sec. 3.2; None
+        when ablated)."""
+        gate, up, *projected = self.in_proj(x).split(self.intermediate_size, dim=-1)
+        return F.silu(gate) * up, (projected[0] if projected else None)
 
-    def mixture(self, x: Tensor, cache: Cache | None, padding_mask: Tensor | None = None) -> Mixture:
-        gated, projected = self.pathways(x)
-        alpha = self.alpha()
-        return Mixture(
-            gated=gated,
-            iso=None if projected is None else self.iso_norm(projected),
-            alpha=alpha,
-            iso_weight=2 - alpha,
-            beta=self.beta(),
-        )
+    def weighted_iso(self, projected: Tensor, weight: Tensor, shift: Tensor) -> Tensor:
+        """``weight*Iso + shift`` in one fused kernel, ``Iso = LayerNorm(W_i x)`` (sec. 3.2) or ``W_i x``.
 
-    def hidden(self, x: Tensor, cache: Cache | None, padding_mask: Tensor | None = None) -> Tensor:
-        """``alpha*Gated + (2-alpha)*Iso + beta`` as fused multiply-adds (0-dim weights keep the dtype).
-
-        With the LayerNorm, ``(2-alpha)*LayerNorm(v) + beta`` is the LayerNorm with its affine scaled by
-        ``2-alpha`` and shifted by beta: one fused kernel, whose backward already reduces the gradients
-        of its ``[h]`` affine, from which those of alpha and beta follow at the cost of ``[h]`` vectors.
+        With the LayerNorm, ``weight*LayerNorm(v) + shift`` is the LayerNorm with its affine scaled by
+        ``weight`` and shifted: one kernel, whose backward already reduces the gradients of its ``[h]``
+        affine, from which those of alpha and beta follow at the cost of ``[h]`` vectors.
         """
-        gated, projected = self.pathways(x)
-        alpha, beta = self.alpha(), self.beta()
-        if projected is None:
-            return torch.addcmul(beta, gated, alpha)
-        iso_weight = 2 - alpha
         if isinstance(self.iso_norm, nn.LayerNorm):
             norm = self.iso_norm
-            shifted = F.layer_norm(projected, norm.normalized_shape, norm.weight * iso_weight,
-                                   norm.bias * iso_weight + beta, norm.eps)
-        else:
-            shifted = torch.addcmul(beta, projected, iso_weight)
-        return torch.addcmul(shifted, gated, alpha)
+            return F.layer_norm(projected, norm.normalized_shape, norm.weight * weight, norm.bias * weight + shift,
+                                norm.eps)
+        return torch.addcmul(shift, projected, weight)
+
+    def forward(self, x: Tensor, cache: Cache | None = None, padding_mask: Tensor | None = None) -> Tensor:
+        gated, projected = self.pathways(x)
+        alpha, beta = self.alpha(), self.beta()
+        shifted = beta if projected is None else self.weighted_iso(projected, 2 - alpha, beta)
+        return self.down_proj(torch.addcmul(shifted, gated, alpha))  # sec. 3.3: alpha*Gated + (2-alpha)*Iso + beta
+
+    @torch.no_grad()
+    def diagnostics(self, x: Tensor) -> dict[str, float]:
+        gated, projected = self.pathways(x)
+        alpha, beta = self.alpha(), self.beta()
+        iso = None if projected is None else self.weighted_iso(projected, 2 - alpha, torch.zeros_like(beta))
+        return mixing_diagnostics(alpha, beta, alpha * gated, iso)
 
 
 FFN_REGISTRY: dict[str, type[FeedForward]] = {

@@ -129,32 +129,44 @@ def test_incremental_with_cache_equals_full_sequence(ffn, gate):
     torch.testing.assert_close(torch.cat(steps, dim=1), full, rtol=1e-13, atol=1e-14)
 
 
-def iso_ln_reference(block: IsoLN, x: torch.Tensor, alpha: float, layernorm: bool, pathway: bool):
-    k = 3 if pathway else 2
-    w = blocks(block.in_proj.weight, k)
+def iso_ln_reference_pathways(block: IsoLN, x: torch.Tensor, layernorm: bool, pathway: bool):
+    """The unweighted pathways ``SiLU(W_g x) * (W_u x)`` and ``LayerNorm(W_i x)`` (None when ablated)."""
+    w = blocks(block.in_proj.weight, 3 if pathway else 2)
     gated = F.silu(x @ w[0].T) * (x @ w[1].T)
+    if not pathway:
+        return gated, None
+    v = x @ w[2].T
+    if layernorm:
+        ln = block.iso_norm
+        v = (v - v.mean(-1, keepdim=True)) / torch.sqrt(v.var(-1, unbiased=False, keepdim=True) + ln.eps)
+        v = v * ln.weight.detach() + ln.bias.detach()
+    return gated, v
+
+
+def iso_ln_reference(block: IsoLN, x: torch.Tensor, alpha: float, layernorm: bool, pathway: bool):
+    gated, iso = iso_ln_reference_pathways(block, x, layernorm, pathway)
     beta = 0.1 * math.tanh(block.beta_raw.item())
     hidden = alpha * gated + beta
     if pathway:
-        v = x @ w[2].T
-        if layernorm:
-            ln = block.iso_norm
-            v = (v - v.mean(-1, keepdim=True)) / torch.sqrt(v.var(-1, unbiased=False, keepdim=True) + ln.eps)
-            v = v * ln.weight.detach() + ln.bias.detach()
-        hidden = hidden + (2 - alpha) * v
+        hidden = hidden + (2 - alpha) * iso
     return hidden @ block.down_proj.weight.detach().T
+
+
+def set_iso_ln_mixing(block: IsoLN) -> float:
+    """Move alpha, beta and the LayerNorm's affine off their initial values; return alpha."""
+    with torch.no_grad():
+        block.alpha_raw.fill_(0.7)
+        block.beta_raw.fill_(-0.4)
+        if block.has_iso_pathway and isinstance(block.iso_norm, torch.nn.LayerNorm):
+            block.iso_norm.weight.uniform_(0.5, 1.5)
+            block.iso_norm.bias.normal_()
+    return 0.5 + 1.5 / (1 + math.exp(-0.7))
 
 
 @pytest.mark.parametrize(("layernorm", "pathway"), [(True, True), (False, True), (True, False)])
 def test_iso_ln_equals_reference(layernorm, pathway):
     block = build(ffn="iso_ln", iso_ln_layernorm=layernorm, iso_ln_pathway=pathway)
-    with torch.no_grad():
-        block.alpha_raw.fill_(0.7)
-        block.beta_raw.fill_(-0.4)
-        if pathway and layernorm:
-            block.iso_norm.weight.uniform_(0.5, 1.5)
-            block.iso_norm.bias.normal_()
-    alpha = 0.5 + 1.5 / (1 + math.exp(-0.7))
+    alpha = set_iso_ln_mixing(block)
     x = inputs()
     expected = iso_ln_reference(block, x, alpha, layernorm, pathway)
     torch.testing.assert_close(block(x), expected, rtol=1e-12, atol=1e-14)
@@ -224,8 +236,9 @@ def test_diagnostics_keys_and_ranges(ffn):
             assert set(stats) == {"alpha", "beta", "pathway_ratio"}
 
 
-def test_diagnostics_values_match_a_hand_computation():
-    block = build(ffn="isogmlp")
+@pytest.mark.parametrize("gate", sorted(ISOGMLP_GATES))
+def test_diagnostics_values_match_a_hand_computation(gate):
+    block = build(ffn="isogmlp", isogmlp_gate=gate)
     x = inputs()
     w_g, w_u, w_i = blocks(block.in_proj.weight, 3)
     alpha = block.alpha_gate(x)
@@ -235,6 +248,23 @@ def test_diagnostics_values_match_a_hand_computation():
     assert stats["alpha"] == pytest.approx(alpha.mean().item(), rel=1e-12)
     rms = lambda t: t.pow(2).mean().sqrt().item()  # noqa: E731
     assert stats["pathway_ratio"] == pytest.approx(rms(gated) / rms(iso), rel=1e-12)
+
+
+@pytest.mark.parametrize(("layernorm", "pathway"), [(True, True), (False, True), (True, False)])
+def test_iso_ln_diagnostics_match_a_hand_computation(layernorm, pathway):
+    """isotropy-ln-pathway: the weighted contributions alpha*Gated and (2-alpha)*LayerNorm(W_i x)."""
+    block = build(ffn="iso_ln", iso_ln_layernorm=layernorm, iso_ln_pathway=pathway)
+    alpha = set_iso_ln_mixing(block)
+    x = inputs()
+    gated, iso = iso_ln_reference_pathways(block, x, layernorm, pathway)
+    stats = block.diagnostics(x)
+    assert stats["alpha"] == pytest.approx(alpha, rel=1e-12)
+    assert stats["beta"] == pytest.approx(0.1 * math.tanh(-0.4), rel=1e-12)
+    if not pathway:
+        assert "pathway_ratio" not in stats
+        return
+    rms = lambda t: t.pow(2).mean().sqrt().item()  # noqa: E731
+    assert stats["pathway_ratio"] == pytest.approx(rms(alpha * gated) / rms((2 - alpha) * iso), rel=1e-12)
 
 
 REALISTIC = ModelConfig(hidden_size=768, intermediate_size=2048)

@@ -63,12 +63,12 @@ def test_pre_activation_rms_matches_linear_and_swiglu(size: str) -> None:
         config = size_config(size, ffn="iso_mlp", iso_activation=activation)
         torch.manual_seed(0)
         block = IsoMLP(config)
-        (pre,) = block.project(x)
+        pre = block.in_proj(x)
         assert rms(pre) == pytest.approx(swiglu_rms, rel=0.05)  # W_up x at SwiGLU's scale
         radius = pre.norm(dim=-1) / initial_radius(config, resolve_intermediate_size(config))
         assert radius.mean().item() == pytest.approx(1.0, rel=0.05)  # radial functions see |v| ~ r_init
         assert rms(block.act(pre)) == pytest.approx(rms(pre), rel=0.05), activation
     paper_tanh = IsoMLP(size_config(size, ffn="iso_mlp", ffn_init="paper"))
-    (pre,) = paper_tanh.project(x)
+    pre = paper_tanh.in_proj(x)
     assert paper_tanh.act(pre).norm(dim=-1).max() <= 1.0 + 1e-6  # raw iso-tanh: a unit-norm normaliser
 
