@@ -10,6 +10,7 @@ expired (a holder on another host that stopped renewing: a crashed node).
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import socket
@@ -54,6 +55,19 @@ class RunLock:
         path = Path(run_dir) / LOCK_FILE
         path.parent.mkdir(parents=True, exist_ok=True)
         record = {"pid": os.getpid(), "host": socket.gethostname(), "lease_s": lease_s}
+        # Checking a lock for staleness, removing it and creating ours is one step for every process of this
+        # host (flock on the run directory itself, which writes nothing): otherwise two processes that both
+        # saw the same stale lock could each remove it, the second removing the first's fresh one, and both
+        # would hold the directory.
+        guard = os.open(path.parent, os.O_RDONLY)
+        try:
+            fcntl.flock(guard, fcntl.LOCK_EX)
+            return cls._acquire_guarded(path, record)
+        finally:
+            os.close(guard)  # closing drops the flock
+
+    @classmethod
+    def _acquire_guarded(cls, path: Path, record: dict) -> RunLock:
         for _ in range(2):  # a stale lock is removed once, then created afresh
             try:
                 fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)

@@ -135,3 +135,34 @@ def test_lock_of_a_killed_run_is_taken_over(run_overrides: list[str], tmp_path: 
     _, err = resumed.communicate(timeout=300)
     assert resumed.returncode == 0, err
     assert not (run_dir / LOCK_FILE).exists()
+
+
+CONTENDER = """
+import sys, time
+from llm.train.lock import RunLock, RunLockedError
+stale = RunLock._stale
+RunLock._stale = staticmethod(lambda holder: time.sleep(0.5) or stale(holder))  # widen the race window
+start = float(sys.argv[2])
+time.sleep(max(0.0, start - time.time()))
+try:
+    lock = RunLock.acquire(sys.argv[1])
+except RunLockedError:
+    print("refused")
+else:
+    print("won")
+    time.sleep(3)  # hold it while the others try
+    lock.release()
+"""
+
+
+@pytest.mark.slow
+def test_processes_taking_over_one_stale_lock_at_once_leave_one_holder(tmp_path: Path, dead_pid: int) -> None:
+    """Each contender sees the same stale lock; checking, removing and re-creating it is serialised, so
+    exactly one of them holds the directory."""
+    _write_lock(tmp_path, dead_pid)
+    start = time.time() + 3  # every contender has imported by then
+    procs = [subprocess.Popen([sys.executable, "-c", CONTENDER, str(tmp_path), str(start)],
+                              stdout=subprocess.PIPE, text=True) for _ in range(6)]
+    outcomes = sorted(proc.communicate(timeout=120)[0].strip() for proc in procs)
+    assert outcomes == ["refused"] * 5 + ["won"]
+    assert not (tmp_path / LOCK_FILE).exists()
