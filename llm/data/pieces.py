@@ -75,9 +75,11 @@ def list_pieces(source: Source) -> tuple[Piece, ...]:
 def _parquet(source: Source, piece: Piece, start: int, hi: int, batch_size: int
              ) -> Iterator[tuple[int, Batch, int]]:
     # decoded batch by batch (memory of one batch, whatever the row group's size); rows before ``start``
-    # are decoded and dropped, as parquet pages cannot be entered in the middle
+    # are decoded and dropped, as parquet pages cannot be entered in the middle. The footer is the one
+    # ``list_pieces`` read (cached per process, inherited by forked workers): every segment of every epoch
+    # opens its file again, and on the hub a footer read is another request
     with open_file(piece.file) as f:
-        parquet = pq.ParquetFile(f)
+        parquet = pq.ParquetFile(f, metadata=parquet_metadata(piece.file))
         names = parquet.schema_arrow.names
         columns = [source.text_column] + ([source.id_column] if source.id_column in names else [])
         row = 0
