@@ -54,23 +54,25 @@ def prepare(data_cfg: DataConfig, tokenizer: Tokenizer, out_dir: str | Path, max
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     stream = StreamingTokens(data_cfg, tokenizer)
-    files = list(dict.fromkeys(p.file for p in stream.pieces))
+    files = {file: k for k, file in enumerate(dict.fromkeys(p.file for p in stream.pieces))}
     written = [0] * len(files)
+    total = 0  # sum(written)
     pieces = []
     outputs = [(out / f"tokens_{k:05d}.bin").open("wb") for k in range(len(files))]
     try:
         for index, piece in enumerate(stream.pieces):
-            if max_tokens is not None and sum(written) >= max_tokens:
+            if max_tokens is not None and total >= max_tokens:
                 break
-            k = files.index(piece.file)
+            k = files[piece.file]
             start, docs = written[k], 0
             for _, texts in stream.piece_docs(index, 0, piece.size):
                 if texts:
                     tokens = stream.tokens(texts)
                     outputs[k].write(tokens.tobytes())
                     written[k] += len(tokens)
+                    total += len(tokens)
                     docs += len(texts)
-                if max_tokens is not None and sum(written) >= max_tokens:
+                if max_tokens is not None and total >= max_tokens:
                     break
             pieces.append({"file": k, "start": start, "num_tokens": written[k] - start, "num_docs": docs})
     finally:
