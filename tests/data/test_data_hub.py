@@ -143,3 +143,19 @@ def test_prepare_needs_only_data_settings(tmp_path: Path, bpe: Tokenizer, three_
                      tokenizer=str(tok), prepared=str(out))
     assert next(iter(build_train_loader(cfg, bpe, 2, 0, 1))).shape == (2, 33)
     assert main(["prepare", "--config", str(config), "--out", str(out), "train.max_steps=5"]) == 2
+
+
+def test_prepare_reads_the_data_settings_of_included_configs(tmp_path: Path, bpe: Tokenizer,
+                                                             three_shards: Path) -> None:
+    """The data section of a file a run config lists under ``defaults:`` counts, as it does for train.py."""
+    (tmp_path / "base.yaml").write_text("data:\n  val_bucket: 20\n  tokenize_batch: 8\n")
+    config = tmp_path / "run.yaml"
+    config.write_text(f"defaults: [base.yaml]\ndata:\n  source: {three_shards}\n")
+    tok = tmp_path / "tok.json"
+    bpe.save(str(tok))
+    out = tmp_path / "prepared"
+    assert main(["prepare", "--config", str(config), "--tokenizer", str(tok), "--out", str(out),
+                 "--max-tokens", "1e3"]) == 0
+    assert json.loads((out / "index.json").read_text())["val_bucket"] == 20
+    (tmp_path / "bad.yaml").write_text("data: [\n")
+    assert main(["prepare", "--config", str(tmp_path / "bad.yaml"), "--out", str(out)]) == 2  # one line
