@@ -61,7 +61,9 @@ def epoch_ids(cfg: DataConfig, nodes: int, epoch: int) -> list[list[int]]:
         ids = []
         for piece, lo, hi in node_segments(reader.pieces, order, node, nodes):
             for _, rows, _ in reader.batches(piece, lo, hi):
-                ids += [int(text.split()[0].removeprefix("doc-")) for text in rows["text"]]
+                for text in rows["text"]:
+                    ids.append(int(text.split()[0].removeprefix("doc-")))
+                    assert text.split() == text_of(ids[-1]).split(), text  # the whole record, nothing more
         shares.append(ids)
     return shares
 
@@ -73,11 +75,14 @@ def test_one_global_epoch_for_any_number_of_nodes(kind: str, tmp_path: Path) -> 
     total = sum(FILE_DOCS)
     pieces = list_pieces(resolve_source(str(corpus)))
     longest = max(len(text_of(i)) for i in range(total)) + 40  # a record's bytes, json syntax included
+    one_node = [epoch_ids(cfg, 1, epoch)[0] for epoch in (0, 1)]
     for nodes in NODES:
         for epoch in (0, 1):
             shares = epoch_ids(cfg, nodes, epoch)
             # every document exactly once per epoch, whatever the number of nodes and files
             assert Counter(i for share in shares for i in share) == Counter(range(total)), (nodes, epoch)
+            # contiguous shares: node after node, they read the epoch's order as one node reads it
+            assert [i for share in shares for i in share] == one_node[epoch], (nodes, epoch)
             sizes = [len(share) for share in shares]
             if kind == "parquet":  # the split is by rows: shares differ by at most one document
                 assert max(sizes) - min(sizes) <= 1, (nodes, sizes)
