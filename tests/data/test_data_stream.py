@@ -171,6 +171,9 @@ def test_prepared_tokens_are_the_one_node_stream_dealt_round_robin(tmp_path: Pat
     full = take(build_train_loader(cfg, bpe, 16, 0, 1), 40)
     first = build_train_loader(cfg, bpe, 16, 0, 1)
     take(first, 21)
+    taken = first.state_dict()["workers"][0]["taken"]
+    # from the middle of a shuffle block of epoch 0; the 19 batches after it end in epoch 1
+    assert taken % cfg.shuffle_block and taken * (cfg.seq_len + 1) < index_tokens(index) < 40 * 16 * (cfg.seq_len + 1)
     resumed = build_train_loader(cfg, bpe, 16, 0, 1)
     resumed.load_state_dict(json.loads(json.dumps(first.state_dict())))
     assert all(torch.equal(a, b) for a, b in zip(take(resumed, 19), full[21:], strict=True))
