@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import random
+import re
 from collections import Counter
 from dataclasses import replace
 from itertools import islice
@@ -15,6 +16,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 import torch
+from tiny import fail_reads, record_sleeps
 from tokenizers import Tokenizer
 
 from llm.config import DataConfig
@@ -96,6 +98,23 @@ def test_one_global_epoch_for_any_number_of_nodes(kind: str, tmp_path: Path) -> 
             assert abs(share.units - units / nodes) < 1
             assert share.read_bytes <= whole / nodes + 2 * max(p.num_bytes for p in pieces) + 1
     assert epoch_ids(cfg, 3, 0) != epoch_ids(cfg, 3, 1)  # each epoch visits the pieces in a new order
+
+
+@pytest.mark.parametrize("kind", ["parquet", "jsonl", "txt"])
+def test_failed_read_resumes_inside_a_range_exactly(kind: str, tmp_path: Path,
+                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    """A read that fails mid-range re-opens at the position after the last good batch (a row, or a record's
+    first byte): every node reads what it reads without the failure, no record lost or read twice."""
+    corpus = write_corpus(tmp_path / kind, kind)
+    cfg = DataConfig(source=str(corpus), tokenize_batch=5, retry_backoff_s=0.0)
+    clean = epoch_ids(cfg, 3, 0)
+    reads = fail_reads(monkeypatch, {2, 9, 30, 31}, ConnectionError("reset"))
+    record_sleeps(monkeypatch)
+    with pytest.warns(UserWarning) as caught:
+        assert epoch_ids(cfg, 3, 0) == clean
+    retries = [re.search(r"retry \d of \d", str(w.message)).group() for w in caught]
+    assert retries == ["retry 1 of 5"] * 3 + ["retry 2 of 5"]  # reads 30 and 31 fail back to back
+    assert reads["n"] > 31
 
 
 def test_long_document_is_cut_before_tokenizing(tmp_path: Path, bpe: Tokenizer) -> None:
