@@ -131,6 +131,18 @@ def test_long_document_is_cut_before_tokenizing(tmp_path: Path, bpe: Tokenizer) 
     expected = [*bpe.encode(long_text[:1000], add_special_tokens=False).ids, eos_id(bpe),
                 *bpe.encode("short one", add_special_tokens=False).ids, eos_id(bpe)]
     assert torch.equal(torch.from_numpy(tokens[0].astype("int64")), torch.tensor(expected))
+    # every document held out: the validation windows are the same cut document, its EOS, then the next one
+    from llm.data.validation import build_val_windows
+
+    held = tmp_path / "held" / "long.jsonl"
+    held.parent.mkdir()
+    held.write_text(json.dumps({"text": long_text}) + "\n" + json.dumps({"text": "short one " * 20}) + "\n")
+    width, cut = cfg.seq_len + 1, expected.index(eos_id(bpe)) + 1  # the cut document and its EOS
+    val_cfg = replace(cfg, source=str(held), val_bucket=1, val_tokens=(cut // width + 1) * width,
+                      cache_dir=str(tmp_path / "cache"))
+    windows = build_val_windows(val_cfg, bpe).flatten().tolist()
+    short = bpe.encode("short one " * 20, add_special_tokens=False).ids
+    assert windows[:cut] == expected[:cut] and windows[cut:] == short[: len(windows) - cut]
     with pytest.raises(ValueError, match=r"max_doc_chars.*expected a positive integer"):
         replace(cfg, max_doc_chars=0).validate()
 
