@@ -24,7 +24,7 @@ import json
 import os
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 import numpy as np
 from tokenizers import Tokenizer
@@ -58,17 +58,26 @@ def prepare(data_cfg: DataConfig, tokenizer: Tokenizer, out_dir: str | Path, max
     written = [0] * len(files)
     total = 0  # sum(written)
     pieces = []
-    outputs = [(out / f"tokens_{k:05d}.bin").open("wb") for k in range(len(files))]
+    for k in range(len(files)):  # every file's tokens, empty for one that max_tokens leaves unread
+        (out / f"tokens_{k:05d}.bin").write_bytes(b"")
+    # a file's pieces are consecutive in source order: one output open at a time (a repository may hold
+    # more files than a process may open)
+    output: BinaryIO | None = None
+    opened = -1
     try:
         for index, piece in enumerate(stream.pieces):
             if max_tokens is not None and total >= max_tokens:
                 break
             k = files[piece.file]
+            if k != opened:
+                if output is not None:
+                    output.close()
+                output, opened = (out / f"tokens_{k:05d}.bin").open("ab"), k
             start, docs = written[k], 0
             for _, texts in stream.piece_docs(index, 0, piece.size):
                 if texts:
                     tokens = stream.tokens(texts)
-                    outputs[k].write(tokens.tobytes())
+                    output.write(tokens.tobytes())
                     written[k] += len(tokens)
                     total += len(tokens)
                     docs += len(texts)
@@ -76,8 +85,8 @@ def prepare(data_cfg: DataConfig, tokenizer: Tokenizer, out_dir: str | Path, max
                     break
             pieces.append({"file": k, "start": start, "num_tokens": written[k] - start, "num_docs": docs})
     finally:
-        for f in outputs:
-            f.close()
+        if output is not None:
+            output.close()
     index = {"format": FORMAT, "source": stream.source.identity(), "tokenizer": tokenizer_identity(tokenizer),
              "val_bucket": data_cfg.val_bucket, "max_doc_chars": data_cfg.max_doc_chars,
              "max_tokens": max_tokens,

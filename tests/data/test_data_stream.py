@@ -15,6 +15,7 @@ import numpy as np
 import pyarrow.parquet as pq
 import pytest
 import torch
+from tiny import write_docs
 from tokenizers import Tokenizer
 
 from llm.cli.data import main
@@ -206,3 +207,21 @@ def test_prepared_shards_must_come_from_the_run_source(tmp_path: Path, data_cfg:
     (out / INDEX_FILE).write_text(json.dumps({**index, "format": FORMAT + 1}))
     with pytest.raises(DataError, match=rf"index\.json has format {FORMAT + 1}, this reader reads format {FORMAT}"):
         build_train_loader(replace(data_cfg, prepared=str(out)), bpe, 4, 0, 1)
+
+
+@pytest.mark.skipif(not Path("/proc/self/fd").is_dir(), reason="counts open files in /proc")
+def test_prepare_holds_one_output_open(tmp_path: Path, bpe: Tokenizer) -> None:
+    """A source of more files than the process may still open is prepared: one token file open at a time."""
+    import resource
+
+    corpus = write_docs(tmp_path / "many", 120, 60, chars=200)
+    cfg = DataConfig(source=str(corpus), val_bucket=10)
+    StreamingTokens(cfg, bpe)  # resolve (and cache) the source before the limit
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (len(list(Path("/proc/self/fd").iterdir())) + 20, hard))
+    try:
+        index = prepare(cfg, bpe, tmp_path / "out")
+    finally:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+    assert len(index["files"]) == 60 and all(f["num_tokens"] for f in index["files"])
+    assert [p["file"] for p in index["pieces"]] == list(range(60))
