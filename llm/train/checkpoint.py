@@ -343,9 +343,13 @@ def verify_checkpoint(path: str | Path) -> None:
                 raise CheckpointError(f"{path}: {rel} is not a valid safetensors file ({err})") from None
 
 
-def usable_checkpoints(ckpt_dir: str | Path, *, warn: bool = True) -> Iterator[Path]:
+def usable_checkpoints(ckpt_dir: str | Path, *, warn: bool = True, all_ranks: bool = False) -> Iterator[Path]:
     """The complete checkpoints that verify, the ``latest`` pointer's target first, then newest first; each
-    that does not verify is skipped with a ``CheckpointWarning`` naming it and why."""
+    that does not verify is skipped with a ``CheckpointWarning`` naming it and why.
+
+    ``all_ranks``: every rank calls this together; the main process alone reads and hashes each candidate
+    and every rank takes its verdict (one read of the checkpoint, not one per rank, and the same decision
+    everywhere)."""
     ckpt_dir = Path(ckpt_dir)
     candidates = _complete_dirs(ckpt_dir)
     target = _pointer_target(ckpt_dir, warn=warn)
@@ -353,11 +357,17 @@ def usable_checkpoints(ckpt_dir: str | Path, *, warn: bool = True) -> Iterator[P
         candidates.remove(ckpt_dir / target)
         candidates.insert(0, ckpt_dir / target)
     for candidate in candidates:
-        try:
-            verify_checkpoint(candidate)
-        except CheckpointError as err:
+        error = None
+        if not all_ranks or is_main_process():
+            try:
+                verify_checkpoint(candidate)
+            except CheckpointError as err:
+                error = str(err)  # it names the checkpoint
+        if all_ranks:
+            error = next(iter(gather_messages(error)), None)
+        if error is not None:
             if warn:
-                warnings.warn(f"skipping checkpoint {err}", CheckpointWarning, stacklevel=2)  # err names it
+                warnings.warn(f"skipping checkpoint {error}", CheckpointWarning, stacklevel=2)
             continue
         yield candidate
 
@@ -401,7 +411,7 @@ def resume_checkpoint(ckpt_dir: str | Path, *, accelerator: Accelerator, loader:
     fails verification. ``(None, None)`` when none is usable; a checkpoint that does not fit this launch
     (``ConfigError``, or the data loader's ``DataError``: another world size on a streamed source) stops the
     search. Every rank takes the same decisions."""
-    for candidate in usable_checkpoints(ckpt_dir):
+    for candidate in usable_checkpoints(ckpt_dir, all_ranks=True):
         error, saved = None, None
         try:
             saved = load_checkpoint(candidate, accelerator=accelerator, loader=loader, config=config)
