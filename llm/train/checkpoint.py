@@ -293,7 +293,8 @@ def save_checkpoint(
         renamed = False
         try:
             _write_manifest(tmp)
-            if final.exists():  # a re-save of the same step (e.g. SIGTERM right after a periodic save)
+            if final.exists():  # a step saved before, by a run this one did not resume from (resume=false or
+                # restart, or a checkpoint the resume skipped as unusable)
                 shutil.rmtree(final)
             os.rename(tmp, final)
             renamed = True

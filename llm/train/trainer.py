@@ -49,7 +49,6 @@ from llm.metrics.layers import layer_report
 from llm.model import IsoLLMConfig, IsoLLMForCausalLM, param_counts
 from llm.model.config import ConfigError, ModelConfig
 from llm.train.checkpoint import (
-    checkpoint_name,
     checkpoint_names,
     has_checkpoints,
     one_line,
@@ -429,8 +428,7 @@ def fit(config: RunConfig) -> FitResult:
                     f"weights and optimizer state are saved in {last_ckpt}")
             if state.step % config.train.eval_every == 0 or state.step == max_steps:
                 evaluate_and_log()
-            due = result.stop or state.step % config.train.checkpoint_every == 0 or state.step == max_steps
-            if due and not (last_ckpt is not None and last_ckpt.name == checkpoint_name(state.step)):
+            if result.stop or state.step % config.train.checkpoint_every == 0 or state.step == max_steps:
                 last_ckpt = checkpoint()
             if result.stop:
                 main_print(f"stopped by signal at step {state.step}; checkpoint {last_ckpt}")
