@@ -124,14 +124,15 @@ class TrainConfig:
     """Token vectors per layer used for the isotropy metrics at each eval."""
 
     def validate(self) -> TrainConfig:
-        for name in ("lr", "eps"):  # NaN and inf fail every comparison below too, but name them plainly
-            if not (math.isfinite(getattr(self, name)) and getattr(self, name) > 0):
-                raise ConfigError(name, f"expected a finite positive number, got {getattr(self, name)}")
+        # NaN and inf would fail plain comparisons too (a NaN grad_clip silently disables clipping), but are
+        # named plainly; 0 is a valid weight_decay or grad_clip (off), never a valid lr or eps
+        for name, zero_ok in (("lr", False), ("eps", False), ("weight_decay", True), ("grad_clip", True)):
+            value = getattr(self, name)
+            if not (math.isfinite(value) and (value >= 0 if zero_ok else value > 0)):
+                raise ConfigError(name, f"expected a finite {'number >= 0' if zero_ok else 'positive number'}, "
+                                        f"got {value}")
         if not 0 <= self.min_lr_ratio <= 1:
             raise ConfigError("min_lr_ratio", f"expected a value in [0, 1], got {self.min_lr_ratio}")
-        for name in ("weight_decay", "grad_clip"):  # a NaN grad_clip would silently disable clipping
-            if not (math.isfinite(getattr(self, name)) and getattr(self, name) >= 0):
-                raise ConfigError(name, f"expected a finite number >= 0, got {getattr(self, name)}")
         for name in ("warmup_steps", "max_steps", "max_tokens"):
             if getattr(self, name) < 0:
                 raise ConfigError(name, f"expected >= 0, got {getattr(self, name)}")

@@ -110,11 +110,9 @@ def _fsync_path(path: Path) -> None:
         os.close(fd)
 
 
-def _fsync_tree(root: Path) -> None:
-    """fsync every file, then every directory bottom-up, so the rename publishes durable data."""
-    for dirpath, _, filenames in os.walk(root, topdown=False):
-        for filename in filenames:
-            _fsync_path(Path(dirpath) / filename)
+def _fsync_dirs(root: Path) -> None:
+    """fsync every directory of ``root``, bottom-up (their files are fsynced as the manifest hashes them)."""
+    for dirpath, _, _ in os.walk(root, topdown=False):
         _fsync_path(Path(dirpath))
 
 
@@ -124,19 +122,28 @@ def one_line(err: BaseException) -> str:
     return f"{type(err).__name__}: {lines[0]}" if lines else type(err).__name__
 
 
-def _checksum(path: Path) -> str:
-    """xxh3-128 of the file's bytes (several GB/s: a checkpoint is hashed about as fast as it is read)."""
+def _checksum(path: Path, *, fsync: bool = False) -> str:
+    """xxh3-128 of the file's bytes (several GB/s: a checkpoint is hashed about as fast as it is read);
+    ``fsync``: also fsync the file through the same descriptor (one open and one pass per file on save)."""
     digest = xxhash.xxh3_128()
     with open(path, "rb") as f:
         while chunk := f.read(1 << 23):
             digest.update(chunk)
+        if fsync:
+            os.fsync(f.fileno())
     return digest.hexdigest()
 
 
 def _write_manifest(root: Path) -> None:
-    files = {str(p.relative_to(root)): {"size": p.stat().st_size, "xxh3_128": _checksum(p)}
+    """Hash and fsync every file of ``root``, write ``manifest.json`` and fsync it, then fsync the
+    directories bottom-up, so the rename publishes durable data."""
+    files = {str(p.relative_to(root)): {"size": p.stat().st_size, "xxh3_128": _checksum(p, fsync=True)}
              for p in sorted(root.rglob("*")) if p.is_file()}
-    (root / MANIFEST).write_text(json.dumps(files, indent=1, sort_keys=True))
+    with open(root / MANIFEST, "w") as f:
+        f.write(json.dumps(files, indent=1, sort_keys=True))
+        f.flush()
+        os.fsync(f.fileno())
+    _fsync_dirs(root)
 
 
 def _write_pointer(ckpt_dir: Path, name: str) -> None:
@@ -286,8 +293,8 @@ def save_checkpoint(
         renamed = False
         try:
             _write_manifest(tmp)
-            _fsync_tree(tmp)
-            if final.exists():  # a re-save of the same step (e.g. SIGTERM right after a periodic save)
+            if final.exists():  # a step saved before, by a run this one did not resume from (resume=false or
+                # restart, or a checkpoint the resume skipped as unusable)
                 shutil.rmtree(final)
             os.rename(tmp, final)
             renamed = True
@@ -337,9 +344,13 @@ def verify_checkpoint(path: str | Path) -> None:
                 raise CheckpointError(f"{path}: {rel} is not a valid safetensors file ({err})") from None
 
 
-def usable_checkpoints(ckpt_dir: str | Path, *, warn: bool = True) -> Iterator[Path]:
+def usable_checkpoints(ckpt_dir: str | Path, *, warn: bool = True, all_ranks: bool = False) -> Iterator[Path]:
     """The complete checkpoints that verify, the ``latest`` pointer's target first, then newest first; each
-    that does not verify is skipped with a ``CheckpointWarning`` naming it and why."""
+    that does not verify is skipped with a ``CheckpointWarning`` naming it and why.
+
+    ``all_ranks``: every rank calls this together; the main process alone reads and hashes each candidate
+    and every rank takes its verdict (one read of the checkpoint, not one per rank, and the same decision
+    everywhere)."""
     ckpt_dir = Path(ckpt_dir)
     candidates = _complete_dirs(ckpt_dir)
     target = _pointer_target(ckpt_dir, warn=warn)
@@ -347,11 +358,17 @@ def usable_checkpoints(ckpt_dir: str | Path, *, warn: bool = True) -> Iterator[P
         candidates.remove(ckpt_dir / target)
         candidates.insert(0, ckpt_dir / target)
     for candidate in candidates:
-        try:
-            verify_checkpoint(candidate)
-        except CheckpointError as err:
+        error = None
+        if not all_ranks or is_main_process():
+            try:
+                verify_checkpoint(candidate)
+            except CheckpointError as err:
+                error = str(err)  # it names the checkpoint
+        if all_ranks:
+            error = next(iter(gather_messages(error)), None)
+        if error is not None:
             if warn:
-                warnings.warn(f"skipping checkpoint {err}", CheckpointWarning, stacklevel=2)  # err names it
+                warnings.warn(f"skipping checkpoint {error}", CheckpointWarning, stacklevel=2)
             continue
         yield candidate
 
@@ -395,7 +412,7 @@ def resume_checkpoint(ckpt_dir: str | Path, *, accelerator: Accelerator, loader:
     fails verification. ``(None, None)`` when none is usable; a checkpoint that does not fit this launch
     (``ConfigError``, or the data loader's ``DataError``: another world size on a streamed source) stops the
     search. Every rank takes the same decisions."""
-    for candidate in usable_checkpoints(ckpt_dir):
+    for candidate in usable_checkpoints(ckpt_dir, all_ranks=True):
         error, saved = None, None
         try:
             saved = load_checkpoint(candidate, accelerator=accelerator, loader=loader, config=config)

@@ -84,15 +84,14 @@ def param_groups(model: nn.Module, config: RunConfig) -> list[dict]:
     ]
 
 
-def _clip_after_step(model: nn.Module) -> Callable[..., None]:
-    """An optimizer step post-hook that calls every ``clip_parameters_`` of ``model``'s modules (the
-    focusing neuron's Algorithm 3 clipping), looked up at call time so wrapped or sharded modules work."""
+def _clip_after_step(modules: list[nn.Module]) -> Callable[..., None]:
+    """An optimizer step post-hook that calls ``clip_parameters_`` of each of ``modules`` (the focusing
+    neuron's Algorithm 3 clipping). The modules are found once; the method is looked up at call time, so
+    modules that DDP wraps or FSDP2 shards in place work."""
 
     def hook(optimizer: torch.optim.Optimizer, args: object, kwargs: object) -> None:
-        for module in model.modules():
-            clip = getattr(module, "clip_parameters_", None)
-            if clip is not None:
-                clip()
+        for module in modules:
+            module.clip_parameters_()
 
     return hook
 
@@ -105,8 +104,9 @@ def build_optimizer(model: nn.Module, config: RunConfig) -> torch.optim.AdamW:
     t = config.train
     optimizer = torch.optim.AdamW(param_groups(model, config), lr=t.lr, betas=(t.beta1, t.beta2), eps=t.eps,
                                   fused=True)
-    if any(hasattr(module, "clip_parameters_") for module in model.modules()):
-        optimizer.register_step_post_hook(_clip_after_step(model))
+    clipped = [module for module in model.modules() if hasattr(module, "clip_parameters_")]
+    if clipped:  # not a walk over every module at every step
+        optimizer.register_step_post_hook(_clip_after_step(clipped))
     return optimizer
 
 

@@ -49,7 +49,6 @@ from llm.metrics.layers import layer_report
 from llm.model import IsoLLMConfig, IsoLLMForCausalLM, param_counts
 from llm.model.config import ConfigError, ModelConfig
 from llm.train.checkpoint import (
-    checkpoint_name,
     checkpoint_names,
     has_checkpoints,
     one_line,
@@ -348,26 +347,27 @@ def fit(config: RunConfig) -> FitResult:
             grad_norms.load_state_dict(saved["grad_norm_tracker"])
             group_grad_norms.load_state_dict(saved.get("group_grad_norms", {}))
         _prepare_run_dir(config, state.step)
-    except BaseException:
+        accelerator.init_trackers(config.wandb_project, config=_flat_hparams(config),
+                                  init_kwargs={"wandb": {"name": config.name, "dir": str(run_dir)}})
+        log = MetricsLog(run_dir / "metrics.jsonl", accelerator)
+        total, non_embedding = _print_params(config.model)
+        fpt = flops_per_token(config.model, config.data.seq_len)
+        log.log("meta", state.step, state.tokens, name=config.name, variant=config.model.variant_name,
+                seed=config.seed, params_total=total, params_non_embedding=non_embedding, flops_per_token=fpt,
+                world_size=world_size, grad_accum=accum, max_steps=max_steps,
+                mixed_precision=accelerator.mixed_precision, engine=engine, engine_requested=asked_engine,
+                resumed_from=str(resume_from) if resume_from else None, config=asdict(config))
+
+        device = accelerator.device
+        peak = peak_flops(device, config.train.autocast_dtype(device.type) or torch.float32) * world_size
+        tokens_per_step = config.train.global_batch_tokens
+        val_batch = val_windows[: config.train.micro_batch_size, :-1].to(device)  # fixed isotropy batch
+        data_iter = iter(loader)
+    except BaseException:  # the setup failed: give the run directory back
         if lock is not None:
             lock.release()
         raise
-    accelerator.init_trackers(config.wandb_project, config=_flat_hparams(config),
-                              init_kwargs={"wandb": {"name": config.name, "dir": str(run_dir)}})
-    log = MetricsLog(run_dir / "metrics.jsonl", accelerator)
-    total, non_embedding = _print_params(config.model)
-    fpt = flops_per_token(config.model, config.data.seq_len)
-    log.log("meta", state.step, state.tokens, name=config.name, variant=config.model.variant_name,
-            seed=config.seed, params_total=total, params_non_embedding=non_embedding, flops_per_token=fpt,
-            world_size=world_size, grad_accum=accum, max_steps=max_steps, mixed_precision=accelerator.mixed_precision,
-            engine=engine, engine_requested=asked_engine, resumed_from=str(resume_from) if resume_from else None,
-            config=asdict(config))
 
-    device = accelerator.device
-    peak = peak_flops(device, config.train.autocast_dtype(device.type) or torch.float32) * world_size
-    tokens_per_step = config.train.global_batch_tokens
-    val_batch = val_windows[: config.train.micro_batch_size, :-1].to(device)  # fixed isotropy batch
-    data_iter = iter(loader)
     stop = StopRequest()
     stopped_by_signal = False
     progress = ProgressBar(state.step, max_steps)
@@ -429,8 +429,7 @@ def fit(config: RunConfig) -> FitResult:
                     f"weights and optimizer state are saved in {last_ckpt}")
             if state.step % config.train.eval_every == 0 or state.step == max_steps:
                 evaluate_and_log()
-            due = result.stop or state.step % config.train.checkpoint_every == 0 or state.step == max_steps
-            if due and not (last_ckpt is not None and last_ckpt.name == checkpoint_name(state.step)):
+            if result.stop or state.step % config.train.checkpoint_every == 0 or state.step == max_steps:
                 last_ckpt = checkpoint()
             if result.stop:
                 main_print(f"stopped by signal at step {state.step}; checkpoint {last_ckpt}")

@@ -117,16 +117,23 @@ def test_corrupt_file_in_newest_checkpoint_falls_back_to_previous(corruption: st
 
 
 def test_checkpoint_that_verifies_but_does_not_load_falls_back(run_copy: Path, trained: Path,
-                                                               run_overrides: list[str], capsys) -> None:
+                                                               run_overrides: list[str], capsys,
+                                                               monkeypatch: pytest.MonkeyPatch) -> None:
     """Bytes written corrupt (so the manifest's checksum is theirs): loading fails, the previous checkpoint is
-    loaded over whatever the failed attempt had restored, and the resumed steps equal the original ones."""
+    loaded over whatever the failed attempt had restored, and the resumed steps equal the original ones. Each
+    candidate is read and hashed once."""
     ckpt = run_copy / "checkpoints" / NEWEST
     _zeroed_optimizer(ckpt, Path())
     (ckpt / checkpoint.MANIFEST).unlink()
     checkpoint._write_manifest(ckpt)
+    verified = []
+    real_verify = checkpoint.verify_checkpoint
+    monkeypatch.setattr(checkpoint, "verify_checkpoint", lambda path: verified.append(Path(path).name)
+                        or real_verify(path))
     with pytest.warns(CheckpointWarning, match=rf"skipping checkpoint .*{NEWEST}: cannot load it \("):
         code, out, err = _resume(run_overrides, capsys, "resume=true", "train.max_steps=4")
     assert code == 0, err
+    assert verified == [NEWEST, PREVIOUS]
     assert f"resumed from {run_copy / 'checkpoints' / PREVIOUS}" in out
     original = {r["step"]: (r["loss"], r["grad_norm"]) for r in metrics_rows(trained, "train")}
     resumed = {r["step"]: (r["loss"], r["grad_norm"]) for r in metrics_rows(run_copy, "train")}

@@ -189,3 +189,22 @@ def test_disk_full_while_logging_a_row_is_one_line(run_overrides: list[str], tmp
     assert _error_lines(err) == [f"error: [Errno 28] No space left on device: '{run_dir / 'metrics.jsonl'}'"]
     assert (run_dir / "checkpoints" / "latest").read_text() == "step_00000002\n"
     assert not (run_dir / "run.lock").exists()
+
+
+def test_disk_full_while_logging_the_meta_row_releases_the_lock(run_overrides: list[str], tmp_path: Path,
+                                                                 monkeypatch: pytest.MonkeyPatch, capsys) -> None:
+    """A failure after the lock is taken but before the first step (here the meta row) gives the run directory
+    back: a later run of the same name in this process or another is not refused."""
+    run_dir = tmp_path / "runs" / "full"
+    real = MetricsLog.log
+
+    def log(self, kind, step, tokens, **fields):
+        if kind == "meta":
+            raise OSError(errno.ENOSPC, "No space left on device", str(run_dir / "metrics.jsonl"))
+        return real(self, kind, step, tokens, **fields)
+
+    monkeypatch.setattr(MetricsLog, "log", log)
+    assert main([*run_overrides, "name=full", "train.max_steps=2"]) == 1
+    assert _error_lines(capsys.readouterr().err) == [
+        f"error: [Errno 28] No space left on device: '{run_dir / 'metrics.jsonl'}'"]
+    assert not (run_dir / "run.lock").exists()

@@ -68,6 +68,9 @@ def test_mismatch_is_one_line_naming_both_engines() -> None:
     assert engine_mismatch("fsdp2-full_shard", "fsdp2-full_shard") is None
     line = engine_mismatch("deepspeed-zero3", "ddp")
     assert "\n" not in line and "deepspeed-zero3" in line and "ddp" in line
+    # which is which: the configuration's engine is the one asked for, the model's the one in use
+    assert "asked for deepspeed-zero3, but this run trains with ddp" in line
+    assert "nothing is sharded by deepspeed-zero3" in line
 
 
 def test_environment_is_read_by_default(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from llm.cli.params import main
+from llm.config import load_config
 from llm.memory_plan import activation_bytes, largest_micro_batch, plan_memory
 from llm.model import IsoLLMConfig, IsoLLMForCausalLM, ModelConfig, param_counts
 
@@ -87,6 +88,12 @@ def test_plan_cli_prints_each_part_and_the_micro_batch(capsys: pytest.CaptureFix
     out = capsys.readouterr().out
     for part in ("weights", "gradients", "optimizer", "activations", "logits", "largest micro batch"):
         assert part in out
+    # the printed numbers are the planner's for this config, mode, GPU count, memory and seq_len (default bf16)
+    config = load_config(["configs/sizes/134m.yaml"], ["train.max_steps=1"]).model
+    gpu = 80 * 2**30
+    plan = plan_memory(config, "zero3", 8, 8, 2048, "bf16")
+    assert f"largest micro batch:   {largest_micro_batch(config, 'zero3', 8, gpu, 2048, 'bf16')} at seq_len 2048" in out
+    assert f"  {'total:':<20} {plan.total / 2**30:8.2f} of {0.9 * gpu / 2**30:.1f} usable (fits)" in out
     with pytest.raises(SystemExit) as exit_info:
         main(["configs/sizes/134m.yaml", "--plan", "--mode", "zero4"])
     assert exit_info.value.code == 2
