@@ -180,18 +180,18 @@ class CausalMeanGate(TokenGate):
 
     def logit(self, x: Tensor, cache: Cache | None, padding_mask: Tensor | None = None) -> Tensor:
         logit = _widened(self.proj(x))
-        if padding_mask is None:
-            seen = torch.ones_like(logit)
+        if padding_mask is None:  # every position is real: position t has seen t + 1, no mask to apply or sum
+            positions = torch.arange(1, x.shape[1] + 1, device=x.device, dtype=logit.dtype)[:, None]
         else:
-            seen = padding_mask[..., None].to(logit.dtype)
-            logit = logit * seen
-        running_sum, positions = logit.cumsum(dim=1), seen.cumsum(dim=1)
+            real = padding_mask[..., None].to(logit.dtype)
+            logit, positions = logit * real, real.cumsum(dim=1)
+        running_sum = logit.cumsum(dim=1)
         if cache is not None:
             if self.SUM_KEY in cache:
                 running_sum = running_sum + cache[self.SUM_KEY]
                 positions = positions + cache[self.COUNT_KEY]
             cache[self.SUM_KEY] = running_sum[:, -1:]
-            cache[self.COUNT_KEY] = positions[:, -1:]
+            cache[self.COUNT_KEY] = positions.expand_as(running_sum)[:, -1:]  # per row (beam search reorders it)
         return running_sum / positions.clamp_min(1)  # a row's leading padding has seen nothing: 0/1
 
 
