@@ -69,12 +69,18 @@ def _variant_registries() -> dict[str, dict[str, type]]:
             "iso_activation": ISO_ACTIVATIONS}
 
 
+def _options_of(entry: type) -> tuple[str, ...]:
+    """The fields a registry entry reads: its ``OPTIONS``, then the fields of its ``LR_MULTIPLIERS``."""
+    multipliers = getattr(entry, "LR_MULTIPLIERS", {}).values()
+    return tuple(dict.fromkeys((*getattr(entry, "OPTIONS", ()), *multipliers)))
+
+
 def _declaring_entries() -> dict[str, list[str]]:
     """Every variant option -> the registry entries that declare it, as ``selector=key``."""
     entries: dict[str, list[str]] = {}
     for selector, registry in _variant_registries().items():
         for key, entry in registry.items():
-            for option in getattr(entry, "OPTIONS", ()):
+            for option in _options_of(entry):
                 entries.setdefault(option, []).append(f"{selector}={key}")
     return entries
 
@@ -177,14 +183,15 @@ class ModelConfig:
         """The variant options in use: each option field owned by a selected registry entry -> the
         top-level selector (``ffn``, ``attn_scoring`` or ``ffn_linear``) whose choice brings it.
 
-        Every registry entry lists the fields it reads in ``OPTIONS``; an option that is itself a choice
+        Every registry entry lists the fields it reads in ``OPTIONS`` (its learning-rate multipliers' fields,
+        named in ``LR_MULTIPLIERS``, count too); an option that is itself a choice
         (iso_mlp's ``iso_activation``) brings the options of the entry it selects.
         """
         registries = _variant_registries()
         owners: dict[str, str] = {}
 
         def collect(selector: str, top: str) -> None:
-            for option in getattr(registries[selector][getattr(self, selector)], "OPTIONS", ()):
+            for option in _options_of(registries[selector][getattr(self, selector)]):
                 owners.setdefault(option, top)
                 if option in registries:
                     collect(option, top)

@@ -47,7 +47,8 @@ class FeedForward(nn.Module):
     PROJECTIONS: ClassVar[tuple[str, ...]]
     """The fused input projections, in the row order of ``in_proj.weight``."""
     OPTIONS: ClassVar[tuple[str, ...]] = ()
-    """The ``ModelConfig`` fields this variant reads (``ModelConfig.validate`` refuses them elsewhere)."""
+    """The ``ModelConfig`` fields this variant reads besides those of ``LR_MULTIPLIERS`` (``ModelConfig.validate``
+    refuses both elsewhere)."""
     LR_MULTIPLIERS: ClassVar[dict[str, str]] = {}
     """Parameter name (relative to the block) -> the ``ModelConfig`` field of its learning-rate multiplier;
     such parameters get their own optimizer group without weight decay (llm/train/optim.py)."""
@@ -220,7 +221,7 @@ class IsoGMLP(FeedForward):
     """
 
     PROJECTIONS = ("gate", "up", "iso")
-    OPTIONS = ("isogmlp_gate", "mixing_lr_mult")
+    OPTIONS = ("isogmlp_gate",)
     LR_MULTIPLIERS: ClassVar[dict[str, str]] = {name: "mixing_lr_mult" for name in
                       ("gamma", "beta", "alpha_gate.proj.weight", "alpha_gate.proj.bias")}
 
@@ -268,7 +269,7 @@ class IsoLN(FeedForward):
     Ablated parts create no parameters, so distributed training sees no unused ones.
     """
 
-    OPTIONS = ("iso_ln_alpha", "iso_ln_layernorm", "iso_ln_pathway", "mixing_lr_mult")
+    OPTIONS = ("iso_ln_alpha", "iso_ln_layernorm", "iso_ln_pathway")
     LR_MULTIPLIERS: ClassVar[dict[str, str]] = {"alpha_raw": "mixing_lr_mult", "beta_raw": "mixing_lr_mult"}
 
     def __init__(self, config: ModelConfig, intermediate_size: int | None = None) -> None:
