@@ -249,13 +249,16 @@ class ModelConfig:
         check_choice("isogmlp_gate", self.isogmlp_gate, ISOGMLP_GATES)
         check_choice("ffn_init", self.ffn_init, FFN_INITS)
         self._check_unused_options()
+        owned = self.option_owners()
         if self.iso_ln_alpha and not 0.5 <= self.iso_ln_alpha <= 2.0:
             raise ConfigError("iso_ln_alpha", f"expected 0 (learned) or a value in [0.5, 2], got {self.iso_ln_alpha}")
-        if not 0 <= self.iso_r0 < self.iso_r_cap:
+        if not self.iso_r0 >= 0:
+            raise ConfigError("iso_r0", f"expected >= 0, got {self.iso_r0}")
+        if "iso_r_cap" in owned and not self.iso_r0 < self.iso_r_cap:  # only the capped iso-ReLU has a cap
             raise ConfigError("iso_r0", f"expected 0 <= iso_r0 < iso_r_cap={self.iso_r_cap}, got {self.iso_r0}")
         if not 0 <= self.iso_leaky_slope <= 1:
             raise ConfigError("iso_leaky_slope", f"expected a slope in [0, 1], got {self.iso_leaky_slope}")
-        if self.ffn_init == "matched" and "iso_r0" in self.option_owners() and not self.iso_r0 < 1:
+        if self.ffn_init == "matched" and "iso_r0" in owned and not self.iso_r0 < 1:
             raise ConfigError("iso_r0", f"expected < 1 with ffn_init=matched (radii in units of the initial "
                               f"radius: R0 >= 1 zeroes a typical vector at init), got {self.iso_r0}")
         return self
