@@ -11,6 +11,7 @@ This file is copied to the hub with the modelling code, so it imports nothing ou
 from __future__ import annotations
 
 from dataclasses import dataclass, fields, replace
+from typing import Any
 
 QWEN3_VOCAB_SIZE = 151_680  # the Qwen3 tokenizer's 151,669 ids padded to a multiple of 128
 
@@ -87,6 +88,26 @@ def _declaring_entries() -> dict[str, list[str]]:
 
 def _field_defaults() -> dict[str, object]:
     return {f.name: f.default for f in fields(ModelConfig)}
+
+
+def upgrade_saved(values: dict[str, Any]) -> dict[str, Any]:
+    """Saved config fields (a ``config.json``, a run's ``model:`` section) as today's ``ModelConfig`` reads them.
+
+    Fields saved before ``ffn_init`` existed hold the papers' raw scales: ``ffn_init`` is set to ``paper``,
+    rather than today's scale-matched default, so that an old checkpoint computes what it was trained to.
+    They also hold every option at the defaults of its time (``iso_r0: 1.0`` ...), including those the
+    variant does not read, which ``validate`` refuses: those had no effect, and take today's defaults.
+    Newer fields are returned as they are.
+    """
+    if "ffn_init" in values:
+        return values
+    values = {**values, "ffn_init": "paper"}
+    saved = {name: value for name, value in values.items() if name in ModelConfig.field_names()}
+    try:
+        read = ModelConfig(**saved).with_variant()
+    except KeyError:  # an unknown variant choice: validate() names it
+        return values
+    return {**values, **{name: getattr(read, name) for name in saved}}
 
 
 @dataclass
