@@ -74,15 +74,18 @@ def run_summary(checkpoint_dir: str | Path) -> RunSummary:
     Bits per byte are not in ``metrics.jsonl`` (they need the validation text): ``val_bits_per_byte``
     gives them for the val loss read here.
     """
+    from llm.eval.compare import load_run
+    from llm.eval.errors import EvalError
+
     checkpoint_dir = Path(checkpoint_dir)
     state = json.loads((checkpoint_dir / "trainer.json").read_text())["state"]
     step = int(state["step"])
     run_dir = checkpoint_dir.parent.parent
-    evals = []
-    if (run_dir / "metrics.jsonl").is_file():
-        rows = (json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line.strip())
-        evals = [r for r in rows if r.get("kind") == "eval" and r["step"] <= step]
-    val_loss = float(max(evals, key=lambda r: r["step"])["val_loss"]) if evals else None
+    try:  # compare's reader: a truncated last line is skipped, a step re-logged after a resume supersedes
+        evals = [r for r in load_run(run_dir).evals if r["step"] <= step]
+    except (FileNotFoundError, EvalError):  # no metrics.jsonl, or no eval row in it
+        evals = []
+    val_loss = float(evals[-1]["val_loss"]) if evals else None
     return RunSummary(name=run_dir.name, step=step, tokens=int(state["tokens"]),
                       config=(checkpoint_dir / "config.yaml").read_text(), val_loss=val_loss)
 

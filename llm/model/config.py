@@ -11,6 +11,7 @@ This file is copied to the hub with the modelling code, so it imports nothing ou
 from __future__ import annotations
 
 from dataclasses import dataclass, fields, replace
+from typing import Any
 
 QWEN3_VOCAB_SIZE = 151_680  # the Qwen3 tokenizer's 151,669 ids padded to a multiple of 128
 
@@ -69,18 +70,44 @@ def _variant_registries() -> dict[str, dict[str, type]]:
             "iso_activation": ISO_ACTIVATIONS}
 
 
+def _options_of(entry: type) -> tuple[str, ...]:
+    """The fields a registry entry reads: its ``OPTIONS``, then the fields of its ``LR_MULTIPLIERS``."""
+    multipliers = getattr(entry, "LR_MULTIPLIERS", {}).values()
+    return tuple(dict.fromkeys((*getattr(entry, "OPTIONS", ()), *multipliers)))
+
+
 def _declaring_entries() -> dict[str, list[str]]:
     """Every variant option -> the registry entries that declare it, as ``selector=key``."""
     entries: dict[str, list[str]] = {}
     for selector, registry in _variant_registries().items():
         for key, entry in registry.items():
-            for option in getattr(entry, "OPTIONS", ()):
+            for option in _options_of(entry):
                 entries.setdefault(option, []).append(f"{selector}={key}")
     return entries
 
 
 def _field_defaults() -> dict[str, object]:
     return {f.name: f.default for f in fields(ModelConfig)}
+
+
+def upgrade_saved(values: dict[str, Any]) -> dict[str, Any]:
+    """Saved config fields (a ``config.json``, a run's ``model:`` section) as today's ``ModelConfig`` reads them.
+
+    Fields saved before ``ffn_init`` existed hold the papers' raw scales: ``ffn_init`` is set to ``paper``,
+    rather than today's scale-matched default, so that an old checkpoint computes what it was trained to.
+    They also hold every option at the defaults of its time (``iso_r0: 1.0`` ...), including those the
+    variant does not read, which ``validate`` refuses: those had no effect, and take today's defaults.
+    Newer fields are returned as they are.
+    """
+    if "ffn_init" in values:
+        return values
+    values = {**values, "ffn_init": "paper"}
+    saved = {name: value for name, value in values.items() if name in ModelConfig.field_names()}
+    try:
+        read = ModelConfig(**saved).with_variant()
+    except KeyError:  # an unknown variant choice: validate() names it
+        return values
+    return {**values, **{name: getattr(read, name) for name in saved}}
 
 
 @dataclass
@@ -177,14 +204,15 @@ class ModelConfig:
         """The variant options in use: each option field owned by a selected registry entry -> the
         top-level selector (``ffn``, ``attn_scoring`` or ``ffn_linear``) whose choice brings it.
 
-        Every registry entry lists the fields it reads in ``OPTIONS``; an option that is itself a choice
+        Every registry entry lists the fields it reads in ``OPTIONS`` (its learning-rate multipliers' fields,
+        named in ``LR_MULTIPLIERS``, count too); an option that is itself a choice
         (iso_mlp's ``iso_activation``) brings the options of the entry it selects.
         """
         registries = _variant_registries()
         owners: dict[str, str] = {}
 
         def collect(selector: str, top: str) -> None:
-            for option in getattr(registries[selector][getattr(self, selector)], "OPTIONS", ()):
+            for option in _options_of(registries[selector][getattr(self, selector)]):
                 owners.setdefault(option, top)
                 if option in registries:
                     collect(option, top)
@@ -242,13 +270,16 @@ class ModelConfig:
         check_choice("isogmlp_gate", self.isogmlp_gate, ISOGMLP_GATES)
         check_choice("ffn_init", self.ffn_init, FFN_INITS)
         self._check_unused_options()
+        owned = self.option_owners()
         if self.iso_ln_alpha and not 0.5 <= self.iso_ln_alpha <= 2.0:
             raise ConfigError("iso_ln_alpha", f"expected 0 (learned) or a value in [0.5, 2], got {self.iso_ln_alpha}")
-        if not 0 <= self.iso_r0 < self.iso_r_cap:
+        if not self.iso_r0 >= 0:
+            raise ConfigError("iso_r0", f"expected >= 0, got {self.iso_r0}")
+        if "iso_r_cap" in owned and not self.iso_r0 < self.iso_r_cap:  # only the capped iso-ReLU has a cap
             raise ConfigError("iso_r0", f"expected 0 <= iso_r0 < iso_r_cap={self.iso_r_cap}, got {self.iso_r0}")
         if not 0 <= self.iso_leaky_slope <= 1:
             raise ConfigError("iso_leaky_slope", f"expected a slope in [0, 1], got {self.iso_leaky_slope}")
-        if self.ffn_init == "matched" and "iso_r0" in self.option_owners() and not self.iso_r0 < 1:
+        if self.ffn_init == "matched" and "iso_r0" in owned and not self.iso_r0 < 1:
             raise ConfigError("iso_r0", f"expected < 1 with ffn_init=matched (radii in units of the initial "
                               f"radius: R0 >= 1 zeroes a typical vector at init), got {self.iso_r0}")
         return self

@@ -15,7 +15,7 @@ from typing import Any, ClassVar
 
 from transformers import PreTrainedConfig
 
-from .config import ModelConfig
+from .config import ModelConfig, upgrade_saved
 
 
 class IsoLLMConfig(ModelConfig, PreTrainedConfig):
@@ -40,11 +40,8 @@ class IsoLLMConfig(ModelConfig, PreTrainedConfig):
 
     @classmethod
     def from_dict(cls, config_dict: dict[str, Any], **kwargs: Any) -> IsoLLMConfig:
-        """A ``config.json`` written before ``ffn_init`` existed holds the papers' raw scales: load it so,
-        rather than as today's scale-matched default, so that an old checkpoint computes what it was trained to."""
-        if "ffn_init" not in config_dict:
-            config_dict = {**config_dict, "ffn_init": "paper"}
-        return super().from_dict(config_dict, **kwargs)
+        """A ``config.json`` written before ``ffn_init`` existed is read as it was written (``upgrade_saved``)."""
+        return super().from_dict(upgrade_saved(config_dict), **kwargs)
 
     def to_model_config(self) -> ModelConfig:
         return ModelConfig(**{name: getattr(self, name) for name in ModelConfig.field_names()})

@@ -47,7 +47,8 @@ class FeedForward(nn.Module):
     PROJECTIONS: ClassVar[tuple[str, ...]]
     """The fused input projections, in the row order of ``in_proj.weight``."""
     OPTIONS: ClassVar[tuple[str, ...]] = ()
-    """The ``ModelConfig`` fields this variant reads (``ModelConfig.validate`` refuses them elsewhere)."""
+    """The ``ModelConfig`` fields this variant reads besides those of ``LR_MULTIPLIERS`` (``ModelConfig.validate``
+    refuses both elsewhere)."""
     LR_MULTIPLIERS: ClassVar[dict[str, str]] = {}
     """Parameter name (relative to the block) -> the ``ModelConfig`` field of its learning-rate multiplier;
     such parameters get their own optimizer group without weight decay (llm/train/optim.py)."""
@@ -180,18 +181,18 @@ class CausalMeanGate(TokenGate):
 
     def logit(self, x: Tensor, cache: Cache | None, padding_mask: Tensor | None = None) -> Tensor:
         logit = _widened(self.proj(x))
-        if padding_mask is None:
-            seen = torch.ones_like(logit)
+        if padding_mask is None:  # every position is real: position t has seen t + 1, no mask to apply or sum
+            positions = torch.arange(1, x.shape[1] + 1, device=x.device, dtype=logit.dtype)[:, None]
         else:
-            seen = padding_mask[..., None].to(logit.dtype)
-            logit = logit * seen
-        running_sum, positions = logit.cumsum(dim=1), seen.cumsum(dim=1)
+            real = padding_mask[..., None].to(logit.dtype)
+            logit, positions = logit * real, real.cumsum(dim=1)
+        running_sum = logit.cumsum(dim=1)
         if cache is not None:
             if self.SUM_KEY in cache:
                 running_sum = running_sum + cache[self.SUM_KEY]
                 positions = positions + cache[self.COUNT_KEY]
             cache[self.SUM_KEY] = running_sum[:, -1:]
-            cache[self.COUNT_KEY] = positions[:, -1:]
+            cache[self.COUNT_KEY] = positions.expand_as(running_sum)[:, -1:]  # per row (beam search reorders it)
         return running_sum / positions.clamp_min(1)  # a row's leading padding has seen nothing: 0/1
 
 
@@ -220,7 +221,7 @@ class IsoGMLP(FeedForward):
     """
 
     PROJECTIONS = ("gate", "up", "iso")
-    OPTIONS = ("isogmlp_gate", "mixing_lr_mult")
+    OPTIONS = ("isogmlp_gate",)
     LR_MULTIPLIERS: ClassVar[dict[str, str]] = {name: "mixing_lr_mult" for name in
                       ("gamma", "beta", "alpha_gate.proj.weight", "alpha_gate.proj.bias")}
 
@@ -268,7 +269,7 @@ class IsoLN(FeedForward):
     Ablated parts create no parameters, so distributed training sees no unused ones.
     """
 
-    OPTIONS = ("iso_ln_alpha", "iso_ln_layernorm", "iso_ln_pathway", "mixing_lr_mult")
+    OPTIONS = ("iso_ln_alpha", "iso_ln_layernorm", "iso_ln_pathway")
     LR_MULTIPLIERS: ClassVar[dict[str, str]] = {"alpha_raw": "mixing_lr_mult", "beta_raw": "mixing_lr_mult"}
 
     def __init__(self, config: ModelConfig, intermediate_size: int | None = None) -> None:

@@ -38,7 +38,8 @@ class Projection(nn.Module):
     """A bias-free ``[out, in]`` weight, normal(0, ``initializer_range``); subclasses add their form."""
 
     OPTIONS: ClassVar[tuple[str, ...]] = ()
-    """The ``ModelConfig`` fields this projection reads (``ModelConfig.validate`` refuses them elsewhere)."""
+    """The ``ModelConfig`` fields this projection reads besides those of ``LR_MULTIPLIERS``
+    (``ModelConfig.validate`` refuses both elsewhere)."""
     LR_MULTIPLIERS: ClassVar[dict[str, str]] = {}
     """Parameter name -> the ``ModelConfig`` field of its learning-rate multiplier (llm/train/optim.py)."""
 
@@ -112,7 +113,7 @@ class Focus(Projection):
     optimizer step (Algorithm 3), so sigma stays > 0 without a clamp that would block its gradient.
     """
 
-    OPTIONS = ("focus_sigma_init", "focus_mu_lr_mult", "focus_sigma_lr_mult")
+    OPTIONS = ("focus_sigma_init",)
     LR_MULTIPLIERS: ClassVar[dict[str, str]] = {"focus_mu": "focus_mu_lr_mult", "focus_sigma": "focus_sigma_lr_mult"}
 
     def add_form_parameters(self, config: ModelConfig) -> None:

@@ -127,7 +127,7 @@ class IsoLLMModel(nn.Module):
                 hidden.append(x)
         if cache is not None:
             cache.seen_tokens += input_ids.shape[1]
-        if padding_mask is not None:
+        if padding_mask is not None and t > 1:  # one token (a generation step) is its own source: nothing to do
             x = _from_last_real_token(x, padding_mask[:, -t:])
         return self.norm(x), (tuple(hidden) if hidden is not None else None)
 

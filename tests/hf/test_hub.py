@@ -221,3 +221,26 @@ def test_a_config_written_before_ffn_init_existed_loads_with_the_papers_raw_scal
     with torch.no_grad():
         torch.testing.assert_close(loaded(PROMPT).logits, model.eval()(PROMPT).logits, rtol=0, atol=0)
     assert IsoLLMConfig(**TINY).ffn_init == "matched"  # a new model keeps the default
+
+
+@pytest.mark.parametrize("variant", [{}, {"ffn": "iso_mlp"}, {"ffn": "iso_mlp", "iso_activation": "relu"}],
+                         ids=["swiglu", "iso_mlp_tanh", "iso_mlp_relu"])
+def test_a_config_written_before_ffn_init_existed_loads_with_the_options_of_its_time(tmp_path: Path,
+                                                                                     variant: dict) -> None:
+    """Such a file holds every option at the defaults of its time (iso_r0 1.0, iso_r_cap 8.0), read by its
+    variant or not: the unread ones are ignored (not refused), the read ones kept."""
+    old = {"ffn_init": "paper"} if variant else {}  # iso_mlp reads ffn_init, relu iso_r0 too
+    model = IsoLLMForCausalLM(IsoLLMConfig(**TINY, **variant, **old,
+                                           **({"iso_r0": 1.0} if "iso_activation" in variant else {})))
+    model.save_pretrained(tmp_path)
+    config_path = tmp_path / "config.json"
+    written = json.loads(config_path.read_text())
+    del written["ffn_init"], written["mixing_lr_mult"]
+    written.update(iso_r0=1.0, iso_r_cap=8.0)
+    config_path.write_text(json.dumps(written))
+    loaded = AutoModelForCausalLM.from_pretrained(tmp_path).eval()
+    assert loaded.config.iso_r0 == (1.0 if "iso_activation" in variant else 0.5)
+    assert loaded.config.iso_r_cap == 1.0
+    assert loaded.config.ffn_init == ("paper" if variant else "matched")
+    with torch.no_grad():
+        torch.testing.assert_close(loaded(PROMPT).logits, model.eval()(PROMPT).logits, rtol=0, atol=0)

@@ -162,3 +162,29 @@ def test_the_card_has_an_equation_for_every_variant_choice() -> None:
     assert FFN_EQUATIONS.keys() == FFN_REGISTRY.keys()
     assert ATTENTION_EQUATIONS.keys() == ATTN_SCORING_REGISTRY.keys()
     assert LINEAR_EQUATIONS.keys() == LINEAR_REGISTRY.keys()
+
+
+def test_run_summary_reads_the_last_eval_up_to_the_checkpoint_as_compare_does(tmp_path: Path) -> None:
+    """A step re-logged after a resume supersedes the earlier row, an eval after the checkpoint's step is not
+    its loss, and a last line cut short by a killed run is skipped; without an eval row the loss is None."""
+    run_dir = tmp_path / "runs" / "tiny"
+    checkpoint = run_dir / "checkpoints" / "step_4"
+    checkpoint.mkdir(parents=True)
+    (checkpoint / "trainer.json").write_text(json.dumps({"state": {"step": 4, "tokens": 256}}))
+    (checkpoint / "config.yaml").write_text("name: tiny\n")
+    meta = {"kind": "meta", "step": 0, "tokens": 0, "variant": "swiglu+softmax",
+            "config": {"model": {}, "data": {}, "train": {}}}
+    metrics = run_dir / "metrics.jsonl"
+    metrics.write_text("".join(json.dumps(row) + "\n" for row in [
+        meta,
+        {"kind": "eval", "step": 2, "tokens": 128, "val_loss": 5.0},
+        {"kind": "eval", "step": 4, "tokens": 256, "val_loss": 4.0},
+        {"kind": "eval", "step": 4, "tokens": 256, "val_loss": 3.5},  # the resumed run's
+        {"kind": "eval", "step": 6, "tokens": 384, "val_loss": 3.0},
+    ]) + '{"kind": "eval", "st')
+    run = run_summary(checkpoint)
+    assert (run.name, run.step, run.tokens, run.config, run.val_loss) == ("tiny", 4, 256, "name: tiny\n", 3.5)
+    metrics.write_text(json.dumps(meta) + "\n")
+    assert run_summary(checkpoint).val_loss is None
+    metrics.unlink()
+    assert run_summary(checkpoint).val_loss is None

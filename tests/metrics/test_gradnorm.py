@@ -136,6 +136,10 @@ def test_group_norms_split_the_global_norm(variant: dict) -> None:
     names = {id(p): n for n, p in model.named_parameters()}
     assert all(".self_attn." in names[id(p)] for p in groups["attention"])
     assert all("norm" in names[id(p)] for p in groups["norm"])
+    assert all(".mlp." in names[id(p)] and "norm" not in names[id(p)] for p in groups["ffn"])
+    untied = variant.get("tie_word_embeddings") is False
+    assert {names[id(p)] for p in groups["embedding"]} == {"model.embed_tokens.weight",
+                                                           *(["lm_head.weight"] if untied else [])}
 
 
 def test_group_trackers_resume_exactly() -> None:

@@ -183,3 +183,16 @@ def test_with_variant_resets_the_options_the_new_choice_does_not_read():
     assert (swiglu.ffn, swiglu.iso_ln_alpha, swiglu.mixing_lr_mult) == ("swiglu", 0.0, 5.0)
     assert (swiglu.ffn_linear, swiglu.focus_sigma_init) == ("focus", 0.2)  # still selected: kept
     assert config.with_variant(ffn="isogmlp").mixing_lr_mult == 2.0  # isogmlp reads it too
+
+
+def test_iso_r0_is_bounded_by_the_cap_only_where_the_cap_is_read():
+    """The papers' iso-ReLU with R0 = 1 (ffn_init=paper) is valid whatever the unread iso_r_cap (default 1)."""
+    for activation in ("relu", "leaky_relu"):
+        config = ModelConfig(ffn="iso_mlp", iso_activation=activation, ffn_init="paper", iso_r0=1.0).validate()
+        assert (config.iso_r0, config.iso_r_cap) == (1.0, 1.0)
+    with pytest.raises(ConfigError, match=r"iso_r_cap=1\.0") as info:
+        ModelConfig(ffn="iso_mlp", iso_activation="capped_relu", ffn_init="paper", iso_r0=1.0).validate()
+    assert info.value.field == "iso_r0"
+    with pytest.raises(ConfigError, match="expected >= 0") as info:
+        ModelConfig(ffn="iso_mlp", iso_activation="relu", iso_r0=-0.1).validate()
+    assert info.value.field == "iso_r0"

@@ -179,6 +179,9 @@ def test_each_row_of_a_padded_batch_gives_its_logits_alone(variant, side):
         for i, row in enumerate(rows):
             alone = model(row[None]).logits[0]
             torch.testing.assert_close(logits[i, mask[i].bool()], alone, rtol=0, atol=1e-12)
+            if side == "right":  # padding repeats the last real token's logits: logits[:, -1] predicts the next
+                torch.testing.assert_close(logits[i, len(row):], alone[-1].expand(ids.shape[1] - len(row), -1),
+                                           rtol=0, atol=1e-12)
 
 
 @pytest.mark.parametrize("side", ["left", "right"])
