@@ -384,14 +384,19 @@ def _loss_checks(runs: dict[str, Run], tolerance: tuple[float, float]) -> list[t
 
 
 def _resume_check(original: Run, resumed: Run, step: int, tolerance: float) -> tuple[str, bool, str]:
+    """The resumed run restarted from the checkpoint at ``step`` and repeated the original's later losses. A
+    run that found no checkpoint trains from step 0 and (deterministic) repeats them too: its meta row's
+    ``resumed_from`` tells the two apart."""
     steps = [s for s in sorted(original.losses) if s > step]
     what = f"resume from step {step} repeats steps {step + 1}-{max(original.losses)}"
     missing = [s for s in steps if s not in resumed.losses]
     if missing or not steps:
         return (what, False, f"missing steps {missing[:5]}")
     worst = max(abs(original.losses[s] - resumed.losses[s]) for s in steps)
-    return (what, worst <= tolerance,
-            f"max abs. loss diff {worst:.2e} (<= {tolerance}); resumed from {resumed.meta.get('resumed_from')}")
+    source = resumed.meta.get("resumed_from")
+    from_step = source is not None and Path(source).name == f"step_{step:08d}"
+    return (what, worst <= tolerance and from_step,
+            f"max abs. loss diff {worst:.2e} (<= {tolerance}); resumed from {source}")
 
 
 TARGETS = {"mfu": 0.40, "vs_swiglu": 0.95, "vs_qwen3": 1.1, "linear_from_t": 8192}
