@@ -36,7 +36,7 @@ from torch import nn
 from transformers import Qwen3Config, Qwen3ForCausalLM
 
 from llm.config import load_config
-from llm.metrics.flops import flops_per_token, measure_matmul_flops, peak_flops
+from llm.metrics.flops import flops_per_token, measure_matmul_flops, mfu, peak_flops
 from llm.model import IsoLLMConfig, IsoLLMForCausalLM, ModelConfig
 from llm.model.attention import ATTN_SCORING_REGISTRY
 from llm.model.ffn import FFN_REGISTRY
@@ -220,8 +220,8 @@ def main() -> None:
             "tokens_per_s": value,
             "vs_qwen3": paired_speedup(times[name], times["transformers Qwen3"]),
             "vs_swiglu": paired_speedup(times[name], times[f"swiglu+{cfg.attn_scoring}"]),  # same attention
-            "of_roofline": value * fpt / matmul,
-            "mfu_datasheet": value * fpt / gpu_peak if gpu_peak else None,
+            "of_roofline": mfu(value, fpt, matmul),
+            "mfu_datasheet": mfu(value, fpt, gpu_peak) if gpu_peak else None,
         }
         row = (f"{name:<26}{value:>10.0f}{f['vs_qwen3']:>9.2f}x{f['vs_swiglu']:>9.2f}x{matmul / fpt:>10.0f}"
                f"{f['of_roofline']:>11.0%} ")

@@ -83,21 +83,16 @@ class MemoryPlan:
         return self.weights + self.gradients + self.optimizer + self.activations + self.logits
 
 
-def _gathered_params(config: ModelConfig) -> int:
-    """Parameters FSDP2 / ZeRO-3 hold unsharded at once: the root (embedding) and two decoder layers."""
-    total, non_embedding = param_counts(config)
-    return (total - non_embedding) + 2 * non_embedding // config.num_hidden_layers
-
-
 def plan_memory(config: ModelConfig, mode: str, gpus: int, micro_batch: int, seq_len: int,
                 precision: str = "bf16") -> MemoryPlan:
     """Estimated bytes per GPU of training ``config`` with ``mode`` over ``gpus`` GPUs."""
     if mode not in MODES:
         raise ValueError(f"mode: expected one of {', '.join(MODES)}, got {mode!r}")
-    p = param_counts(config)[0]
+    p, non_embedding = param_counts(config)  # builds the model on the meta device: once per plan
     half = precision == "bf16"
     bucket = 2 * REDUCE_BUCKET_ELEMENTS if half else 4 * REDUCE_BUCKET_ELEMENTS
-    gathered = (2 if half else 4) * _gathered_params(config)
+    # what FSDP2 / ZeRO-3 hold unsharded at once: the root (embedding) and two decoder layers
+    gathered = (2 if half else 4) * ((p - non_embedding) + 2 * non_embedding // config.num_hidden_layers)
     weights, gradients, optimizer = {
         "single": (4 * p, 4 * p, 8 * p),
         "ddp": (4 * p, 8 * p, 8 * p),

@@ -36,7 +36,7 @@ import sys
 import tarfile
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import ClassVar
 
@@ -230,7 +230,7 @@ class Check:
         checks = _loss_checks(done, self.mode.loss_tolerance)
         if resumed:
             checks.append(_resume_check(done["ddp"], done["ddp-resume"], half, self.mode.resume_tolerance))
-        if self.mode is GPU:  # on CPU Accelerate drops FSDP and DeepSpeed: the table shows it, the runs say so
+        if self.mode.name == GPU.name:  # on CPU Accelerate drops FSDP, DeepSpeed: table and runs say so
             checks += [(f"{name} trains with the engine its config asked for",
                         run.meta["engine_requested"] in (None, run.meta["engine"]),
                         f"asked {run.meta['engine_requested']}, ran {run.meta['engine']}")
@@ -384,14 +384,19 @@ def _loss_checks(runs: dict[str, Run], tolerance: tuple[float, float]) -> list[t
 
 
 def _resume_check(original: Run, resumed: Run, step: int, tolerance: float) -> tuple[str, bool, str]:
+    """The resumed run restarted from the checkpoint at ``step`` and repeated the original's later losses. A
+    run that found no checkpoint trains from step 0 and (deterministic) repeats them too: its meta row's
+    ``resumed_from`` tells the two apart."""
     steps = [s for s in sorted(original.losses) if s > step]
     what = f"resume from step {step} repeats steps {step + 1}-{max(original.losses)}"
     missing = [s for s in steps if s not in resumed.losses]
     if missing or not steps:
         return (what, False, f"missing steps {missing[:5]}")
     worst = max(abs(original.losses[s] - resumed.losses[s]) for s in steps)
-    return (what, worst <= tolerance,
-            f"max abs. loss diff {worst:.2e} (<= {tolerance}); resumed from {resumed.meta.get('resumed_from')}")
+    source = resumed.meta.get("resumed_from")
+    from_step = source is not None and Path(source).name == f"step_{step:08d}"
+    return (what, worst <= tolerance and from_step,
+            f"max abs. loss diff {worst:.2e} (<= {tolerance}); resumed from {source}")
 
 
 TARGETS = {"mfu": 0.40, "vs_swiglu": 0.95, "vs_qwen3": 1.1, "linear_from_t": 8192}
@@ -444,7 +449,7 @@ def write_report(out: Path, mode: Mode, results: list[Result], logs: Path, data:
              "| stage | status | seconds |", "| --- | --- | --- |"]
     lines += [f"| {r.stage} | {r.status} | {r.seconds:.0f} |" for r in results]
     lines += ["", "## Targets", ""]
-    if mode is DRY:
+    if mode.name == DRY.name:
         lines += ["Dry run: tiny sizes on CPU, so these figures say nothing about the targets; the table is built "
                   "as on the GPU.", ""]
     lines += targets(logs)
@@ -467,8 +472,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     mode = DRY if args.dry_run else GPU
     if args.budget:
-        mode.budget_s = args.budget
-    if mode is GPU:
+        mode = replace(mode, budget_s=args.budget)  # GPU and DRY stay as defined
+    if mode.name == GPU.name:
         import torch
 
         if not torch.cuda.is_available():

@@ -59,9 +59,11 @@ def _compare_parser() -> argparse.ArgumentParser:
 
     parser = argparse.ArgumentParser(
         prog="eval.py compare", description="Table (in the style of isogmlp Table 1) and plots of runs "
-        "grouped by variant over seeds.")
+        "grouped into rows of one configuration over seeds (llm.eval.compare.group_runs).")
     parser.add_argument("runs", nargs="+", metavar="RUN_DIR", help="run directories or quoted glob patterns")
-    parser.add_argument("--baseline", default=DEFAULT_BASELINE, help="variant the p-values test against")
+    parser.add_argument("--baseline", default=DEFAULT_BASELINE,
+                        help="row the p-values test against: its variant name, with the differing fields in "
+                        "parentheses when rows share it, as the table labels it")
     parser.add_argument("--out", default="comparison", help="directory for comparison.md/.csv and PNG plots")
     parser.add_argument("--no-plots", action="store_true")
     return parser

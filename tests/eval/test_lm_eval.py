@@ -175,9 +175,20 @@ def test_generate_until_with_batch_size_4_generates_what_each_prompt_does_alone(
     targets = greedy_alone(model_dir)
     assert len(set(targets)) > 1 and all(targets)  # distinct, non-empty: a wrong row cannot match by luck
     tasks = write_generation_task(tmp_path / "tasks", targets)
+    batches: list[torch.Tensor] = []  # each generate() call's attention mask: rows and their padding
+    generate = IsoLLMForCausalLM.generate
+
+    def recording_generate(self, *args, **kwargs):
+        batches.append(kwargs["attention_mask"].clone())
+        return generate(self, *args, **kwargs)
+
+    monkeypatch.setattr(IsoLLMForCausalLM, "generate", recording_generate)
     assert main(["lm-eval", str(model_dir), "--tasks", "isollm_tiny_gen", "--include-path", str(tasks),
                  "--no-default-tasks", "--batch-size", "4", "--device", "cpu", "--json"]) == 0
     assert json.loads(capsys.readouterr().out)["isollm_tiny_gen"]["exact_match,none"] == 1.0
+    # the prompts really went in batches of 4, left-padded: a padded position before a real one in some row
+    assert [mask.shape[0] for mask in batches] == [4, 4]
+    assert all((mask[:, :-1] < mask[:, 1:]).any() for mask in batches)
 
 
 def test_a_task_whose_dataset_cannot_be_fetched_fails_in_one_line_naming_it(

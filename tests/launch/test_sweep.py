@@ -281,3 +281,40 @@ def test_only_with_an_unknown_name_lists_the_valid_ones(fake_sweep, capsys: pyte
     assert err == (f"error: --only: no run named r-nope in {path}; valid names: r-swiglu-s0, r-swiglu-s1, "
                    "r-isogmlp-s0, r-isogmlp-s1\n")
     assert not (log / "started").exists()
+
+
+def test_runs_start_in_the_checkout_the_sweep_is_invoked_from(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                              capfd: pytest.CaptureFixture[str]) -> None:
+    """Another clone's sweep reads its own configs and runs there: from inside it (any subfolder), with --root
+    from anywhere, and launch/sweep.py always in its own checkout; outside any checkout without --root: an error."""
+    clone = tmp_path / "clone"
+    (clone / "llm").mkdir(parents=True)
+    (clone / "configs").mkdir()
+    (clone / "llm" / "__init__.py").write_text("")
+    (clone / "train.py").write_text("")
+    write(clone / "configs" / "base.yaml", TINY)
+    command = shlex.join([sys.executable, "-c", "import os; print(os.getcwd())"])
+    sweep = write(tmp_path / "sweep.yaml", {"name": "cwd", "configs": ["configs/base.yaml"], "grid": {"seed": [0, 1]},
+                                            "run_name": "s{seed}", "command": command})
+
+    def ran_in() -> set[str]:
+        return {line for line in capfd.readouterr().out.splitlines() if not line.startswith("[1/2]")
+                and not line.startswith("[2/2]")}
+
+    monkeypatch.chdir(clone / "llm")
+    assert main([str(sweep), "--mode", "local", "-j", "2"]) == 0
+    assert ran_in() == {f"[s0] {clone.resolve()}", f"[s1] {clone.resolve()}"}
+    monkeypatch.chdir(tmp_path)
+    assert main([str(sweep), "--mode", "local", "-j", "2"]) == 2
+    assert "is not inside an isollm checkout" in capfd.readouterr().err
+    assert main([str(sweep), "--mode", "local", "-j", "2", "--root", str(clone)]) == 0
+    assert ran_in() == {f"[s0] {clone.resolve()}", f"[s1] {clone.resolve()}"}
+    assert load_sweep(sweep, root=clone).root == clone.resolve()
+    with pytest.raises(ValueError, match=r"no such config file: .*configs/base.yaml"):
+        load_sweep(sweep, root=REPO)  # the clone's config is not in this checkout
+
+    shipped = REPO / "launch" / "sweeps" / "ffn_attn.yaml"
+    done = subprocess.run([sys.executable, str(REPO / "launch" / "sweep.py"), str(shipped), "--mode", "print"],
+                          cwd=tmp_path, capture_output=True, text=True, timeout=120, check=False)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.count("name=") == len(load_sweep(shipped, check=False, root=REPO).runs)
