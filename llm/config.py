@@ -17,7 +17,7 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
-from llm.model.config import ConfigError, ModelConfig, check_choice
+from llm.model.config import ConfigError, ModelConfig, check_choice, upgrade_saved
 
 __all__ = ["ConfigError", "DataConfig", "ModelConfig", "RunConfig", "TrainConfig", "load_config", "save_config"]
 
@@ -227,12 +227,20 @@ def _one_line(err: OmegaConfBaseException) -> ConfigError:
     return ConfigError(key, message)
 
 
-def load_config(files: list[str] | str | None = None, overrides: list[str] | None = None) -> RunConfig:
-    """YAML files (merged left to right) + ``key.sub=value`` overrides -> a validated ``RunConfig``."""
+def load_config(files: list[str] | str | None = None, overrides: list[str] | None = None, *,
+                saved_run: bool = False) -> RunConfig:
+    """YAML files (merged left to right) + ``key.sub=value`` overrides -> a validated ``RunConfig``.
+
+    ``saved_run``: the first file is a ``config.yaml`` that a run wrote, whose ``model`` section is read as
+    today's ``ModelConfig`` reads a saved one (``llm.model.config.upgrade_saved``: a run from before
+    ``ffn_init`` existed trained with the papers' raw scales and holds the option defaults of its time)."""
     files = [files] if isinstance(files, str) else list(files or [])
     schema = OmegaConf.structured(RunConfig)
     try:
-        merged = OmegaConf.merge(schema, *(_read_yaml(Path(f)) for f in files))
+        layers = [_read_yaml(Path(f)) for f in files]
+        if saved_run and layers and "model" in layers[0]:
+            layers[0].model = OmegaConf.create(upgrade_saved(OmegaConf.to_container(layers[0].model)))
+        merged = OmegaConf.merge(schema, *layers)
         for override in overrides or []:
             if "=" not in override:
                 raise ConfigError(override, "expected key.sub=value")

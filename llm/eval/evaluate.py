@@ -141,7 +141,7 @@ def eval_config(resolved: ResolvedModel, config_files: list[str] | None = None,
     """
     files = [str(resolved.config_file)] if resolved.config_file else []
     base = [] if files else ["train.max_steps=1"]
-    return load_config([*files, *(config_files or [])], [*base, *(overrides or [])])
+    return load_config([*files, *(config_files or [])], [*base, *(overrides or [])], saved_run=bool(files))
 
 
 def token_byte_lengths(tokenizer: Tokenizer, size: int) -> torch.Tensor:

@@ -381,7 +381,7 @@ def latest_checkpoint(ckpt_dir: str | Path, *, warn: bool = True) -> Path | None
 
 def check_model_config(path: str | Path, config: RunConfig) -> None:
     """Raise ``ConfigError`` naming every model field that differs between checkpoint and config."""
-    saved = asdict(load_config(str(Path(path) / "config.yaml")).model)  # schema defaults fill newer fields
+    saved = asdict(load_config(str(Path(path) / "config.yaml"), saved_run=True).model)  # schema fills newer fields
     current = asdict(config.model)
     diffs = [f"{k} (checkpoint {saved.get(k)!r}, config {current.get(k)!r})"
              for k in sorted(set(saved) | set(current)) if saved.get(k) != current.get(k)]

@@ -13,7 +13,7 @@ from tokenizers import Tokenizer
 from transformers import AutoTokenizer
 
 import llm.train.checkpoint as checkpoint
-from llm.config import load_config
+from llm.config import load_config, save_config
 from llm.model import IsoLLMForCausalLM
 from llm.train.checkpoint import CheckpointError, CheckpointWarning, latest_checkpoint, verify_checkpoint
 from llm.train.trainer import build_model, fit
@@ -124,3 +124,23 @@ def test_truncate_metrics_keeps_meta_and_rows_up_to_step(tmp_path: Path) -> None
     path.write_text("".join(json.dumps(r) + "\n" for r in rows) + '{"kind": "tra')  # torn last line
     truncate_metrics(path, 2)
     assert [json.loads(line) for line in path.read_text().splitlines()] == rows[:4]
+
+
+@pytest.mark.parametrize(("variant", "expected"), [
+    ((), ("matched", 0.5)),  # swiglu reads neither: today's defaults
+    (("model.ffn=iso_mlp", "model.iso_activation=relu", "model.ffn_init=paper", "model.iso_r0=1.0"), ("paper", 1.0)),
+], ids=["swiglu", "iso_mlp_relu"])
+def test_a_run_config_written_before_ffn_init_existed_reads_as_it_trained(
+        tiny_config, tmp_path: Path, variant: tuple[str, ...], expected: tuple[str, float]) -> None:
+    """An old run's config.yaml has no ffn_init (it trained with the papers' raw scales) and holds every option
+    at the defaults of its time (iso_r0 1.0, iso_r_cap 8.0), read by its variant or not."""
+    path = tmp_path / "config.yaml"
+    save_config(tiny_config(*variant), path)  # as a run writes it, then aged
+    old = path.read_text().replace("  ffn_init: matched\n", "").replace("  ffn_init: paper\n", "")
+    old = old.replace("  iso_r0: 0.5\n", "  iso_r0: 1.0\n").replace("  iso_r_cap: 1.0\n", "  iso_r_cap: 8.0\n")
+    assert "ffn_init" not in old and "iso_r_cap: 8.0" in old and "iso_r0: 1.0" in old
+    path.write_text(old)
+    with pytest.raises(ValueError, match="iso_r"):  # as a user's file it names options its variant does not read
+        load_config(str(path))
+    loaded = load_config(str(path), saved_run=True)
+    assert (loaded.model.ffn_init, loaded.model.iso_r0, loaded.model.iso_r_cap) == (*expected, 1.0)
