@@ -12,6 +12,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import torch
 from omegaconf import DictConfig, OmegaConf
@@ -19,7 +20,9 @@ from omegaconf.errors import OmegaConfBaseException
 
 from llm.model.config import ConfigError, ModelConfig, check_choice, upgrade_saved
 
-__all__ = ["ConfigError", "DataConfig", "ModelConfig", "RunConfig", "TrainConfig", "load_config", "save_config"]
+__all__ = [
+    "ConfigError", "DataConfig", "ModelConfig", "RunConfig", "TrainConfig", "flatten", "load_config", "save_config",
+]
 
 
 @dataclass
@@ -225,6 +228,17 @@ def _one_line(err: OmegaConfBaseException) -> ConfigError:
     if "not in struct" in message or ("Key '" in message and "not" in message):
         message = "unknown key"
     return ConfigError(key, message)
+
+
+def flatten(node: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    """A nested config dict as dotted keys: ``{"train": {"lr": 1e-3}}`` -> ``{"train.lr": 1e-3}``."""
+    flat: dict[str, Any] = {}
+    for key, value in node.items():
+        if isinstance(value, dict):
+            flat.update(flatten(value, f"{prefix}{key}."))
+        else:
+            flat[f"{prefix}{key}"] = value
+    return flat
 
 
 def load_config(files: list[str] | str | None = None, overrides: list[str] | None = None, *,

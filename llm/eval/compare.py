@@ -30,11 +30,19 @@ from typing import Any
 
 from scipy import stats
 
+from llm.config import flatten
 from llm.eval.errors import EvalError
 
 DEFAULT_BASELINE = "swiglu+softmax"
 COMPARED_SECTIONS = ("model", "data", "train")
-"""Config sections two runs must share (every field) to be seeds of one row."""
+"""Config sections two runs must share (every field but ``RESULT_NEUTRAL``) to be seeds of one row."""
+RESULT_NEUTRAL = frozenset({
+    "data.cache_dir", "data.read_retries", "data.retry_backoff_s",
+    "train.log_every", "train.checkpoint_every", "train.keep_checkpoints",
+})
+"""Bookkeeping that cannot change a run's numbers (where caches live, how often a row or a checkpoint is
+written, how failed reads are retried): seeds that differ only there are one row. ``data.num_workers`` is
+not among them: ranks x workers sets the data order."""
 ROW_INVARIANTS = ("variant", "params_total", "params_non_embedding", "mixed_precision")
 """Meta-row fields every seed of a row must agree on (besides the final token count)."""
 
@@ -59,8 +67,10 @@ class RunRecord:
 
     @property
     def setup(self) -> dict[str, Any]:
-        """The ``model``, ``data`` and ``train`` sections of the run's config as dotted keys."""
-        return _flatten({section: self.meta["config"][section] for section in COMPARED_SECTIONS})
+        """The ``model``, ``data`` and ``train`` sections of the run's config as dotted keys, less the
+        ``RESULT_NEUTRAL`` fields."""
+        flat = flatten({section: self.meta["config"][section] for section in COMPARED_SECTIONS})
+        return {key: value for key, value in flat.items() if key not in RESULT_NEUTRAL}
 
     @property
     def seed(self) -> int:
@@ -85,16 +95,6 @@ class RunRecord:
         """Median over the train rows: robust to the slow first steps (compilation, warm caches)."""
         rates = [float(r["tokens_per_s"]) for r in self.train if r.get("tokens_per_s") is not None]
         return statistics.median(rates) if rates else math.nan
-
-
-def _flatten(node: dict[str, Any], prefix: str = "") -> dict[str, Any]:
-    flat: dict[str, Any] = {}
-    for key, value in node.items():
-        if isinstance(value, dict):
-            flat.update(_flatten(value, f"{prefix}{key}."))
-        else:
-            flat[f"{prefix}{key}"] = value
-    return flat
 
 
 def _dedupe_by_step(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:

@@ -41,7 +41,7 @@ from accelerate import Accelerator
 from accelerate.utils import ProjectConfiguration, set_seed
 from torch import nn
 
-from llm.config import RunConfig, save_config
+from llm.config import RunConfig, flatten, save_config
 from llm.data import build_train_loader, build_val_windows, load_tokenizer
 from llm.metrics.flops import flops_per_token, mfu, peak_flops
 from llm.metrics.gradnorm import GradNormTracker, GroupGradNorms, grad_norm_groups
@@ -219,18 +219,8 @@ def _mixed_precision(config: RunConfig, device_type: str) -> str:
 
 def _flat_hparams(config: RunConfig) -> dict[str, Any]:
     """Tracker-friendly config: dotted keys, scalars only (TensorBoard's hparams reject lists/None)."""
-    flat: dict[str, Any] = {}
-
-    def walk(prefix: str, node: Any) -> None:
-        if isinstance(node, dict):
-            for key, value in node.items():
-                walk(f"{prefix}{key}.", value)
-        else:
-            key = prefix[:-1]
-            flat[key] = node if isinstance(node, (int, float, str, bool)) else str(node)
-
-    walk("", asdict(config))
-    return flat
+    return {key: value if isinstance(value, (int, float, str, bool)) else str(value)
+            for key, value in flatten(asdict(config)).items()}
 
 
 def _print_params(model_cfg: ModelConfig) -> tuple[int, int]:

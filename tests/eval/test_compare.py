@@ -213,6 +213,21 @@ def test_ablations_and_other_settings_never_share_a_row(tmp_path: Path) -> None:
     assert means["iso_mlp+softmax (data.seed=0, train.lr=0.003)"] == pytest.approx(4.905)
 
 
+def test_seeds_that_differ_only_in_bookkeeping_share_a_row(tmp_path: Path) -> None:
+    """Where a cache lives or how often rows and checkpoints are written cannot change a run's numbers; the
+    data workers can (ranks x workers sets the data order), so they split a row."""
+    runs = [load_run(write_run(tmp_path, "swiglu+softmax", 0, 5.0, data__cache_dir="/node1/cache",
+                               train__log_every=1, train__checkpoint_every=100))]
+    runs.append(load_run(write_run(tmp_path, "swiglu+softmax", 1, 5.2, data__cache_dir="/node2/cache",
+                                   train__log_every=10, train__keep_checkpoints=1)))
+    runs.append(load_run(write_run(tmp_path, "swiglu+softmax", 2, 5.4, data__num_workers=2, dirname="w2")))
+    rows = group_runs(runs)
+    assert {label: [r.seed for r in members] for label, members in rows.items()} == {
+        "swiglu+softmax (data.num_workers=None)": [0, 1], "swiglu+softmax (data.num_workers=2)": [2]}
+    assert compare_runs(runs, baseline="swiglu+softmax (data.num_workers=None)").rows[0].val_loss_mean == \
+        pytest.approx(5.1)
+
+
 @pytest.mark.parametrize("mismatch", ["params", "tokens"])
 def test_a_mismatch_inside_a_row_is_an_error(tmp_path: Path, mismatch: str) -> None:
     runs = [load_run(write_run(tmp_path, "swiglu+softmax", 0, 5.0))]
