@@ -226,7 +226,7 @@ def load_sweep(path: str | Path, check: bool = True, root: Path | None = None) -
     """Read a sweep file, expand its grid and (``check``) resolve and compare every run's config; its runs
     start in the checkout ``root`` (default: the one holding the current directory)."""
     path = Path(path)
-    root = root.resolve() if root is not None else find_checkout(Path.cwd())
+    root = find_checkout(Path.cwd() if root is None else Path(root))  # a wrong --root fails here, not later
     if not path.is_file():
         raise FileNotFoundError(f"no such sweep file: {path}")
     try:

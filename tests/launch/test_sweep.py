@@ -312,6 +312,8 @@ def test_runs_start_in_the_checkout_the_sweep_is_invoked_from(tmp_path: Path, mo
     assert load_sweep(sweep, root=clone).root == clone.resolve()
     with pytest.raises(ValueError, match=r"no such config file: .*configs/base.yaml"):
         load_sweep(sweep, root=REPO)  # the clone's config is not in this checkout
+    with pytest.raises(FileNotFoundError, match="is not inside an isollm checkout"):
+        load_sweep(sweep, root=tmp_path)  # a --root that is no checkout is refused at once
 
     shipped = REPO / "launch" / "sweeps" / "ffn_attn.yaml"
     done = subprocess.run([sys.executable, str(REPO / "launch" / "sweep.py"), str(shipped), "--mode", "print"],
