@@ -16,6 +16,8 @@ import os
 import socket
 import threading
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 __all__ = ["LEASE_S", "RunLock", "RunLockedError"]
@@ -27,6 +29,20 @@ LEASE_S = 600.0
 
 class RunLockedError(RuntimeError):
     """Another live process holds the run directory."""
+
+
+@contextmanager
+def _exclusive(run_dir: Path) -> Iterator[None]:
+    """Changes to the lock file are one step at a time for every process of this host: flock on the run
+    directory itself (which writes nothing). Without it, two processes that both saw the same stale lock could
+    each remove it, the second removing the first's fresh one, and both would hold the directory; and a holder
+    whose lease ran out could renew over the lock that replaced it."""
+    guard = os.open(run_dir, os.O_RDONLY)
+    try:
+        fcntl.flock(guard, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(guard)  # closing drops the flock
 
 
 def _pid_alive(pid: int) -> bool:
@@ -55,16 +71,8 @@ class RunLock:
         path = Path(run_dir) / LOCK_FILE
         path.parent.mkdir(parents=True, exist_ok=True)
         record = {"pid": os.getpid(), "host": socket.gethostname(), "lease_s": lease_s}
-        # Checking a lock for staleness, removing it and creating ours is one step for every process of this
-        # host (flock on the run directory itself, which writes nothing): otherwise two processes that both
-        # saw the same stale lock could each remove it, the second removing the first's fresh one, and both
-        # would hold the directory.
-        guard = os.open(path.parent, os.O_RDONLY)
-        try:
-            fcntl.flock(guard, fcntl.LOCK_EX)
+        with _exclusive(path.parent):
             return cls._acquire_guarded(path, record)
-        finally:
-            os.close(guard)  # closing drops the flock
 
     @classmethod
     def _acquire_guarded(cls, path: Path, record: dict) -> RunLock:
@@ -106,17 +114,30 @@ class RunLock:
             return holder["pid"] == os.getpid() or not _pid_alive(int(holder["pid"]))
         return False
 
+    def _held(self) -> bool:
+        """Whether the lock file still names this process (another may have taken over an expired lease)."""
+        holder = self._holder(self.path)
+        return holder is not None and (holder["pid"], holder["host"]) == (self._record["pid"], self._record["host"])
+
     def _renew(self) -> None:
         interval = float(self._record["lease_s"]) / 10
         while not self._stop.wait(interval):
             tmp = self.path.with_name(f".{LOCK_FILE}.tmp")
             try:
-                tmp.write_text(json.dumps({**self._record, "renewed": time.time()}))
-                os.replace(tmp, self.path)
+                with _exclusive(self.path.parent):
+                    if not self._held():
+                        return  # taken over: renewing would overwrite the new holder's lock
+                    tmp.write_text(json.dumps({**self._record, "renewed": time.time()}))
+                    os.replace(tmp, self.path)
             except OSError:  # a full disk: the lease may lapse, the dead-pid check still protects this host
                 continue
 
     def release(self) -> None:
+        """Stop renewing and remove the lock, unless another process has taken it over meanwhile."""
         self._stop.set()
         self._renewer.join()
-        self.path.unlink(missing_ok=True)
+        if not self.path.parent.is_dir():  # the run directory was removed: nothing to release
+            return
+        with _exclusive(self.path.parent):
+            if self._held():
+                self.path.unlink()

@@ -83,6 +83,17 @@ def test_lease_is_renewed_while_held(tmp_path: Path) -> None:
         lock.release()
 
 
+def test_a_holder_whose_lease_was_taken_over_neither_renews_nor_removes_the_new_lock(tmp_path: Path) -> None:
+    """A holder paused past its lease (its lock taken over by a run on another host) must leave the new
+    holder's lock alone: no renewal over it, no removal on release."""
+    lock = RunLock.acquire(tmp_path, lease_s=0.5)  # renewed every 0.05 s
+    new_holder = _write_lock(tmp_path, 1, host="elsewhere")
+    written = new_holder.read_text()
+    time.sleep(0.3)  # several renewal periods
+    lock.release()
+    assert new_holder.read_text() == written
+
+
 def test_train_py_on_a_locked_run_is_one_line_exit_2(run_overrides: list[str], tmp_path: Path, live_pid: int,
                                                      capsys) -> None:
     run_dir = tmp_path / "runs" / "x"
