@@ -10,6 +10,7 @@ This file is copied to the hub with the modelling code, so it imports nothing ou
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, fields, replace
 from typing import Any
 
@@ -263,8 +264,8 @@ class ModelConfig:
                               f"got {self.resolved_head_dim}")
         for name in ("rope_theta", "rms_norm_eps", "initializer_range", "focus_sigma_init",
                      "mixing_lr_mult", "focus_mu_lr_mult", "focus_sigma_lr_mult"):
-            if not getattr(self, name) > 0:
-                raise ConfigError(name, f"expected a positive number, got {getattr(self, name)!r}")
+            if not 0 < getattr(self, name) < math.inf:
+                raise ConfigError(name, f"expected a positive finite number, got {getattr(self, name)!r}")
         for selector, registry in _variant_registries().items():
             check_choice(selector, getattr(self, selector), registry)
         check_choice("isogmlp_gate", self.isogmlp_gate, ISOGMLP_GATES)

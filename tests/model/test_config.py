@@ -56,6 +56,7 @@ BAD_VALUES = [
     ({"num_key_value_heads": 3}, "num_key_value_heads"),  # does not divide 4 heads
     ({"attn_scoring": "linear"}, "attn_scoring"),
     ({"isogmlp_gate": "sequence_mean"}, "isogmlp_gate"),  # the non-causal gate does not exist
+    ({"ffn": "iso_ln", "mixing_lr_mult": float("inf")}, "mixing_lr_mult"),  # an infinite lr
 ]
 
 
