@@ -21,7 +21,8 @@ from omegaconf.errors import OmegaConfBaseException
 from llm.model.config import ConfigError, ModelConfig, check_choice, upgrade_saved
 
 __all__ = [
-    "ConfigError", "DataConfig", "ModelConfig", "RunConfig", "TrainConfig", "flatten", "load_config", "save_config",
+    "ConfigError", "DataConfig", "ModelConfig", "RunConfig", "TrainConfig", "flatten", "load_config", "read_yaml",
+    "save_config",
 ]
 
 
@@ -203,7 +204,7 @@ class RunConfig:
         return self
 
 
-def _read_yaml(path: Path, seen: tuple[Path, ...] = ()) -> DictConfig:
+def read_yaml(path: Path, seen: tuple[Path, ...] = ()) -> DictConfig:
     """Read one YAML file, merging the files it lists under ``defaults:`` (relative to it) first."""
     path = path.resolve()
     if path in seen:
@@ -218,7 +219,7 @@ def _read_yaml(path: Path, seen: tuple[Path, ...] = ()) -> DictConfig:
         raise ConfigError("config", f"{path} must hold a mapping at the top level")
     merged = OmegaConf.create()
     for include in node.pop("defaults", []) or []:
-        merged = OmegaConf.merge(merged, _read_yaml(path.parent / str(include), (*seen, path)))
+        merged = OmegaConf.merge(merged, read_yaml(path.parent / str(include), (*seen, path)))
     return OmegaConf.merge(merged, node)
 
 
@@ -251,7 +252,7 @@ def load_config(files: list[str] | str | None = None, overrides: list[str] | Non
     files = [files] if isinstance(files, str) else list(files or [])
     schema = OmegaConf.structured(RunConfig)
     try:
-        layers = [_read_yaml(Path(f)) for f in files]
+        layers = [read_yaml(Path(f)) for f in files]
         if saved_run and layers and "model" in layers[0]:
             layers[0].model = OmegaConf.create(upgrade_saved(OmegaConf.to_container(layers[0].model)))
         merged = OmegaConf.merge(schema, *layers)

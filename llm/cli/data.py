@@ -17,7 +17,7 @@ from omegaconf import OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from llm.cli.arg_types import at_least
-from llm.config import DataConfig, _read_yaml
+from llm.config import DataConfig, read_yaml
 from llm.model.config import ConfigError
 
 __all__ = ["main"]
@@ -38,7 +38,7 @@ def _data_config(args: argparse.Namespace) -> DataConfig:
         if not override.startswith("data.") or "=" not in override:
             raise ConfigError(override, "expected a data.key=value override")
     try:
-        sections = [_read_yaml(Path(f)).get("data") or {} for f in args.config]  # with their defaults:
+        sections = [read_yaml(Path(f)).get("data") or {} for f in args.config]  # with their defaults:
         node = OmegaConf.merge(OmegaConf.structured(DataConfig), *sections,
                                OmegaConf.from_dotlist([o.removeprefix("data.") for o in overrides]))
         config = OmegaConf.to_object(node)

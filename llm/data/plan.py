@@ -49,7 +49,8 @@ def sample_rates(data_cfg: DataConfig, sample_docs: int) -> Sample:
         if docs >= sample_docs:
             break
     tokens = np.concatenate(lengths) if lengths else np.zeros(1)
-    return Sample(docs, docs / units, float(tokens.sum()) / units, float(tokens.std() / tokens.mean()))
+    spread = float(tokens.std() / tokens.mean()) if tokens.sum() else 0.0  # every sampled document empty
+    return Sample(docs, docs / units, float(tokens.sum()) / units, spread)
 
 
 def print_plan(data_cfg: DataConfig, world_size: int, workers: int, sample_docs: int) -> None:

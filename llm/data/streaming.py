@@ -29,8 +29,8 @@ from tokenizers import Tokenizer
 
 from llm.config import DataConfig
 from llm.data.errors import DataError
-from llm.data.pieces import PieceReader, list_pieces
-from llm.data.sources import data_source
+from llm.data.pieces import Piece, PieceReader
+from llm.data.sources import Source, data_source
 from llm.data.split import epoch_order, node_segments
 from llm.data.token_source import State, TokenSource, block_permutation
 from llm.data.tokenizer import encode_documents, eos_id
@@ -41,12 +41,18 @@ class StreamingTokens(TokenSource):
     """Training tokens streamed from a repository (hub or local) or local files, by pieces."""
 
     def __init__(self, data_cfg: DataConfig, tokenizer: Tokenizer) -> None:
-        self.source = data_source(data_cfg)
-        self.reader = PieceReader(self.source, data_cfg)
-        self.pieces = list_pieces(self.source)
+        self.reader = PieceReader(data_source(data_cfg), data_cfg)
         self.tokenizer = tokenizer
         self.eos = eos_id(tokenizer)
         self.cfg = data_cfg
+
+    @property
+    def source(self) -> Source:
+        return self.reader.source
+
+    @property
+    def pieces(self) -> tuple[Piece, ...]:
+        return self.reader.pieces
 
     def piece_docs(self, piece: int, start: int, hi: int) -> Iterator[tuple[int, list[str]]]:
         """(position before the batch, training texts of the batch) of a piece's range: validation documents
