@@ -103,6 +103,8 @@ def resolve_checkpoint(target: str) -> ResolvedModel:
             return ResolvedModel(str(path / "model"), path)
         if (path / "config.json").is_file():
             parent = path.parent if (path.parent / "config.yaml").is_file() else None
+            if parent is not None:
+                _verify(parent)  # a checkpoint's model/ named directly is checked as the checkpoint is
             return ResolvedModel(str(path), parent)
         raise FileNotFoundError(f"{target}: not a run, checkpoint or model directory "
                                 "(no checkpoints/, model/config.json or config.json)")

@@ -112,6 +112,9 @@ def test_eval_of_a_checkpoint_altered_on_disk_is_one_line(run_overrides: list[st
     assert eval_main([str(ckpt), "--samples", "0"]) == 2
     assert _errors(capsys.readouterr().err) == [
         f"error: {ckpt}: model/model.safetensors does not match its checksum in manifest.json (altered on disk)"]
+    assert eval_main([str(ckpt / "model"), "--samples", "0"]) == 2  # its model/ named directly
+    assert _errors(capsys.readouterr().err) == [
+        f"error: {ckpt}: model/model.safetensors does not match its checksum in manifest.json (altered on disk)"]
 
 
 @pytest.mark.parametrize(("override", "field", "message"), [
