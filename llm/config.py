@@ -21,8 +21,8 @@ from omegaconf.errors import OmegaConfBaseException
 from llm.model.config import ConfigError, ModelConfig, check_choice, upgrade_saved
 
 __all__ = [
-    "ConfigError", "DataConfig", "ModelConfig", "RunConfig", "TrainConfig", "flatten", "load_config", "read_yaml",
-    "save_config",
+    "ConfigError", "DataConfig", "ModelConfig", "RunConfig", "TrainConfig", "flatten", "load_config", "read_saved",
+    "read_yaml", "save_config",
 ]
 
 
@@ -242,21 +242,23 @@ def flatten(node: dict[str, Any], prefix: str = "") -> dict[str, Any]:
     return flat
 
 
-def load_config(files: list[str] | str | None = None, overrides: list[str] | None = None, *,
-                saved_run: bool = False) -> RunConfig:
-    """YAML files (merged left to right) + ``key.sub=value`` overrides -> a validated ``RunConfig``.
+def _read_back_saved(node: DictConfig) -> DictConfig:
+    """A config a run saved, with its ``model`` section as today's ``ModelConfig`` reads a saved one
+    (``llm.model.config.upgrade_saved``: a run from before ``ffn_init`` existed trained with the papers' raw
+    scales and holds the option defaults of its time); the schema then fills fields added since."""
+    if isinstance(node.get("model"), DictConfig):
+        node.model = OmegaConf.create(upgrade_saved(OmegaConf.to_container(node.model)))
+    return node
 
-    ``saved_run``: the first file is a ``config.yaml`` that a run wrote, whose ``model`` section is read as
-    today's ``ModelConfig`` reads a saved one (``llm.model.config.upgrade_saved``: a run from before
-    ``ffn_init`` existed trained with the papers' raw scales and holds the option defaults of its time)."""
-    files = [files] if isinstance(files, str) else list(files or [])
-    schema = OmegaConf.structured(RunConfig)
+
+def _resolve(layers: list[DictConfig | dict[str, Any]], overrides: list[str], saved_run: bool) -> RunConfig:
+    """Merge ``layers`` (the first one saved by a run when ``saved_run``) and overrides over the schema."""
     try:
-        layers = [read_yaml(Path(f)) for f in files]
-        if saved_run and layers and "model" in layers[0]:
-            layers[0].model = OmegaConf.create(upgrade_saved(OmegaConf.to_container(layers[0].model)))
-        merged = OmegaConf.merge(schema, *layers)
-        for override in overrides or []:
+        nodes = [OmegaConf.create(layer) for layer in layers]
+        if saved_run and nodes:
+            nodes[0] = _read_back_saved(nodes[0])
+        merged = OmegaConf.merge(OmegaConf.structured(RunConfig), *nodes)
+        for override in overrides:
             if "=" not in override:
                 raise ConfigError(override, "expected key.sub=value")
             merged = OmegaConf.merge(merged, OmegaConf.from_dotlist([override]))
@@ -265,6 +267,24 @@ def load_config(files: list[str] | str | None = None, overrides: list[str] | Non
         raise _one_line(err) from None
     assert isinstance(config, RunConfig)
     return config.validate()
+
+
+def load_config(files: list[str] | str | None = None, overrides: list[str] | None = None, *,
+                saved_run: bool = False) -> RunConfig:
+    """YAML files (merged left to right) + ``key.sub=value`` overrides -> a validated ``RunConfig``.
+
+    ``saved_run``: the first file is a ``config.yaml`` that a run wrote, read back as ``read_saved`` reads
+    a saved config."""
+    files = [files] if isinstance(files, str) else list(files or [])
+    return _resolve([read_yaml(Path(f)) for f in files], list(overrides or []), saved_run)
+
+
+def read_saved(values: dict[str, Any]) -> RunConfig:
+    """A config a run saved (all of it, or some sections such as a metrics.jsonl meta row's ``model``,
+    ``data`` and ``train``) as today's code reads it back: a ``model`` section through
+    ``llm.model.config.upgrade_saved``, fields added since at today's defaults, validated. A field today's
+    schema does not know or cannot hold is a ``ConfigError`` naming it."""
+    return _resolve([values], [], saved_run=True)
 
 
 def save_config(config: RunConfig, path: str | Path) -> None:

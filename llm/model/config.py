@@ -106,7 +106,7 @@ def upgrade_saved(values: dict[str, Any]) -> dict[str, Any]:
     saved = {name: value for name, value in values.items() if name in ModelConfig.field_names()}
     try:
         read = ModelConfig(**saved).with_variant()
-    except KeyError:  # an unknown variant choice: validate() names it
+    except (KeyError, TypeError):  # an unknown or unhashable variant choice: the schema or validate() names it
         return values
     return {**values, **{name: getattr(read, name) for name in saved}}
 
