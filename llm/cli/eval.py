@@ -62,8 +62,9 @@ def _compare_parser() -> argparse.ArgumentParser:
         "grouped into rows of one configuration over seeds (llm.eval.compare.group_runs).")
     parser.add_argument("runs", nargs="+", metavar="RUN_DIR", help="run directories or quoted glob patterns")
     parser.add_argument("--baseline", default=DEFAULT_BASELINE,
-                        help="row the p-values test against: its variant name, with the differing fields in "
-                        "parentheses when rows share it, as the table labels it")
+                        help="row the p-values test against, as the table labels it: a variant name, or, where "
+                        "rows share the variant name, the full label with the differing fields in parentheses, "
+                        "e.g. 'swiglu+softmax (train.lr=0.001)' (a variant name of several rows is an error)")
     parser.add_argument("--out", default="comparison", help="directory for comparison.md/.csv and PNG plots")
     parser.add_argument("--no-plots", action="store_true")
     return parser
@@ -122,7 +123,7 @@ def _compare(argv: list[str]) -> int:
     if not args.no_plots:
         from llm.eval.plots import write_plots
 
-        written += write_plots(runs, args.out)
+        written += write_plots(comparison.groups, args.out)
     print(format_table(comparison))
     print("wrote " + ", ".join(str(p) for p in written))
     return 0

@@ -2,15 +2,21 @@
 
 Runs are grouped by their whole configuration except the seed: the ``model``, ``data`` and ``train``
 sections of the meta row's ``config`` must be identical for two runs to share a row, so an ablation
-(``iso_ln[layernorm=false]``) or a run with another learning rate is never pooled with its parent. A
-row is labelled by the variant name, which carries every non-default variant option; rows whose
-variant names coincide but whose configurations differ are labelled with the fields that tell them
-apart, e.g. ``swiglu+softmax (train.lr=0.001)``. Inside a row the seeds must also agree on what the
+(``iso_ln[layernorm=false]``) or a run with another learning rate is never pooled with its parent. The
+sections are compared as today's code reads them back (``llm.config.read_saved``, as for resuming or
+evaluating a run): fields added since a run was written take today's defaults, and a run from before
+``ffn_init`` existed reads as ``ffn_init=paper`` with the options its variant did not read at today's
+defaults, so an old and a new run of the same effective configuration share a row. A row is labelled by
+its variant name (today's name for that configuration), which carries every non-default variant option;
+rows whose variant names coincide but whose configurations differ are labelled with the fields that tell
+them apart, e.g. ``swiglu+softmax (train.lr=0.001)``. Inside a row the seeds must also agree on what the
 configuration implies (parameter counts, precision, final token count): a disagreement is an error.
 Each row's seeds give the final validation loss as mean ± sample std (ddof=1) and a Welch t-test
-(unequal variances) against the baseline row. "Training stability" is the variance of the pre-clip
-global gradient norm over the run after warmup (``grad_norm_var_run`` of the last train row), as in
-isogmlp section 4.3 ("measured by gradient norm variance"); lower is more stable.
+(unequal variances) against the baseline row, named by its label or by a variant name that labels one
+row only (a variant name shared by several rows is an error listing their labels). "Training
+stability" is the variance of the pre-clip global gradient norm over the run after warmup
+(``grad_norm_var_run`` of the last train row), as in isogmlp section 4.3 ("measured by gradient norm
+variance"); lower is more stable.
 
 Every variant of a fair comparison sees the same token budget; rows that end at different token
 counts are still tabulated but produce a warning.
@@ -24,13 +30,13 @@ import json
 import math
 import statistics
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
 from scipy import stats
 
-from llm.config import flatten
+from llm.config import ConfigError, RunConfig, flatten, read_saved
 from llm.eval.errors import EvalError
 
 DEFAULT_BASELINE = "swiglu+softmax"
@@ -43,8 +49,10 @@ RESULT_NEUTRAL = frozenset({
 """Bookkeeping that cannot change a run's numbers (where caches live, how often a row or a checkpoint is
 written, how failed reads are retried): seeds that differ only there are one row. ``data.num_workers`` is
 not among them: ranks x workers sets the data order."""
-ROW_INVARIANTS = ("variant", "params_total", "params_non_embedding", "mixed_precision")
-"""Meta-row fields every seed of a row must agree on (besides the final token count)."""
+ROW_INVARIANTS = ("params_total", "params_non_embedding", "mixed_precision")
+"""Meta-row fields every seed of a row must agree on (besides the final token count). The meta row's
+``variant`` is not among them: a run written with older option defaults may carry another name for the
+same configuration, and a row's name is computed from the configuration its seeds share."""
 
 CSV_COLUMNS = (
     "variant", "n_seeds", "seeds", "params_total", "params_non_embedding", "val_loss_mean",
@@ -60,16 +68,21 @@ class RunRecord:
     meta: dict[str, Any]
     train: list[dict[str, Any]]
     evals: list[dict[str, Any]]
+    config: RunConfig
+    """The meta row's ``model``, ``data`` and ``train`` sections as today's code reads them back
+    (``llm.config.read_saved``); the other fields are today's defaults, not the run's."""
 
     @property
     def variant(self) -> str:
-        return str(self.meta["variant"])
+        """Today's variant name of the run's model (a run written with older option defaults may have
+        logged another name for the same configuration)."""
+        return self.config.model.variant_name
 
     @property
     def setup(self) -> dict[str, Any]:
         """The ``model``, ``data`` and ``train`` sections of the run's config as dotted keys, less the
         ``RESULT_NEUTRAL`` fields."""
-        flat = flatten({section: self.meta["config"][section] for section in COMPARED_SECTIONS})
+        flat = flatten({section: asdict(getattr(self.config, section)) for section in COMPARED_SECTIONS})
         return {key: value for key, value in flat.items() if key not in RESULT_NEUTRAL}
 
     @property
@@ -104,9 +117,11 @@ def _dedupe_by_step(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 
 def load_run(run_dir: str | Path) -> RunRecord:
-    """Read ``run_dir/metrics.jsonl``; raise FileNotFoundError / ValueError naming the file on bad input.
+    """Read ``run_dir/metrics.jsonl``; raise FileNotFoundError / EvalError naming the file on bad input.
 
-    A truncated last line (a run killed mid-write) is ignored; a bad line elsewhere is an error.
+    A truncated last line (a run killed mid-write) is ignored; a bad line elsewhere is an error, and so is
+    a saved config section that today's code cannot read back (an unknown field, a value of the wrong type
+    or one today's validation refuses).
     """
     run_dir = Path(run_dir)
     path = run_dir / "metrics.jsonl"
@@ -126,17 +141,19 @@ def load_run(run_dir: str | Path) -> RunRecord:
     metas = [r for r in rows if r.get("kind") == "meta"]
     if not metas:
         raise EvalError(f"{path}: no meta row (kind=meta) with the run's variant and seed")
-    if "variant" not in metas[0]:
-        raise EvalError(f"{path}: the meta row has no 'variant'")
     config = metas[0].get("config")
     if not isinstance(config, dict) or not all(isinstance(config.get(s), dict) for s in COMPARED_SECTIONS):
         raise EvalError(f"{path}: the meta row has no 'config' with the {', '.join(COMPARED_SECTIONS)} "
                         f"sections (needed to tell which runs are seeds of one configuration)")
+    try:
+        read = read_saved({section: config[section] for section in COMPARED_SECTIONS})
+    except ConfigError as err:
+        raise EvalError(f"{path}: today's code cannot read back the meta row's config: {err}") from None
     evals = _dedupe_by_step([r for r in rows if r.get("kind") == "eval"])
     if not evals:
         raise EvalError(f"{path}: no eval rows (kind=eval); the run never evaluated")
     train = _dedupe_by_step([r for r in rows if r.get("kind") == "train"])
-    return RunRecord(path=run_dir, meta=metas[0], train=train, evals=evals)
+    return RunRecord(path=run_dir, meta=metas[0], train=train, evals=evals, config=read)
 
 
 def expand_run_dirs(patterns: Iterable[str]) -> list[Path]:
@@ -196,8 +213,14 @@ class VariantSummary:
 @dataclass
 class Comparison:
     baseline: str
+    """The baseline row's label (as given when no row has it: then there are no p-values)."""
     rows: list[VariantSummary]
     warnings: list[str] = field(default_factory=list)
+
+    @property
+    def groups(self) -> dict[str, list[RunRecord]]:
+        """Row label -> the row's runs, in table order: what the plots draw, so they share the labels."""
+        return {row.variant: row.runs for row in self.rows}
 
 
 def welch_p_value(sample: Sequence[float], baseline: Sequence[float]) -> float:
@@ -244,15 +267,29 @@ def group_runs(runs: Sequence[RunRecord]) -> dict[str, list[RunRecord]]:
     return dict(sorted(rows.items()))
 
 
+def resolve_baseline(rows: dict[str, list[RunRecord]], baseline: str) -> str | None:
+    """The label of the row ``baseline`` names (a row label, or a variant name that labels one row); None
+    when it names no row. A variant name of several rows (each labelled with the fields that differ) is
+    an EvalError listing their labels: any choice among them would be a guess."""
+    if baseline in rows:
+        return baseline
+    matches = [label for label, members in rows.items() if members[0].variant == baseline]
+    if matches:  # a variant name of a single row is that row's label, found above
+        raise EvalError(f"baseline {baseline} names {len(matches)} rows "
+                        f"({', '.join(repr(label) for label in matches)}); pass one of these labels as --baseline")
+    return None
+
+
 def compare_runs(runs: Sequence[RunRecord], baseline: str = DEFAULT_BASELINE) -> Comparison:
     """Group runs into rows (``group_runs``) and aggregate over seeds; the baseline row comes first.
 
-    Raises EvalError when the seeds of a row disagree on a ``ROW_INVARIANTS`` field or on the final
-    token count."""
+    Raises EvalError when ``baseline`` is a variant name of several rows (``resolve_baseline``), or when
+    the seeds of a row disagree on a ``ROW_INVARIANTS`` field or on the final token count."""
     if not runs:
         raise EvalError("no runs to compare")
     groups = group_runs(runs)
     warnings: list[str] = []
+    baseline = resolve_baseline(groups, baseline) or baseline
     if baseline not in groups:
         warnings.append(f"baseline {baseline} is not among the rows "
                         f"({', '.join(sorted(groups))}); no p-values")

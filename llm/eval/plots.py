@@ -1,15 +1,17 @@
 """PNG plots of a comparison's training curves (matplotlib, Agg backend: no display needed).
 
-One curve per row of the comparison table (``compare.group_runs``: runs with the same configuration
-but the seed), averaged over its seeds at each logged step / token count; the shaded band is ± one
-sample std where at least two seeds logged that point.
+One curve per row of the comparison table, averaged over its seeds at each logged step / token count;
+the shaded band is ± one sample std where at least two seeds logged that point. Every plot takes the
+table's rows (``Comparison.groups``, or one ``compare.group_runs`` result) rather than grouping runs
+itself: a plot of a subset (the rows with an alpha) regrouped on its own would label rows by the fields
+that differ inside the subset, not as the table does. A row has one colour in every plot.
 """
 
 from __future__ import annotations
 
 import math
 import statistics
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -19,9 +21,11 @@ matplotlib.use("Agg")  # before pyplot is imported: no display on clusters and C
 import matplotlib.pyplot as plt
 from matplotlib.axes import Axes
 
-from .compare import RunRecord, group_runs
+from .compare import RunRecord
 
 Row = dict[str, Any]
+Rows = Mapping[str, Sequence[RunRecord]]
+"""Rows of the comparison: label -> the row's runs (its seeds), in table order."""
 
 
 def _seed_band(runs: Sequence[RunRecord], rows: Callable[[RunRecord], list[Row]], x_key: str,
@@ -61,6 +65,13 @@ def _layers(runs: Sequence[RunRecord], key: str) -> list[int]:
                    if entry.get(key) is not None})
 
 
+def _row_colours(rows: Rows) -> dict[str, Any]:
+    """A colour per row label, from the position in the whole table, so that a plot of some rows keeps
+    each row's colour."""
+    palette = plt.get_cmap("tab10" if len(rows) <= 10 else "tab20")
+    return {label: palette(i % palette.N) for i, label in enumerate(rows)}
+
+
 def _save(fig: plt.Figure, path: Path) -> Path:
     fig.tight_layout()
     fig.savefig(path, dpi=120)
@@ -68,25 +79,27 @@ def _save(fig: plt.Figure, path: Path) -> Path:
     return path
 
 
-def plot_val_loss(runs: Sequence[RunRecord], path: Path) -> Path:
-    """Validation loss against training tokens, one line (mean ± std band over seeds) per variant."""
+def plot_val_loss(rows: Rows, path: Path) -> Path:
+    """Validation loss against training tokens, one line (mean ± std band over seeds) per row."""
     fig, ax = plt.subplots(figsize=(7, 4.5))
-    for variant, members in group_runs(runs).items():
+    colours = _row_colours(rows)
+    for label, members in rows.items():
         _plot_band(ax, *_seed_band(members, lambda r: r.evals, "tokens", lambda row: row.get("val_loss")),
-                   label=f"{variant} (n={len(members)})", marker=".")
+                   label=f"{label} (n={len(members)})", marker=".", color=colours[label])
     ax.set(xlabel="training tokens", ylabel="validation loss (nats/token)", title="Validation loss")
     ax.grid(alpha=0.3)
     ax.legend()
     return _save(fig, path)
 
 
-def plot_grad_norm(runs: Sequence[RunRecord], path: Path) -> Path:
+def plot_grad_norm(rows: Rows, path: Path) -> Path:
     """Pre-clip gradient norm and its rolling variance against step (mean ± std over seeds)."""
     fig, (top, bottom) = plt.subplots(2, 1, figsize=(7, 6.5), sharex=True)
-    for variant, members in group_runs(runs).items():
+    colours = _row_colours(rows)
+    for label, members in rows.items():
         for ax, key in ((top, "grad_norm"), (bottom, "grad_norm_var_rolling")):
             _plot_band(ax, *_seed_band(members, lambda r: r.train, "step", lambda row, k=key: row.get(k)),
-                       label=variant)
+                       label=label, color=colours[label])
     top.set(ylabel="grad norm (pre-clip)", title="Gradient norm")
     bottom.set(xlabel="step", ylabel="rolling variance", yscale="log")
     for ax in (top, bottom):
@@ -96,7 +109,7 @@ def plot_grad_norm(runs: Sequence[RunRecord], path: Path) -> Path:
 
 
 def _layer_panel(ax: Axes, members: Sequence[RunRecord], key: str, title: str) -> None:
-    """``key`` of each layer of one variant's runs (colour = depth) against training tokens."""
+    """``key`` of each layer of one row's runs (colour = depth) against training tokens."""
     layers = _layers(members, key)
     colours = plt.cm.viridis([i / max(len(layers) - 1, 1) for i in range(len(layers))])
     for layer, colour in zip(layers, colours, strict=True):
@@ -107,53 +120,55 @@ def _layer_panel(ax: Axes, members: Sequence[RunRecord], key: str, title: str) -
     ax.legend(fontsize="x-small", ncol=2)
 
 
-def _per_layer_over_training(runs: Sequence[RunRecord], key: str, path: Path, title: str) -> Path:
-    """One panel per variant: ``key`` of each layer (colour = depth) against training tokens."""
-    groups = {v: m for v, m in group_runs(runs).items() if _layers(m, key)}
-    fig, axes = plt.subplots(1, len(groups), figsize=(5 * len(groups), 4), squeeze=False, sharey=True)
-    for ax, (variant, members) in zip(axes[0], groups.items(), strict=True):
-        _layer_panel(ax, members, key, variant)
+def _per_layer_over_training(rows: Rows, key: str, path: Path, title: str) -> Path:
+    """One panel per row that logged ``key``: ``key`` of each layer (colour = depth) against training tokens."""
+    logged = {label: members for label, members in rows.items() if _layers(members, key)}
+    fig, axes = plt.subplots(1, len(logged), figsize=(5 * len(logged), 4), squeeze=False, sharey=True)
+    for ax, (label, members) in zip(axes[0], logged.items(), strict=True):
+        _layer_panel(ax, members, key, label)
     axes[0][0].set_ylabel(key)
     fig.suptitle(title)
     return _save(fig, path)
 
 
-def plot_isotropy(runs: Sequence[RunRecord], path: Path) -> Path:
+def plot_isotropy(rows: Rows, path: Path) -> Path:
     """IsoScore of each layer's hidden states over training (layer 0 = embedding output)."""
-    return _per_layer_over_training(runs, "isoscore", path, "IsoScore per layer over training")
+    return _per_layer_over_training(rows, "isoscore", path, "IsoScore per layer over training")
 
 
-def plot_alpha(runs: Sequence[RunRecord], path: Path) -> Path | None:
-    """Learned alpha per layer: final value (left) and over training (one panel per variant).
+def plot_alpha(rows: Rows, path: Path) -> Path | None:
+    """Learned alpha per layer: final value (left) and over training (one panel per row).
 
-    Only variants whose FFN has an alpha (isogmlp, iso_ln); None when no run has one.
+    Only rows whose runs logged an alpha (isogmlp, iso_ln); None when none did.
     """
-    with_alpha = [run for run in runs if _layers([run], "alpha")]
+    colours = _row_colours(rows)
+    with_alpha = {label: members for label, members in rows.items() if _layers(members, "alpha")}
     if not with_alpha:
         return None
-    groups = group_runs(with_alpha)
-    fig, axes = plt.subplots(1, len(groups) + 1, figsize=(5 * (len(groups) + 1), 4), squeeze=False)
+    fig, axes = plt.subplots(1, len(with_alpha) + 1, figsize=(5 * (len(with_alpha) + 1), 4), squeeze=False)
     final_ax = axes[0][0]
-    for variant, members in groups.items():
+    for label, members in with_alpha.items():
         _plot_band(final_ax, *_seed_band(members, lambda r: r.evals[-1]["layers"], "layer",
-                                         lambda entry: entry.get("alpha")), label=variant, marker="o")
+                                         lambda entry: entry.get("alpha")),
+                   label=label, marker="o", color=colours[label])
     final_ax.set(xlabel="layer", ylabel="alpha", title="Final alpha per layer")
     final_ax.grid(alpha=0.3)
     final_ax.legend()
-    for ax, (variant, members) in zip(axes[0][1:], groups.items(), strict=True):
-        _layer_panel(ax, members, "alpha", f"{variant}: alpha over training")
+    for ax, (label, members) in zip(axes[0][1:], with_alpha.items(), strict=True):
+        _layer_panel(ax, members, "alpha", f"{label}: alpha over training")
         ax.set_ylabel("alpha")
     return _save(fig, path)
 
 
-def write_plots(runs: Sequence[RunRecord], out_dir: str | Path) -> list[Path]:
-    """Write every plot that the runs have data for; return the written paths."""
+def write_plots(rows: Rows, out_dir: str | Path) -> list[Path]:
+    """Write every plot that the rows' runs have data for; return the written paths. ``rows`` are the
+    table's (``Comparison.groups``), so every plot labels and colours a row as the table does."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    written = [plot_val_loss(runs, out / "val_loss.png"), plot_grad_norm(runs, out / "grad_norm.png")]
-    if any(_layers([run], "isoscore") for run in runs):
-        written.append(plot_isotropy(runs, out / "isotropy.png"))
-    alpha = plot_alpha(runs, out / "alpha.png")
+    written = [plot_val_loss(rows, out / "val_loss.png"), plot_grad_norm(rows, out / "grad_norm.png")]
+    if any(_layers(members, "isoscore") for members in rows.values()):
+        written.append(plot_isotropy(rows, out / "isotropy.png"))
+    alpha = plot_alpha(rows, out / "alpha.png")
     if alpha is not None:
         written.append(alpha)
     return written

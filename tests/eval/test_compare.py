@@ -5,11 +5,18 @@ from __future__ import annotations
 import csv
 import json
 import math
+import re
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
+import matplotlib.colors
+import matplotlib.pyplot as plt
 import pytest
 
+from llm.cli.eval import main
+from llm.config import DataConfig, ModelConfig, RunConfig, TrainConfig
+from llm.eval import plots
 from llm.eval.compare import compare_runs, expand_run_dirs, format_table, group_runs, load_run, write_comparison
 from llm.eval.errors import EvalError
 from llm.eval.plots import write_plots
@@ -28,8 +35,11 @@ TOKENS_PER_STEP = 1000
 
 
 def run_config(variant: str, seed: int, **changes: Any) -> dict[str, Any]:
-    """A meta row's ``config``: the sections compare groups by, plus the seed it ignores."""
-    config = {"name": "x", "seed": seed, "model": {"ffn": variant.split("+")[0], "hidden_size": 64},
+    """A meta row's ``config``: the sections compare groups by (the fields left out at today's defaults),
+    plus the seed it ignores."""
+    config = {"name": "x", "seed": seed,
+              "model": {"ffn": variant.split("+")[0].split("[")[0], "ffn_init": "matched", "hidden_size": 64,
+                        "num_attention_heads": 4},
               "data": {"seed": 0, "seq_len": 128}, "train": {"lr": 3e-3, "max_steps": 20}}
     for dotted, value in changes.items():
         section, key = dotted.split("__")
@@ -39,15 +49,18 @@ def run_config(variant: str, seed: int, **changes: Any) -> dict[str, Any]:
 
 def write_run(root: Path, variant: str, seed: int, final_loss: float, *, steps: int = 20,
               final_tokens: int | None = None, layers: int = 3, params: tuple[int, int] | None = None,
-              dirname: str | None = None, **config_changes: Any) -> Path:
+              dirname: str | None = None, alpha: bool | None = None, config: dict[str, Any] | None = None,
+              **config_changes: Any) -> Path:
     """A metrics.jsonl as the trainer writes it (docs/ARCHITECTURE.md): meta, train rows, eval rows.
-    ``config_changes`` are ``section__key=value`` edits of the meta row's config."""
+    ``config`` replaces the meta row's config; ``config_changes`` are ``section__key=value`` edits of it.
+    ``alpha``: whether the eval rows log an alpha per layer (default: as the variant's FFN does)."""
     run = root / (dirname or f"{variant.replace('+', '_')}_s{seed}")
     run.mkdir(parents=True)
     total, non_emb = params or PARAMS.get(variant, PARAMS["swiglu+softmax"])
+    has_alpha = variant in HAS_ALPHA if alpha is None else alpha
     rows = [{"kind": "meta", "step": 0, "tokens": 0, "name": run.name, "variant": variant, "seed": seed,
              "params_total": total, "params_non_embedding": non_emb, "flops_per_token": 1,
-             "config": run_config(variant, seed, **config_changes)}]
+             "config": config or run_config(variant, seed, **config_changes)}]
     for step in range(1, steps + 1):
         rows.append({"kind": "train", "step": step, "tokens": step * TOKENS_PER_STEP, "loss": 6.0 - step / 10,
                      "grad_norm": 1.0 + 0.1 * seed + 0.01 * step, "grad_norm_var_rolling": 0.01 * step,
@@ -58,7 +71,7 @@ def write_run(root: Path, variant: str, seed: int, final_loss: float, *, steps: 
             loss = final_loss + (steps - step) * 0.1
             layer_rows = [{"layer": i, "isoscore": 0.1 * i + 0.01 * step, "mean_cos": 0.5, "eff_rank": 3.0,
                            "basis_alignment": 1.0} for i in range(layers + 1)]
-            if variant in HAS_ALPHA:
+            if has_alpha:
                 for entry in layer_rows[1:]:
                     entry.update(alpha=0.5 + 0.01 * entry["layer"] + 0.001 * step, beta=0.0)
             rows.append({"kind": "eval", "step": step, "tokens": step * TOKENS_PER_STEP, "val_loss": loss,
@@ -176,7 +189,7 @@ def test_missing_baseline_warns(runs_root: Path) -> None:
 
 
 def test_plots_are_written(runs_root: Path, tmp_path: Path) -> None:
-    paths = write_plots([load_run(d) for d in sorted(runs_root.iterdir())], tmp_path / "plots")
+    paths = write_plots(group_runs([load_run(d) for d in sorted(runs_root.iterdir())]), tmp_path / "plots")
     assert sorted(p.name for p in paths) == ["alpha.png", "grad_norm.png", "isotropy.png", "val_loss.png"]
     for path in paths:
         data = path.read_bytes()
@@ -185,7 +198,7 @@ def test_plots_are_written(runs_root: Path, tmp_path: Path) -> None:
 
 def test_no_alpha_plot_without_alpha(tmp_path: Path) -> None:
     runs = [load_run(write_run(tmp_path, "swiglu+softmax", s, 5.0)) for s in range(2)]
-    names = sorted(p.name for p in write_plots(runs, tmp_path / "plots"))
+    names = sorted(p.name for p in write_plots(group_runs(runs), tmp_path / "plots"))
     assert names == ["grad_norm.png", "isotropy.png", "val_loss.png"]
 
 
@@ -223,8 +236,8 @@ def test_seeds_that_differ_only_in_bookkeeping_share_a_row(tmp_path: Path) -> No
     runs.append(load_run(write_run(tmp_path, "swiglu+softmax", 2, 5.4, data__num_workers=2, dirname="w2")))
     rows = group_runs(runs)
     assert {label: [r.seed for r in members] for label, members in rows.items()} == {
-        "swiglu+softmax (data.num_workers=None)": [0, 1], "swiglu+softmax (data.num_workers=2)": [2]}
-    assert compare_runs(runs, baseline="swiglu+softmax (data.num_workers=None)").rows[0].val_loss_mean == \
+        "swiglu+softmax (data.num_workers=0)": [0, 1], "swiglu+softmax (data.num_workers=2)": [2]}
+    assert compare_runs(runs, baseline="swiglu+softmax (data.num_workers=0)").rows[0].val_loss_mean == \
         pytest.approx(5.1)
 
 
@@ -245,3 +258,138 @@ def test_a_run_without_its_config_is_refused(tmp_path: Path) -> None:
     (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     with pytest.raises(EvalError, match=r"metrics.jsonl: the meta row has no 'config' with the model, data, train"):
         load_run(run)
+
+
+def saved_config(seed: int, **model: Any) -> dict[str, Any]:
+    """A meta row's ``config`` as today's trainer writes it: every field of every section."""
+    return asdict(RunConfig(seed=seed, model=ModelConfig(hidden_size=64, num_attention_heads=4, **model),
+                            data=DataConfig(seq_len=128), train=TrainConfig(lr=3e-3, max_steps=20)))
+
+
+def as_written_before_ffn_init(config: dict[str, Any]) -> dict[str, Any]:
+    """``config`` as older code wrote it: no ``ffn_init`` (the raw scales), the option defaults of that
+    time (R_0 and R_inf in units of the raw formulas), and no data/train fields added since."""
+    model = {key: value for key, value in config["model"].items() if key != "ffn_init"}
+    model.update(iso_r0=1.0, iso_r_cap=8.0)
+    data = {key: value for key, value in config["data"].items() if key != "max_doc_chars"}
+    train = {key: value for key, value in config["train"].items() if key != "isotropy_samples"}
+    return {**config, "model": model, "data": data, "train": train}
+
+
+def test_old_runs_group_by_their_effective_configuration(tmp_path: Path) -> None:
+    """A run written before fields existed is read as today's code reads it back: a swiglu run's unread
+    old option defaults and its missing fields are today's defaults (one row with new runs); an iso_mlp
+    run from before ffn_init trained with the raw scales, so it is iso_mlp[init=paper], not a seed of a
+    new (matched) iso_mlp run, but a seed of a new run that asks for the raw scales."""
+    runs = [load_run(write_run(tmp_path, "swiglu+softmax", 0, 5.0, config=saved_config(0)))]
+    runs += [load_run(write_run(tmp_path, "swiglu+softmax", s, 5.0 + 0.2 * s,
+                                config=as_written_before_ffn_init(saved_config(s)))) for s in (1, 2)]
+    runs += [load_run(write_run(tmp_path, "iso_mlp+softmax", s, 4.9 + 0.01 * s, dirname=f"old_iso_s{s}",
+                                config=as_written_before_ffn_init(saved_config(s, ffn="iso_mlp"))))
+             for s in (0, 1)]
+    runs.append(load_run(write_run(tmp_path, "iso_mlp[init=paper]+softmax", 2, 4.93, dirname="paper_iso_s2",
+                                   config=saved_config(2, ffn="iso_mlp", ffn_init="paper"))))
+    runs += [load_run(write_run(tmp_path, "iso_mlp+softmax", s, 4.8 + 0.01 * s, dirname=f"new_iso_s{s}",
+                                config=saved_config(s, ffn="iso_mlp"))) for s in (0, 1)]
+    old_iso = runs[3]
+    assert old_iso.meta["variant"] == "iso_mlp+softmax"  # as the old code named it
+    assert (old_iso.config.model.ffn_init, old_iso.config.model.iso_r0) == ("paper", 0.5)  # tanh reads no R_0
+    assert old_iso.config.train.isotropy_samples == TrainConfig.isotropy_samples
+    rows = group_runs(runs)
+    assert {label: [r.path.name for r in members] for label, members in rows.items()} == {
+        "iso_mlp+softmax": ["new_iso_s0", "new_iso_s1"],
+        "iso_mlp[init=paper]+softmax": ["old_iso_s0", "old_iso_s1", "paper_iso_s2"],
+        "swiglu+softmax": ["swiglu_softmax_s0", "swiglu_softmax_s1", "swiglu_softmax_s2"],
+    }
+    means = {row.variant: row.val_loss_mean for row in compare_runs(runs).rows}
+    assert means["swiglu+softmax"] == pytest.approx(5.2)
+
+
+def test_a_saved_section_today_cannot_read_is_one_line(tmp_path: Path) -> None:
+    for name, (section, key, value) in {"unknown": ("model", "ffn_width", 3),
+                                        "mistyped": ("train", "warmup_steps", "long")}.items():
+        config = saved_config(0)
+        config[section][key] = value
+        run = write_run(tmp_path, "swiglu+softmax", 0, 5.0, config=config, dirname=name)
+        with pytest.raises(EvalError) as err:
+            load_run(run)
+        message = str(err.value)
+        assert message.startswith(f"{run / 'metrics.jsonl'}: today's code cannot read back the meta row's "
+                                  f"config: {section}.{key}: "), message
+        assert "\n" not in message
+
+
+def two_baseline_rows(root: Path) -> list[Path]:
+    """swiglu at two learning rates (so neither row is labelled plain swiglu+softmax), isogmlp at one."""
+    dirs = [write_run(root, "swiglu+softmax", s, FINAL_LOSSES["swiglu+softmax"][s]) for s in range(3)]
+    dirs += [write_run(root, "swiglu+softmax", s, 4.80 + 0.001 * s, train__lr=1e-3, dirname=f"lr_s{s}")
+             for s in range(2)]
+    dirs += [write_run(root, "isogmlp+softmax", s, FINAL_LOSSES["isogmlp+softmax"][s]) for s in range(3)]
+    return dirs
+
+
+def test_a_baseline_variant_of_several_rows_is_refused(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    dirs = two_baseline_rows(tmp_path / "runs")
+    runs = [load_run(d) for d in dirs]
+    labels = "'swiglu+softmax (train.lr=0.001)', 'swiglu+softmax (train.lr=0.003)'"
+    with pytest.raises(EvalError, match=rf"^baseline swiglu\+softmax names 2 rows \({re.escape(labels)}\); "
+                                        r"pass one of these labels as --baseline$"):
+        compare_runs(runs)
+    assert main(["compare", *map(str, dirs), "--out", str(tmp_path / "out"), "--no-plots"]) == 2
+    err = capsys.readouterr().err
+    assert err == f"error: baseline swiglu+softmax names 2 rows ({labels}); pass one of these labels as --baseline\n"
+    assert not (tmp_path / "out").exists()
+
+
+def test_a_full_row_label_is_a_baseline(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    dirs = two_baseline_rows(tmp_path / "runs")
+    baseline = "swiglu+softmax (train.lr=0.003)"
+    comparison = compare_runs([load_run(d) for d in dirs], baseline=baseline)
+    assert comparison.baseline == baseline and comparison.warnings == []
+    assert [row.variant for row in comparison.rows] == [baseline, "isogmlp+softmax",
+                                                        "swiglu+softmax (train.lr=0.001)"]
+    p = {row.variant: row.p_value for row in comparison.rows}
+    assert p["isogmlp+softmax"] == pytest.approx(welch_by_hand(FINAL_LOSSES["isogmlp+softmax"],
+                                                               FINAL_LOSSES["swiglu+softmax"]), rel=1e-9)
+    assert p["swiglu+softmax (train.lr=0.001)"] == pytest.approx(
+        welch_by_hand([4.800, 4.801], FINAL_LOSSES["swiglu+softmax"]), rel=1e-9)
+    assert main(["compare", *map(str, dirs), "--out", str(tmp_path / "out"), "--no-plots",
+                 "--baseline", baseline]) == 0
+    out = capsys.readouterr().out
+    assert f"| p vs {baseline} ¹ |" in out and f"| {baseline} | 83.0M | 12.5M | 4.9267 ± 0.0015 | 3 | baseline |" in out
+
+
+def test_plots_use_the_table_labels_and_colours(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Only the lr=3e-3 isogmlp runs logged an alpha: grouped on their own they would be plain
+    isogmlp+softmax, but the alpha plot labels them as the table does, in the table's colour."""
+    runs = [load_run(write_run(tmp_path, "isogmlp+softmax", s, 4.95)) for s in range(2)]
+    runs += [load_run(write_run(tmp_path, "isogmlp+softmax", s, 4.90, train__lr=1e-3, alpha=False,
+                                dirname=f"lr_s{s}")) for s in range(2)]
+    runs.append(load_run(write_run(tmp_path, "swiglu+softmax", 0, 5.0)))
+    assert list(group_runs([r for r in runs if r.evals[-1]["layers"][1].get("alpha") is not None])) == \
+        ["isogmlp+softmax"]  # what regrouping the subset would call the row
+    comparison = compare_runs(runs)
+    label = "isogmlp+softmax (train.lr=0.003)"
+    assert label in comparison.groups
+    figures: dict[str, plt.Figure] = {}
+
+    def keep(fig: plt.Figure, path: Path) -> Path:  # instead of saving and closing the figure
+        figures[path.name] = fig
+        return path
+
+    monkeypatch.setattr(plots, "_save", keep)
+    try:
+        write_plots(comparison.groups, tmp_path / "plots")
+        final_alpha, *panels = figures["alpha.png"].axes
+        assert [t.get_text() for t in final_alpha.get_legend().get_texts()] == [label]
+        assert [ax.get_title() for ax in panels] == [f"{label}: alpha over training"]
+        val_loss = {line.get_label(): line.get_color() for line in figures["val_loss.png"].axes[0].get_lines()}
+        assert list(val_loss) == [f"{row.variant} (n={row.n})" for row in comparison.rows]
+        grad_norm = {line.get_label(): line.get_color() for line in figures["grad_norm.png"].axes[0].get_lines()}
+        assert list(grad_norm) == [row.variant for row in comparison.rows]
+        colour = matplotlib.colors.to_rgba(final_alpha.get_lines()[0].get_color())
+        assert matplotlib.colors.to_rgba(grad_norm[label]) == colour
+        assert matplotlib.colors.to_rgba(val_loss[f"{label} (n=2)"]) == colour
+        assert len({matplotlib.colors.to_rgba(c) for c in grad_norm.values()}) == len(comparison.rows)
+    finally:
+        plt.close("all")

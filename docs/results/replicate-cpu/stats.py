@@ -2,7 +2,9 @@
 
     python docs/results/replicate-cpu/stats.py 'runs/replicate-*' > docs/results/replicate-cpu/stats.md
 
-From the same ``metrics.jsonl`` files (read with ``llm.eval.compare.load_run``):
+From the same ``metrics.jsonl`` files (read with ``llm.eval.compare.load_run``), in the same rows as the
+table (``llm.eval.compare.group_runs``: runs of one configuration but the seed; ``--baseline`` names a row
+as ``compare`` does):
 
 1. final validation loss: each variant's difference to the baseline with the Welch 95% confidence
    interval (the table gives only the p-value);
@@ -28,7 +30,7 @@ from collections.abc import Sequence
 
 from scipy import stats
 
-from llm.eval.compare import DEFAULT_BASELINE, RunRecord, expand_run_dirs, load_run
+from llm.eval.compare import DEFAULT_BASELINE, RunRecord, expand_run_dirs, group_runs, load_run, resolve_baseline
 
 
 def _mean_std(values: Sequence[float]) -> str:
@@ -59,7 +61,7 @@ def _late_grad_norm_var(run: RunRecord) -> float:
 
 
 def _max_grad_norm_after_warmup(run: RunRecord) -> float:
-    warmup = int(run.meta["config"]["train"]["warmup_steps"])
+    warmup = run.config.train.warmup_steps
     return max((float(r["grad_norm"]) for r in run.train if int(r["step"]) > warmup), default=math.nan)
 
 
@@ -78,11 +80,12 @@ def _final_alpha(run: RunRecord) -> dict[int, float]:
 
 
 def report(runs: Sequence[RunRecord], baseline: str) -> str:
-    groups: dict[str, list[RunRecord]] = {}
-    for run in sorted(runs, key=lambda r: (r.variant != baseline, r.variant, r.seed)):
-        groups.setdefault(run.variant, []).append(run)
-    if baseline not in groups:
-        raise ValueError(f"baseline {baseline} is not among the variants ({', '.join(groups)})")
+    rows = group_runs(runs)
+    label = resolve_baseline(rows, baseline)
+    if label is None:
+        raise ValueError(f"baseline {baseline} is not among the rows ({', '.join(rows)})")
+    baseline = label
+    groups = {variant: rows[variant] for variant in sorted(rows, key=lambda v: (v != baseline, v))}
     base = groups[baseline]
     lines = [f"Baseline: {baseline}. Two-sided Welch t-tests (unequal variances) over seeds; "
              "CI: 95% interval of the difference of means.", ""]
