@@ -44,10 +44,11 @@ COMPARED_SECTIONS = ("model", "data", "train")
 """Config sections two runs must share (every field but ``RESULT_NEUTRAL``) to be seeds of one row."""
 RESULT_NEUTRAL = frozenset({
     "data.cache_dir", "data.read_retries", "data.retry_backoff_s",
-    "train.log_every", "train.checkpoint_every", "train.keep_checkpoints",
+    "train.log_every", "train.checkpoint_every", "train.keep_checkpoints", "model.iso_tanh_chunk_size",
 })
 """Bookkeeping that cannot change a run's numbers (where caches live, how often a row or a checkpoint is
-written, how failed reads are retried): seeds that differ only there are one row. ``data.num_workers`` is
+written, how failed reads are retried, the chunk length of iso_tanh's chunked form, whose results equal
+the other forms' up to rounding): seeds that differ only there are one row. ``data.num_workers`` is
 not among them: ranks x workers sets the data order."""
 ROW_INVARIANTS = ("params_total", "params_non_embedding", "mixed_precision")
 """Meta-row fields every seed of a row must agree on (besides the final token count). The meta row's
