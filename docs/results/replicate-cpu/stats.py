@@ -34,6 +34,8 @@ from llm.eval.compare import DEFAULT_BASELINE, RunRecord, expand_run_dirs, group
 
 
 def _mean_std(values: Sequence[float]) -> str:
+    if any(math.isnan(v) for v in values):  # a measure some seed never logged (statistics.stdev raises on NaN)
+        return "n/a"
     if len(values) < 2:
         return f"{values[0]:.4g}"
     return f"{statistics.fmean(values):.4g} ± {statistics.stdev(values):.2g}"
