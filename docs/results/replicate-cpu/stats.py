@@ -17,7 +17,10 @@ as ``compare`` does):
    0.2); the table gives only the mean variance;
 3. the learned mixing weight alpha per layer at the last evaluation (isogmlp eq. 3;
    isotropy-ln-pathway section 3.3, where the paper reports alpha = 1.81 ± 0.03);
-4. validation loss at every evaluation, mean over seeds (the curves of val_loss.png as numbers).
+4. gradient-norm attribution: per parameter group (``llm.metrics.gradnorm.GRAD_NORM_GROUPS``), the
+   variance of the group's pre-clip norm after warmup and the group's share of the squared global norm at
+   each seed's largest step after warmup (which group a spike is made of);
+5. validation loss at every evaluation, mean over seeds (the curves of val_loss.png as numbers).
 """
 
 from __future__ import annotations
@@ -31,6 +34,7 @@ from collections.abc import Sequence
 from scipy import stats
 
 from llm.eval.compare import DEFAULT_BASELINE, RunRecord, expand_run_dirs, group_runs, load_run, resolve_baseline
+from llm.metrics.gradnorm import GRAD_NORM_GROUPS
 
 
 def _mean_std(values: Sequence[float]) -> str:
@@ -65,6 +69,19 @@ def _late_grad_norm_var(run: RunRecord) -> float:
 def _max_grad_norm_after_warmup(run: RunRecord) -> float:
     warmup = run.config.train.warmup_steps
     return max((float(r["grad_norm"]) for r in run.train if int(r["step"]) > warmup), default=math.nan)
+
+
+def _spike_shares(run: RunRecord) -> dict[str, float]:
+    """Each group's share of the squared global pre-clip norm at the run's largest step after warmup (the
+    groups' squared norms add up to the global one's)."""
+    warmup = run.config.train.warmup_steps
+    rows = [r for r in run.train if int(r["step"]) > warmup and r.get("grad_norm") is not None]
+    if not rows:
+        return {}
+    spike = max(rows, key=lambda r: float(r["grad_norm"]))
+    total = float(spike["grad_norm"]) ** 2
+    return {group: float(spike[f"grad_norm_{group}"]) ** 2 / total
+            for group in GRAD_NORM_GROUPS if spike.get(f"grad_norm_{group}") is not None}
 
 
 def _mann_whitney(sample: Sequence[float], baseline: Sequence[float]) -> float:
@@ -121,6 +138,22 @@ def report(runs: Sequence[RunRecord], baseline: str) -> str:
             tests = ("baseline | " if variant == baseline else
                      f"{_welch(values, base_values)[0]:.3g} | {_mann_whitney(values, base_values):.3g}")
             lines.append(f"| {variant} | {', '.join(f'{v:.3g}' for v in values)} | {_mean_std(values)} | {tests} |")
+
+    lines += ["", "## Gradient-norm attribution by parameter group", "",
+              "Variance of each group's pre-clip norm after warmup (mean over seeds), and in brackets the group's "
+              "share of the squared global norm at each seed's largest step after warmup (mean over seeds).", "",
+              "| Variant | " + " | ".join(GRAD_NORM_GROUPS) + " |", "|---|" + "---|" * len(GRAD_NORM_GROUPS)]
+    for variant, members in groups.items():
+        shares = [_spike_shares(r) for r in members]
+        cells = []
+        for group in GRAD_NORM_GROUPS:
+            variances = [_last_train(r, f"grad_norm_{group}_var_run") for r in members]
+            if all(math.isnan(v) for v in variances):
+                cells.append("-")
+                continue
+            share = statistics.fmean(s.get(group, 0.0) for s in shares)
+            cells.append(f"{statistics.fmean(variances):.3g} ({share:.0%})")
+        lines.append(f"| {variant} | " + " | ".join(cells) + " |")
 
     with_alpha = {v: m for v, m in groups.items() if any(_final_alpha(r) for r in m)}
     if with_alpha:
