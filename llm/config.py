@@ -67,7 +67,9 @@ class DataConfig:
     """Directory of pre-tokenized uint32 tokens written by `isollm-data prepare`; overrides streaming, and a run
     reading it resumes with any number of processes and workers."""
     cache_dir: str = "data_cache"
-    """Where the materialised validation set is cached (keyed by source, tokenizer and seq_len)."""
+    """Where the materialised validation set (keyed by source, tokenizer and seq_len) and what the parquet
+    footers say (keyed by the files, each checked by size and mtime or hub blob id) are cached; shared by the
+    ranks of a job (the main process writes first), later jobs and ``isollm-data plan`` / ``prepare``."""
     read_retries: int = 5
     """Retries of a failed streaming read (connection drop, timeout, unreadable shard) before the run stops
     with a ``DataError`` naming the shard; each retry re-opens the shard at the last good position. Counted

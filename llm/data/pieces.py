@@ -30,7 +30,9 @@ from huggingface_hub.utils import httpx as hub_httpx
 
 from llm.config import DataConfig
 from llm.data.errors import DataError
-from llm.data.sources import Source, file_size, open_file, parquet_metadata, resolve_source, source_files
+from llm.data.files import file_size, open_file
+from llm.data.footers import footers, parquet_metadata
+from llm.data.sources import Source, resolve_source, source_files
 
 __all__ = ["Batch", "Piece", "PieceReader", "iter_local_texts", "list_pieces", "read_errors", "read_piece"]
 
@@ -53,20 +55,17 @@ class Piece:
 
 @functools.cache
 def list_pieces(source: Source) -> tuple[Piece, ...]:
-    """Every piece of the source in source order (files in order, row groups in order), once per process."""
+    """Every piece of the source in source order (files in order, row groups in order), once per process; parquet
+    row groups from the footers, which ``source.cache_dir`` keeps across processes (``llm.data.footers``).
+    DataLoader workers get the pieces with their dataset (``PieceReader.pieces``) and never list."""
     kind, files = source_files(source)
     pieces: list[Piece] = []
-    for file in files:
-        if kind == "parquet":
-            meta = parquet_metadata(file)
-            for group in range(meta.num_row_groups):
-                rows = meta.row_group(group).num_rows
-                if rows:
-                    nbytes = sum(meta.row_group(group).column(c).total_compressed_size
-                                 for c in range(meta.num_columns))
-                    pieces.append(Piece(file, kind, group, rows, nbytes))
-        elif size := file_size(file):
-            pieces.append(Piece(file, kind, 0, size, size))
+    if kind == "parquet":
+        for file, footer in zip(files, footers(files, source.cache_dir), strict=True):
+            pieces.extend(Piece(file, kind, group, rows, nbytes)
+                          for group, (rows, nbytes) in enumerate(footer.row_groups) if rows)
+    else:
+        pieces.extend(Piece(file, kind, 0, size, size) for file in files if (size := file_size(file)))
     if not pieces:
         raise DataError(f"data.source: {source.path} holds no documents")
     return tuple(pieces)
@@ -75,9 +74,9 @@ def list_pieces(source: Source) -> tuple[Piece, ...]:
 def _parquet(source: Source, piece: Piece, start: int, hi: int, batch_size: int
              ) -> Iterator[tuple[int, Batch, int]]:
     # decoded batch by batch (memory of one batch, whatever the row group's size); rows before ``start``
-    # are decoded and dropped, as parquet pages cannot be entered in the middle. The footer is the one
-    # ``list_pieces`` read (cached per process, inherited by forked workers): every segment of every epoch
-    # opens its file again, and on the hub a footer read is another request
+    # are decoded and dropped, as parquet pages cannot be entered in the middle. The footer is read once per
+    # process that reads the file (``parquet_metadata``): every segment of every epoch opens its file again,
+    # and on the hub a footer read is another request
     with open_file(piece.file) as f:
         parquet = pq.ParquetFile(f, metadata=parquet_metadata(piece.file))
         names = parquet.schema_arrow.names
@@ -222,7 +221,8 @@ class PieceReader:
     def label(self, piece: Piece) -> str:
         """The piece as a user finds it: its file (a hub file by URL), and the row group when there are
         several."""
-        if piece.kind == "parquet" and parquet_metadata(piece.file).num_row_groups > 1:
+        # from the pieces, not the footer: this runs when reading the file just failed
+        if piece.kind == "parquet" and sum(p.file == piece.file for p in self.pieces) > 1:
             return f"row group {piece.group} of {piece.file}"
         return piece.file
 

@@ -5,8 +5,9 @@ A repository's config name selects its files through ``datasets``' own data-file
 (``load_dataset_builder(path, name).config.data_files``), for a hub id and a local repository directory
 alike, so the code that resolves FineWeb's ``sample-10BT`` on a cluster is the code the tests run offline.
 Files are then read directly (``llm.data.pieces``: parquet row groups with pyarrow, line-oriented files by
-byte range), which is what lets work be split below the file level. Local inputs are checked up front
-(one-line errors naming the file):
+byte range), which is what lets work be split below the file level. Parquet files are checked by their footers
+(``llm.data.footers``: read once per job with ``data.cache_dir``); local inputs are checked up front (one-line
+errors naming the file):
 
 - parquet: must hold ``text_column`` as a string column; files with zero rows are skipped (counted, with a
   warning).
@@ -22,26 +23,19 @@ import functools
 import glob
 import json
 import warnings
-from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, BinaryIO
-
-import fsspec
-import pyarrow as pa
-import pyarrow.parquet as pq
+from typing import Any
 
 from llm.config import DataConfig
 from llm.data.errors import DataError
+from llm.data.footers import Footer, footers
 
 __all__ = [
     "FORMATS",
     "FORMAT_NAMES",
     "Source",
     "data_source",
-    "file_size",
-    "open_file",
-    "parquet_metadata",
     "resolve_source",
     "source_files",
 ]
@@ -51,8 +45,8 @@ FORMATS = {".parquet": "parquet", ".jsonl": "json", ".json": "json", ".txt": "te
 FORMAT_NAMES = {"text": "text", "parquet": "parquet", "jsonl": "json", "json": "json"}
 """``data.format`` -> how its documents are read, for local files whatever their suffix (WikiText-2's
 ``wiki.test.raw`` is text)."""
-FOOTER_THREADS = 32
-"""Parquet footers of a repository read at once."""
+TEXT_TYPES = ("string", "large_string")
+"""Arrow types a parquet text column may have."""
 
 
 @dataclass(frozen=True)
@@ -68,6 +62,9 @@ class Source:
     id_column: str | None
     data_files: tuple[str, ...] = ()
     """Plain local files in sorted order (empty for a repository: ``source_files`` resolves those)."""
+    cache_dir: str | None = field(default=None, compare=False)
+    """Where the parquet footers of the files are cached across processes (``data.cache_dir``); None: read by
+    every process. Not part of what the source is."""
 
     @property
     def is_local(self) -> bool:
@@ -127,39 +124,15 @@ def file_format(files: list[str] | tuple[str, ...], where: str) -> str:
     return str(kinds.pop())
 
 
-def open_file(file: str) -> BinaryIO:
-    """A local path or a remote URL (``hf://datasets/...``) opened for binary reading through fsspec."""
-    return fsspec.open(file, "rb").open()
-
-
-@functools.cache
-def file_size(file: str) -> int:
-    fs, path = fsspec.core.url_to_fs(file)
-    return int(fs.size(path))
-
-
-@functools.cache
-def parquet_metadata(file: str) -> pq.FileMetaData:
-    """The file's footer, read once per process (resolution, the work split and the plan all need it)."""
-    try:
-        if "://" not in file:
-            return pq.read_metadata(file)
-        with open_file(file) as f:
-            return pq.read_metadata(f)
-    except Exception as err:
-        raise DataError(f"data.source: {file} is not a readable parquet file ({err})") from None
-
-
-def check_parquet(file: str, text_column: str) -> list[str]:
+def check_parquet(file: str, footer: Footer, text_column: str) -> list[str]:
     """The file's columns; raises naming the file when it lacks the text column or it holds no text."""
-    schema = parquet_metadata(file).schema.to_arrow_schema()
-    if text_column not in schema.names:
-        raise DataError(f"data.source: {file} has no column {text_column!r} (columns: {', '.join(schema.names)})")
-    kind = schema.field(text_column).type
-    if not (pa.types.is_string(kind) or pa.types.is_large_string(kind)):
-        raise DataError(f"data.source: {file} column {text_column!r} holds {kind}, expected text (string); "
-                        "set data.text_column")
-    return list(schema.names)
+    columns = dict(footer.columns)
+    if text_column not in columns:
+        raise DataError(f"data.source: {file} has no column {text_column!r} (columns: {', '.join(columns)})")
+    if columns[text_column] not in TEXT_TYPES:
+        raise DataError(f"data.source: {file} column {text_column!r} holds {columns[text_column]}, expected text "
+                        "(string); set data.text_column")
+    return list(columns)
 
 
 def _check_json(path: Path, text_column: str) -> bool:
@@ -189,20 +162,22 @@ def _check_text(path: Path) -> tuple[bool, bool]:
 
 def resolve_source(
     source: str, name: str | None = None, split: str = "train", text_column: str = "text",
-    id_column: str | None = "id", data_format: str | None = None,
+    id_column: str | None = "id", data_format: str | None = None, cache_dir: str | None = None,
 ) -> Source:
     """Validate ``source`` (hub id, local repository directory, or local file/dir/glob) and describe it.
     A repository's files are resolved later, by ``source_files``. ``data_format`` (``data.format``) reads
-    local files as that format whatever their suffix."""
+    local files as that format whatever their suffix; parquet footers are cached in ``cache_dir``."""
     if not _looks_local(source) or _is_repository(Path(source).expanduser()):
-        return Source(path=source, name=name, split=split, text_column=text_column, id_column=id_column)
+        return Source(path=source, name=name, split=split, text_column=text_column, id_column=id_column,
+                      cache_dir=cache_dir)
     files = _expand(source, any_suffix=data_format is not None)
     kind = FORMAT_NAMES[data_format] if data_format else file_format([str(f) for f in files], source)
     kept: list[Path] = []
     bad_utf8: list[Path] = []
     if kind == "parquet":
-        all_columns = [check_parquet(str(f), text_column) for f in files]
-        kept = [f for f in files if parquet_metadata(str(f)).num_rows > 0]
+        found = footers([str(f) for f in files], cache_dir)
+        all_columns = [check_parquet(str(f), footer, text_column) for f, footer in zip(files, found, strict=True)]
+        kept = [f for f, footer in zip(files, found, strict=True) if footer.num_rows > 0]
         if id_column is not None and not all(id_column in cols for cols in all_columns):
             id_column = None  # hash the text instead of failing: the split stays deterministic
     elif kind == "json":
@@ -224,7 +199,7 @@ def resolve_source(
             raise DataError(f"data.source: every file of {source} is empty (e.g. {skipped[0]})")
         warnings.warn(f"data.source: skipped {len(skipped)} empty file(s) (first: {skipped[0]})", stacklevel=2)
     return Source(path=kind, name=None, split="train", text_column=text_column, id_column=id_column,
-                  data_files=tuple(str(f) for f in kept))
+                  data_files=tuple(str(f) for f in kept), cache_dir=cache_dir)
 
 
 @functools.cache
@@ -251,21 +226,22 @@ def source_files(source: Source) -> tuple[str, tuple[str, ...]]:
     if not files:
         raise DataError(f"data.source: {source.path} config {source.name!r} split {source.split!r} has no files")
     kind = file_format(files, f"{source.path} config {source.name!r}")
-    if kind == "parquet":  # one request per footer on the hub, so read them concurrently (thousands of files)
-        with ThreadPoolExecutor(FOOTER_THREADS) as pool:
-            list(pool.map(functools.partial(check_parquet, text_column=source.text_column), files))
+    if kind == "parquet":
+        for file, footer in zip(files, footers(files, source.cache_dir), strict=True):
+            check_parquet(file, footer, source.text_column)
     return kind, files
 
 
 @functools.cache
 def _resolve_once(source: str, name: str | None, split: str, text_column: str, id_column: str | None,
-                  data_format: str | None) -> Source:
-    return resolve_source(source, name, split, text_column, id_column, data_format)
+                  data_format: str | None, cache_dir: str) -> Source:
+    return resolve_source(source, name, split, text_column, id_column, data_format, cache_dir)
 
 
 def data_source(data_cfg: DataConfig) -> Source:
     """The run's source, resolved once per process: the training stream, the prepared-shard check and the
-    validation set (and its cache key) all need it, and resolving reads every parquet footer (every txt
-    file whole) and warns about skipped files. Local files changed after the first call are not re-checked."""
+    validation set (and its cache key) all need it, and resolving reads every parquet footer (cached in
+    ``data.cache_dir`` across processes; every txt file whole) and warns about skipped files. Local files
+    changed after the first call are not re-checked."""
     return _resolve_once(data_cfg.source, data_cfg.name, data_cfg.split, data_cfg.text_column,
-                         data_cfg.id_column, data_cfg.format)
+                         data_cfg.id_column, data_cfg.format, data_cfg.cache_dir)

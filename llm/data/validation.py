@@ -10,9 +10,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
-import tempfile
-import warnings
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -21,10 +18,12 @@ import torch
 from tokenizers import Tokenizer
 
 from llm.config import DataConfig
+from llm.data.cache_io import warn_rebuilding, write_atomically
 from llm.data.errors import DataError
 from llm.data.pieces import PieceReader
 from llm.data.sources import Source, data_source
 from llm.data.tokenizer import encode_documents, eos_id, tokenizer_identity
+from llm.errors import one_line
 
 __all__ = ["build_val_windows", "is_validation", "split_batch", "val_cache_path"]
 
@@ -85,8 +84,8 @@ def _load_cached_windows(path: Path, shape: tuple[int, int]) -> torch.Tensor | N
             return windows
         reason = "not the windows of this data config with their checksum"
     except Exception as err:  # torch.load raises RuntimeError, UnpicklingError, EOFError, ... on bad bytes
-        reason = f"{type(err).__name__}: {(str(err).splitlines() or [''])[0]}"
-    warnings.warn(f"rebuilding the validation cache {path}: unreadable ({reason})", stacklevel=3)
+        reason = one_line(err)
+    warn_rebuilding("validation cache", path, reason)
     return None
 
 
@@ -120,9 +119,5 @@ def build_val_windows(data_cfg: DataConfig, tokenizer: Tokenizer) -> torch.Tenso
         )
     flat = torch.from_numpy(np.concatenate(parts)[:need].astype(np.int64))
     windows = flat.view(num_windows, width).clone()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name, suffix=".tmp")
-    os.close(fd)
-    torch.save({"windows": windows, "blake2b": _windows_digest(windows)}, tmp)
-    os.replace(tmp, path)
+    write_atomically(path, lambda tmp: torch.save({"windows": windows, "blake2b": _windows_digest(windows)}, tmp))
     return windows

@@ -54,6 +54,7 @@ from torch import nn
 
 from llm.config import RunConfig, load_config, save_config
 from llm.data.errors import DataError
+from llm.errors import one_line
 from llm.hf.hub import save_model_dir
 from llm.model.config import ConfigError
 from llm.train.distributed import all_ranks_agree, gather_messages, is_main_process, rank_and_world_size
@@ -114,12 +115,6 @@ def _fsync_dirs(root: Path) -> None:
     """fsync every directory of ``root``, bottom-up (their files are fsynced as the manifest hashes them)."""
     for dirpath, _, _ in os.walk(root, topdown=False):
         _fsync_path(Path(dirpath))
-
-
-def one_line(err: BaseException) -> str:
-    """``Type: first line`` of an exception (torch and safetensors errors span several lines)."""
-    lines = [line for line in str(err).splitlines() if line.strip()]
-    return f"{type(err).__name__}: {lines[0]}" if lines else type(err).__name__
 
 
 def _checksum(path: Path, *, fsync: bool = False) -> str:

@@ -39,10 +39,12 @@ import torch
 import torch.distributed as dist
 from accelerate import Accelerator
 from accelerate.utils import ProjectConfiguration, set_seed
+from tokenizers import Tokenizer
 from torch import nn
 
 from llm.config import RunConfig, flatten, save_config
-from llm.data import build_train_loader, build_val_windows, load_tokenizer
+from llm.data import TrainLoader, build_train_loader, build_val_windows, load_tokenizer
+from llm.errors import one_line
 from llm.metrics.flops import flops_per_token, mfu, peak_flops
 from llm.metrics.gradnorm import GradNormTracker, GroupGradNorms, grad_norm_groups
 from llm.metrics.layers import layer_report
@@ -51,7 +53,6 @@ from llm.model.config import ConfigError, ModelConfig
 from llm.train.checkpoint import (
     checkpoint_names,
     has_checkpoints,
-    one_line,
     resume_checkpoint,
     save_checkpoint,
 )
@@ -67,6 +68,7 @@ __all__ = [
     "FitResult",
     "StepResult",
     "TrainingError",
+    "build_data",
     "build_model",
     "fit",
     "gradient_accumulation_steps",
@@ -283,6 +285,16 @@ def _prepare_run_dir(config: RunConfig, step: int) -> None:
         raise TrainingError(errors[0])
 
 
+def build_data(config: RunConfig, tokenizer: Tokenizer, accelerator: Accelerator, rank: int, world_size: int
+               ) -> tuple[TrainLoader, torch.Tensor]:
+    """This rank's training loader and the validation windows. The main process builds them first, listing the
+    source's files (every parquet footer) and materialising the validation set into ``data.cache_dir``; the
+    other ranks then read both from there instead of each reading every footer and the validation documents."""
+    with accelerator.main_process_first():
+        loader = build_train_loader(config.data, tokenizer, config.train.micro_batch_size, rank, world_size)
+        return loader, build_val_windows(config.data, tokenizer)
+
+
 def fit(config: RunConfig) -> FitResult:
     """Train ``config`` to ``max_steps`` (or until SIGTERM/SIGINT); write runs/<name>/ as documented
     in docs/ARCHITECTURE.md. Configuration problems raise ``ConfigError`` before any file is written."""
@@ -315,9 +327,7 @@ def fit(config: RunConfig) -> FitResult:
     model = build_model(config.model)
     optimizer = build_optimizer(model, config)
     scheduler = build_scheduler(optimizer, config, max_steps)
-    loader = build_train_loader(config.data, tokenizer, config.train.micro_batch_size, rank, world_size)
-    with accelerator.main_process_first():  # the main process materialises the shared cache
-        val_windows = build_val_windows(config.data, tokenizer)
+    loader, val_windows = build_data(config, tokenizer, accelerator, rank, world_size)
     model, optimizer, scheduler = accelerator.prepare(model, optimizer, scheduler)
     train_model = torch.compile(model) if config.train.compile else model
     engine, asked_engine = engine_in_use(model, accelerator), engine_requested()

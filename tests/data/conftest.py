@@ -15,6 +15,13 @@ CHARS = 600
 """Sample texts are cut to this many characters to keep tests fast."""
 
 
+@pytest.fixture(autouse=True)
+def outside_the_checkout(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Run in ``tmp_path``: a command given no ``data.cache_dir`` (isollm-data plan, prepare) writes the default
+    one, relative to the working directory, and must not write it into the checkout."""
+    monkeypatch.chdir(tmp_path)
+
+
 @pytest.fixture(scope="session")
 def five_shards(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """5 files for 4 nodes: more files than nodes."""

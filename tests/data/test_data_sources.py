@@ -81,7 +81,8 @@ def test_empty_files_are_skipped_with_a_count(tmp_path: Path) -> None:
 def test_startup_resolves_the_source_once(tmp_path: Path, bpe: Tokenizer, monkeypatch: pytest.MonkeyPatch
                                           ) -> None:
     """The train loader, the validation set and its cache key share one resolution: each parquet footer is
-    read once and the skipped-file warning is given once."""
+    read once to list the source, then once more by the reader of a file's rows, and the skipped-file warning
+    is given once."""
     source = write_docs(tmp_path / "src", 40, 2, chars=600)
     pq.write_table(pa.table({"text": pa.array([], pa.string()), "id": pa.array([], pa.string())}),
                    source / "train-empty.parquet")
@@ -93,10 +94,12 @@ def test_startup_resolves_the_source_once(tmp_path: Path, bpe: Tokenizer, monkey
                      tokenize_batch=8, cache_dir=str(tmp_path / "cache"))
     with pytest.warns(UserWarning, match="skipped 1 empty file") as caught:
         build_train_loader(cfg, bpe, 2, 0, 1)
+        assert sorted(footers) == ["train-00000-of-00002.parquet", "train-00001-of-00002.parquet",
+                                   "train-empty.parquet"]
         assert build_val_windows(cfg, bpe).shape == (2, 17)
     assert len(caught) == 1
-    assert sorted(footers) == ["train-00000-of-00002.parquet", "train-00001-of-00002.parquet",
-                               "train-empty.parquet"]
+    read_rows = footers[3:]
+    assert read_rows and len(set(read_rows)) == len(read_rows) and "train-empty.parquet" not in read_rows
 
 
 def test_jsonl_source_and_missing_field(tmp_path: Path) -> None:

@@ -1,0 +1,166 @@
+"""Parquet footers: what a source's files hold (columns, row groups), read once per job instead of once per
+process.
+
+Resolving a source (``llm.data.sources`` checks the text column) and cutting it into pieces
+(``llm.data.pieces.list_pieces``: one per row group) need every file's footer: on the hub one request per file,
+tens of thousands for FineWeb, per process. What the footers say (a ``Footer``) is therefore kept
+
+- per process, by file;
+- across processes and jobs in ``data.cache_dir``: ``footers_<digest>.json``, the digest naming the ordered list
+  of files, holding each file's fingerprint (``llm.data.files.fingerprints``: size and mtime of a local file,
+  size and git blob id of a hub file, from one directory listing, not a request per file), columns and row
+  groups, with a checksum. A file whose fingerprint changed is read again; another list of files (a file added
+  or removed) is another cache file. The cache is written to a temporary file and renamed; one that does not
+  read back or match its checksum is ignored with a warning and rewritten, one that cannot be written is
+  skipped with a warning.
+
+A distributed job lists in its main process first (``llm.train.trainer.build_data``), so the other ranks find the
+cache warm; DataLoader workers receive the pieces with their dataset and list nothing.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import json
+import warnings
+from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pyarrow.parquet as pq
+
+from llm.data.cache_io import warn_rebuilding, write_atomically
+from llm.data.errors import DataError
+from llm.data.files import Fingerprint, fingerprints, open_file
+from llm.errors import one_line
+
+__all__ = ["FOOTER_THREADS", "FORMAT", "Footer", "footer_cache_path", "footers", "parquet_metadata", "read_metadata"]
+
+FOOTER_THREADS = 32
+"""Footers read at once (one request each on the hub)."""
+FORMAT = 1
+"""Layout of a footer cache file; a file of another is rebuilt."""
+
+
+@dataclass(frozen=True)
+class Footer:
+    """What a parquet file's footer says about the file, without its statistics and encodings."""
+
+    columns: tuple[tuple[str, str], ...]
+    """(name, arrow type) of each column."""
+    row_groups: tuple[tuple[int, int], ...]
+    """(rows, compressed bytes of all columns) of each row group."""
+
+    @property
+    def num_rows(self) -> int:
+        return sum(rows for rows, _ in self.row_groups)
+
+    @classmethod
+    def of(cls, meta: pq.FileMetaData) -> Footer:
+        columns = tuple((field.name, str(field.type)) for field in meta.schema.to_arrow_schema())
+        groups = tuple((meta.row_group(g).num_rows,
+                        sum(meta.row_group(g).column(c).total_compressed_size for c in range(meta.num_columns)))
+                       for g in range(meta.num_row_groups))
+        return cls(columns, groups)
+
+    def to_json(self) -> dict[str, Any]:
+        return {"columns": [list(c) for c in self.columns], "row_groups": [list(g) for g in self.row_groups]}
+
+    @classmethod
+    def from_json(cls, entry: dict[str, Any]) -> Footer:
+        columns = tuple((str(name), str(kind)) for name, kind in entry["columns"])
+        groups = tuple((int(rows), int(nbytes)) for rows, nbytes in entry["row_groups"])
+        return cls(columns, groups)
+
+
+_KNOWN: dict[str, Footer] = {}
+"""This process's footers by file (the first listing of a source fills it; its files are not re-checked)."""
+
+
+def read_metadata(file: str) -> pq.FileMetaData:
+    """The file's footer, read now (one request on the hub); ``DataError`` naming the file when it is not
+    parquet."""
+    try:
+        if "://" not in file:
+            return pq.read_metadata(file)
+        with open_file(file) as f:
+            return pq.read_metadata(f)
+    except Exception as err:
+        raise DataError(f"data.source: {file} is not a readable parquet file ({err})") from None
+
+
+@functools.cache
+def parquet_metadata(file: str) -> pq.FileMetaData:
+    """The footer of a file this process reads rows of, read once per process (every segment of every epoch
+    opens its file again). Listing does not keep whole footers: a repository's would fill memory."""
+    return read_metadata(file)
+
+
+def footer_cache_path(files: Sequence[str], cache_dir: str) -> Path:
+    digest = hashlib.blake2b(json.dumps(list(files)).encode(), digest_size=10).hexdigest()
+    return Path(cache_dir) / f"footers_{digest}.json"
+
+
+def _checksum(entries: dict[str, Any]) -> str:
+    return hashlib.blake2b(json.dumps(entries, sort_keys=True).encode(), digest_size=16).hexdigest()
+
+
+def _load(path: Path) -> dict[str, tuple[Fingerprint, Footer]]:
+    """The cached footers by file; empty, with a warning, when the file does not read back intact."""
+    try:
+        cached = json.loads(path.read_bytes())
+        if not (isinstance(cached, dict) and cached.get("format") == FORMAT
+                and cached.get("blake2b") == _checksum(cached.get("files"))):
+            reason = f"not a format {FORMAT} footer cache with its checksum"
+        else:
+            return {file: (entry["fingerprint"], Footer.from_json(entry)) for file, entry in cached["files"].items()}
+    except Exception as err:  # OSError, a JSON or UTF-8 error, or an entry of the wrong shape
+        reason = one_line(err)
+    warn_rebuilding("footer cache", path, reason)
+    return {}
+
+
+def _save(path: Path, files: Sequence[str], prints: Sequence[Fingerprint | None], found: dict[str, Footer]) -> None:
+    entries = {file: {"fingerprint": fp, **found[file].to_json()}
+               for file, fp in zip(files, prints, strict=True) if fp is not None}
+    text = json.dumps({"format": FORMAT, "blake2b": _checksum(entries), "files": entries}, separators=(",", ":"))
+    try:
+        write_atomically(path, lambda tmp: tmp.write_text(text))
+    except OSError as err:
+        warnings.warn(f"could not write the footer cache {path} ({one_line(err)}); the next process reads the "
+                      "footers again", stacklevel=2)
+
+
+def _cached_or_read(files: Sequence[str], cache_dir: str | None) -> dict[str, Footer]:
+    """Footers of ``files``: from the cache file of this list where a file's fingerprint is unchanged, else
+    read (``FOOTER_THREADS`` at a time) and the cache file rewritten."""
+    found: dict[str, Footer] = {}
+    prints: list[Fingerprint | None] = []
+    path = None
+    if cache_dir is not None:
+        prints = fingerprints(files)
+        path = footer_cache_path(files, cache_dir)
+        cached = _load(path) if path.is_file() else {}
+        for file, fp in zip(files, prints, strict=True):
+            if fp is not None and file in cached and cached[file][0] == fp:
+                found[file] = cached[file][1]
+    missing = [file for file in files if file not in found]
+    if missing:
+        with ThreadPoolExecutor(min(FOOTER_THREADS, len(missing))) as pool:
+            found.update(zip(missing, pool.map(lambda file: Footer.of(read_metadata(file)), missing),
+                             strict=True))
+        # files without a fingerprint are read by every process: they alone are no reason to rewrite the cache
+        if path is not None and set(missing) & {file for file, fp in zip(files, prints, strict=True) if fp}:
+            _save(path, files, prints, found)
+    return found
+
+
+def footers(files: Sequence[str], cache_dir: str | None) -> list[Footer]:
+    """The footer of each file, in order: known to this process, else from ``cache_dir`` (None: no cache across
+    processes), else read."""
+    if any(file not in _KNOWN for file in files):
+        _KNOWN.update(_cached_or_read(list(dict.fromkeys(files)), cache_dir))
+    return [_KNOWN[file] for file in files]
