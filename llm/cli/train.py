@@ -1,11 +1,11 @@
 """``python train.py --config configs/X.yaml [--config more.yaml] key.sub=value ...``
 
-Exit codes: 0 done (or stopped by SIGTERM/SIGINT after checkpointing), 1 the run failed
-(non-finite steps or parameters, a checkpoint or run-directory file that could not be written), 2 bad
-configuration, arguments or data inputs (a missing or unreadable file, a checkpoint that does not fit this
-launch, a run directory locked by another run, ``resume=true`` over checkpoints none of which is usable),
-reported as one ``error: <field>: <message>`` line before any training step. A skipped checkpoint is one
-``warning:`` line.
+Exit codes: 0 done (or stopped by SIGTERM/SIGINT after checkpointing), 1 the run failed (non-finite steps
+or parameters, a checkpoint or run-directory file that could not be written: the lock, a metrics row; every
+rank stops with the same line), 2 bad configuration, arguments or data inputs (a missing or unreadable file, a
+checkpoint that does not fit this launch, a run directory locked by another run, ``resume=true`` over
+checkpoints none of which is usable), reported as one ``error: <field>: <message>`` line before any training
+step. A skipped checkpoint is one ``warning:`` line.
 """
 
 from __future__ import annotations
@@ -56,7 +56,7 @@ def main(argv: list[str] | None = None) -> int:
     except (ConfigError, DataError, FileNotFoundError) as err:
         _report(err)
         return 2
-    except (TrainingError, CheckpointError, OSError) as err:  # OSError: a full disk while logging a row
+    except (TrainingError, CheckpointError, OSError) as err:  # OSError: a write fit does not name itself
         _report(err)
         return 1
     return 0

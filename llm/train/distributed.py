@@ -7,10 +7,14 @@ rank (seen with accelerate 1.15 and deepspeed 0.19), so data sharding and cross-
 
 from __future__ import annotations
 
+from typing import TypeVar
+
 import torch
 import torch.distributed as dist
 
 __all__ = ["all_ranks_agree", "gather_messages", "is_distributed", "is_main_process", "rank_and_world_size"]
+
+T = TypeVar("T")
 
 
 def is_distributed() -> bool:
@@ -39,11 +43,11 @@ def all_ranks_agree(flag: bool, *, any_rank: bool) -> bool:
     return bool(t.item())
 
 
-def gather_messages(message: str | None) -> list[str]:
-    """Every rank's non-None ``message`` (an error), in rank order: the same list on every rank, so every
-    rank can stop with the same error."""
+def gather_messages(message: T | None) -> list[T]:
+    """Every rank's non-None ``message`` (an error: its text, or a picklable value that says what kind it is), in
+    rank order: the same list on every rank, so every rank can stop with the same error."""
     if not is_distributed():
         return [message] if message is not None else []
-    gathered: list[str | None] = [None] * dist.get_world_size()
+    gathered: list[T | None] = [None] * dist.get_world_size()
     dist.all_gather_object(gathered, message)
     return [m for m in gathered if m is not None]

@@ -4,6 +4,8 @@ metrics.jsonl is the record of a run (rows documented in docs/ARCHITECTURE.md); 
 appended and flushed at once, so a crashed run keeps everything it logged. TensorBoard / W&B
 receive the same rows flattened by ``llm.metrics.flatten_for_tracker``. Only the main process
 writes (rank 0 of torch.distributed: under DeepSpeed on CPU Accelerate calls every rank main).
+A row that cannot be written (a full disk) does not raise where it happens: ``MetricsLog.failure``
+says what failed, and the trainer stops every rank together at its next agreement point.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from accelerate import Accelerator
 from tqdm.auto import tqdm
 
 from llm.metrics.layers import flatten_for_tracker
+from llm.train.checkpoint import one_line
 from llm.train.distributed import is_main_process
 
 __all__ = ["MetricsLog", "ProgressBar", "main_print", "peak_memory", "truncate_metrics"]
@@ -61,26 +64,51 @@ def truncate_metrics(path: str | Path, step: int) -> None:
 
 
 class MetricsLog:
-    """Append rows to metrics.jsonl (flushed per row) and to the Accelerate trackers (main process)."""
+    """Append rows to metrics.jsonl (flushed per row) and to the Accelerate trackers (main process).
+
+    An ``OSError`` while opening the file or writing a row is kept in ``failure`` (one line naming the file and
+    the row) instead of raised, and the file is closed: only the main process writes, so raising there would
+    stop that rank alone and leave the others waiting in their next collective. The trainer agrees on
+    ``failure`` over ranks and stops all of them with it; the rows written before stay in the file."""
 
     def __init__(self, path: str | Path, accelerator: Accelerator) -> None:
+        self.path = Path(path)
         self.accelerator = accelerator
         self.main = is_main_process()
-        self._file = open(path, "a") if self.main else None  # noqa: SIM115 - open for the run's lifetime
+        self.failure: str | None = None
+        self._file = None
+        if self.main:
+            try:
+                self._file = open(self.path, "a")  # noqa: SIM115 - open for the run's lifetime
+            except OSError as err:
+                self.failure = f"could not open {self.path} ({one_line(err)})"
 
     def log(self, kind: str, step: int, tokens: int, **fields: Any) -> dict[str, Any]:
         row = {"kind": kind, "step": step, "tokens": tokens, **fields}
         if self._file is not None:
-            self._file.write(json.dumps(row) + "\n")
-            self._file.flush()
+            try:
+                self._write_line(json.dumps(row) + "\n")
+            except OSError as err:
+                self.failure = f"could not write the {kind} row of step {step} to {self.path} ({one_line(err)})"
+                self.close()
         if kind != "meta" and self.main:
             self.accelerator.log(flatten_for_tracker(row), step=step)
         return row
 
+    def _write_line(self, line: str) -> None:
+        self._file.write(line)
+        self._file.flush()
+
     def close(self) -> None:
+        """Close the file; after a failed write, whatever its buffer still holds is dropped (the flush on close
+        would fail the same way)."""
         if self._file is not None:
-            self._file.close()
-            self._file = None
+            file, self._file = self._file, None
+            try:
+                file.close()
+            except OSError:
+                if self.failure is None:
+                    raise
 
 
 class ProgressBar:

@@ -18,7 +18,14 @@ Conventions:
   checked after every applied update: an update that made any of them non-finite (a finite loss and
   gradient norm with a huge lr) stops the run at once, before any eval or checkpoint, so no checkpoint
   ever holds non-finite weights.
-- The main process holds the run directory's lock (``llm.train.lock``) before reading or writing there.
+- The main process holds the run directory's lock (``llm.train.lock``) before reading or writing there; it is
+  taken as soon as the process group exists, before the tokenizer, model, data and validation set are built,
+  so a second launch on a run in use is refused at once.
+- Every resource ``fit`` acquires (process group, lock, trackers, metrics.jsonl, signal handlers, progress
+  bar) is released exactly once, in reverse order, whether setup fails, the loop fails or the run ends.
+- A metrics row that rank 0 cannot write (a full disk) stops every rank with the same ``TrainingError``: the
+  failure rides on the loss's all-reduce of the next step, and every checkpoint (the last step's included)
+  first agrees on it, so no checkpoint is written past a lost row and nothing written before is touched.
 - On resume, metrics.jsonl rows past the checkpoint's step (logged after it by the interrupted
   run) are dropped before the resumed run logs them again, so each step appears once.
 - The model is initialised from ``seed`` (``accelerate.utils.set_seed``: python, numpy, torch,
@@ -30,7 +37,8 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import ExitStack
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -79,7 +87,7 @@ __all__ = [
 
 class TrainingError(RuntimeError):
     """The run stopped on its own account (too many consecutive non-finite steps, non-finite parameters,
-    a run-directory file it could not write)."""
+    a run-directory file, its lock included, that it could not write)."""
 
 
 @dataclass
@@ -94,6 +102,8 @@ class StepResult:
     """True on every rank when ``stop_requested()`` returned True on any rank."""
     params_finite: bool = True
     """False on every rank when the applied update left a non-finite parameter on any rank."""
+    write_failed: bool = False
+    """True on every rank when any rank passed ``write_failed`` (it could not write a run-directory file)."""
 
 
 @dataclass
@@ -139,15 +149,15 @@ def build_model(model_cfg: ModelConfig) -> IsoLLMForCausalLM:
     return IsoLLMForCausalLM(IsoLLMConfig.from_model_config(model_cfg))
 
 
-def _reduce_over_ranks(loss: torch.Tensor, stop: bool) -> tuple[float, bool]:
-    """(``loss`` averaged over ranks, whether any rank passed ``stop``) in one all-reduce: the stop flag
-    rides on the collective the loss needs anyway, and its sum over ranks is > 0 iff any rank set it."""
-    packed = torch.stack([loss, loss.new_tensor(float(stop))])
+def _reduce_over_ranks(loss: torch.Tensor, *flags: bool) -> tuple[float, list[bool]]:
+    """(``loss`` averaged over ranks, whether any rank set each of ``flags``) in one all-reduce: the flags ride
+    on the collective the loss needs anyway, and a flag's sum over ranks is > 0 iff any rank set it."""
+    packed = torch.stack([loss, *(loss.new_tensor(float(flag)) for flag in flags)])
     if is_distributed():
         dist.all_reduce(packed, op=dist.ReduceOp.SUM)
         packed[0] /= dist.get_world_size()
-    mean_loss, stops = packed.tolist()
-    return mean_loss, stops > 0
+    mean_loss, *sums = packed.tolist()
+    return mean_loss, [total > 0 for total in sums]
 
 
 def _parameters_finite(model: nn.Module) -> bool:
@@ -172,6 +182,7 @@ def train_step(
     grad_clip: float,
     stop_requested: Callable[[], bool] | None = None,
     before_clip: Callable[[], None] | None = None,
+    write_failed: bool = False,
 ) -> StepResult:
     """One optimizer step over ``len(batches)`` micro-batches (``accelerator.gradient_accumulation_steps``
     of them), each ``LongTensor[B, seq_len + 1]`` on the model's device.
@@ -185,9 +196,10 @@ def train_step(
     The decision to skip uses rank-averaged loss and the all-reduced gradient norm, so every rank
     takes the same branch. ``stop_requested()`` (this rank was asked to stop) is polled once, after the
     backward passes, and agreed over ranks in the loss's all-reduce as ``StepResult.stop``, so all ranks
-    stop after the same step. ``before_clip()`` runs once the gradients are complete, before clipping
-    (the per-group gradient norms are measured there). After an applied update the parameters are checked
-    (``params_finite``).
+    stop after the same step. ``write_failed`` (this rank could not write a run-directory file) rides on the
+    same all-reduce (``StepResult.write_failed``). ``before_clip()`` runs once the gradients are complete,
+    before clipping (the per-group gradient norms are measured there). After an applied update the parameters
+    are checked (``params_finite``).
     """
     model.train()
     loss_sum = torch.zeros((), device=accelerator.device)
@@ -197,7 +209,7 @@ def train_step(
             accelerator.backward(loss)
             loss_sum += loss.detach()
     this_rank_stops = stop_requested is not None and stop_requested()
-    mean_loss, stop = _reduce_over_ranks(loss_sum / len(batches), this_rank_stops)
+    mean_loss, (stop, any_write_failed) = _reduce_over_ranks(loss_sum / len(batches), this_rank_stops, write_failed)
     if before_clip is not None:
         before_clip()
     norm = accelerator.clip_grad_norm_(model.parameters(), grad_clip if grad_clip > 0 else math.inf)
@@ -211,7 +223,8 @@ def train_step(
         scheduler.step()
         params_finite = _parameters_finite(model)
     optimizer.zero_grad(set_to_none=True)
-    return StepResult(loss=mean_loss, grad_norm=grad_norm, skipped=skipped, stop=stop, params_finite=params_finite)
+    return StepResult(loss=mean_loss, grad_norm=grad_norm, skipped=skipped, stop=stop, params_finite=params_finite,
+                      write_failed=any_write_failed)
 
 
 def _mixed_precision(config: RunConfig, device_type: str) -> str:
@@ -236,19 +249,22 @@ def _print_params(model_cfg: ModelConfig) -> tuple[int, int]:
 
 
 def _lock_run_dir(run_dir: Path) -> RunLock | None:
-    """The main process takes the run directory's lock; if it cannot, every rank raises the same one-line
-    ``ConfigError`` naming the holder. Returns the lock on the main process, None elsewhere."""
+    """The main process takes the run directory's lock. Another live run holding it is the same one-line
+    ``ConfigError`` on every rank, naming the holder (exit 2: choose another name or wait); a lock file that
+    cannot be written (a full disk) is the same ``TrainingError`` on every rank (exit 1, as other failed writes).
+    Returns the lock on the main process, None elsewhere."""
     lock, error = None, None
     if is_main_process():
         try:
             lock = RunLock.acquire(run_dir)
         except RunLockedError as err:
-            error = str(err)
+            error = ("held", str(err))
         except OSError as err:
-            error = f"could not create the lock of {run_dir} ({one_line(err)})"
+            error = ("write", f"could not create the lock of {run_dir} ({one_line(err)})")
     errors = gather_messages(error)
     if errors:
-        raise ConfigError("name", errors[0])
+        kind, message = errors[0]
+        raise ConfigError("name", message) if kind == "held" else TrainingError(message)
     return lock
 
 
@@ -295,15 +311,89 @@ def build_data(config: RunConfig, tokenizer: Tokenizer, accelerator: Accelerator
         return loader, build_val_windows(config.data, tokenizer)
 
 
-def fit(config: RunConfig) -> FitResult:
-    """Train ``config`` to ``max_steps`` (or until SIGTERM/SIGINT); write runs/<name>/ as documented
-    in docs/ARCHITECTURE.md. Configuration problems raise ``ConfigError`` before any file is written."""
-    config.validate()
-    run_dir = config.run_dir
-    ckpt_dir = run_dir / "checkpoints"
-    if not config.resume and has_checkpoints(ckpt_dir):
-        raise ConfigError("resume", f"{run_dir} already holds checkpoints; pass resume=true to continue "
-                                    f"that run or choose another name=")
+def _leave_process_group(accelerator: Accelerator, *, failed: bool) -> None:
+    """Destroy the process group (gloo otherwise aborts at interpreter exit in about 1 run in 4, seen on CPU),
+    after a barrier when the run ended normally. Not after a failure: a rank that failed alone would meet the
+    other ranks' next collective with its barrier and hang."""
+    if not is_distributed():
+        return
+    if not failed:
+        accelerator.wait_for_everyone()
+    dist.destroy_process_group()
+
+
+def _finish_trackers(accelerator: Accelerator) -> None:
+    """``Accelerator.end_training`` without its destroy of the process group: the trackers write into the run
+    directory, so they finish before the lock is released, and the process group is left last."""
+    for tracker in accelerator.trackers:
+        tracker.finish()
+
+
+@dataclass
+class _Run:
+    """What ``_setup`` built for the loop: the prepared model and optimizer, the data, the log, and the
+    counters the loop advances (``state``, the grad-norm trackers, ``last_checkpoint``)."""
+
+    config: RunConfig
+    accelerator: Accelerator
+    model: nn.Module
+    """As prepared by Accelerate: what checkpoints save and the isotropy report reads."""
+    train_model: nn.Module
+    """``model``, compiled when ``train.compile``: what the steps and evaluations run."""
+    optimizer: torch.optim.Optimizer
+    scheduler: Any
+    tokenizer: Tokenizer
+    loader: Any
+    batches: Iterator[torch.Tensor]
+    val_windows: torch.Tensor
+    val_batch: torch.Tensor
+    """The fixed isotropy batch: the first ``micro_batch_size`` validation windows."""
+    log: MetricsLog
+    state: TrainerState
+    grad_norms: GradNormTracker
+    group_grad_norms: GroupGradNorms
+    engine: str
+    accum: int
+    max_steps: int
+    flops_per_token: float
+    peak_flops: float
+    """Of all ranks together."""
+    last_checkpoint: Path | None
+
+    def stop_on_log_failure(self) -> None:
+        """Raise the same ``TrainingError`` on every rank when rank 0 could not write metrics.jsonl. A collective:
+        every rank calls it at the same point."""
+        errors = gather_messages(self.log.failure)
+        if errors:
+            raise TrainingError(f"{errors[0]}; the rows and checkpoints written before it are intact (last "
+                                f"checkpoint: {self.last_checkpoint or 'none'})")
+
+    def checkpoint(self) -> Path:
+        """Save the current step, once every rank knows that its metrics rows were written: a checkpoint past
+        a lost row would make a resumed run skip that row."""
+        self.stop_on_log_failure()
+        trainer_state = {"state": asdict(self.state), "grad_norm_tracker": self.grad_norms.state_dict(),
+                         "group_grad_norms": self.group_grad_norms.state_dict(), "engine": self.engine}
+        self.last_checkpoint = save_checkpoint(
+            self.config.run_dir / "checkpoints", self.state.step, accelerator=self.accelerator, model=self.model,
+            tokenizer=self.tokenizer, config=self.config, trainer_state=trainer_state, loader=self.loader,
+            keep=self.config.train.keep_checkpoints)
+        return self.last_checkpoint
+
+    def evaluate_and_log(self, progress: ProgressBar) -> None:
+        train = self.config.train
+        metrics = evaluate(self.train_model, self.val_windows, train.micro_batch_size)
+        layers = layer_report(self.accelerator.unwrap_model(self.model), self.val_batch, train.isotropy_samples,
+                              seed=self.config.data.seed)
+        self.log.log("eval", self.state.step, self.state.tokens, val_loss=metrics["val_loss"],
+                     val_ppl=metrics["val_ppl"], layers=layers)
+        progress.write(f"step {self.state.step}: val_loss {metrics['val_loss']:.4f}")
+
+
+def _setup(config: RunConfig, teardown: ExitStack) -> _Run:
+    """Build the run. Each resource is registered on ``teardown`` as soon as it is acquired (the process group,
+    the run directory's lock, the trackers, metrics.jsonl), so a failure anywhere releases what exists."""
+    run_dir, ckpt_dir = config.run_dir, config.run_dir / "checkpoints"
     device_type = "cuda" if torch.cuda.is_available() else "cpu"
     accelerator = Accelerator(
         cpu=device_type == "cpu",
@@ -313,9 +403,18 @@ def fit(config: RunConfig) -> FitResult:
                                             logging_dir=str(run_dir / "tensorboard")),
         step_scheduler_with_optimizer=False,  # we step it once per optimizer step ourselves
     )
+    teardown.push(lambda exc_type, *_: _leave_process_group(accelerator, failed=exc_type is not None))
     rank, world_size = rank_and_world_size()
     accum = gradient_accumulation_steps(config, world_size)
     accelerator.gradient_accumulation_steps = accum
+    lock = _lock_run_dir(run_dir)
+    if lock is not None:
+        teardown.callback(lock.release)
+    # Looked at only under the lock: a run of this name ending between an earlier look and the lock would leave
+    # checkpoints that this run, starting from step 0, would overwrite.
+    if not config.resume and has_checkpoints(ckpt_dir):
+        raise ConfigError("resume", f"{run_dir} already holds checkpoints; pass resume=true to continue "
+                                    f"that run or choose another name=")
     max_steps = resolve_max_steps(config)
     tokenizer = load_tokenizer(config.data.tokenizer)
     vocab = tokenizer.get_vocab_size(with_added_tokens=True)
@@ -339,111 +438,109 @@ def fit(config: RunConfig) -> FitResult:
     unwrapped = accelerator.unwrap_model(model)
     group_grad_norms = GroupGradNorms(grad_norm_groups(unwrapped, multiplier_of(unwrapped).keys()),
                                       config.train.grad_norm_window, config.train.warmup_steps)
-    lock = _lock_run_dir(run_dir)
-    try:
-        resume_from, saved = _resume(config, ckpt_dir, accelerator, loader)
-        if saved is not None:
-            state = TrainerState(**saved["state"])
-            grad_norms.load_state_dict(saved["grad_norm_tracker"])
-            group_grad_norms.load_state_dict(saved.get("group_grad_norms", {}))
-        _prepare_run_dir(config, state.step)
-        accelerator.init_trackers(config.wandb_project, config=_flat_hparams(config),
-                                  init_kwargs={"wandb": {"name": config.name, "dir": str(run_dir)}})
-        log = MetricsLog(run_dir / "metrics.jsonl", accelerator)
-        total, non_embedding = _print_params(config.model)
-        fpt = flops_per_token(config.model, config.data.seq_len)
-        log.log("meta", state.step, state.tokens, name=config.name, variant=config.model.variant_name,
-                seed=config.seed, params_total=total, params_non_embedding=non_embedding, flops_per_token=fpt,
-                world_size=world_size, grad_accum=accum, max_steps=max_steps,
-                mixed_precision=accelerator.mixed_precision, engine=engine, engine_requested=asked_engine,
-                resumed_from=str(resume_from) if resume_from else None, config=asdict(config))
+    resume_from, saved = _resume(config, ckpt_dir, accelerator, loader)
+    if saved is not None:
+        state = TrainerState(**saved["state"])
+        grad_norms.load_state_dict(saved["grad_norm_tracker"])
+        group_grad_norms.load_state_dict(saved.get("group_grad_norms", {}))
+    _prepare_run_dir(config, state.step)
+    accelerator.init_trackers(config.wandb_project, config=_flat_hparams(config),
+                              init_kwargs={"wandb": {"name": config.name, "dir": str(run_dir)}})
+    teardown.callback(_finish_trackers, accelerator)
+    log = MetricsLog(run_dir / "metrics.jsonl", accelerator)
+    teardown.callback(log.close)
+    total, non_embedding = _print_params(config.model)
+    fpt = flops_per_token(config.model, config.data.seq_len)
+    log.log("meta", state.step, state.tokens, name=config.name, variant=config.model.variant_name,
+            seed=config.seed, params_total=total, params_non_embedding=non_embedding, flops_per_token=fpt,
+            world_size=world_size, grad_accum=accum, max_steps=max_steps,
+            mixed_precision=accelerator.mixed_precision, engine=engine, engine_requested=asked_engine,
+            resumed_from=str(resume_from) if resume_from else None, config=asdict(config))
 
-        device = accelerator.device
-        peak = peak_flops(device, config.train.autocast_dtype(device.type) or torch.float32) * world_size
-        tokens_per_step = config.train.global_batch_tokens
-        val_batch = val_windows[: config.train.micro_batch_size, :-1].to(device)  # fixed isotropy batch
-        data_iter = iter(loader)
-    except BaseException:  # the setup failed: give the run directory back
-        if lock is not None:
-            lock.release()
-        raise
+    device = accelerator.device
+    run = _Run(
+        config=config, accelerator=accelerator, model=model, train_model=train_model, optimizer=optimizer,
+        scheduler=scheduler, tokenizer=tokenizer, loader=loader, val_windows=val_windows,
+        val_batch=val_windows[: config.train.micro_batch_size, :-1].to(device), batches=iter(loader), log=log,
+        state=state, grad_norms=grad_norms, group_grad_norms=group_grad_norms, engine=engine, accum=accum,
+        max_steps=max_steps, flops_per_token=fpt,
+        peak_flops=peak_flops(device, config.train.autocast_dtype(device.type) or torch.float32) * world_size,
+        last_checkpoint=resume_from)
+    run.stop_on_log_failure()  # metrics.jsonl opened and its meta row written, or every rank stops here
+    return run
 
+
+def _train(run: _Run, teardown: ExitStack) -> bool:
+    """The steps from ``run.state.step`` to ``max_steps``, each with its rows, evaluation and checkpoint as due;
+    True when a signal stopped the run (after a checkpoint)."""
+    config, state, log = run.config, run.state, run.log
+    device = run.accelerator.device
+    tokens_per_step = config.train.global_batch_tokens
     stop = StopRequest()
-    stopped_by_signal = False
-    progress = ProgressBar(state.step, max_steps)
-    last_ckpt = resume_from
+    teardown.callback(stop.restore)
+    progress = ProgressBar(state.step, run.max_steps)
+    teardown.callback(progress.close)
     interval_tokens, interval_time, data_wait = 0, 0.0, 0.0
+    while state.step < run.max_steps:
+        started = time.perf_counter()
+        batches = [next(run.batches).to(device, non_blocking=True) for _ in range(run.accum)]
+        data_wait += time.perf_counter() - started
+        lr = run.optimizer.param_groups[0]["lr"]
+        result = train_step(run.train_model, batches, run.optimizer, run.scheduler, run.accelerator,
+                            config.train.grad_clip, stop_requested=stop.received,
+                            before_clip=run.group_grad_norms.measure, write_failed=log.failure is not None)
+        if result.write_failed:  # a row of an earlier step was lost on rank 0: every rank stops here
+            run.stop_on_log_failure()
+        interval_time += time.perf_counter() - started
+        interval_tokens += tokens_per_step
+        state.step += 1
+        state.tokens += tokens_per_step
+        state.skipped_steps += result.skipped
+        state.consecutive_bad_steps = state.consecutive_bad_steps + 1 if result.skipped else 0
+        grad_stats = {**run.grad_norms.update(state.step, result.grad_norm), **run.group_grad_norms.update(state.step)}
+        tokens_per_s = interval_tokens / max(interval_time, 1e-9)
+        progress.update(result.loss, tokens_per_s)
 
-    def checkpoint() -> Path:
-        trainer_state = {"state": asdict(state), "grad_norm_tracker": grad_norms.state_dict(),
-                         "group_grad_norms": group_grad_norms.state_dict(), "engine": engine}
-        return save_checkpoint(ckpt_dir, state.step, accelerator=accelerator, model=model,
-                               tokenizer=tokenizer, config=config, trainer_state=trainer_state, loader=loader,
-                               keep=config.train.keep_checkpoints)
+        if state.step % config.train.log_every == 0 or state.step == run.max_steps or result.skipped:
+            memory, memory_kind = peak_memory(device)
+            log.log("train", state.step, state.tokens, loss=result.loss,
+                    ppl=math.exp(min(result.loss, 700.0)), lr=lr, **grad_stats,
+                    tokens_per_s=tokens_per_s, mfu=mfu(tokens_per_s, run.flops_per_token, run.peak_flops),
+                    peak_mem_bytes=memory, peak_mem_kind=memory_kind, data_wait_s=data_wait,
+                    skipped_steps=state.skipped_steps)
+            interval_tokens, interval_time, data_wait = 0, 0.0, 0.0
 
-    def evaluate_and_log() -> None:
-        metrics = evaluate(train_model, val_windows, config.train.micro_batch_size)
-        layers = layer_report(accelerator.unwrap_model(model), val_batch, config.train.isotropy_samples,
-                              seed=config.data.seed)
-        log.log("eval", state.step, state.tokens, val_loss=metrics["val_loss"], val_ppl=metrics["val_ppl"],
-                layers=layers)
-        progress.write(f"step {state.step}: val_loss {metrics['val_loss']:.4f}")
+        if not result.params_finite:
+            raise TrainingError(
+                f"stopping: the update of step {state.step} made parameters non-finite (its loss and gradient "
+                f"norm were finite: is train.lr={config.train.lr} too large?); nothing of it was saved, the "
+                f"last good checkpoint is {run.last_checkpoint or 'none'}")
+        if state.consecutive_bad_steps >= config.train.max_bad_steps:
+            saved = run.checkpoint()
+            raise TrainingError(
+                f"stopping: {state.consecutive_bad_steps} consecutive steps had a non-finite loss or "
+                f"gradient norm (train.max_bad_steps={config.train.max_bad_steps}); the last good "
+                f"weights and optimizer state are saved in {saved}")
+        if state.step % config.train.eval_every == 0 or state.step == run.max_steps:
+            run.evaluate_and_log(progress)
+        if result.stop or state.step % config.train.checkpoint_every == 0 or state.step == run.max_steps:
+            run.checkpoint()
+        if result.stop:
+            main_print(f"stopped by signal at step {state.step}; checkpoint {run.last_checkpoint}")
+            return True
+    return False
 
-    try:
-        while state.step < max_steps:
-            started = time.perf_counter()
-            batches = [next(data_iter).to(device, non_blocking=True) for _ in range(accum)]
-            data_wait += time.perf_counter() - started
-            lr = optimizer.param_groups[0]["lr"]
-            result = train_step(train_model, batches, optimizer, scheduler, accelerator,
-                                config.train.grad_clip, stop_requested=stop.received,
-                                before_clip=group_grad_norms.measure)
-            interval_time += time.perf_counter() - started
-            interval_tokens += tokens_per_step
-            state.step += 1
-            state.tokens += tokens_per_step
-            state.skipped_steps += result.skipped
-            state.consecutive_bad_steps = state.consecutive_bad_steps + 1 if result.skipped else 0
-            grad_stats = {**grad_norms.update(state.step, result.grad_norm), **group_grad_norms.update(state.step)}
-            tokens_per_s = interval_tokens / max(interval_time, 1e-9)
-            progress.update(result.loss, tokens_per_s)
 
-            if state.step % config.train.log_every == 0 or state.step == max_steps or result.skipped:
-                memory, memory_kind = peak_memory(device)
-                log.log("train", state.step, state.tokens, loss=result.loss,
-                        ppl=math.exp(min(result.loss, 700.0)), lr=lr, **grad_stats,
-                        tokens_per_s=tokens_per_s, mfu=mfu(tokens_per_s, fpt, peak), peak_mem_bytes=memory,
-                        peak_mem_kind=memory_kind, data_wait_s=data_wait, skipped_steps=state.skipped_steps)
-                interval_tokens, interval_time, data_wait = 0, 0.0, 0.0
-
-            if not result.params_finite:
-                raise TrainingError(
-                    f"stopping: the update of step {state.step} made parameters non-finite (its loss and gradient "
-                    f"norm were finite: is train.lr={config.train.lr} too large?); nothing of it was saved, the "
-                    f"last good checkpoint is {last_ckpt or 'none'}")
-            if state.consecutive_bad_steps >= config.train.max_bad_steps:
-                last_ckpt = checkpoint()
-                raise TrainingError(
-                    f"stopping: {state.consecutive_bad_steps} consecutive steps had a non-finite loss or "
-                    f"gradient norm (train.max_bad_steps={config.train.max_bad_steps}); the last good "
-                    f"weights and optimizer state are saved in {last_ckpt}")
-            if state.step % config.train.eval_every == 0 or state.step == max_steps:
-                evaluate_and_log()
-            if result.stop or state.step % config.train.checkpoint_every == 0 or state.step == max_steps:
-                last_ckpt = checkpoint()
-            if result.stop:
-                main_print(f"stopped by signal at step {state.step}; checkpoint {last_ckpt}")
-                stopped_by_signal = True
-                break
-    finally:
-        if lock is not None:
-            lock.release()
-        stop.restore()
-        progress.close()
-        log.close()
-        accelerator.end_training()
-        if is_distributed():  # gloo otherwise aborts at interpreter exit in about 1 run in 4 (seen on CPU)
-            accelerator.wait_for_everyone()
-            dist.destroy_process_group()
-    return FitResult(run_dir=run_dir, step=state.step, tokens=state.tokens,
-                     stopped_by_signal=stopped_by_signal, last_checkpoint=last_ckpt)
+def fit(config: RunConfig) -> FitResult:
+    """Train ``config`` to ``max_steps`` (or until SIGTERM/SIGINT); write runs/<name>/ as documented in
+    docs/ARCHITECTURE.md. Configuration problems found without reading anything (``config.validate``, the batch
+    split over the processes) raise ``ConfigError`` before any file is written; the others (a run of this name
+    in use or holding checkpoints, the tokenizer's vocabulary, data inputs, a checkpoint that does not fit) once
+    the run directory's lock is taken, which is then released. Everything acquired is released on every way out
+    (``_setup``, ``_train``)."""
+    config.validate()
+    with ExitStack() as teardown:
+        run = _setup(config, teardown)
+        stopped_by_signal = _train(run, teardown)
+    return FitResult(run_dir=config.run_dir, step=run.state.step, tokens=run.state.tokens,
+                     stopped_by_signal=stopped_by_signal, last_checkpoint=run.last_checkpoint)

@@ -1,9 +1,11 @@
 """Two processes writing one run directory: the second gets one line naming the holder (pid, host) and exit 2,
-and nothing of the first run's is touched; a stale lock (a dead pid on this host, an expired lease) is taken
-over; a finished run leaves no lock behind."""
+before it builds anything, and nothing of the first run's is touched; a stale lock (a dead pid on this host, an
+expired lease) is taken over; a finished run leaves no lock behind; a lock that cannot be written (a full disk) is
+a failed write, exit 1."""
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import signal
@@ -16,6 +18,7 @@ from pathlib import Path
 import pytest
 from tiny import metrics_rows, start_train_py
 
+import llm.train.trainer as trainer
 from llm.cli.train import main
 from llm.train.lock import LOCK_FILE, RunLock, RunLockedError
 
@@ -95,15 +98,43 @@ def test_a_holder_whose_lease_was_taken_over_neither_renews_nor_removes_the_new_
 
 
 def test_train_py_on_a_locked_run_is_one_line_exit_2(run_overrides: list[str], tmp_path: Path, live_pid: int,
-                                                     capsys) -> None:
+                                                     monkeypatch: pytest.MonkeyPatch, capsys) -> None:
     run_dir = tmp_path / "runs" / "x"
     lock = _write_lock(run_dir, live_pid)
     before = lock.read_bytes()
+
+    def load_tokenizer(spec):
+        raise AssertionError("the tokenizer was loaded before the lock was refused")
+
+    monkeypatch.setattr(trainer, "load_tokenizer", load_tokenizer)  # refused before any setup work
     assert main([*run_overrides, "name=x", "train.max_steps=2", "resume=true"]) == 2
     lines = [line for line in capsys.readouterr().err.splitlines() if line.startswith("error:")]
     assert lines == [f"error: name: {run_dir} is in use by pid {live_pid} on {HOST} ({lock}); wait for that run "
                      f"to end, or choose another name="]
     assert sorted(p.name for p in run_dir.iterdir()) == [LOCK_FILE] and lock.read_bytes() == before
+
+
+def test_lock_that_cannot_be_written_is_one_line_exit_1(run_overrides: list[str], tmp_path: Path,
+                                                       monkeypatch: pytest.MonkeyPatch, capsys) -> None:
+    """A full disk while the lock file is created is a failed write (exit 1), not a bad name= (exit 2)."""
+    run_dir = tmp_path / "runs" / "x"
+    real_open = os.open
+
+    def full_disk_open(path, flags, *args, **kwargs):
+        if Path(path).name == LOCK_FILE and flags & os.O_CREAT:
+            raise OSError(errno.ENOSPC, "No space left on device", str(path))
+        return real_open(path, flags, *args, **kwargs)
+
+    monkeypatch.setattr(os, "open", full_disk_open)
+    assert main([*run_overrides, "name=x", "train.max_steps=2"]) == 1
+    err = capsys.readouterr().err
+    assert "Traceback" not in err
+    assert [line for line in err.splitlines() if line.startswith("error:")] == [
+        f"error: could not create the lock of {run_dir} (OSError: [Errno 28] No space left on device: "
+        f"'{run_dir / LOCK_FILE}')"]
+    assert not any(run_dir.iterdir())
+    monkeypatch.undo()
+    assert main([*run_overrides, "name=x", "train.max_steps=2"]) == 0
 
 
 @pytest.mark.slow

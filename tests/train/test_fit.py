@@ -6,14 +6,18 @@ import json
 import math
 import os
 import signal
+from collections import Counter
 
 import pytest
 import torch
+from accelerate.tracking import TensorBoardTracker
 from tiny import assert_same_weights, checkpoint_weights, metrics_rows, trajectory
 
 import llm.model.lm_head as lm_head
 import llm.train.trainer as trainer
 from llm.model.config import ConfigError
+from llm.train.lock import RunLock
+from llm.train.logging import MetricsLog, ProgressBar
 from llm.train.trainer import TrainingError, fit
 
 TRAIN_KEYS = {"kind", "step", "tokens", "loss", "ppl", "lr", "grad_norm", "grad_norm_var_rolling",
@@ -158,3 +162,47 @@ def test_resume_rejects_a_different_model(tiny_config) -> None:
     fit(tiny_config("train.max_steps=2"))
     with pytest.raises(ConfigError, match=r"^model: .*hidden_size \(checkpoint 32, config 64\)"):
         fit(tiny_config("train.max_steps=4", "resume=true", "model.hidden_size=64"))
+
+
+RELEASES = {"RunLock.release": 1, "TensorBoardTracker.finish": 1, "MetricsLog.close": 1}
+
+
+@pytest.mark.parametrize(("failure", "released"), [
+    ("setup", RELEASES),  # after the lock, the trackers and metrics.jsonl, before the loop
+    ("loop", {**RELEASES, "ProgressBar.close": 1}),
+    (None, {**RELEASES, "ProgressBar.close": 1}),
+])
+def test_everything_acquired_is_released_once(failure: str | None, released: dict[str, int], tiny_config,
+                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    calls: Counter[str] = Counter()
+
+    def count(cls: type, name: str) -> None:
+        real = getattr(cls, name)
+
+        def counted(self, *args, **kwargs):
+            calls[f"{cls.__name__}.{name}"] += 1
+            return real(self, *args, **kwargs)
+
+        monkeypatch.setattr(cls, name, counted)
+
+    for cls, name in [(RunLock, "release"), (TensorBoardTracker, "finish"), (MetricsLog, "close"),
+                      (ProgressBar, "close")]:
+        count(cls, name)
+
+    def injected(*args, **kwargs):
+        raise RuntimeError("injected")
+
+    if failure == "setup":
+        monkeypatch.setattr(trainer, "flops_per_token", injected)
+    elif failure == "loop":
+        monkeypatch.setattr(trainer, "train_step", injected)
+    handler = signal.getsignal(signal.SIGTERM)
+    config = tiny_config("train.max_steps=2", "trackers=[tensorboard]")
+    if failure is None:
+        fit(config)
+    else:
+        with pytest.raises(RuntimeError, match=r"^injected$"):
+            fit(config)
+    assert calls == released
+    assert signal.getsignal(signal.SIGTERM) is handler
+    assert not (config.run_dir / "run.lock").exists()
