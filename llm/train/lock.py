@@ -59,9 +59,10 @@ class RunLock:
     """``RunLock.acquire(run_dir)`` takes the directory or raises ``RunLockedError`` naming the holder;
     ``release()`` gives it back (and stops renewing the lease)."""
 
-    def __init__(self, path: Path, record: dict) -> None:
+    def __init__(self, path: Path, record: dict, created_dir: bool = False) -> None:
         self.path = path
         self._record = record
+        self._created_dir = created_dir
         self._stop = threading.Event()
         self._renewer = threading.Thread(target=self._renew, name="run-lock-lease", daemon=True)
         self._renewer.start()
@@ -69,13 +70,14 @@ class RunLock:
     @classmethod
     def acquire(cls, run_dir: str | Path, lease_s: float = LEASE_S) -> RunLock:
         path = Path(run_dir) / LOCK_FILE
+        created_dir = not path.parent.exists()
         path.parent.mkdir(parents=True, exist_ok=True)
         record = {"pid": os.getpid(), "host": socket.gethostname(), "lease_s": lease_s}
         with _exclusive(path.parent):
-            return cls._acquire_guarded(path, record)
+            return cls._acquire_guarded(path, record, created_dir)
 
     @classmethod
-    def _acquire_guarded(cls, path: Path, record: dict) -> RunLock:
+    def _acquire_guarded(cls, path: Path, record: dict, created_dir: bool) -> RunLock:
         for _ in range(2):  # a stale lock is removed once, then created afresh
             try:
                 fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
@@ -93,7 +95,7 @@ class RunLock:
             except OSError:  # a full disk: leave no empty lock behind
                 path.unlink(missing_ok=True)
                 raise
-            return cls(path, record)
+            return cls(path, record, created_dir)
         raise RunLockedError(f"{path.parent}: another process took {path} while a stale lock was replaced")
 
     @staticmethod
@@ -133,7 +135,9 @@ class RunLock:
                 continue
 
     def release(self) -> None:
-        """Stop renewing and remove the lock, unless another process has taken it over meanwhile."""
+        """Stop renewing and remove the lock, unless another process has taken it over meanwhile; and the run
+        directory too when ``acquire`` created it and nothing else was written there (a run refused during setup,
+        e.g. for a tokenizer larger than ``model.vocab_size``, leaves no empty directory under that name)."""
         self._stop.set()
         self._renewer.join()
         if not self.path.parent.is_dir():  # the run directory was removed: nothing to release
@@ -141,3 +145,5 @@ class RunLock:
         with _exclusive(self.path.parent):
             if self._held():
                 self.path.unlink()
+                if self._created_dir and not any(self.path.parent.iterdir()):
+                    self.path.parent.rmdir()

@@ -114,6 +114,18 @@ def test_train_py_on_a_locked_run_is_one_line_exit_2(run_overrides: list[str], t
     assert sorted(p.name for p in run_dir.iterdir()) == [LOCK_FILE] and lock.read_bytes() == before
 
 
+def test_a_run_refused_during_setup_leaves_no_directory_it_created(run_overrides: list[str], tmp_path: Path,
+                                                                    capsys) -> None:
+    run_dir = tmp_path / "runs" / "x"
+    assert main([*run_overrides, "name=x", "train.max_steps=2", "model.vocab_size=8"]) == 2
+    assert "model.vocab_size" in capsys.readouterr().err
+    assert not run_dir.exists()
+    existing = tmp_path / "runs" / "y"
+    existing.mkdir()
+    assert main([*run_overrides, "name=y", "train.max_steps=2", "model.vocab_size=8"]) == 2
+    assert existing.is_dir() and not any(existing.iterdir())  # not created by the run: kept
+
+
 def test_lock_that_cannot_be_written_is_one_line_exit_1(run_overrides: list[str], tmp_path: Path,
                                                        monkeypatch: pytest.MonkeyPatch, capsys) -> None:
     """A full disk while the lock file is created is a failed write (exit 1), not a bad name= (exit 2)."""
