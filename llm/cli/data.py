@@ -117,7 +117,15 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = _parser().parse_args(argv)
+    parser = _parser()
+    # Overrides may also follow options (``plan SRC --world-size 2 data.seed=1``): argparse fills a positional
+    # list only from the arguments before the first option, and leaves later ones unrecognised.
+    args, extra = parser.parse_known_args(argv)
+    stray = [arg for arg in extra if arg.startswith("-") or "=" not in arg or not hasattr(args, "overrides")]
+    if stray:
+        parser.error(f"unrecognized arguments: {' '.join(stray)}")
+    if extra:
+        args.overrides = [*args.overrides, *extra]
     try:
         return args.run(args)
     except (ConfigError, FileNotFoundError, ValueError, RuntimeError) as err:

@@ -125,6 +125,26 @@ def test_plan_shows_each_node_share(tmp_path: Path, bpe: Tokenizer, capsys: pyte
     assert out[-1].startswith("tokens per node vary by about ")
 
 
+def test_plan_reads_overrides_after_its_options(tmp_path: Path, bpe: Tokenizer,
+                                               capsys: pytest.CaptureFixture[str]) -> None:
+    corpus = tmp_path / "corpus"
+    corpus.mkdir()
+    pq.write_table(pq.read_table(fineweb_files()[0], columns=["text"]).slice(0, 40), corpus / "part.parquet",
+                   row_group_size=10)
+    tok = tmp_path / "tok.json"
+    bpe.save(str(tok))
+    options = ["--world-size", "2", "--tokenizer", str(tok), "--sample-docs", "4"]
+    assert main(["plan", str(corpus), "data.seed=3", *options]) == 0
+    before = capsys.readouterr().out
+    assert main(["plan", str(corpus), *options, "data.seed=3"]) == 0
+    assert capsys.readouterr().out == before
+    assert main(["plan", str(corpus), *options, "data.no_such_field=1"]) == 2  # read as an override, refused
+    assert "no_such_field" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as exit_:
+        main(["plan", str(corpus), *options, "stray"])
+    assert exit_.value.code == 2 and "unrecognized arguments: stray" in capsys.readouterr().err
+
+
 def test_prepare_needs_only_data_settings(tmp_path: Path, bpe: Tokenizer, three_shards: Path) -> None:
     """A run config without train.max_steps / max_tokens prepares; --max-tokens stops after the batch that
     reaches it, and the loader reads what was written."""
