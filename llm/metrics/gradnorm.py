@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import math
 from collections import deque
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 import torch
@@ -175,8 +175,8 @@ def grad_norm_groups(model: nn.Module, mixing_ids: Iterable[int]) -> dict[str, l
 class GroupGradNorms:
     """``GradNormTracker`` statistics of the pre-clip gradient norm of each parameter group.
 
-    ``measure()`` reads the current gradients (call it after the backward passes, before clipping);
-    ``update(step)`` records what it measured as step ``step``. A group none of whose parameters holds
+    ``measure()`` (or ``norms()`` then ``record``) reads the current gradients (call it after the backward passes,
+    before clipping); ``update(step)`` records what it measured as step ``step``. A group none of whose parameters holds
     a gradient (DeepSpeed keeps them inside its engine) measures ``nan``.
     """
 
@@ -186,18 +186,30 @@ class GroupGradNorms:
                          for name in groups}
         self._measured: dict[str, float] = {}
 
-    def measure(self) -> None:
+    def norms(self) -> torch.Tensor | None:
+        """Each group's pre-clip norm, in ``groups`` order, as one fp32 tensor on the gradients' device (NaN for a
+        group none of whose parameters holds a gradient; None when no group has one), without a synchronisation:
+        the trainer copies it to the host together with the loss and the global norm, then calls ``record``."""
         norms: dict[str, torch.Tensor] = {}
         for name, params in self.groups.items():
             grads = [p.grad for p in params if p.grad is not None]
             if grads:
                 norm = torch.nn.utils.get_total_norm(grads)
                 # a DTensor under FSDP2: the norm over all shards
-                norms[name] = norm.full_tensor() if hasattr(norm, "full_tensor") else norm
-        # one device-to-host copy for all groups, not one synchronisation per group
-        values = torch.stack([n.float() for n in norms.values()]).tolist() if norms else []
-        measured = dict(zip(norms, values, strict=True))
-        self._measured = {name: measured.get(name, math.nan) for name in self.groups}
+                norms[name] = (norm.full_tensor() if hasattr(norm, "full_tensor") else norm).float()
+        if not norms:
+            return None
+        missing = next(iter(norms.values())).new_tensor(math.nan)
+        return torch.stack([norms.get(name, missing) for name in self.groups])
+
+    def record(self, values: Sequence[float] | None) -> None:
+        """The host values of ``norms()`` (None: no group held a gradient), for the next ``update``."""
+        self._measured = dict(zip(self.groups, values, strict=True)) if values is not None else {}
+
+    def measure(self) -> None:
+        """``norms()`` and ``record`` in one, with a synchronisation of its own."""
+        norms = self.norms()
+        self.record(None if norms is None else norms.tolist())
 
     def update(self, step: int) -> dict[str, float]:
         fields: dict[str, float] = {}

@@ -22,8 +22,8 @@ import torch
 from accelerate import Accelerator
 from tqdm.auto import tqdm
 
+from llm.errors import one_line
 from llm.metrics.layers import flatten_for_tracker
-from llm.train.checkpoint import one_line
 from llm.train.distributed import is_main_process
 
 __all__ = ["MetricsLog", "ProgressBar", "main_print", "peak_memory", "truncate_metrics"]

@@ -149,15 +149,15 @@ def build_model(model_cfg: ModelConfig) -> IsoLLMForCausalLM:
     return IsoLLMForCausalLM(IsoLLMConfig.from_model_config(model_cfg))
 
 
-def _reduce_over_ranks(loss: torch.Tensor, *flags: bool) -> tuple[float, list[bool]]:
-    """(``loss`` averaged over ranks, whether any rank set each of ``flags``) in one all-reduce: the flags ride
-    on the collective the loss needs anyway, and a flag's sum over ranks is > 0 iff any rank set it."""
+def _all_reduce_step_scalars(loss: torch.Tensor, *flags: bool) -> torch.Tensor:
+    """``[loss averaged over ranks, each flag's count over ranks]`` in one all-reduce, left on the device: the flags
+    ride on the collective the loss needs anyway (a count > 0 means some rank set the flag), and the host copy is
+    made once per step with the gradient norms (``train_step``)."""
     packed = torch.stack([loss, *(loss.new_tensor(float(flag)) for flag in flags)])
     if is_distributed():
         dist.all_reduce(packed, op=dist.ReduceOp.SUM)
         packed[0] /= dist.get_world_size()
-    mean_loss, *sums = packed.tolist()
-    return mean_loss, [total > 0 for total in sums]
+    return packed
 
 
 def _parameters_finite(model: nn.Module) -> bool:
@@ -181,7 +181,7 @@ def train_step(
     accelerator: Accelerator,
     grad_clip: float,
     stop_requested: Callable[[], bool] | None = None,
-    before_clip: Callable[[], None] | None = None,
+    grad_groups: GroupGradNorms | None = None,
     write_failed: bool = False,
 ) -> StepResult:
     """One optimizer step over ``len(batches)`` micro-batches (``accelerator.gradient_accumulation_steps``
@@ -197,9 +197,10 @@ def train_step(
     takes the same branch. ``stop_requested()`` (this rank was asked to stop) is polled once, after the
     backward passes, and agreed over ranks in the loss's all-reduce as ``StepResult.stop``, so all ranks
     stop after the same step. ``write_failed`` (this rank could not write a run-directory file) rides on the
-    same all-reduce (``StepResult.write_failed``). ``before_clip()`` runs once the gradients are complete,
-    before clipping (the per-group gradient norms are measured there). After an applied update the parameters
-    are checked (``params_finite``).
+    same all-reduce (``StepResult.write_failed``). ``grad_groups`` measures its per-group norms once the gradients
+    are complete, before clipping. The loss, the flags and every norm reach the host in one copy (a
+    synchronisation drains a GPU's queue); after an applied update the parameters are checked
+    (``params_finite``, the step's second and last synchronisation).
     """
     model.train()
     loss_sum = torch.zeros((), device=accelerator.device)
@@ -209,13 +210,18 @@ def train_step(
             accelerator.backward(loss)
             loss_sum += loss.detach()
     this_rank_stops = stop_requested is not None and stop_requested()
-    mean_loss, (stop, any_write_failed) = _reduce_over_ranks(loss_sum / len(batches), this_rank_stops, write_failed)
-    if before_clip is not None:
-        before_clip()
+    scalars = _all_reduce_step_scalars(loss_sum / len(batches), this_rank_stops, write_failed)
+    group_norms = grad_groups.norms() if grad_groups is not None else None
     norm = accelerator.clip_grad_norm_(model.parameters(), grad_clip if grad_clip > 0 else math.inf)
     if hasattr(norm, "full_tensor"):  # a DTensor under FSDP2
         norm = norm.full_tensor()
-    grad_norm = float(norm)
+    on_device = [scalars, torch.as_tensor(norm, dtype=torch.float32, device=scalars.device).reshape(1)]
+    if group_norms is not None:
+        on_device.append(group_norms.to(scalars.device))
+    mean_loss, stops, write_fails, grad_norm, *groups = torch.cat(on_device).tolist()
+    stop, any_write_failed = stops > 0, write_fails > 0
+    if grad_groups is not None:
+        grad_groups.record(groups if group_norms is not None else None)
     skipped = not (math.isfinite(mean_loss) and math.isfinite(grad_norm))
     params_finite = True
     if not skipped:
@@ -488,7 +494,7 @@ def _train(run: _Run, teardown: ExitStack) -> bool:
         lr = run.optimizer.param_groups[0]["lr"]
         result = train_step(run.train_model, batches, run.optimizer, run.scheduler, run.accelerator,
                             config.train.grad_clip, stop_requested=stop.received,
-                            before_clip=run.group_grad_norms.measure, write_failed=log.failure is not None)
+                            grad_groups=run.group_grad_norms, write_failed=log.failure is not None)
         if result.write_failed:  # a row of an earlier step was lost on rank 0: every rank stops here
             run.stop_on_log_failure()
         interval_time += time.perf_counter() - started
