@@ -1,10 +1,12 @@
 """PNG plots of a comparison's training curves (matplotlib, Agg backend: no display needed).
 
 One curve per row of the comparison table, averaged over its seeds at each logged step / token count;
-the shaded band is ± one sample std where at least two seeds logged that point. Every plot takes the
-table's rows (``Comparison.groups``, or one ``compare.group_runs`` result) rather than grouping runs
-itself: a plot of a subset (the rows with an alpha) regrouped on its own would label rows by the fields
-that differ inside the subset, not as the table does. A row has one colour in every plot.
+the shaded band spans the seeds (their smallest to largest value) where at least two seeds logged that
+point: a ± std band would reach below zero for a spiky, positive quantity such as a gradient norm or its
+variance. Every plot takes the table's rows (``Comparison.groups``, or one ``compare.group_runs``
+result) rather than grouping runs itself: a plot of a subset (the rows with an alpha) regrouped on its
+own would label rows by the fields that differ inside the subset, not as the table does.
+A row has one colour in every plot.
 """
 
 from __future__ import annotations
@@ -29,8 +31,9 @@ Rows = Mapping[str, Sequence[RunRecord]]
 
 
 def _seed_band(runs: Sequence[RunRecord], rows: Callable[[RunRecord], list[Row]], x_key: str,
-               y: Callable[[Row], float | None]) -> tuple[list[float], list[float], list[float]]:
-    """x, mean and std over seeds of ``y(row)`` at each x (std NaN where fewer than 2 seeds)."""
+               y: Callable[[Row], float | None]) -> tuple[list[float], list[float], list[float], list[float]]:
+    """x, and the mean, smallest and largest value over seeds of ``y(row)`` at each x (the smallest and largest
+    NaN where fewer than 2 seeds logged it: no band)."""
     points: dict[float, list[float]] = {}
     for run in runs:
         for row in rows(run):
@@ -39,15 +42,14 @@ def _seed_band(runs: Sequence[RunRecord], rows: Callable[[RunRecord], list[Row]]
                 points.setdefault(float(row[x_key]), []).append(float(value))
     xs = sorted(points)
     means = [statistics.fmean(points[x]) for x in xs]
-    stds = [statistics.stdev(points[x]) if len(points[x]) > 1 else math.nan for x in xs]
-    return xs, means, stds
+    lower = [min(points[x]) if len(points[x]) > 1 else math.nan for x in xs]
+    upper = [max(points[x]) if len(points[x]) > 1 else math.nan for x in xs]
+    return xs, means, lower, upper
 
 
-def _plot_band(ax: Axes, xs: list[float], means: list[float], stds: list[float], label: str,
+def _plot_band(ax: Axes, xs: list[float], means: list[float], lower: list[float], upper: list[float], label: str,
                **style: Any) -> None:
     (line,) = ax.plot(xs, means, label=label, **style)
-    lower = [m - s for m, s in zip(means, stds, strict=True)]
-    upper = [m + s for m, s in zip(means, stds, strict=True)]
     ax.fill_between(xs, lower, upper, color=line.get_color(), alpha=0.2, linewidth=0)
 
 
@@ -80,7 +82,7 @@ def _save(fig: plt.Figure, path: Path) -> Path:
 
 
 def plot_val_loss(rows: Rows, path: Path) -> Path:
-    """Validation loss against training tokens, one line (mean ± std band over seeds) per row."""
+    """Validation loss against training tokens, one line per row (mean over seeds, band over their range)."""
     fig, ax = plt.subplots(figsize=(7, 4.5))
     colours = _row_colours(rows)
     for label, members in rows.items():
@@ -93,7 +95,7 @@ def plot_val_loss(rows: Rows, path: Path) -> Path:
 
 
 def plot_grad_norm(rows: Rows, path: Path) -> Path:
-    """Pre-clip gradient norm and its rolling variance against step (mean ± std over seeds)."""
+    """Pre-clip gradient norm and its rolling variance against step (mean over seeds, band over the seeds' range)."""
     fig, (top, bottom) = plt.subplots(2, 1, figsize=(7, 6.5), sharex=True)
     colours = _row_colours(rows)
     for label, members in rows.items():
