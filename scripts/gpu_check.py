@@ -308,7 +308,9 @@ class Run:
 
 
 def _read_run(run_dir: Path) -> Run:
-    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    from llm.eval.compare import read_metrics  # compare's reader: a line cut short by a killed run is skipped
+
+    rows = read_metrics(run_dir)
     train = [r for r in rows if r["kind"] == "train"]
     return Run([r for r in rows if r["kind"] == "meta"][-1], {r["step"]: r["loss"] for r in train}, train[-1])
 

@@ -117,13 +117,10 @@ def _dedupe_by_step(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return [by_step[s] for s in sorted(by_step)]
 
 
-def load_run(run_dir: str | Path) -> RunRecord:
-    """Read ``run_dir/metrics.jsonl``; raise FileNotFoundError / EvalError naming the file on bad input.
+def read_metrics(run_dir: str | Path) -> list[dict[str, Any]]:
+    """The rows of ``run_dir/metrics.jsonl``; FileNotFoundError / EvalError naming the file on bad input.
 
-    A truncated last line (a run killed mid-write) is ignored; a bad line elsewhere is an error, and so is
-    a saved config section that today's code cannot read back (an unknown field, a value of the wrong type
-    or one today's validation refuses).
-    """
+    A truncated last line (a run killed mid-write) is ignored; a bad line elsewhere is an error."""
     run_dir = Path(run_dir)
     path = run_dir / "metrics.jsonl"
     if not path.is_file():
@@ -139,6 +136,23 @@ def load_run(run_dir: str | Path) -> RunRecord:
             if lineno == len(lines):
                 break
             raise EvalError(f"{path}:{lineno}: not a JSON object") from None
+    return rows
+
+
+def eval_rows(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The eval rows, one per step in step order: after a resume, a re-logged step supersedes."""
+    return _dedupe_by_step([r for r in rows if r.get("kind") == "eval"])
+
+
+def load_run(run_dir: str | Path) -> RunRecord:
+    """Read ``run_dir/metrics.jsonl`` (``read_metrics``) for a comparison; raise FileNotFoundError / EvalError
+    naming the file on bad input: besides ``read_metrics``'s, a run that never evaluated and a saved config
+    section that today's code cannot read back (an unknown field, a value of the wrong type or one today's
+    validation refuses).
+    """
+    run_dir = Path(run_dir)
+    path = run_dir / "metrics.jsonl"
+    rows = read_metrics(run_dir)
     metas = [r for r in rows if r.get("kind") == "meta"]
     if not metas:
         raise EvalError(f"{path}: no meta row (kind=meta) with the run's variant and seed")
@@ -150,7 +164,7 @@ def load_run(run_dir: str | Path) -> RunRecord:
         read = read_saved({section: config[section] for section in COMPARED_SECTIONS})
     except ConfigError as err:
         raise EvalError(f"{path}: today's code cannot read back the meta row's config: {err}") from None
-    evals = _dedupe_by_step([r for r in rows if r.get("kind") == "eval"])
+    evals = eval_rows(rows)
     if not evals:
         raise EvalError(f"{path}: no eval rows (kind=eval); the run never evaluated")
     train = _dedupe_by_step([r for r in rows if r.get("kind") == "train"])

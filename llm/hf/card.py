@@ -74,7 +74,7 @@ def run_summary(checkpoint_dir: str | Path) -> RunSummary:
     Bits per byte are not in ``metrics.jsonl`` (they need the validation text): ``val_bits_per_byte``
     gives them for the val loss read here.
     """
-    from llm.eval.compare import load_run
+    from llm.eval.compare import eval_rows, read_metrics
     from llm.eval.errors import EvalError
 
     checkpoint_dir = Path(checkpoint_dir)
@@ -82,8 +82,8 @@ def run_summary(checkpoint_dir: str | Path) -> RunSummary:
     step = int(state["step"])
     run_dir = checkpoint_dir.parent.parent
     try:  # compare's reader: a truncated last line is skipped, a step re-logged after a resume supersedes
-        evals = [r for r in load_run(run_dir).evals if r["step"] <= step]
-    except (FileNotFoundError, EvalError):  # no metrics.jsonl, or no eval row in it
+        evals = [r for r in eval_rows(read_metrics(run_dir)) if r["step"] <= step]
+    except (FileNotFoundError, EvalError):  # no metrics.jsonl, or a line of it that is not JSON
         evals = []
     val_loss = float(evals[-1]["val_loss"]) if evals else None
     return RunSummary(name=run_dir.name, step=step, tokens=int(state["tokens"]),
