@@ -1,5 +1,5 @@
-"""Files of ``data.cache_dir`` (validation windows, parquet footers): written whole or not at all, and rebuilt
-with a one-line warning when they do not read back."""
+"""Files written whole or not at all (a prepared ``index.json``; in ``data.cache_dir`` the validation windows and
+parquet footers, which are rebuilt with a one-line warning when they do not read back)."""
 
 from __future__ import annotations
 

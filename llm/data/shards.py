@@ -21,7 +21,6 @@ of nodes starts from the first position no node took, skipping those taken beyon
 from __future__ import annotations
 
 import json
-import os
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, BinaryIO
@@ -30,6 +29,7 @@ import numpy as np
 from tokenizers import Tokenizer
 
 from llm.config import DataConfig
+from llm.data.cache_io import write_atomically
 from llm.data.errors import DataError
 from llm.data.sources import data_source
 from llm.data.split import epoch_order
@@ -92,9 +92,7 @@ def prepare(data_cfg: DataConfig, tokenizer: Tokenizer, out_dir: str | Path, max
              "max_tokens": max_tokens,
              "files": [{"tokens": f"tokens_{k:05d}.bin", "num_tokens": n} for k, n in enumerate(written)],
              "pieces": pieces}
-    tmp = out / (INDEX_FILE + ".tmp")
-    tmp.write_text(json.dumps(index, indent=1))
-    os.replace(tmp, out / INDEX_FILE)
+    write_atomically(out / INDEX_FILE, lambda tmp: tmp.write_text(json.dumps(index, indent=1)))
     return index
 
 
