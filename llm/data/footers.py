@@ -61,9 +61,8 @@ class Footer:
     @classmethod
     def of(cls, meta: pq.FileMetaData) -> Footer:
         columns = tuple((field.name, str(field.type)) for field in meta.schema.to_arrow_schema())
-        groups = tuple((meta.row_group(g).num_rows,
-                        sum(meta.row_group(g).column(c).total_compressed_size for c in range(meta.num_columns)))
-                       for g in range(meta.num_row_groups))
+        groups = tuple((group.num_rows, sum(group.column(c).total_compressed_size for c in range(group.num_columns)))
+                       for group in map(meta.row_group, range(meta.num_row_groups)))
         return cls(columns, groups)
 
     def to_json(self) -> dict[str, Any]:
