@@ -175,9 +175,9 @@ def grad_norm_groups(model: nn.Module, mixing_ids: Iterable[int]) -> dict[str, l
 class GroupGradNorms:
     """``GradNormTracker`` statistics of the pre-clip gradient norm of each parameter group.
 
-    ``measure()`` (or ``norms()`` then ``record``) reads the current gradients (call it after the backward passes,
-    before clipping); ``update(step)`` records what it measured as step ``step``. A group none of whose parameters holds
-    a gradient (DeepSpeed keeps them inside its engine) measures ``nan``.
+    ``norms()`` reads the current gradients on their device (call it after the backward passes, before
+    clipping), ``record`` takes its host copy; ``update(step)`` records what was measured as step ``step``. A
+    group none of whose parameters holds a gradient (DeepSpeed keeps them inside its engine) measures ``nan``.
     """
 
     def __init__(self, groups: dict[str, list[nn.Parameter]], window: int, warmup_steps: int) -> None:
@@ -205,11 +205,6 @@ class GroupGradNorms:
     def record(self, values: Sequence[float] | None) -> None:
         """The host values of ``norms()`` (None: no group held a gradient), for the next ``update``."""
         self._measured = dict(zip(self.groups, values, strict=True)) if values is not None else {}
-
-    def measure(self) -> None:
-        """``norms()`` and ``record`` in one, with a synchronisation of its own."""
-        norms = self.norms()
-        self.record(None if norms is None else norms.tolist())
 
     def update(self, step: int) -> dict[str, float]:
         fields: dict[str, float] = {}

@@ -59,7 +59,7 @@ class RunLock:
     """``RunLock.acquire(run_dir)`` takes the directory or raises ``RunLockedError`` naming the holder;
     ``release()`` gives it back (and stops renewing the lease)."""
 
-    def __init__(self, path: Path, record: dict, created_dir: bool = False) -> None:
+    def __init__(self, path: Path, record: dict, created_dir: bool) -> None:
         self.path = path
         self._record = record
         self._created_dir = created_dir

@@ -349,7 +349,7 @@ class _Run:
     optimizer: torch.optim.Optimizer
     scheduler: Any
     tokenizer: Tokenizer
-    loader: Any
+    loader: TrainLoader
     batches: Iterator[torch.Tensor]
     val_windows: torch.Tensor
     val_batch: torch.Tensor

@@ -128,7 +128,7 @@ def test_group_norms_split_the_global_norm(variant: dict) -> None:
     assert {id(p) for p in groups.get("ffn_mixing", [])} == set(multiplier_of(model))
     assert ("ffn_mixing" in groups) == (variant["ffn"] in ("isogmlp", "iso_ln") or "ffn_linear" in variant)
     tracker = GroupGradNorms(groups, window=3, warmup_steps=0)
-    tracker.measure()
+    tracker.record(tracker.norms().tolist())
     row = tracker.update(1)
     total = torch.nn.utils.get_total_norm([p.grad for p in model.parameters()]).item()
     assert math.fsum(row[f"grad_norm_{g}"] ** 2 for g in groups) == pytest.approx(total**2, rel=1e-5)
@@ -157,7 +157,7 @@ def test_group_trackers_resume_exactly() -> None:
         rows = []
         for step in steps:
             params["ffn"][0].grad, params["norm"][0].grad = grads[step - 1]
-            tracker.measure()
+            tracker.record(tracker.norms().tolist())
             rows.append(tracker.update(step))
         return rows
 
@@ -167,3 +167,24 @@ def test_group_trackers_resume_exactly() -> None:
     resumed = GroupGradNorms(params, window=4, warmup_steps=2)
     resumed.load_state_dict(json.loads(json.dumps(first.state_dict())))
     assert run(resumed, range(7, 13)) == whole[6:]
+
+
+def test_a_group_without_gradients_measures_nan() -> None:
+    """A group none of whose parameters holds a gradient (DeepSpeed keeps them in its engine) is NaN beside the
+    others' norms; with no gradient anywhere ``norms()`` is None and every group records NaN."""
+    import torch
+
+    from llm.metrics.gradnorm import GroupGradNorms
+
+    params = {"ffn": [torch.nn.Parameter(torch.zeros(2))], "norm": [torch.nn.Parameter(torch.zeros(2))]}
+    tracker = GroupGradNorms(params, window=3, warmup_steps=0)
+    assert tracker.norms() is None
+    tracker.record(None)
+    row = tracker.update(1)
+    assert math.isnan(row["grad_norm_ffn"]) and math.isnan(row["grad_norm_norm"])
+    params["norm"][0].grad = torch.tensor([3.0, 4.0])
+    norms = tracker.norms()
+    assert norms.dtype == torch.float32 and math.isnan(norms[0]) and norms[1] == 5.0
+    tracker.record(norms.tolist())
+    row = tracker.update(2)
+    assert math.isnan(row["grad_norm_ffn"]) and row["grad_norm_norm"] == 5.0

@@ -13,7 +13,9 @@ from accelerate.state import AcceleratorState, GradientState
 from torch import nn
 
 from llm.config import load_config
+from llm.metrics.gradnorm import GroupGradNorms, grad_norm_groups
 from llm.train.evaluate import evaluate
+from llm.train.optim import multiplier_of
 from llm.train.trainer import build_model, train_step
 
 
@@ -70,10 +72,17 @@ def test_grad_norm_is_pre_clip(tiny) -> None:
     loss.backward()
     norms = torch.stack([p.grad.double().norm() for p in model.parameters()])
     expected = torch.linalg.vector_norm(norms).item()
+    groups = GroupGradNorms(grad_norm_groups(model, multiplier_of(model).keys()), window=3, warmup_steps=0)
+    expected_groups = {f"grad_norm_{name}": torch.linalg.vector_norm(torch.stack([p.grad.double().norm()
+                                                                                  for p in params])).item()
+                       for name, params in groups.groups.items()}
     optimizer.zero_grad()
     before = [p.detach().clone() for p in model.parameters()]
-    result = train_step(model, [batch], optimizer, scheduler, accelerator, grad_clip=1e-3)
+    result = train_step(model, [batch], optimizer, scheduler, accelerator, grad_clip=1e-3, grad_groups=groups)
     assert result.grad_norm == pytest.approx(expected, rel=1e-5)
+    row = groups.update(1)
+    assert len(expected_groups) > 1  # each group's own norm, in its own field, measured before clipping too
+    assert {key: row[key] for key in expected_groups} == pytest.approx(expected_groups, rel=1e-5)
     assert result.grad_norm > 1e-3  # it was clipped, and the norm logged is the one before clipping
     step = torch.linalg.vector_norm(torch.stack([(p.detach() - b).double().norm()
                                                  for p, b in zip(model.parameters(), before, strict=True)]))
