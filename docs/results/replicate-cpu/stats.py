@@ -3,7 +3,7 @@
     python docs/results/replicate-cpu/stats.py 'runs/replicate-*' > docs/results/replicate-cpu/stats.md
 
 From the same ``metrics.jsonl`` files (read with ``llm.eval.compare.load_run``), in the same rows as the
-table (``llm.eval.compare.group_runs``: runs of one configuration but the seed; ``--baseline`` names a row
+table (``llm.eval.compare.compare_runs``: runs of one configuration but the seed; ``--baseline`` names a row
 as ``compare`` does):
 
 1. final validation loss: each variant's difference to the baseline with the Welch 95% confidence
@@ -33,7 +33,7 @@ from collections.abc import Sequence
 
 from scipy import stats
 
-from llm.eval.compare import DEFAULT_BASELINE, RunRecord, expand_run_dirs, group_runs, load_run, resolve_baseline
+from llm.eval.compare import DEFAULT_BASELINE, RunRecord, compare_runs, expand_run_dirs, load_run
 from llm.metrics.gradnorm import GRAD_NORM_GROUPS
 
 
@@ -99,12 +99,10 @@ def _final_alpha(run: RunRecord) -> dict[int, float]:
 
 
 def report(runs: Sequence[RunRecord], baseline: str) -> str:
-    rows = group_runs(runs)
-    label = resolve_baseline(rows, baseline)
-    if label is None:
-        raise ValueError(f"baseline {baseline} is not among the rows ({', '.join(rows)})")
-    baseline = label
-    groups = {variant: rows[variant] for variant in sorted(rows, key=lambda v: (v != baseline, v))}
+    comparison = compare_runs(runs, baseline)  # the table's rows, baseline first, and its baseline label
+    groups, baseline = comparison.groups, comparison.baseline
+    if baseline not in groups:
+        raise ValueError(f"baseline {baseline} is not among the rows ({', '.join(sorted(groups))})")
     base = groups[baseline]
     lines = [f"Baseline: {baseline}. Two-sided Welch t-tests (unequal variances) over seeds; "
              "CI: 95% interval of the difference of means.", ""]
@@ -124,7 +122,7 @@ def report(runs: Sequence[RunRecord], baseline: str) -> str:
                      f"{p:.3g} |")
 
     measures = {
-        "variance after warmup (compare's stability)": lambda r: _last_train(r, "grad_norm_var_run"),
+        "variance after warmup (compare's stability)": lambda r: r.stability,
         "coefficient of variation after warmup": lambda r: _last_train(r, "grad_norm_cv_run"),
         "variance over the second half of the steps": _late_grad_norm_var,
         "largest pre-clip norm after warmup": _max_grad_norm_after_warmup,
