@@ -30,6 +30,7 @@ import math
 import statistics
 import sys
 from collections.abc import Sequence
+from typing import Any
 
 from scipy import stats
 
@@ -66,19 +67,24 @@ def _late_grad_norm_var(run: RunRecord) -> float:
     return statistics.variance(late) if len(late) > 1 else math.nan
 
 
-def _max_grad_norm_after_warmup(run: RunRecord) -> float:
+def _spike(run: RunRecord) -> dict[str, Any] | None:
+    """The train row of the run's largest pre-clip gradient norm after warmup; None when there is none."""
     warmup = run.config.train.warmup_steps
-    return max((float(r["grad_norm"]) for r in run.train if int(r["step"]) > warmup), default=math.nan)
+    rows = [r for r in run.train if int(r["step"]) > warmup and r.get("grad_norm") is not None]
+    return max(rows, key=lambda r: float(r["grad_norm"]), default=None)
+
+
+def _max_grad_norm_after_warmup(run: RunRecord) -> float:
+    spike = _spike(run)
+    return math.nan if spike is None else float(spike["grad_norm"])
 
 
 def _spike_shares(run: RunRecord) -> dict[str, float]:
     """Each group's share of the squared global pre-clip norm at the run's largest step after warmup (the
     groups' squared norms add up to the global one's)."""
-    warmup = run.config.train.warmup_steps
-    rows = [r for r in run.train if int(r["step"]) > warmup and r.get("grad_norm") is not None]
-    if not rows:
+    spike = _spike(run)
+    if spike is None:
         return {}
-    spike = max(rows, key=lambda r: float(r["grad_norm"]))
     total = float(spike["grad_norm"]) ** 2
     return {group: float(spike[f"grad_norm_{group}"]) ** 2 / total
             for group in GRAD_NORM_GROUPS if spike.get(f"grad_norm_{group}") is not None}
