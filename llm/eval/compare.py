@@ -31,6 +31,7 @@ import math
 import statistics
 from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass, field
+from functools import cached_property
 from pathlib import Path
 from typing import Any
 
@@ -79,10 +80,10 @@ class RunRecord:
         logged another name for the same configuration)."""
         return self.config.model.variant_name
 
-    @property
+    @cached_property
     def setup(self) -> dict[str, Any]:
         """The ``model``, ``data`` and ``train`` sections of the run's config as dotted keys, less the
-        ``RESULT_NEUTRAL`` fields."""
+        ``RESULT_NEUTRAL`` fields (computed once: ``group_runs`` reads it for every run and every row)."""
         flat = flatten({section: asdict(getattr(self.config, section)) for section in COMPARED_SECTIONS})
         return {key: value for key, value in flat.items() if key not in RESULT_NEUTRAL}
 

@@ -3,7 +3,7 @@
     python docs/results/replicate-cpu/stats.py 'runs/replicate-*' > docs/results/replicate-cpu/stats.md
 
 From the same ``metrics.jsonl`` files (read with ``llm.eval.compare.load_run``), in the same rows as the
-table (``llm.eval.compare.group_runs``: runs of one configuration but the seed; ``--baseline`` names a row
+table (``llm.eval.compare.compare_runs``: runs of one configuration but the seed; ``--baseline`` names a row
 as ``compare`` does):
 
 1. final validation loss: each variant's difference to the baseline with the Welch 95% confidence
@@ -30,10 +30,11 @@ import math
 import statistics
 import sys
 from collections.abc import Sequence
+from typing import Any
 
 from scipy import stats
 
-from llm.eval.compare import DEFAULT_BASELINE, RunRecord, expand_run_dirs, group_runs, load_run, resolve_baseline
+from llm.eval.compare import DEFAULT_BASELINE, RunRecord, compare_runs, expand_run_dirs, load_run
 from llm.metrics.gradnorm import GRAD_NORM_GROUPS
 
 
@@ -66,19 +67,24 @@ def _late_grad_norm_var(run: RunRecord) -> float:
     return statistics.variance(late) if len(late) > 1 else math.nan
 
 
-def _max_grad_norm_after_warmup(run: RunRecord) -> float:
+def _spike(run: RunRecord) -> dict[str, Any] | None:
+    """The train row of the run's largest pre-clip gradient norm after warmup; None when there is none."""
     warmup = run.config.train.warmup_steps
-    return max((float(r["grad_norm"]) for r in run.train if int(r["step"]) > warmup), default=math.nan)
+    rows = [r for r in run.train if int(r["step"]) > warmup and r.get("grad_norm") is not None]
+    return max(rows, key=lambda r: float(r["grad_norm"]), default=None)
+
+
+def _max_grad_norm_after_warmup(run: RunRecord) -> float:
+    spike = _spike(run)
+    return math.nan if spike is None else float(spike["grad_norm"])
 
 
 def _spike_shares(run: RunRecord) -> dict[str, float]:
     """Each group's share of the squared global pre-clip norm at the run's largest step after warmup (the
     groups' squared norms add up to the global one's)."""
-    warmup = run.config.train.warmup_steps
-    rows = [r for r in run.train if int(r["step"]) > warmup and r.get("grad_norm") is not None]
-    if not rows:
+    spike = _spike(run)
+    if spike is None:
         return {}
-    spike = max(rows, key=lambda r: float(r["grad_norm"]))
     total = float(spike["grad_norm"]) ** 2
     return {group: float(spike[f"grad_norm_{group}"]) ** 2 / total
             for group in GRAD_NORM_GROUPS if spike.get(f"grad_norm_{group}") is not None}
@@ -99,12 +105,10 @@ def _final_alpha(run: RunRecord) -> dict[int, float]:
 
 
 def report(runs: Sequence[RunRecord], baseline: str) -> str:
-    rows = group_runs(runs)
-    label = resolve_baseline(rows, baseline)
-    if label is None:
-        raise ValueError(f"baseline {baseline} is not among the rows ({', '.join(rows)})")
-    baseline = label
-    groups = {variant: rows[variant] for variant in sorted(rows, key=lambda v: (v != baseline, v))}
+    comparison = compare_runs(runs, baseline)  # the table's rows, baseline first, and its baseline label
+    groups, baseline = comparison.groups, comparison.baseline
+    if baseline not in groups:
+        raise ValueError(f"baseline {baseline} is not among the rows ({', '.join(sorted(groups))})")
     base = groups[baseline]
     lines = [f"Baseline: {baseline}. Two-sided Welch t-tests (unequal variances) over seeds; "
              "CI: 95% interval of the difference of means.", ""]
@@ -124,7 +128,7 @@ def report(runs: Sequence[RunRecord], baseline: str) -> str:
                      f"{p:.3g} |")
 
     measures = {
-        "variance after warmup (compare's stability)": lambda r: _last_train(r, "grad_norm_var_run"),
+        "variance after warmup (compare's stability)": lambda r: r.stability,
         "coefficient of variation after warmup": lambda r: _last_train(r, "grad_norm_cv_run"),
         "variance over the second half of the steps": _late_grad_norm_var,
         "largest pre-clip norm after warmup": _max_grad_norm_after_warmup,
