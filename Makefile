@@ -1,17 +1,24 @@
-# One command each for a newcomer: `make demo` and `make test` (both create .venv and install).
+# One command each for a newcomer: `make demo` and `make test` (both create .venv and install the pinned set).
 PY ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
+LATEST := .venv-latest
+# The packages every environment here installs: the project with its dev, offline and lmeval extras, then
+# DeepSpeed (an sdist that needs torch at build time; DS_BUILD_OPS=0 compiles nothing).
+EXTRAS := '.[dev,offline,lmeval]'
 
-.PHONY: venv demo test bench bench-gpu gpu-wheels gpu-check-dry-run lint clean
+.PHONY: venv demo test test-latest pins bench bench-gpu gpu-wheels gpu-check-dry-run lint clean
 
-$(STAMP): pyproject.toml
+# Exactly the tested versions (constraints.txt), checked after the install: an unpinned or different package fails it.
+$(STAMP): pyproject.toml constraints.txt
+	rm -rf $(VENV)
 	$(PY) -m venv $(VENV)
-	# CPU build of torch first (a file of it is on disk here); the range in pyproject keeps it.
-	$(BIN)/pip install -q torch==2.13.0
-	$(BIN)/pip install -q -e '.[dev,offline,lmeval]'
-	DS_BUILD_OPS=0 $(BIN)/pip install -q --no-build-isolation 'deepspeed>=0.16'
+	# CPU build of torch first (a file of it is on disk here; any other torch pulls several GB of CUDA packages).
+	$(BIN)/pip install -q -c constraints.txt torch==2.13.0
+	$(BIN)/pip install -q -c constraints.txt -e $(EXTRAS)
+	DS_BUILD_OPS=0 $(BIN)/pip install -q -c constraints.txt --no-build-isolation deepspeed
+	$(BIN)/python scripts/pins.py check constraints.txt
 	touch $(STAMP)
 
 venv: $(STAMP)
@@ -21,6 +28,23 @@ demo: $(STAMP)
 
 test: $(STAMP)
 	$(BIN)/python -m pytest -n 2 -q
+
+# The suite against the newest releases inside pyproject's ranges (no constraints; torch stays the CPU build),
+# in a fresh $(LATEST). If it passes, `make pins` makes that set the tested one; if not, fix the code or lower
+# the range's upper bound in pyproject.toml, with a line in the README on why.
+test-latest:
+	rm -rf $(LATEST)
+	$(PY) -m venv $(LATEST)
+	$(LATEST)/bin/pip install -q torch==2.13.0
+	$(LATEST)/bin/pip install -q -e $(EXTRAS)
+	DS_BUILD_OPS=0 $(LATEST)/bin/pip install -q --no-build-isolation deepspeed
+	$(LATEST)/bin/python -c 'import transformers, accelerate, datasets; print("newest:", "transformers", transformers.__version__, "accelerate", accelerate.__version__, "datasets", datasets.__version__)'
+	$(LATEST)/bin/python -m pytest -n 2 -q
+
+# constraints.txt from the environment `make test-latest` built and passed.
+pins:
+	test -x $(LATEST)/bin/python || { echo "no $(LATEST): run make test-latest first" >&2; exit 1; }
+	$(LATEST)/bin/python scripts/pins.py write constraints.txt
 
 # Speed and memory, side by side in one run each (the numbers are ratios, never asserted in tests).
 bench: $(STAMP)
@@ -50,4 +74,4 @@ lint: $(STAMP)
 	$(BIN)/ruff check llm tests bench launch scripts train.py eval.py
 
 clean:
-	rm -rf $(VENV) runs data_cache
+	rm -rf $(VENV) $(LATEST) runs data_cache
