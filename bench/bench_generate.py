@@ -43,13 +43,13 @@ def decode(model: IsoLLMForCausalLM, prompt: torch.Tensor, new_tokens: int) -> t
     cache = IsoLLMCache(model.config.num_hidden_layers)
     synchronize(prompt.device)
     start = time.perf_counter()
-    logits = model(prompt, past_key_values=cache, use_cache=True, logits_to_keep=1).logits
+    logits = model(prompt, cache=cache, use_cache=True, logits_to_keep=1).logits
     synchronize(prompt.device)
     prefill = time.perf_counter() - start
     start = time.perf_counter()
     for _ in range(new_tokens):
         token = logits[:, -1:].argmax(-1)
-        logits = model(token, past_key_values=cache, use_cache=True).logits
+        logits = model(token, cache=cache, use_cache=True).logits
     synchronize(prompt.device)
     return prefill, new_tokens / (time.perf_counter() - start), cache_bytes(cache)
 

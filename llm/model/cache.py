@@ -3,35 +3,36 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
 
 import torch
-from torch.utils._pytree import tree_map
+from transformers.cache_utils import Cache
 
 
 @dataclass
 class LayerState:
     """What one decoder layer carries from one generation step to the next."""
 
-    attention: Any = None
-    """The scoring's opaque ``present``: ``(k, v)`` for softmax, ``(S, G)`` for iso_tanh."""
+    attention: tuple[torch.Tensor, ...] | None = None
+    """The scoring's ``present``, a tuple of batch-first tensors: ``(k, v)`` for softmax, ``(S, G)`` for iso_tanh."""
     ffn: dict[str, torch.Tensor] = field(default_factory=dict)
     """The FFN's own running state (isogmlp's causal_mean gate keeps its prefix sum here)."""
 
 
-class IsoLLMCache:
+class IsoLLMCache(Cache):
     """Generation state of all layers plus the number of tokens seen (the next token's position).
 
-    Not a ``transformers.cache_utils.Cache``: iso_tanh has no keys or values to cache. It offers what
-    ``generate()`` asks of a cache for greedy decoding, sampling and beam search (``get_seq_length``,
-    ``reorder_cache``); it is not compileable or croppable, so assisted decoding is not supported.
+    A ``transformers.cache_utils.Cache`` (what ``generate()`` expects of a state), whose layers are
+    ``LayerState``s rather than key/value layers: iso_tanh has no keys or values to cache, and an FFN may keep
+    state of its own. It serves greedy decoding, sampling and beam search (``get_seq_length``,
+    ``reorder_cache``). It is neither compileable nor croppable: the (S, G) sums cannot forget a token, so
+    assisted decoding, which rolls rejected drafts back, is refused.
     """
 
     is_compileable = False
     is_croppable = False
 
     def __init__(self, num_layers: int) -> None:
-        self.layers = [LayerState() for _ in range(num_layers)]
+        super().__init__(layers=[LayerState() for _ in range(num_layers)])
         self.seen_tokens = 0
 
     def get_seq_length(self, layer_idx: int = 0) -> int:
@@ -39,10 +40,16 @@ class IsoLLMCache:
 
     def reorder_cache(self, beam_idx: torch.LongTensor) -> None:
         """Beam search: keep the rows of the surviving beams (every state tensor is batch-first)."""
-        def select(value: Any) -> Any:
-            if isinstance(value, torch.Tensor):
-                return value.index_select(0, beam_idx.to(value.device))
-            return value
+        def select(state: torch.Tensor) -> torch.Tensor:
+            return state.index_select(0, beam_idx.to(state.device))
 
         for layer in self.layers:
-            layer.attention, layer.ffn = tree_map(select, (layer.attention, layer.ffn))
+            if layer.attention is not None:
+                layer.attention = tuple(select(state) for state in layer.attention)
+            layer.ffn = {name: select(state) for name, state in layer.ffn.items()}
+
+    def crop(self, tokens_to_remove: int) -> None:
+        """Refused: assisted decoding rolls rejected draft tokens back, and the sums cannot forget a token."""
+        if tokens_to_remove:
+            raise NotImplementedError("IsoLLMCache cannot drop tokens: iso_tanh's (S, G) sums and the FFN's running "
+                                      "means cannot forget one, so assisted decoding is not supported")

@@ -11,8 +11,10 @@ Qwen3 export (``llm/hf``) splits them back.
                      x = x + mlp(post_attention_layernorm(x))         # FFN_REGISTRY[config.ffn]
     logits = lm_head(norm(x))                                         # lm_head tied to embed_tokens
 
-Generation keeps an ``IsoLLMCache`` (cache.py): per layer, the scoring's opaque state (the KV cache for
-softmax, the O(1) ``(S, G)`` sums for iso_tanh) and a dict the FFN may keep running statistics in.
+Generation keeps an ``IsoLLMCache`` (cache.py, a transformers ``Cache``): per layer, the scoring's state (the
+KV cache for softmax, the O(1) ``(S, G)`` sums for iso_tanh) and a dict the FFN may keep running statistics in.
+``generate()`` reaches the model through public hooks only (``prepare_inputs_for_generation``, ``forward``), under
+the argument name of the installed transformers (``CACHE_ARG``: ``cache`` from 5.24, ``past_key_values`` before).
 Siblings: attention.py (scoring registry; iso_tanh's forms in iso_tanh.py), ffn.py (FFN registry),
 fused_ops.py (RMSNorm and rotary kernels), lm_head.py (the LM head and its fused cross-entropy).
 
@@ -21,10 +23,12 @@ Copied to the hub with its relative imports: torch and transformers only.
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any, ClassVar
 
 import torch
 import torch.nn.functional as F
+import transformers
 from torch import nn
 from transformers import GenerationMixin, PreTrainedModel
 from transformers.modeling_outputs import CausalLMOutputWithPast
@@ -36,6 +40,10 @@ from .configuration_isollm import IsoLLMConfig
 from .ffn import FFN_REGISTRY
 from .fused_ops import RMSNorm, apply_rotary, rotary_cos_sin
 from .lm_head import IGNORE_INDEX, LMHead
+
+CACHE_ARG = "cache" if "cache" in {f.name for f in dataclasses.fields(CausalLMOutputWithPast)} else "past_key_values"
+"""The name under which the installed transformers' ``generate()`` hands the state to ``forward`` and reads it
+back from the output: ``cache`` from 5.24 on, ``past_key_values`` before (read off its public output class)."""
 
 
 class IsoLLMAttention(nn.Module):
@@ -170,12 +178,13 @@ class IsoLLMForCausalLM(PreTrainedModel, GenerationMixin):
         input_ids: torch.LongTensor,
         attention_mask: torch.Tensor | None = None,
         position_ids: torch.LongTensor | None = None,
-        past_key_values: IsoLLMCache | None = None,
+        cache: IsoLLMCache | None = None,
         use_cache: bool | None = None,
         labels: torch.LongTensor | None = None,
         shift_labels: torch.LongTensor | None = None,
         output_hidden_states: bool | None = None,
         logits_to_keep: int = 0,
+        past_key_values: IsoLLMCache | None = None,
         **kwargs: Any,
     ) -> CausalLMOutputWithPast:
         """Logits ``[B, T, V]`` (only the last ``logits_to_keep`` positions when > 0, as ``generate()``
@@ -187,19 +196,25 @@ class IsoLLMForCausalLM(PreTrainedModel, GenerationMixin):
         is fused with the LM head (``lm_head.linear_cross_entropy``) and ``logits`` is None: the
         ``[B, T, V]`` logits are never materialised. In eval mode the logits are returned as well.
 
-        ``past_key_values``: an ``IsoLLMCache`` from an earlier call; ``input_ids`` then holds only
-        the new tokens. ``use_cache=True`` without one starts a cache.
+        ``cache`` (or its older name ``past_key_values``, which transformers before 5.24 uses): an
+        ``IsoLLMCache`` from an earlier call; ``input_ids`` then holds only the new tokens. ``use_cache=True``
+        without one starts a cache. The output carries it under ``CACHE_ARG``, the name the installed
+        transformers reads (``out.cache`` / ``out.past_key_values``).
 
         ``attention_mask``: ``[B, T_past + T]``, 1 at real tokens and 0 at padding (left or right), as
         transformers' tokenizers and ``generate()`` give it. Each row then gives exactly what its real
         tokens give alone. At a padded position the logits repeat those of the row's last real token
         before it, so ``logits[:, -1]`` is each row's next-token prediction, whichever side is padded.
         """
-        if past_key_values is None and use_cache:
-            past_key_values = IsoLLMCache(self.config.num_hidden_layers)
-        padding_mask = self._padding_mask(attention_mask, input_ids, past_key_values)
-        hidden, all_hidden = self.model(input_ids, position_ids, past_key_values,
-                                        bool(output_hidden_states), padding_mask)
+        if cache is not None and past_key_values is not None and cache is not past_key_values:
+            raise ValueError("pass the generation state as cache= or past_key_values=, not two different ones")
+        cache = cache if cache is not None else past_key_values
+        if cache is not None and not isinstance(cache, IsoLLMCache):
+            raise TypeError(f"the generation state must be an IsoLLMCache; got {type(cache).__name__}")
+        if cache is None and use_cache:
+            cache = IsoLLMCache(self.config.num_hidden_layers)
+        padding_mask = self._padding_mask(attention_mask, input_ids, cache)
+        hidden, all_hidden = self.model(input_ids, position_ids, cache, bool(output_hidden_states), padding_mask)
         if shift_labels is None and labels is not None:
             shift_labels = F.pad(labels[:, 1:], (0, 1), value=IGNORE_INDEX)
         logits = loss = None
@@ -211,8 +226,7 @@ class IsoLLMForCausalLM(PreTrainedModel, GenerationMixin):
                 stats_dtype = torch.promote_types(logits.dtype, torch.float32)  # fp32, or fp64 in tests
                 loss = F.cross_entropy(logits.flatten(0, 1).to(stats_dtype), shift_labels.flatten(),
                                        ignore_index=IGNORE_INDEX)
-        return CausalLMOutputWithPast(loss=loss, logits=logits, past_key_values=past_key_values,
-                                      hidden_states=all_hidden)
+        return CausalLMOutputWithPast(loss=loss, logits=logits, hidden_states=all_hidden, **{CACHE_ARG: cache})
 
     @staticmethod
     def _padding_mask(attention_mask: torch.Tensor | None, input_ids: torch.Tensor,
@@ -226,21 +240,49 @@ class IsoLLMForCausalLM(PreTrainedModel, GenerationMixin):
                              f"got {list(attention_mask.shape)}")
         return attention_mask.bool()
 
-    def _prepare_position_ids_for_generation(self, inputs_tensor: torch.Tensor,
-                                             model_kwargs: dict[str, Any]) -> None:
-        """No ``position_ids`` from ``generate()``: ``forward`` counts them from the attention mask itself.
+    def prepare_inputs_for_generation(self, input_ids: torch.LongTensor, **kwargs: Any) -> dict[str, Any]:
+        """``generate()``'s inputs for one step (the public hook models override): transformers' own, with
+        this model's ``IsoLLMCache`` as the state and without transformers' ``position_ids``.
 
-        transformers continues each row from its last prompt position, which is 0 at a right-padded
-        row's trailing padding; counting real tokens (``IsoLLMModel.forward``) gives every row, left- or
-        right-padded, the positions it has alone.
+        - The state: ``generate()`` starts a KV ``DynamicCache``; every scoring here keeps an ``IsoLLMCache``
+          instead (iso_tanh has no keys or values), which replaces the empty one on the first step and comes
+          back on every later one through the output (``CACHE_ARG``).
+        - A step that continues after ``n`` tokens must find them in the cache: a cache that missed a step
+          (say, a transformers release that renames the argument again) raises here instead of silently
+          decoding every token without its past.
+        - Positions: ``forward`` counts each row's real tokens from the attention mask itself. transformers
+          continues each row from its last prompt position, which is 0 at a right-padded row's trailing
+          padding; counting real tokens gives every row, left- or right-padded, the positions it has alone.
         """
-        return None
+        cache = self._generation_cache(input_ids, kwargs)
+        inputs = super().prepare_inputs_for_generation(input_ids, **kwargs, **{CACHE_ARG: cache})
+        inputs.pop("position_ids", None)
+        return inputs
 
-    def _prepare_cache_for_generation(self, generation_config: Any, model_kwargs: dict[str, Any],
-                                      *args: Any, **kwargs: Any) -> None:
-        """``generate()`` would build a KV ``DynamicCache``; every scoring uses an ``IsoLLMCache`` instead."""
-        if model_kwargs.get("past_key_values") is None and generation_config.use_cache is not False:
-            model_kwargs["past_key_values"] = IsoLLMCache(self.config.num_hidden_layers)
+    def _generation_cache(self, input_ids: torch.Tensor, kwargs: dict[str, Any]) -> IsoLLMCache | None:
+        """Pop the state ``generate()`` passed (under either name) from ``kwargs``; check that it holds the
+        tokens this step continues after, or start one on the first step."""
+        states = (kwargs.pop(name, None) for name in ("cache", "past_key_values"))
+        given = [state for state in states if state is not None]
+        if len(given) == 2 and given[0] is not given[1]:
+            raise ValueError(f"generate() got two states, as cache= and as past_key_values=; transformers "
+                             f"{transformers.__version__} reads {CACHE_ARG}=")
+        cache = given[0] if given else None
+        new_tokens = kwargs.get("next_sequence_length")  # None: every token of input_ids is new
+        past = input_ids.shape[1] - new_tokens if new_tokens is not None else None
+        if not isinstance(cache, IsoLLMCache):
+            if cache is not None and cache.get_seq_length() > 0:
+                raise TypeError(f"{type(self).__name__} generates with its own IsoLLMCache; "
+                                f"got a {type(cache).__name__} holding {cache.get_seq_length()} tokens")
+            if kwargs.get("use_cache") is False:
+                return None
+            cache = IsoLLMCache(self.config.num_hidden_layers)
+        if past is not None and cache.seen_tokens != past:
+            raise RuntimeError(
+                f"generate() continues after {past} tokens but the model's cache holds {cache.seen_tokens}: the "
+                f"state of the last step did not come back (transformers {transformers.__version__} passes it as "
+                f"{CACHE_ARG!r}); the tokens would be wrong")
+        return cache
 
 
 def param_counts(config: ModelConfig) -> tuple[int, int]:

@@ -39,3 +39,9 @@ def run_without_llm(script: str, *args: str, cwd: Path) -> subprocess.CompletedP
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-6000:]
     assert TRUST_PROMPT not in done.stdout + done.stderr
     return done
+
+
+def stderr_besides_progress(done: subprocess.CompletedProcess[str]) -> list[str]:
+    """What ``done`` printed on stderr besides transformers' "Loading weights" progress bar: warnings."""
+    lines = done.stderr.replace("\r", "\n").splitlines()
+    return [line for line in lines if line.strip() and not line.startswith("Loading weights")]

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from fresh_process import run_without_llm
+from fresh_process import run_without_llm, stderr_besides_progress
 from tokenizers import Tokenizer
 from tokenizers.models import WordLevel
 from tokenizers.pre_tokenizers import Whitespace
@@ -82,7 +82,9 @@ def test_hub_directory_holds_config_auto_map_and_code(saved):
 def test_fresh_process_without_llm_gets_identical_logits_and_generations(saved, tmp_path):
     inputs = tmp_path / "inputs.pt"
     torch.save({"prompt": PROMPT, "new_tokens": NEW_TOKENS}, inputs)
-    run_without_llm(FRESH_PROCESS, str(inputs), *(str(directory) for _, directory in saved.values()), cwd=tmp_path)
+    done = run_without_llm(FRESH_PROCESS, str(inputs), *(str(directory) for _, directory in saved.values()),
+                           cwd=tmp_path)
+    assert stderr_besides_progress(done) == []  # no warning: neither a deprecated cache name nor a config mismatch
     results = torch.load(str(inputs) + ".out")
     for model, directory in saved.values():
         got = results[str(directory)]
@@ -134,8 +136,9 @@ COMPLETE_DIRECTORY = """
     report = {}
     for directory, kind in (arg.split("=") for arg in sys.argv[1:]):
         remote = {"trust_remote_code": True} if kind == "isollm" else {}
-        # transformers 5 reads the model config before the tokenizer's: an isollm directory names the flag
-        tokenizer = AutoTokenizer.from_pretrained(directory, **({"trust_remote_code": False} if remote else {}))
+        # transformers 5 reads the model config before the tokenizer's: an isollm directory needs the flag, or
+        # it asks whether to run the code and then warns that a config of type `` reads an `isollm` one
+        tokenizer = AutoTokenizer.from_pretrained(directory, **remote)
         model = AutoModelForCausalLM.from_pretrained(directory, **remote)
         generator = pipeline("text-generation", model=directory, **remote)
         settings = dict(max_new_tokens=4, do_sample=False, return_full_text=False)
@@ -172,6 +175,7 @@ def test_checkpoint_and_qwen3_directories_are_complete_for_a_user_without_llm(tm
         assert json.loads((directory / "tokenizer_config.json").read_text())["tokenizer_class"] == \
             "PreTrainedTokenizerFast"
     done = run_without_llm(COMPLETE_DIRECTORY, *(f"{d}={kind}" for d, kind in directories.items()), cwd=tmp_path)
+    assert stderr_besides_progress(done) == []
     report = json.loads(done.stdout.strip().splitlines()[-1])
     for directory, kind in directories.items():
         got = report[str(directory)]

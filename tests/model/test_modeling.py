@@ -3,17 +3,19 @@
 from __future__ import annotations
 
 import itertools
+import warnings
 
 import pytest
 import torch
 import torch.nn.functional as F
+from transformers import GenerationMixin
 
 from llm.model import IsoLLMCache, IsoLLMConfig, IsoLLMForCausalLM, ModelConfig, param_counts
 from llm.model.attention import ATTN_SCORING_REGISTRY
 from llm.model.ffn import FFN_REGISTRY, ISOGMLP_GATES
 from llm.model.fused_ops import RMSNorm, _RMSNorm, apply_rotary
 from llm.model.linear import LINEAR_REGISTRY
-from llm.model.modeling_isollm import rotary_cos_sin
+from llm.model.modeling_isollm import CACHE_ARG, rotary_cos_sin
 
 VOCAB, T = 256, 12
 TINY = dict(vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
@@ -72,12 +74,12 @@ def test_incremental_forward_with_past_equals_the_full_forward(variant):
     with torch.no_grad():
         full = model(ids).logits
         out = model(ids[:, :5], use_cache=True)
-        cache = out.past_key_values
+        cache = out[CACHE_ARG]
         assert isinstance(cache, IsoLLMCache) and cache.get_seq_length() == 5
         torch.testing.assert_close(out.logits, full[:, :5], rtol=0, atol=1e-12)
         for start, stop in [(5, 6), (6, 9), *((t, t + 1) for t in range(9, T))]:
-            step = model(ids[:, start:stop], past_key_values=cache, use_cache=True)
-            assert step.past_key_values is cache and cache.get_seq_length() == stop
+            step = model(ids[:, start:stop], cache=cache, use_cache=True)
+            assert step[CACHE_ARG] is cache and cache.get_seq_length() == stop
             torch.testing.assert_close(step.logits, full[:, start:stop], rtol=0, atol=1e-12)
 
 
@@ -85,9 +87,9 @@ def test_iso_tanh_generation_state_does_not_grow_with_length():
     """iso_tanh carries (S, G) of fixed size [B, Hkv, D, D] per layer: no KV cache."""
     model = build(attn_scoring="iso_tanh")
     with torch.no_grad():
-        cache = model(tokens(seq=3), use_cache=True).past_key_values
+        cache = model(tokens(seq=3), use_cache=True)[CACHE_ARG]
         shapes = [tuple(t.shape) for layer in cache.layers for t in layer.attention]
-        model(tokens(seq=T), past_key_values=cache, use_cache=True)
+        model(tokens(seq=T), cache=cache, use_cache=True)
     assert shapes == [tuple(t.shape) for layer in cache.layers for t in layer.attention]
     assert set(shapes) == {(2, 2, 8, 8)}
 
@@ -108,11 +110,53 @@ def test_generate_with_cache_equals_greedy_recomputation(variant):
     model = build(dtype=torch.float32, **variant)
     prompt = tokens(seq=5)
     out = model.generate(prompt, max_new_tokens=10, do_sample=False, return_dict_in_generate=True)
-    assert isinstance(out.past_key_values, IsoLLMCache)
-    assert out.past_key_values.get_seq_length() == 5 + 10 - 1  # the last token is sampled, never fed
+    assert isinstance(out[CACHE_ARG], IsoLLMCache)
+    assert out[CACHE_ARG].get_seq_length() == 5 + 10 - 1  # the last token is sampled, never fed
     assert torch.equal(out.sequences, greedy_by_recomputation(model, prompt, 10))
     no_cache = model.generate(prompt, max_new_tokens=10, do_sample=False, use_cache=False)
     assert torch.equal(no_cache, out.sequences)
+
+
+def test_a_generation_step_whose_state_did_not_come_back_raises(monkeypatch):
+    """If generate() stops handing the model its state (as transformers 5.24's rename of past_key_values to
+    cache did to the private hooks this model used to override), decoding fails loudly at the second step
+    instead of predicting every token without its past."""
+    model = build(dtype=torch.float32)
+    forward = type(model).forward
+
+    def forward_losing_the_state(self, *args, **kwargs):
+        out = forward(self, *args, **kwargs)
+        out[CACHE_ARG] = None
+        return out
+
+    monkeypatch.setattr(type(model), "forward", forward_losing_the_state)
+    with pytest.raises(RuntimeError, match=r"generate\(\) continues after 5 tokens but the model's cache holds 0"):
+        model.generate(tokens(seq=5), max_new_tokens=3, do_sample=False)
+
+
+def test_generate_continues_from_a_cache_the_caller_passes():
+    """A user's cache, filled by a forward over the start of the prompt, continues: under the name the
+    installed transformers reads and under past_key_values, which 5.24 still accepts as an alias."""
+    model = build(dtype=torch.float32, attn_scoring="iso_tanh")
+    prompt = tokens(seq=5)
+    expected = greedy_by_recomputation(model, prompt, 6)
+    for name in sorted({CACHE_ARG, "past_key_values"}):
+        with torch.no_grad():
+            cache = model(prompt[:, :4], use_cache=True)[CACHE_ARG]
+        with warnings.catch_warnings():  # 5.24 warns that past_key_values is its deprecated alias
+            warnings.simplefilter("ignore", FutureWarning)
+            out = model.generate(prompt, max_new_tokens=6, do_sample=False, **{name: cache})
+        assert torch.equal(out, expected), name
+        assert cache.get_seq_length() == 5 + 6 - 1
+
+
+def test_generation_goes_through_public_hooks_only():
+    """No private ``GenerationMixin`` method is overridden: such a hook changes without notice between
+    transformers releases (5.24 renamed the state its cache hook wrote). ``prepare_inputs_for_generation`` is
+    the documented one."""
+    own = {name for name in vars(IsoLLMForCausalLM) if name.startswith("_") and not name.startswith("__")}
+    assert own & set(dir(GenerationMixin)) == set()
+    assert "prepare_inputs_for_generation" in vars(IsoLLMForCausalLM)
 
 
 @pytest.mark.parametrize("variant", CACHE_VARIANTS, ids=variant_id)
@@ -122,9 +166,9 @@ def test_reorder_cache_selects_every_state_of_the_chosen_rows(variant):
     ids = tokens(batch=3)
     rows = torch.tensor([2, 0, 0])
     with torch.no_grad():
-        cache = model(ids[:, :6], use_cache=True).past_key_values
+        cache = model(ids[:, :6], use_cache=True)[CACHE_ARG]
         cache.reorder_cache(rows)
-        continued = model(ids[rows, 6:], past_key_values=cache).logits
+        continued = model(ids[rows, 6:], cache=cache).logits
         torch.testing.assert_close(continued, model(ids[rows]).logits[:, 6:], rtol=0, atol=1e-12)
 
 
@@ -231,7 +275,7 @@ def test_loss_is_the_shifted_cross_entropy_in_fp32():
 def test_training_forward_returns_logits_only():
     out = build()(tokens())
     assert out.logits.shape == (2, T, VOCAB)
-    assert out.loss is None and out.past_key_values is None and out.hidden_states is None
+    assert out.loss is None and out.get(CACHE_ARG) is None and out.hidden_states is None
 
 
 def test_hidden_states_are_the_embedding_and_every_block_output():
