@@ -54,7 +54,11 @@ bench: $(STAMP)
 	$(BIN)/python bench/bench_generate.py --threads 2
 	$(BIN)/python bench/bench_data.py
 
-# On a CUDA machine, in an environment with CUDA torch and `pip install -e '.[dev,gpu]'` (not .venv, whose
+# The pins without torch and triton, for an environment that keeps its CUDA build of torch (README, Tested versions).
+gpu-constraints.txt: constraints.txt
+	grep -vE '^(torch|triton)==' constraints.txt > $@
+
+# On a CUDA machine, in an environment with CUDA torch and `pip install -c gpu-constraints.txt -e '.[dev,gpu]'` (not .venv, whose
 # torch is the CPU build): the GPU tests, then the GPU figures of docs/performance.md (bf16, torch.compile, MFU, fla).
 bench-gpu:
 	$(PY) -m pytest -q -m gpu

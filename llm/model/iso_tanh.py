@@ -103,15 +103,19 @@ def _iso_tanh_gain(r2: torch.Tensor) -> torch.Tensor:
     return tanh_ratio(r2.clamp_min(torch.finfo(r2.dtype).tiny).sqrt())
 
 
-def _pack_state(state: IsoTanhState | None, b: int, hkv: int, d: int, like: torch.Tensor) -> torch.Tensor:
-    """``(S, G)`` -> ``[B, Hkv, D, 2D]`` in ``like``'s dtype (zeros when there is no state)."""
-    if state is None:
-        return like.new_zeros(b, hkv, d, 2 * d)
+def _check_state(state: IsoTanhState, b: int, hkv: int, d: int) -> IsoTanhState:
     s, g = state
     if s.shape != (b, hkv, d, d) or g.shape != (b, hkv, d, d):
         raise ValueError(f"iso_tanh state must be (S, G), each [B, Hkv, D, D] = {[b, hkv, d, d]}; "
                          f"got {tuple(s.shape)}, {tuple(g.shape)}")
-    return torch.cat([s, g], dim=-1).to(like.dtype)
+    return s, g
+
+
+def _pack_state(state: IsoTanhState | None, b: int, hkv: int, d: int, like: torch.Tensor) -> torch.Tensor:
+    """``(S, G)`` -> ``[B, Hkv, D, 2D]`` in ``like``'s dtype (zeros when there is no state)."""
+    if state is None:
+        return like.new_zeros(b, hkv, d, 2 * d)
+    return torch.cat(_check_state(state, b, hkv, d), dim=-1).to(like.dtype)
 
 
 def _unpack_state(sg: torch.Tensor) -> IsoTanhState:
@@ -227,24 +231,30 @@ def iso_tanh_recurrent(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                        state: IsoTanhState | None) -> tuple[torch.Tensor, IsoTanhState]:
     """iso_tanh attention one token at a time with an O(1) state: generation without a KV cache.
 
-    For each new token: ``[S | G] += k_t [v_t | k_t]^T``, then ``out_t = g(|s_t|) q_t^T S / sqrt(D)``
-    with ``|s_t|^2 = q_t^T G q_t / D``. Same contract and dtypes as ``iso_tanh_chunked``.
+    For each new token: ``S += k_t v_t^T``, ``G += k_t k_t^T``, then ``out_t = g(|s_t|) q_t^T S / sqrt(D)``
+    with ``|s_t|^2 = q_t^T G q_t / D``. Same contract and dtypes as ``iso_tanh_chunked``, except that with
+    autograd off (generation) the given state is advanced in place: a token then costs the same whatever the
+    context, with no copy of the sums. With autograd on, the given state is left as it was.
     """
     b, h, hkv, t, d = check_qkv(q, k, v)
     acc = _accumulation_dtype(q.dtype)
-    sg = _pack_state(state, b, hkv, d, q.new_empty(0, dtype=acc))
+    if state is None:
+        sums, g = q.new_zeros(2, b, hkv, d, d, dtype=acc).unbind()
+    else:
+        sums, g = (x.to(acc) for x in _check_state(state, b, hkv, d))
+    add_outer = torch.Tensor.addcmul_ if not torch.is_grad_enabled() else torch.addcmul
     qs = (q.to(acc) * d**-0.5).view(b, hkv, h // hkv, t, d)
-    vk = torch.cat([v, k], dim=-1).to(acc)
-    k = vk[..., d:]
+    k, v = k.to(acc), v.to(acc)
     outs = []
     for i in range(t):
-        sg = sg + k[:, :, i, :, None] * vk[:, :, i, None, :]
+        k_i = k[:, :, i, :, None]
+        sums = add_outer(sums, k_i, v[:, :, i, None, :])
+        g = add_outer(g, k_i, k[:, :, i, None, :])
         q_t = qs[:, :, :, i]  # [B, Hkv, grp, D]
-        qsg = q_t @ sg
-        r2 = (q_t * qsg[..., d:]).sum(-1, keepdim=True)
-        outs.append(_iso_tanh_gain(r2) * qsg[..., :d])
+        r2 = (q_t * (q_t @ g)).sum(-1, keepdim=True)
+        outs.append(_iso_tanh_gain(r2) * (q_t @ sums))
     out = torch.stack(outs, dim=3).reshape(b, h, t, d)
-    return out.to(q.dtype), _unpack_state(sg)
+    return out.to(q.dtype), (sums, g)
 
 
 def iso_tanh_linear_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, state: IsoTanhState | None,

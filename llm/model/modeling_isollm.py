@@ -231,8 +231,15 @@ class IsoLLMForCausalLM(PreTrainedModel, GenerationMixin):
     @staticmethod
     def _padding_mask(attention_mask: torch.Tensor | None, input_ids: torch.Tensor,
                       cache: IsoLLMCache | None) -> torch.Tensor | None:
-        """``attention_mask`` as a bool mask, or None when no token is padding (the unmasked fast path)."""
-        if attention_mask is None or bool(attention_mask.all()):
+        """``attention_mask`` as a bool mask, or None when no token is padding (the unmasked fast path).
+
+        A generation step (one token after a cache) keeps the mask without asking whether it holds padding:
+        the answer would cost a device-to-host copy on every token, and masking one query costs nothing.
+        """
+        if attention_mask is None:
+            return None
+        step = cache is not None and cache.seen_tokens > 0 and input_ids.shape[1] == 1
+        if not step and bool(attention_mask.all()):
             return None
         expected = (input_ids.shape[0], input_ids.shape[1] + (cache.seen_tokens if cache is not None else 0))
         if tuple(attention_mask.shape) != expected:

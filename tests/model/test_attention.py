@@ -139,6 +139,23 @@ def test_prefill_then_recurrent_equals_whole() -> None:
     torch.testing.assert_close(torch.cat(outs, dim=2), whole, **EXACT)
 
 
+def test_recurrent_advances_the_state_in_place_without_autograd_only() -> None:
+    """Generation (no autograd): each token updates the sums where they are, no copy of them per token.
+    With autograd on, the caller's state is left as it was and the output is the same."""
+    q, k, v = make_qkv(6)
+    _, prefilled = iso_tanh_chunked(q[:, :, :4], k[:, :, :4], v[:, :, :4], CHUNK)
+    before = tuple(x.clone() for x in prefilled)
+    step = (q[:, :, 4:5], k[:, :, 4:5], v[:, :, 4:5])
+    tracked, state = iso_tanh_recurrent(*step, prefilled)
+    assert all(torch.equal(x, y) for x, y in zip(prefilled, before, strict=True))
+    with torch.no_grad():
+        out, advanced = iso_tanh_recurrent(*step, prefilled)
+    assert all(a.data_ptr() == p.data_ptr() for a, p in zip(advanced, prefilled, strict=True))
+    torch.testing.assert_close(out, tracked, **EXACT)
+    for got, want in zip(advanced, state, strict=True):
+        torch.testing.assert_close(got, want, **EXACT)
+
+
 @pytest.mark.parametrize("impl", ["naive", "chunked", "recurrent", "softmax"])
 @pytest.mark.parametrize("which", [0, 1, 2])
 def test_causal(impl: str, which: int) -> None:

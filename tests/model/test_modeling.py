@@ -63,6 +63,10 @@ def test_no_logit_depends_on_a_later_token(variant):
 CACHE_VARIANTS = [dict(attn_scoring="softmax"), dict(attn_scoring="iso_tanh"),
                   dict(ffn="isogmlp", isogmlp_gate="causal_mean", attn_scoring="iso_tanh"),
                   dict(ffn="isogmlp", isogmlp_gate="causal_mean", attn_scoring="softmax")]
+CACHE_VARIANTS += [dict(ffn=f, attn_scoring=a) for f, a in itertools.product(sorted(set(FFN_REGISTRY) - {"swiglu"}),
+                                                                          sorted(ATTN_SCORING_REGISTRY))]
+"""Generation state of every kind: both scorings' (k, v) and (S, G), the causal_mean gate's running sum, and
+every FFN with each scoring."""
 
 
 @pytest.mark.parametrize("variant", CACHE_VARIANTS, ids=variant_id)
@@ -172,7 +176,7 @@ def test_reorder_cache_selects_every_state_of_the_chosen_rows(variant):
         torch.testing.assert_close(continued, model(ids[rows]).logits[:, 6:], rtol=0, atol=1e-12)
 
 
-@pytest.mark.parametrize("variant", CACHE_VARIANTS[:2], ids=variant_id)
+@pytest.mark.parametrize("variant", CACHE_VARIANTS, ids=variant_id)
 def test_beam_search_with_cache_equals_beam_search_without(variant):
     """Beam search reorders the cache's states (reorder_cache); recomputation needs none. With this
     seed the beams swap places at most steps, so skipping the reorder changes the output."""
@@ -245,6 +249,26 @@ def test_generate_on_a_padded_batch_gives_each_prompt_its_generation_alone(varia
         assert torch.equal(batch.sequences[i, ids.shape[1]:], alone.sequences[0, len(row):])
         for step, (got, want) in enumerate(zip(batch.logits, alone.logits, strict=True)):
             torch.testing.assert_close(got[i], want[0], rtol=0, atol=1e-12, msg=lambda m, s=step: f"step {s}: {m}")
+
+
+@pytest.mark.parametrize("variant", CACHE_VARIANTS, ids=variant_id)
+def test_a_padded_generation_step_reads_nothing_back_to_the_host(variant, monkeypatch):
+    """A step after the prefill (one token, its mask grown by one) never waits on the device: no tensor is
+    turned into a Python bool or number, so GPU decoding runs ahead of the host."""
+    model = build(**variant)
+    ids, mask = pad([tokens(1, n, seed=i)[0] for i, n in enumerate(LENGTHS)], "left")
+    with torch.no_grad():
+        cache = model(ids, attention_mask=mask, use_cache=True)[CACHE_ARG]
+        expected = model(torch.cat([ids, ids[:, -1:]], dim=1), attention_mask=F.pad(mask, (0, 1), value=1)).logits
+
+        def read_back(*args, **kwargs):
+            raise AssertionError("a generation step read a tensor back to the host")
+
+        for name in ("__bool__", "__int__", "__float__", "item", "tolist"):
+            monkeypatch.setattr(torch.Tensor, name, read_back)
+        step = model(ids[:, -1:], attention_mask=F.pad(mask, (0, 1), value=1), cache=cache).logits
+        monkeypatch.undo()
+    torch.testing.assert_close(step[:, -1], expected[:, -1], rtol=0, atol=1e-12)
 
 
 def test_an_all_ones_mask_is_no_mask_and_a_misshapen_one_is_refused():
