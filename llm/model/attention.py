@@ -23,11 +23,12 @@ Variants (``ModelConfig.attn_scoring``):
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .config import ModelConfig
 from .iso_tanh import (
     IsoTanhState,
     check_qkv,
@@ -37,6 +38,9 @@ from .iso_tanh import (
     iso_tanh_recurrent,
     mask_padding,
 )
+
+if TYPE_CHECKING:
+    from .config import ModelConfig
 
 
 def _check_padding_mask(mask: torch.Tensor, q: torch.Tensor, keys: int | None) -> torch.Tensor:

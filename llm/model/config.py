@@ -14,26 +14,15 @@ import math
 from dataclasses import dataclass, fields, replace
 from typing import Any
 
+from .attention import ATTN_SCORING_REGISTRY
+from .errors import ConfigError, check_choice
+from .ffn import FFN_REGISTRY, ISOGMLP_GATES
+from .isotropic import ISO_ACTIVATIONS
+from .linear import LINEAR_REGISTRY
+
+__all__ = ["ConfigError", "ModelConfig", "check_choice", "upgrade_saved"]
+
 QWEN3_VOCAB_SIZE = 151_680  # the Qwen3 tokenizer's 151,669 ids padded to a multiple of 128
-
-
-class ConfigError(ValueError):
-    """A bad configuration value; ``str(err)`` is ``"<field>: <what was expected>"``."""
-
-    def __init__(self, field: str, message: str) -> None:
-        self.field = field
-        self.message = message
-        super().__init__(f"{field}: {message}")
-
-    def prefixed(self, section: str) -> ConfigError:
-        return ConfigError(f"{section}.{self.field}", self.message)
-
-
-def check_choice(field: str, value: str, choices: object) -> None:
-    """Raise ``ConfigError`` unless ``value`` is one of ``choices`` (a registry dict or a sequence)."""
-    names = list(choices)
-    if value not in names:
-        raise ConfigError(field, f"unknown value {value!r}; expected one of: {', '.join(map(str, names))}")
 
 
 FFN_INITS = ("matched", "paper")
@@ -58,15 +47,7 @@ def _format_option(value: object) -> str:
 
 
 def _variant_registries() -> dict[str, dict[str, type]]:
-    """Every registry whose entries declare ``OPTIONS``: the three selectors and iso_mlp's activation.
-
-    Imported here, not at module level: the registries' modules import this one.
-    """
-    from .attention import ATTN_SCORING_REGISTRY
-    from .ffn import FFN_REGISTRY
-    from .isotropic import ISO_ACTIVATIONS
-    from .linear import LINEAR_REGISTRY
-
+    """Every registry whose entries declare ``OPTIONS``: the three selectors and iso_mlp's activation."""
     return {"ffn": FFN_REGISTRY, "attn_scoring": ATTN_SCORING_REGISTRY, "ffn_linear": LINEAR_REGISTRY,
             "iso_activation": ISO_ACTIVATIONS}
 
@@ -243,8 +224,6 @@ class ModelConfig:
 
     def validate(self) -> ModelConfig:
         """Raise ``ConfigError`` naming the first bad field; return self so calls chain."""
-        from .ffn import ISOGMLP_GATES
-
         for name in ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers",
                      "num_attention_heads", "num_key_value_heads", "max_position_embeddings",
                      "iso_tanh_chunk_size"):

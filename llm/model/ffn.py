@@ -23,15 +23,18 @@ other block is per-token).
 
 from __future__ import annotations
 
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from .config import ConfigError, ModelConfig
+from .errors import ConfigError
 from .isotropic import make_iso_activation
 from .linear import make_linear
+
+if TYPE_CHECKING:
+    from .config import ModelConfig
 
 Cache = dict[str, Any]
 

@@ -32,12 +32,14 @@ written (``r_init = 1``, gain 1). Both are isotropic: they differ from eq. 13 by
 from __future__ import annotations
 
 import math
-from typing import ClassVar
+from typing import TYPE_CHECKING, ClassVar
 
 import torch
 from torch import Tensor, nn
 
-from .config import ModelConfig
+if TYPE_CHECKING:
+    from .config import ModelConfig
+
 
 # Below this radius tanh(r)/r is evaluated by its Taylor series 1 - r^2/3 + 2 r^4/15, whose first
 # omitted term (17 r^6 / 315 ~ 5e-20) is below fp64 resolution; above it tanh(r)/r is already accurate

@@ -20,13 +20,15 @@ makes to them) start at ``linear``'s scale instead of sqrt(d + 1) times smaller 
 from __future__ import annotations
 
 import math
-from typing import ClassVar
+from typing import TYPE_CHECKING, ClassVar
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from .config import ModelConfig
+if TYPE_CHECKING:
+    from .config import ModelConfig
+
 
 # focusing-neuron Algorithm 3 clips the apertures to [0.01, 1.0] and the centres to [0, 1] after every
 # update (``Focus.clip_parameters_``, called by the optimizer's step hook in llm/train/optim.py).
