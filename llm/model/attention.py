@@ -11,6 +11,9 @@ called as ``forward(q, k, v, past=None, use_cache=False, padding_mask=None) -> (
 - ``padding_mask``: ``[B, T_past + T]`` bool, True at real tokens, or None when every token is real.
   A padded key is seen by no query, and a padded query's output is zero, so each row of a padded batch
   gives what its real tokens give alone (left or right padding).
+- ``doc_starts``: ``[B, T]`` bool, True at the first token of each packed document (layout.py), or None.
+  A query then sees the keys of its own document only, so each document gives what it gives alone. It
+  comes without a past or a padding mask (training and scoring packed windows).
 
 Variants (``ModelConfig.attn_scoring``):
 
@@ -38,6 +41,7 @@ from .iso_tanh import (
     iso_tanh_recurrent,
     mask_padding,
 )
+from .layout import same_document
 
 if TYPE_CHECKING:
     from .config import ModelConfig
@@ -65,14 +69,17 @@ class SoftmaxScoring(nn.Module):
 
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                 past: tuple[torch.Tensor, torch.Tensor] | None = None, use_cache: bool = False,
-                padding_mask: torch.Tensor | None = None,
+                padding_mask: torch.Tensor | None = None, doc_starts: torch.Tensor | None = None,
                 ) -> tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor] | None]:
         check_qkv(q, k, v)
         if past is not None:
             k = torch.cat([past[0], k], dim=2)
             v = torch.cat([past[1], v], dim=2)
         tq, tk = q.shape[2], k.shape[2]
-        if padding_mask is not None:
+        if doc_starts is not None:  # block-diagonal causal: a dense [B, 1, T, T] mask (no flash kernel)
+            visible = same_document(doc_starts).tril()[:, None]
+            out = F.scaled_dot_product_attention(q, k, v, attn_mask=visible, enable_gqa=True)
+        elif padding_mask is not None:
             out = self.padded(q, k, v, _check_padding_mask(padding_mask, q, tk))
         elif tq == tk:
             out = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
@@ -116,8 +123,11 @@ class IsoTanhScoring(nn.Module):
         return f"chunk_size={self.chunk_size}"
 
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, past: IsoTanhState | None = None,
-                use_cache: bool = False,
-                padding_mask: torch.Tensor | None = None) -> tuple[torch.Tensor, IsoTanhState | None]:
+                use_cache: bool = False, padding_mask: torch.Tensor | None = None,
+                doc_starts: torch.Tensor | None = None) -> tuple[torch.Tensor, IsoTanhState | None]:
+        if doc_starts is not None:  # packed documents: the torch form restarts its sums (fla's varlen: not wired)
+            out, state = iso_tanh_chunked(q, k, v, self.chunk_size, doc_starts=doc_starts)
+            return out, (state if use_cache else None)
         if padding_mask is not None:  # the past's sums hold no padded key: only the new columns matter
             padding_mask = _check_padding_mask(padding_mask, q, k.shape[2] if past is None else None)
             q, k = mask_padding(q, k, padding_mask[:, -q.shape[2]:])

@@ -15,10 +15,11 @@ The two-pathway blocks mix with as few passes over the ``[B, T, h]`` activations
 (one ``lerp`` / ``addcmul``, the LayerNorm's affine), which keeps them near SwiGLU's speed
 (bench/bench_train_step.py). Their ``diagnostics`` reuse ``pathways``, the computation ``forward`` mixes.
 
-``forward(x, cache, padding_mask)`` takes ``x`` ``[B, T, d]``; ``cache`` is None in training and, in
-generation, one dict per layer that persists across steps (only isogmlp's ``causal_mean`` gate keeps state
-in it, and only it reads ``padding_mask``, ``[B, T]`` True at real tokens, None when all are real: every
-other block is per-token).
+``forward(x, cache, padding_mask, doc_starts)`` takes ``x`` ``[B, T, d]``; ``cache`` is None in training and,
+in generation, one dict per layer that persists across steps (only isogmlp's ``causal_mean`` gate keeps state
+in it, and only it reads ``padding_mask``, ``[B, T]`` True at real tokens, None when all are real, and
+``doc_starts``, ``[B, T]`` True at the first token of each packed document, None for one document per row:
+every other block is per-token).
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ from torch import Tensor, nn
 
 from .errors import ConfigError
 from .isotropic import make_iso_activation
+from .layout import document_start_index
 from .linear import make_linear
 
 if TYPE_CHECKING:
@@ -44,7 +46,7 @@ class FeedForward(nn.Module):
 
     ``intermediate_size`` is h; None resolves it from the config (``ffn_param_match`` shrinks it so the
     block has SwiGLU's parameter count). Parameter matching itself builds blocks with an explicit h.
-    Subclasses define ``forward(x, cache=None, padding_mask=None)`` (module docstring).
+    Subclasses define ``forward(x, cache=None, padding_mask=None, doc_starts=None)`` (module docstring).
     """
 
     PROJECTIONS: ClassVar[tuple[str, ...]]
@@ -91,7 +93,8 @@ class SwiGLU(FeedForward):
 
     PROJECTIONS = ("gate", "up")
 
-    def forward(self, x: Tensor, cache: Cache | None = None, padding_mask: Tensor | None = None) -> Tensor:
+    def forward(self, x: Tensor, cache: Cache | None = None, padding_mask: Tensor | None = None,
+                doc_starts: Tensor | None = None) -> Tensor:
         gate, up = self.in_proj(x).split(self.intermediate_size, dim=-1)
         return self.down_proj(F.silu(gate) * up)
 
@@ -111,7 +114,8 @@ class IsoMLP(FeedForward):
         super().__init__(config, intermediate_size)
         self.act = make_iso_activation(config, self.intermediate_size)
 
-    def forward(self, x: Tensor, cache: Cache | None = None, padding_mask: Tensor | None = None) -> Tensor:
+    def forward(self, x: Tensor, cache: Cache | None = None, padding_mask: Tensor | None = None,
+                doc_starts: Tensor | None = None) -> Tensor:
         return self.down_proj(self.act(self.in_proj(x)))
 
 
@@ -153,11 +157,13 @@ class AlphaGate(nn.Module):
         nn.init.normal_(self.proj.weight, std=self.init_std)
         nn.init.zeros_(self.proj.bias)
 
-    def logit(self, x: Tensor, cache: Cache | None, padding_mask: Tensor | None = None) -> Tensor:
+    def logit(self, x: Tensor, cache: Cache | None, padding_mask: Tensor | None = None,
+              doc_starts: Tensor | None = None) -> Tensor:
         raise NotImplementedError
 
-    def forward(self, x: Tensor, cache: Cache | None = None, padding_mask: Tensor | None = None) -> Tensor:
-        return torch.sigmoid(self.logit(x, cache, padding_mask)).to(x.dtype)
+    def forward(self, x: Tensor, cache: Cache | None = None, padding_mask: Tensor | None = None,
+                doc_starts: Tensor | None = None) -> Tensor:
+        return torch.sigmoid(self.logit(x, cache, padding_mask, doc_starts)).to(x.dtype)
 
 
 class TokenGate(AlphaGate):
@@ -166,7 +172,8 @@ class TokenGate(AlphaGate):
     def __init__(self, config: ModelConfig) -> None:
         super().__init__(config, config.hidden_size)
 
-    def logit(self, x: Tensor, cache: Cache | None, padding_mask: Tensor | None = None) -> Tensor:
+    def logit(self, x: Tensor, cache: Cache | None, padding_mask: Tensor | None = None,
+              doc_starts: Tensor | None = None) -> Tensor:
         return self.proj(x)
 
 
@@ -176,13 +183,15 @@ class CausalMeanGate(TokenGate):
     A mean over the whole sequence would let a token see its future. As the projection is affine,
     ``w_a . mean(x) + b_a = mean(w_a . x + b_a)``: we project first and take the running mean of a
     scalar (in fp32, fp64 kept). In generation the running sum and the number of positions seen live in ``cache``.
-    Padded positions are left out of both, so a padded row's means are those of its real tokens alone.
+    Padded positions are left out of both, so a padded row's means are those of its real tokens alone, and a
+    packed document's means start at its first token, so they are those of the document alone.
     """
 
     SUM_KEY = "ffn_alpha_logit_sum"
     COUNT_KEY = "ffn_alpha_positions"
 
-    def logit(self, x: Tensor, cache: Cache | None, padding_mask: Tensor | None = None) -> Tensor:
+    def logit(self, x: Tensor, cache: Cache | None, padding_mask: Tensor | None = None,
+              doc_starts: Tensor | None = None) -> Tensor:
         logit = _widened(self.proj(x))
         if padding_mask is None:  # every position is real: position t has seen t + 1, no mask to apply or sum
             positions = torch.arange(1, x.shape[1] + 1, device=x.device, dtype=logit.dtype)[:, None]
@@ -190,6 +199,10 @@ class CausalMeanGate(TokenGate):
             real = padding_mask[..., None].to(logit.dtype)
             logit, positions = logit * real, real.cumsum(dim=1)
         running_sum = logit.cumsum(dim=1)
+        if doc_starts is not None:  # packed documents: each restarts its mean at its first token
+            start = document_start_index(doc_starts)  # [B, T]
+            running_sum = running_sum - (running_sum - logit).gather(1, start[..., None])
+            positions = (torch.arange(x.shape[1], device=x.device) - start + 1)[..., None].to(logit.dtype)
         if cache is not None:
             if self.SUM_KEY in cache:
                 running_sum = running_sum + cache[self.SUM_KEY]
@@ -205,7 +218,8 @@ class FeatureMeanGate(AlphaGate):
     def __init__(self, config: ModelConfig) -> None:
         super().__init__(config, 1)
 
-    def logit(self, x: Tensor, cache: Cache | None, padding_mask: Tensor | None = None) -> Tensor:
+    def logit(self, x: Tensor, cache: Cache | None, padding_mask: Tensor | None = None,
+              doc_starts: Tensor | None = None) -> Tensor:
         return self.proj(x.mean(dim=-1, keepdim=True))
 
 
@@ -240,16 +254,17 @@ class IsoGMLP(FeedForward):
         nn.init.zeros_(self.beta)
         self.alpha_gate.reset_parameters()
 
-    def pathways(self, x: Tensor, cache: Cache | None = None,
-                 padding_mask: Tensor | None = None) -> tuple[Tensor, Tensor, Tensor]:
+    def pathways(self, x: Tensor, cache: Cache | None = None, padding_mask: Tensor | None = None,
+                 doc_starts: Tensor | None = None) -> tuple[Tensor, Tensor, Tensor]:
         """``(Gated, Iso, alpha)``: the two pathways, unweighted, and the gated one's weight ``[B, T, 1]``."""
         gate, up, projected = self.in_proj(x).split(self.intermediate_size, dim=-1)
         gated = F.silu(gate) * up  # eq. 1
         iso = torch.addcmul(self.beta, self.gamma, projected).to(gated.dtype)  # eq. 2: gamma*(W_i x) + beta
-        return gated, iso, self.alpha_gate(x, cache, padding_mask)  # eq. 3
+        return gated, iso, self.alpha_gate(x, cache, padding_mask, doc_starts)  # eq. 3
 
-    def forward(self, x: Tensor, cache: Cache | None = None, padding_mask: Tensor | None = None) -> Tensor:
-        gated, iso, alpha = self.pathways(x, cache, padding_mask)
+    def forward(self, x: Tensor, cache: Cache | None = None, padding_mask: Tensor | None = None,
+                doc_starts: Tensor | None = None) -> Tensor:
+        gated, iso, alpha = self.pathways(x, cache, padding_mask, doc_starts)
         # eq. 4, alpha*Gated + (1-alpha)*Iso, in one lerp. lerp wants one dtype: under autocast the pathways
         # are bf16 and alpha fp32; alpha is rounded rather than the pathways promoted, which would save two
         # fp32 [B, T, h] copies for the backward pass.
@@ -324,7 +339,8 @@ class IsoLN(FeedForward):
                                 norm.eps)
         return torch.addcmul(shift, projected, weight)
 
-    def forward(self, x: Tensor, cache: Cache | None = None, padding_mask: Tensor | None = None) -> Tensor:
+    def forward(self, x: Tensor, cache: Cache | None = None, padding_mask: Tensor | None = None,
+                doc_starts: Tensor | None = None) -> Tensor:
         gated, projected = self.pathways(x)
         alpha, beta = self.alpha(), self.beta()
         shifted = beta if projected is None else self.weighted_iso(projected, 2 - alpha, beta)

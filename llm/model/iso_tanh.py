@@ -171,9 +171,44 @@ def _exclusive_cumsum(x: torch.Tensor, block: int = 16) -> torch.Tensor:
     return (within + before).flatten(-3, -2)[..., :n, :]
 
 
+def _packed_chunk_sums(kc: torch.Tensor, vkc: torch.Tensor, doc_starts: torch.Tensor, grp: int,
+                       ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``iso_tanh_chunked``'s carried sums when documents are packed (``doc_starts`` ``[B, n, c]`` per chunk).
+
+    A query takes sums from earlier chunks only if its document began in one of them: that is the document
+    open at the chunk's start, read by the chunk's queries before its first document start. Its sums are
+    ``P[c] - P[r]``: ``P`` the exclusive prefix over chunks of each chunk's *tail* sums (its tokens from its
+    last document start on; all of them if none starts there), ``r`` the last chunk before c where a
+    document starts. Returns ``(before [B, Hkv, n, D, 2D], final [B, Hkv, D, 2D], continues [B, 1, n, grp c,
+    1], same [B, 1, n, grp c, c])``: the carried sums, the open document's sums after the last chunk, which
+    query rows read the carried sums, and which (query row, key) pairs of a chunk share a document.
+    """
+    b, hkv, n, c, d = kc.shape
+    position = torch.arange(c, device=kc.device)
+    first = torch.where(doc_starts, position, c).amin(-1, keepdim=True)  # [B, n, 1]; c: none starts here
+    last = torch.where(doc_starts, position, -1).amax(-1, keepdim=True)  # -1: none starts here
+    tail = (position >= last).to(kc.dtype)  # [B, n, c]
+    tail_sums = ((kc * tail[:, None, ..., None]).transpose(-1, -2) @ vkc).flatten(-2)  # [B, Hkv, n, 2D^2]
+    prefix = _exclusive_cumsum(tail_sums)
+    chunk = torch.arange(n, device=kc.device)
+    opened = torch.where(doc_starts.any(-1), chunk, 0).cummax(-1).values  # [B, n]: last chunk with a start
+    r = F.pad(opened[:, :-1], (1, 0))  # chunk 0 carries nothing: P[0] - P[0]
+
+    def prefix_at(index: torch.Tensor) -> torch.Tensor:  # P[index[b, i]] per row: [B, Hkv, len, 2D^2]
+        return prefix.gather(2, index[:, None, :, None].expand(-1, hkv, -1, prefix.shape[-1]))
+
+    before = (prefix - prefix_at(r)).unflatten(-1, (d, 2 * d))
+    final = (prefix[:, :, -1:] + tail_sums[:, :, -1:] - prefix_at(opened[:, -1:]))[:, :, 0].unflatten(-1, (d, 2 * d))
+    continues = (position < first).repeat(1, 1, grp)[:, None, ..., None]
+    document = doc_starts.flatten(1).long().cumsum(-1).view(b, n, c)
+    same = (document.repeat(1, 1, grp)[..., None] == document[:, :, None, :])[:, None]
+    return before, final, continues, same
+
+
 @_without_autocast
 def iso_tanh_chunked(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, chunk_size: int,
-                     state: IsoTanhState | None = None) -> tuple[torch.Tensor, IsoTanhState]:
+                     state: IsoTanhState | None = None,
+                     doc_starts: torch.Tensor | None = None) -> tuple[torch.Tensor, IsoTanhState]:
     """iso_tanh attention in O(T * (chunk_size + D) * D): exact scores inside each chunk of
     ``chunk_size`` positions, the running ``(S, G)`` for everything before it.
 
@@ -184,6 +219,12 @@ def iso_tanh_chunked(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, chunk_si
 
     ``state``: the sums over earlier tokens (``None`` = start of sequence), so a sequence split in
     pieces and fed with the carried state gives the output of the whole.
+
+    ``doc_starts``: ``[B, T]`` bool, True at the first token of each packed document (layout.py), or None.
+    Each query then sums over its own document's keys only, so every document's output is its output alone;
+    the returned state is the last document's. Packed rows start from no state. The carried sums are
+    differences of prefix sums (``_packed_chunk_sums``): exact in fp64, within fp32 rounding of the whole
+    row's sums otherwise.
     """
     if not isinstance(chunk_size, int) or chunk_size <= 0:
         raise ValueError(f"iso_tanh_chunked: chunk_size must be a positive integer, got {chunk_size!r}")
@@ -208,21 +249,28 @@ def iso_tanh_chunked(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, chunk_si
     kc, vc = chunks(k), chunks(v)
     vkc = torch.cat([vc, kc], dim=-1)  # [v | k]: one matmul gives S and G together
 
-    chunk_sums = kc.transpose(-1, -2) @ vkc  # [B, Hkv, n, D, 2D]
-    before = _exclusive_cumsum(chunk_sums.flatten(-2)).unflatten(-1, (d, 2 * d))
-    if state is not None:  # without one the sums before the first chunk are zero: nothing to add
-        before = before + init[:, :, None]
-    inter = qc @ before  # [q^T S | q^T G] over the chunks before, per row
-
     position = torch.arange(grp * c, device=q.device) % c
     hidden = torch.arange(c, device=q.device) > position[:, None]  # causal mask inside a chunk
+    if doc_starts is None:
+        chunk_sums = kc.transpose(-1, -2) @ vkc  # [B, Hkv, n, D, 2D]
+        before = _exclusive_cumsum(chunk_sums.flatten(-2)).unflatten(-1, (d, 2 * d))
+        if state is not None:  # without one the sums before the first chunk are zero: nothing to add
+            before = before + init[:, :, None]
+        final = before[:, :, -1] + chunk_sums[:, :, -1]
+        inter = qc @ before  # [q^T S | q^T G] over the chunks before, per row
+    else:
+        if state is not None:
+            raise ValueError("iso_tanh_chunked: packed documents (doc_starts) start from no state")
+        starts = F.pad(doc_starts, (0, n * c - t)).view(b, n, c)
+        before, final, continues, same = _packed_chunk_sums(kc, vkc, starts, grp)
+        inter = (qc @ before) * continues
+        hidden = hidden | ~same
     scores = (qc @ kc.transpose(-1, -2)).masked_fill_(hidden, 0.0)  # [B, Hkv, n, grp * c, c]
 
     numerator = scores @ vc + inter[..., :d]
     r2 = scores.square().sum(-1) + (qc * inter[..., d:]).sum(-1)  # |s_i|^2 = q_i^T G_i q_i / D
     out = _iso_tanh_gain(r2).unsqueeze(-1) * numerator
     out = out.unflatten(3, (grp, c)).transpose(2, 3).reshape(b, h, n * c, d)[:, :, :t]
-    final = before[:, :, -1] + chunk_sums[:, :, -1]
     return out.to(q.dtype), _unpack_state(final)
 
 

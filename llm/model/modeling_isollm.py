@@ -39,6 +39,7 @@ from .config import ModelConfig
 from .configuration_isollm import IsoLLMConfig
 from .ffn import FFN_REGISTRY
 from .fused_ops import RMSNorm, apply_rotary, rotary_cos_sin
+from .layout import document_starts
 from .lm_head import IGNORE_INDEX, LMHead
 
 CACHE_ARG = "cache" if "cache" in {f.name for f in dataclasses.fields(CausalLMOutputWithPast)} else "past_key_values"
@@ -64,7 +65,7 @@ class IsoLLMAttention(nn.Module):
         self.scoring = ATTN_SCORING_REGISTRY[config.attn_scoring](config)
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, state: LayerState | None = None,
-                padding_mask: torch.Tensor | None = None) -> torch.Tensor:
+                padding_mask: torch.Tensor | None = None, doc_starts: torch.Tensor | None = None) -> torch.Tensor:
         """``state``: the layer's generation state (None in training), whose scoring state this call advances."""
         b, t, _ = x.shape
         qkv = self.qkv_proj(x).view(b, t, self.num_heads + 2 * self.num_kv_heads, self.head_dim)
@@ -72,7 +73,7 @@ class IsoLLMAttention(nn.Module):
         q = apply_rotary(self.q_norm(q).transpose(1, 2), cos, sin)
         k = apply_rotary(self.k_norm(k).transpose(1, 2), cos, sin)
         if state is None:
-            out, _ = self.scoring(q, k, v.transpose(1, 2), padding_mask=padding_mask)
+            out, _ = self.scoring(q, k, v.transpose(1, 2), padding_mask=padding_mask, doc_starts=doc_starts)
         else:
             out, state.attention = self.scoring(q, k, v.transpose(1, 2), past=state.attention, use_cache=True,
                                                 padding_mask=padding_mask)
@@ -89,13 +90,15 @@ class IsoLLMDecoderLayer(nn.Module):
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.mlp = FFN_REGISTRY[config.ffn](config)
 
-    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
-                state: LayerState | None = None, padding_mask: torch.Tensor | None = None) -> torch.Tensor:
-        """``padding_mask``: ``[B, T_past + T]``, True at real tokens (None: all real); see attention.py."""
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, state: LayerState | None = None,
+                padding_mask: torch.Tensor | None = None, doc_starts: torch.Tensor | None = None) -> torch.Tensor:
+        """``padding_mask``: ``[B, T_past + T]``, True at real tokens (None: all real); ``doc_starts``: ``[B, T]``,
+        True where a packed document starts (None: one per row); see attention.py."""
         ffn_cache = state.ffn if state is not None else None
         ffn_mask = padding_mask[:, -x.shape[1]:] if padding_mask is not None else None
-        x = x + self.self_attn(self.input_layernorm(x), cos, sin, state, padding_mask)
-        return x + self.mlp(self.post_attention_layernorm(x), cache=ffn_cache, padding_mask=ffn_mask)
+        x = x + self.self_attn(self.input_layernorm(x), cos, sin, state, padding_mask, doc_starts)
+        return x + self.mlp(self.post_attention_layernorm(x), cache=ffn_cache, padding_mask=ffn_mask,
+                            doc_starts=doc_starts)
 
 
 class IsoLLMModel(nn.Module):
@@ -118,10 +121,14 @@ class IsoLLMModel(nn.Module):
 
         ``padding_mask``: ``[B, T_past + T]`` bool, True at real tokens, or None when all are real.
         Without ``position_ids``, positions count each row's real tokens from 0, as transformers does
-        (``cumsum(mask) - 1``), so a left-padded row is rotated as if it stood alone.
+        (``cumsum(mask) - 1``), so a left-padded row is rotated as if it stood alone. ``position_ids`` that
+        restart (not continuing the previous position by 1) mark packed documents, as transformers' own
+        models read them: without a cache or padding mask, each document is then scored as if alone.
         """
         x = self.embed_tokens(input_ids)
         t = input_ids.shape[1]
+        packed = position_ids is not None and cache is None and padding_mask is None
+        doc_starts = document_starts(position_ids, input_ids.shape[0]) if packed else None
         if position_ids is None and padding_mask is not None:
             position_ids = (padding_mask.long().cumsum(-1) - 1).clamp_min(0)[:, -t:]
         elif position_ids is None:
@@ -130,7 +137,7 @@ class IsoLLMModel(nn.Module):
         cos, sin = rotary_cos_sin(position_ids, self.head_dim, self.rope_theta, x.dtype)
         hidden = [x] if output_hidden_states else None
         for i, layer in enumerate(self.layers):
-            x = layer(x, cos, sin, cache.layers[i] if cache is not None else None, padding_mask)
+            x = layer(x, cos, sin, cache.layers[i] if cache is not None else None, padding_mask, doc_starts)
             if hidden is not None:
                 hidden.append(x)
         if cache is not None:

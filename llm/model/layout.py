@@ -1,0 +1,39 @@
+"""Packed documents in one row: where each starts, read from ``position_ids`` as transformers marks them.
+
+A training window packs several documents. With document masking, its ``position_ids`` restart at 0 at
+every document (``DataCollatorWithFlattening``'s convention, which transformers' own models read through
+``masking_utils.find_packed_sequence_indices``): a position that does not continue the previous one by 1
+starts a document. Every block that mixes positions then keeps documents apart: softmax through a
+block-diagonal causal mask, iso_tanh by restarting its sums, isogmlp's causal mean by restarting its prefix.
+
+Copied to the hub with the modelling code: torch only.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+
+def document_starts(position_ids: torch.Tensor, batch: int) -> torch.Tensor | None:
+    """``[batch, T]`` bool, True at the first token of each document; None when every row is one sequence.
+
+    Deciding "one sequence" reads one bool back from the device, once per forward: the unpacked fast path is
+    worth it (a plain ``arange`` is what ``generate()`` and most callers pass).
+    """
+    starts = F.pad(position_ids[..., 1:] != position_ids[..., :-1] + 1, (1, 0), value=True)
+    if not bool(starts[..., 1:].any()):
+        return None
+    return starts.expand(batch, -1)
+
+
+def document_start_index(doc_starts: torch.Tensor) -> torch.Tensor:
+    """``[B, T]``: the position of the first token of each token's document."""
+    positions = torch.arange(doc_starts.shape[-1], device=doc_starts.device)
+    return torch.where(doc_starts, positions, 0).cummax(dim=-1).values
+
+
+def same_document(doc_starts: torch.Tensor) -> torch.Tensor:
+    """``[B, T, T]`` bool: query i and key j lie in the same document (block diagonal)."""
+    document = doc_starts.long().cumsum(dim=-1)
+    return document[:, :, None] == document[:, None, :]

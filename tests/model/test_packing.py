@@ -1,0 +1,99 @@
+"""Packed documents: position_ids that restart at 0 keep the documents of one row apart, for every variant."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+from test_modeling import VARIANTS, VOCAB, build, tokens, variant_id
+from transformers import DataCollatorWithFlattening
+
+from llm.model.iso_tanh import iso_tanh_chunked, iso_tanh_naive
+
+ROWS = [[5, 1, 9, 3, 6], [4, 8, 2, 10]]
+"""Document lengths per row (24 tokens each). With iso_tanh's chunk of 4: starts inside a chunk, two in one
+chunk, starts on chunk boundaries, and documents that span two and three chunks."""
+
+
+def packed(rows: list[list[int]]) -> tuple[torch.Tensor, torch.Tensor, list[list[torch.Tensor]]]:
+    """Token ids ``[B, T]``, position ids restarting at each document, and each row's documents."""
+    documents = [[tokens(1, n, seed=10 * r + i)[0] for i, n in enumerate(row)] for r, row in enumerate(rows)]
+    ids = torch.stack([torch.cat(docs) for docs in documents])
+    positions = torch.stack([torch.cat([torch.arange(len(doc)) for doc in docs]) for docs in documents])
+    return ids, positions, documents
+
+
+@pytest.mark.parametrize("variant", VARIANTS, ids=variant_id)
+def test_each_packed_document_gives_its_logits_alone(variant):
+    model = build(**variant)
+    ids, positions, documents = packed(ROWS)
+    with torch.no_grad():
+        logits = model(ids, position_ids=positions).logits
+        for row, docs in enumerate(documents):
+            start = 0
+            for doc in docs:
+                alone = model(doc[None]).logits[0]
+                torch.testing.assert_close(logits[row, start:start + len(doc)], alone, rtol=0, atol=1e-12)
+                start += len(doc)
+
+
+@pytest.mark.parametrize("variant", VARIANTS, ids=variant_id)
+def test_a_token_changes_nothing_outside_its_document_and_nothing_before_it(variant):
+    """Causality (bitwise) and independence of the later documents in a packed row."""
+    model = build(**variant)
+    ids, positions, _ = packed(ROWS[:1])  # documents at 0, 5, 6, 15, 18
+    with torch.no_grad():
+        base = model(ids, position_ids=positions).logits
+        for t, document_end in ((2, 5), (7, 15), (16, 18)):
+            perturbed = ids.clone()
+            perturbed[:, t] = (perturbed[:, t] + 1) % VOCAB
+            logits = model(perturbed, position_ids=positions).logits
+            assert torch.equal(logits[:, :t], base[:, :t])
+            # iso_tanh's carried sums are differences of prefix sums: equal to rounding, not bitwise
+            torch.testing.assert_close(logits[:, document_end:], base[:, document_end:], rtol=0, atol=1e-12)
+            assert not torch.allclose(logits[:, t], base[:, t])
+
+
+def test_position_ids_that_never_restart_are_the_unpacked_forward():
+    model = build(ffn="isogmlp", isogmlp_gate="causal_mean", attn_scoring="iso_tanh")
+    ids = tokens()
+    with torch.no_grad():
+        assert torch.equal(model(ids, position_ids=torch.arange(ids.shape[1])[None]).logits, model(ids).logits)
+
+
+@pytest.mark.parametrize("chunk", [1, 3, 4, 24])
+def test_chunked_iso_tanh_restarts_its_sums_at_every_document(chunk):
+    """The packed chunked form against the O(T^2) reference run on each document, fp64, GQA; the final state
+    is the last document's sums."""
+    q, k, v = (torch.randn(2, 4 if i == 0 else 2, 24, 8, dtype=torch.float64, generator=torch.Generator().manual_seed(i))
+               for i in range(3))
+    _, positions, _ = packed(ROWS)
+    starts = F.pad(positions[:, 1:] != positions[:, :-1] + 1, (1, 0), value=True)
+    out, (s, g) = iso_tanh_chunked(q, k, v, chunk, doc_starts=starts)
+    for row, lengths in enumerate(ROWS):
+        start = 0
+        for n in lengths:
+            piece = slice(start, start + n)
+            want = iso_tanh_naive(q[row:row + 1, :, piece], k[row:row + 1, :, piece], v[row:row + 1, :, piece])
+            torch.testing.assert_close(out[row:row + 1, :, piece], want, rtol=0, atol=1e-12)
+            start += n
+        last = k[row, :, 24 - lengths[-1]:]
+        torch.testing.assert_close(g[row], last.transpose(-1, -2) @ last, rtol=0, atol=1e-12)
+        torch.testing.assert_close(s[row], last.transpose(-1, -2) @ v[row, :, 24 - lengths[-1]:], rtol=0, atol=1e-12)
+
+
+@pytest.mark.parametrize("variant", [dict(), dict(ffn="isogmlp", isogmlp_gate="causal_mean", attn_scoring="iso_tanh")],
+                         ids=variant_id)
+def test_a_flattened_batch_trains_on_each_document_alone(variant):
+    """transformers' DataCollatorWithFlattening (one row, restarting position_ids, -100 at each document's first
+    label): the loss and its gradient are those of the documents scored one by one, token-weighted."""
+    model = build(**variant)
+    documents = [tokens(1, n, seed=n)[0] for n in (7, 3, 11)]
+    batch = DataCollatorWithFlattening(return_tensors="pt")([{"input_ids": doc.tolist()} for doc in documents])
+    loss = model(batch["input_ids"], position_ids=batch["position_ids"], labels=batch["labels"]).loss
+    (grad,) = torch.autograd.grad(loss, model.model.embed_tokens.weight)
+    targets = sum(len(doc) - 1 for doc in documents)
+    alone = sum(model(doc[None], labels=doc[None]).loss * (len(doc) - 1) for doc in documents) / targets
+    (grad_alone,) = torch.autograd.grad(alone, model.model.embed_tokens.weight)
+    torch.testing.assert_close(loss, alone, rtol=0, atol=1e-12)
+    torch.testing.assert_close(grad, grad_alone, rtol=0, atol=1e-12)
