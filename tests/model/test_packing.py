@@ -65,8 +65,8 @@ def test_position_ids_that_never_restart_are_the_unpacked_forward():
 def test_chunked_iso_tanh_restarts_its_sums_at_every_document(chunk):
     """The packed chunked form against the O(T^2) reference run on each document, fp64, GQA; the final state
     is the last document's sums."""
-    q, k, v = (torch.randn(2, 4 if i == 0 else 2, 24, 8, dtype=torch.float64, generator=torch.Generator().manual_seed(i))
-               for i in range(3))
+    q, k, v = (torch.randn(2, heads, 24, 8, dtype=torch.float64, generator=torch.Generator().manual_seed(i))
+               for i, heads in enumerate((4, 2, 2)))
     _, positions, _ = packed(ROWS)
     starts = F.pad(positions[:, 1:] != positions[:, :-1] + 1, (1, 0), value=True)
     out, (s, g) = iso_tanh_chunked(q, k, v, chunk, doc_starts=starts)
