@@ -31,6 +31,7 @@ import torch.nn.functional as F
 import transformers
 from torch import nn
 from transformers import GenerationMixin, PreTrainedModel
+from transformers.modeling_layers import GradientCheckpointingLayer
 from transformers.modeling_outputs import CausalLMOutputWithPast
 
 from .attention import ATTN_SCORING_REGISTRY
@@ -80,8 +81,13 @@ class IsoLLMAttention(nn.Module):
         return self.o_proj(out.transpose(1, 2).reshape(b, t, -1))
 
 
-class IsoLLMDecoderLayer(nn.Module):
-    """Pre-norm block: ``x + self_attn(norm(x))``, then ``x + mlp(norm(x))``."""
+class IsoLLMDecoderLayer(GradientCheckpointingLayer):
+    """Pre-norm block: ``x + self_attn(norm(x))``, then ``x + mlp(norm(x))``.
+
+    A ``GradientCheckpointingLayer``: after ``model.activation_checkpointing_enable(every_n_layers=n)`` (the
+    public transformers API), every n-th layer keeps only its input in training and recomputes the rest in the
+    backward pass (non-reentrant ``torch.utils.checkpoint``, around ``forward`` so FSDP2's hooks stay outside).
+    """
 
     def __init__(self, config: ModelConfig) -> None:
         super().__init__()
@@ -165,6 +171,7 @@ class IsoLLMForCausalLM(PreTrainedModel, GenerationMixin):
     config: IsoLLMConfig
     base_model_prefix = "model"
     _no_split_modules: ClassVar[list[str]] = ["IsoLLMDecoderLayer"]
+    supports_gradient_checkpointing = True
     # A dict in transformers 5; without it tie_word_embeddings is silently ignored.
     _tied_weights_keys: ClassVar[dict[str, str]] = {"lm_head.weight": "model.embed_tokens.weight"}
 

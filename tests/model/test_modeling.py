@@ -441,3 +441,27 @@ def test_bf16_training_step_follows_fp32(variant, mode):
     assert loss16.dtype == torch.float32
     torch.testing.assert_close(loss16, loss32, rtol=2e-2, atol=0)
     assert torch.nn.functional.cosine_similarity(grad16, grad32, dim=0) > 0.99
+
+
+@pytest.mark.parametrize("every_n_layers", [1, 2])
+@pytest.mark.parametrize("variant", [dict(), dict(ffn="isogmlp", isogmlp_gate="causal_mean", attn_scoring="iso_tanh")],
+                         ids=variant_id)
+def test_activation_checkpointing_gives_the_same_loss_and_gradients(variant, every_n_layers):
+    """transformers' public ``activation_checkpointing_enable``: recomputed layers give bit-identical results."""
+    def loss_and_grads(model: IsoLLMForCausalLM) -> tuple[torch.Tensor, list[torch.Tensor]]:
+        model.train()
+        ids = tokens(seq=T)
+        loss = model(ids, labels=ids, position_ids=torch.tensor([[*range(5), *range(T - 5)]])).loss
+        return loss, torch.autograd.grad(loss, list(model.parameters()))
+
+    plain, plain_grads = loss_and_grads(build(num_hidden_layers=4, **variant))
+    model = build(num_hidden_layers=4, **variant)
+    model.activation_checkpointing_enable(every_n_layers=every_n_layers)
+    checkpointed = [layer.gradient_checkpointing for layer in model.model.layers]
+    assert checkpointed == [i % every_n_layers == 0 for i in range(4)]
+    calls = []
+    model.model.layers[0].mlp.register_forward_pre_hook(lambda *args: calls.append(1))  # recompute may stop early
+    loss, grads = loss_and_grads(model)
+    assert len(calls) == 2  # the forward, then the recompute in the backward pass
+    assert torch.equal(loss, plain)
+    assert all(torch.equal(a, b) for a, b in zip(grads, plain_grads, strict=True))
