@@ -21,9 +21,11 @@ Activations are what autograd keeps for backward, per token: ``ACTIVATION_ELEMEN
 ``torch.autograd.graph.saved_tensors_hooks`` on the CPU model in fp32 (tests/train/test_memory_plan.py checks the
 count at other shapes). Under bf16 autocast the matmul inputs are kept in bf16 and the residual stream and
 norms in fp32, taken here as 3 bytes an element on average (the GPU check compares with the measured peak).
-The fused LM head adds its chunk of logits (``llm.model.lm_head``) and the fp32 gradient of the (tied)
-embedding it computes in the forward pass. A margin of ``RESERVED_FRACTION`` of the GPU's memory is left to
-the CUDA context, the allocator's fragmentation and temporaries.
+With activation checkpointing (``train.activation_checkpointing``) a checkpointed layer keeps only its input, and
+the backward pass adds one recomputed layer at a time (``activation_bytes``). The fused LM head adds its chunk of
+logits (``llm.model.lm_head``) and the fp32 gradient of the (tied) embedding it computes in the forward pass. A
+margin of ``RESERVED_FRACTION`` of the GPU's memory is left to the CUDA context, the allocator's fragmentation
+and temporaries.
 """
 
 from __future__ import annotations
@@ -35,7 +37,8 @@ from llm.model import ModelConfig, param_counts
 from llm.model.ffn import resolve_intermediate_size
 from llm.model.lm_head import LOGITS_PER_CHUNK, MIN_CHUNK_ROWS
 
-__all__ = ["MODES", "MemoryPlan", "activation_bytes", "largest_micro_batch", "plan_memory"]
+__all__ = ["MODES", "MemoryPlan", "activation_bytes", "checkpointed_layers", "largest_micro_batch", "plan_memory",
+           "recompute_bytes"]
 
 MODES = ("single", "ddp", "fsdp2", "zero2", "zero3")
 REDUCE_BUCKET_ELEMENTS = 50_000_000
@@ -61,10 +64,28 @@ def _layer_elements(config: ModelConfig, seq_len: int) -> float:
     return attention + ffn
 
 
-def activation_bytes(config: ModelConfig, micro_batch: int, seq_len: int, precision: str = "bf16") -> float:
-    """Bytes autograd keeps after the forward pass of one micro batch (without the weights themselves)."""
-    per_token = config.num_hidden_layers * _layer_elements(config, seq_len) + 2 * config.hidden_size
-    return micro_batch * seq_len * per_token * ACTIVATION_BYTES[precision]
+def checkpointed_layers(num_layers: int, every: int) -> int:
+    """How many decoder layers ``train.activation_checkpointing = every`` recomputes (layers 0, n, 2n, ...)."""
+    return math.ceil(num_layers / every) if every else 0
+
+
+def recompute_bytes(config: ModelConfig, micro_batch: int, seq_len: int, precision: str = "bf16") -> float:
+    """Bytes one decoder layer keeps for backward: what recomputing a checkpointed layer adds to the peak."""
+    return micro_batch * seq_len * _layer_elements(config, seq_len) * ACTIVATION_BYTES[precision]
+
+
+def activation_bytes(config: ModelConfig, micro_batch: int, seq_len: int, precision: str = "bf16",
+                     checkpoint_every: int = 0) -> float:
+    """Bytes autograd holds for one micro batch at its peak (without the weights themselves).
+
+    Without checkpointing, that is what the forward pass keeps. With checkpointing every ``checkpoint_every``-th
+    layer, a checkpointed layer keeps only its input (``hidden_size`` per token), and the backward pass
+    recomputes one such layer at a time, whose activations add to the peak (``recompute_bytes``).
+    """
+    layers, checkpointed = config.num_hidden_layers, checkpointed_layers(config.num_hidden_layers, checkpoint_every)
+    per_token = (layers - checkpointed) * _layer_elements(config, seq_len) + (2 + checkpointed) * config.hidden_size
+    kept = micro_batch * seq_len * per_token * ACTIVATION_BYTES[precision]
+    return kept + (recompute_bytes(config, micro_batch, seq_len, precision) if checkpointed else 0.0)
 
 
 @dataclass(frozen=True)
@@ -84,8 +105,9 @@ class MemoryPlan:
 
 
 def plan_memory(config: ModelConfig, mode: str, gpus: int, micro_batch: int, seq_len: int,
-                precision: str = "bf16") -> MemoryPlan:
-    """Estimated bytes per GPU of training ``config`` with ``mode`` over ``gpus`` GPUs."""
+                precision: str = "bf16", checkpoint_every: int = 0) -> MemoryPlan:
+    """Estimated bytes per GPU of training ``config`` with ``mode`` over ``gpus`` GPUs (``checkpoint_every``:
+    ``train.activation_checkpointing``)."""
     if mode not in MODES:
         raise ValueError(f"mode: expected one of {', '.join(MODES)}, got {mode!r}")
     p, non_embedding = param_counts(config)  # builds the model on the meta device: once per plan
@@ -103,12 +125,12 @@ def plan_memory(config: ModelConfig, mode: str, gpus: int, micro_batch: int, seq
     rows = max(MIN_CHUNK_ROWS, LOGITS_PER_CHUNK["cuda"] // config.vocab_size)
     logits = 2 * 4 * rows * config.vocab_size + 4 * config.vocab_size * config.hidden_size
     return MemoryPlan(mode, gpus, weights, gradients, optimizer,
-                      activation_bytes(config, micro_batch, seq_len, precision), logits)
+                      activation_bytes(config, micro_batch, seq_len, precision, checkpoint_every), logits)
 
 
 def largest_micro_batch(config: ModelConfig, mode: str, gpus: int, gpu_bytes: float, seq_len: int,
-                        precision: str = "bf16") -> int:
+                        precision: str = "bf16", checkpoint_every: int = 0) -> int:
     """The largest micro batch whose plan fits in ``(1 - RESERVED_FRACTION) * gpu_bytes``; 0 if none does."""
-    fixed = plan_memory(config, mode, gpus, 0, seq_len, precision).total
-    per_sequence = activation_bytes(config, 1, seq_len, precision)
+    fixed = plan_memory(config, mode, gpus, 0, seq_len, precision, checkpoint_every).total
+    per_sequence = activation_bytes(config, 1, seq_len, precision, checkpoint_every)
     return max(0, int(((1 - RESERVED_FRACTION) * gpu_bytes - fixed) // per_sequence))

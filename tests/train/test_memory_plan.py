@@ -11,7 +11,7 @@ import torch
 
 from llm.cli.params import main
 from llm.config import load_config
-from llm.memory_plan import activation_bytes, largest_micro_batch, plan_memory
+from llm.memory_plan import activation_bytes, checkpointed_layers, largest_micro_batch, plan_memory, recompute_bytes
 from llm.model import IsoLLMConfig, IsoLLMForCausalLM, ModelConfig, param_counts
 
 SHAPE = ModelConfig(vocab_size=384, hidden_size=96, intermediate_size=160, num_hidden_layers=3, num_attention_heads=6,
@@ -48,6 +48,22 @@ def test_activation_estimate_within_10_percent_of_what_autograd_keeps(ffn: str, 
     # the fused LM head keeps the fp32 gradient of the tied embedding it computed in the forward pass
     estimate = activation_bytes(config, batch, seq, "fp32") + 4 * config.vocab_size * config.hidden_size
     assert 0.9 < estimate / measured < 1.1, (estimate, measured)
+
+
+@pytest.mark.parametrize("every", [1, 2])
+def test_checkpointed_layers_keep_only_their_input(every: int) -> None:
+    """What autograd keeps after the forward pass with activation checkpointing, against the estimate less the
+    one layer the backward pass recomputes at a time."""
+    config = dataclasses.replace(SHAPE, num_hidden_layers=4)
+    batch, seq = 3, 96
+    torch.manual_seed(0)
+    model = IsoLLMForCausalLM(IsoLLMConfig.from_model_config(config)).train()
+    model.activation_checkpointing_enable(every_n_layers=every)
+    measured = saved_for_backward(model, torch.randint(0, config.vocab_size, (batch, seq + 1)))
+    estimate = (activation_bytes(config, batch, seq, "fp32", checkpoint_every=every)
+                - recompute_bytes(config, batch, seq, "fp32") + 4 * config.vocab_size * config.hidden_size)
+    assert 0.9 < estimate / measured < 1.1, (estimate, measured)
+    assert checkpointed_layers(4, every) == 4 // every
 
 
 def test_static_memory_of_one_process_is_exact() -> None:
