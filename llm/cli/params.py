@@ -18,6 +18,7 @@ from llm.config import ConfigError, load_config
 from llm.memory_plan import MODES, RESERVED_FRACTION, largest_micro_batch, plan_memory
 from llm.model import ModelConfig, param_counts
 from llm.model.ffn import resolve_intermediate_size
+from llm.model.modeling_isollm import meta_model
 
 # A size preset holds only a `model:` section and so no training budget, which RunConfig.validate
 # requires; this placeholder satisfies it (files or overrides that set one win) and is never used.
@@ -53,12 +54,28 @@ def main(argv: list[str] | None = None) -> int:
           f"{config.hidden_size}, {'tied' if config.tie_word_embeddings else 'untied: input + output'})")
     print(f"ffn intermediate size: {resolve_intermediate_size(config)} "
           f"(config {config.intermediate_size}{', parameter-matched' if config.ffn_param_match else ''})")
+    print_parametrization(config)
     if args.plan:
         if args.gpus < 1 or args.gpu_mem <= 0:
             parser.exit(2, "isollm-params: error: --gpus and --gpu-mem: expected positive numbers\n")
         print_plan(config, args.mode, args.gpus, args.gpu_mem * 2**30, args.seq_len or run.data.seq_len,
                    args.micro_batch or run.train.micro_batch_size, args.precision)
     return 0
+
+
+def print_parametrization(config: ModelConfig) -> None:
+    """What ``parametrization=mup`` scales at this width (``ModelConfig.parametrization``)."""
+    if config.parametrization != "mup":
+        print("parametrization:       standard (nothing scaled with width)")
+        return
+    m = config.width_multiplier
+    hidden = sum(p.numel() for p in meta_model(config).mup_hidden_matrices())
+    print(f"parametrization:       muP, base width {config.mup_base_hidden_size}, m = {m:g}")
+    print(f"  hidden matrices:     {hidden:,} parameters (qkv, o, FFN in/down): init std "
+          f"{config.hidden_init_std:.4g} (= {config.initializer_range:g} / sqrt(m)), Adam lr x {1 / m:.4g}")
+    print(f"  logits:              x {1 / m:.4g}; attention scores q.k / {config.resolved_head_dim} "
+          f"(not / sqrt({config.resolved_head_dim}))")
+    print("  not scaled:          embedding, norms, mixing parameters and gates, focus centres and apertures")
 
 
 def print_plan(config: ModelConfig, mode: str, gpus: int, gpu_bytes: float, seq_len: int, micro_batch: int,

@@ -25,6 +25,9 @@ __all__ = ["ConfigError", "ModelConfig", "check_choice", "upgrade_saved"]
 QWEN3_VOCAB_SIZE = 151_680  # the Qwen3 tokenizer's 151,669 ids padded to a multiple of 128
 
 
+PARAMETRIZATIONS = ("standard", "mup")
+"""``ModelConfig.parametrization``."""
+
 FFN_INITS = ("matched", "paper")
 """``ModelConfig.ffn_init``: scale-matched constants (default) or the papers' raw formulas."""
 
@@ -162,6 +165,27 @@ class ModelConfig:
     """Chunk length of the linear-time iso_tanh attention (exact inside a chunk, carried state across).
     An execution setting (results equal up to rounding), so not an option of the iso_tanh variant."""
 
+    # --- Parametrization: how init, learning rates and multipliers scale with width ---
+    parametrization: str = "standard"
+    """standard | mup. mup: maximal update parametrization (Tensor Programs V, Yang et al. 2022) relative to
+    ``mup_base_hidden_size``, so that a learning rate tuned at the base width carries over to wider models:
+    hidden matrices (``MUP_HIDDEN_MATRICES``) start at std ``initializer_range / sqrt(m)`` and train at lr / m,
+    the logits are multiplied by 1 / m, and attention scores by 1 / head_dim instead of 1 / sqrt(head_dim),
+    with m = hidden_size / mup_base_hidden_size. Vector-like parameters (embedding, norms, the mixing scalars
+    and gates, focus centres and apertures, biases) keep their init and lr (docs/ARCHITECTURE.md, "muP")."""
+    mup_base_hidden_size: int = 256
+    """The width at which ``mup`` equals ``standard`` in init, lr and logits: the width of the lr sweep."""
+
+    @property
+    def width_multiplier(self) -> float:
+        """m = ``hidden_size / mup_base_hidden_size`` under ``mup``; 1 under ``standard``."""
+        return self.hidden_size / self.mup_base_hidden_size if self.parametrization == "mup" else 1.0
+
+    @property
+    def hidden_init_std(self) -> float:
+        """Initial std of the hidden matrices: ``initializer_range``, divided by sqrt(m) under ``mup``."""
+        return self.initializer_range / math.sqrt(self.width_multiplier)
+
     @property
     def resolved_head_dim(self) -> int:
         return self.head_dim or self.hidden_size // self.num_attention_heads
@@ -249,6 +273,9 @@ class ModelConfig:
             check_choice(selector, getattr(self, selector), registry)
         check_choice("isogmlp_gate", self.isogmlp_gate, ISOGMLP_GATES)
         check_choice("ffn_init", self.ffn_init, FFN_INITS)
+        check_choice("parametrization", self.parametrization, PARAMETRIZATIONS)
+        if not isinstance(self.mup_base_hidden_size, int) or self.mup_base_hidden_size <= 0:
+            raise ConfigError("mup_base_hidden_size", f"expected a positive integer, got {self.mup_base_hidden_size!r}")
         self._check_unused_options()
         owned = self.option_owners()
         if self.iso_ln_alpha and not 0.5 <= self.iso_ln_alpha <= 2.0:

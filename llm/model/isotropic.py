@@ -176,8 +176,9 @@ ISO_ACTIVATIONS: dict[str, type[RadialActivation]] = {
 
 def initial_radius(config: ModelConfig, width: int) -> float:
     """``r_init``: the norm of ``W x`` at initialisation for a ``[width, hidden_size]`` W with entries
-    normal(0, initializer_range^2) and an RMS-normalised x (|x|^2 = hidden_size)."""
-    return config.initializer_range * math.sqrt(config.hidden_size * width)
+    normal(0, hidden_init_std^2) (``initializer_range``, or less under muP) and an RMS-normalised x
+    (|x|^2 = hidden_size)."""
+    return config.hidden_init_std * math.sqrt(config.hidden_size * width)
 
 
 def make_iso_activation(config: ModelConfig, width: int) -> RadialActivation:

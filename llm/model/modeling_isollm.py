@@ -43,6 +43,14 @@ from .fused_ops import RMSNorm, apply_rotary, rotary_cos_sin
 from .layout import document_starts
 from .lm_head import IGNORE_INDEX, LMHead
 
+MUP_HIDDEN_MATRICES = ("self_attn.qkv_proj.weight", "self_attn.o_proj.weight", "mlp.in_proj.weight",
+                       "mlp.down_proj.weight")
+"""The hidden matrices under ``parametrization=mup`` (suffixes of parameter names): both dimensions grow with
+width, so their init std and Adam lr scale by 1/sqrt(m) and 1/m. Every FFN's fused ``in_proj`` (any
+``ffn_linear``: its weight ``W``) and ``down_proj`` is one. Not width-scaled: the embedding (tied to the head,
+whose output carries the 1/m multiplier instead), norms, isogmlp's gamma, beta and alpha gate (a d -> 1 gate,
+kept with the mixing parameters), iso_ln's alpha, beta and LayerNorm, focus centres and apertures, biases."""
+
 CACHE_ARG = "cache" if "cache" in {f.name for f in dataclasses.fields(CausalLMOutputWithPast)} else "past_key_values"
 """The name under which the installed transformers' ``generate()`` hands the state to ``forward`` and reads it
 back from the output: ``cache`` from 5.24 on, ``past_key_values`` before (read off its public output class)."""
@@ -64,6 +72,7 @@ class IsoLLMAttention(nn.Module):
         self.q_norm = norm()
         self.k_norm = norm()
         self.scoring = ATTN_SCORING_REGISTRY[config.attn_scoring](config)
+        self.mup = config.parametrization == "mup"
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, state: LayerState | None = None,
                 padding_mask: torch.Tensor | None = None, doc_starts: torch.Tensor | None = None) -> torch.Tensor:
@@ -72,6 +81,8 @@ class IsoLLMAttention(nn.Module):
         qkv = self.qkv_proj(x).view(b, t, self.num_heads + 2 * self.num_kv_heads, self.head_dim)
         q, k, v = qkv.split([self.num_heads, self.num_kv_heads, self.num_kv_heads], dim=2)
         q = apply_rotary(self.q_norm(q).transpose(1, 2), cos, sin)
+        if self.mup:  # muP scores q.k / head_dim: the scorings divide by sqrt(head_dim), q brings the rest
+            q = q * self.head_dim**-0.5
         k = apply_rotary(self.k_norm(k).transpose(1, 2), cos, sin)
         if state is None:
             out, _ = self.scoring(q, k, v.transpose(1, 2), padding_mask=padding_mask, doc_starts=doc_starts)
@@ -180,6 +191,14 @@ class IsoLLMForCausalLM(PreTrainedModel, GenerationMixin):
         self.model = IsoLLMModel(config)
         self.lm_head = LMHead(config.hidden_size, config.vocab_size)
         self.post_init()  # transformers' init (normal(0, initializer_range), norms to 1) and weight tying
+        self.logit_multiplier = 1 / config.width_multiplier  # muP's output multiplier (1 under standard)
+        with torch.no_grad():
+            for param in self.mup_hidden_matrices():
+                param.mul_(config.hidden_init_std / config.initializer_range)
+
+    def mup_hidden_matrices(self) -> list[nn.Parameter]:
+        """The parameters ``MUP_HIDDEN_MATRICES`` names: muP scales their init and lr with width."""
+        return [param for name, param in self.named_parameters() if name.endswith(MUP_HIDDEN_MATRICES)]
 
     def get_input_embeddings(self) -> nn.Embedding:
         return self.model.embed_tokens
@@ -229,6 +248,8 @@ class IsoLLMForCausalLM(PreTrainedModel, GenerationMixin):
             cache = IsoLLMCache(self.config.num_hidden_layers)
         padding_mask = self._padding_mask(attention_mask, input_ids, cache)
         hidden, all_hidden = self.model(input_ids, position_ids, cache, bool(output_hidden_states), padding_mask)
+        if self.logit_multiplier != 1:  # logits = lm_head(hidden) / m: scaling the head's input is the same
+            hidden = hidden * self.logit_multiplier
         if shift_labels is None and labels is not None:
             shift_labels = F.pad(labels[:, 1:], (0, 1), value=IGNORE_INDEX)
         logits = loss = None
@@ -306,17 +327,22 @@ class IsoLLMForCausalLM(PreTrainedModel, GenerationMixin):
         return cache
 
 
+def meta_model(config: ModelConfig) -> IsoLLMForCausalLM:
+    """The model ``config`` describes, on the meta device: its shapes without memory or init."""
+    hf_config = config if isinstance(config, IsoLLMConfig) else IsoLLMConfig.from_model_config(config)
+    with torch.device("meta"):
+        return IsoLLMForCausalLM(hf_config)
+
+
 def param_counts(config: ModelConfig) -> tuple[int, int]:
     """``(total, non_embedding)`` parameters of the model ``config`` describes, built on the meta device.
 
     Tied weights count once. ``non_embedding`` leaves out ``embed_tokens`` and an untied ``lm_head``
     (the usual convention for scaling laws: both are lookups/readouts of size V x d).
     """
-    hf_config = config if isinstance(config, IsoLLMConfig) else IsoLLMConfig.from_model_config(config)
-    with torch.device("meta"):
-        model = IsoLLMForCausalLM(hf_config)
+    model = meta_model(config)
     total = sum(p.numel() for p in model.parameters())
     embedding = model.model.embed_tokens.weight.numel()
-    if not hf_config.tie_word_embeddings:
+    if not model.config.tie_word_embeddings:
         embedding += model.lm_head.weight.numel()
     return total, total - embedding

@@ -1,0 +1,144 @@
+"""muP (Tensor Programs V): what it scales, the coordinate check, and learning-rate transfer across widths,
+each against the standard parametrization on the real model and optimizer (a tiny one, on a learnable
+synthetic language: a fixed sparse Markov chain)."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from llm.config import RunConfig, load_config
+from llm.model import IsoLLMForCausalLM
+from llm.model.modeling_isollm import MUP_HIDDEN_MATRICES
+from llm.train.optim import build_optimizer, param_groups
+from llm.train.trainer import build_model
+
+VOCAB, SEQ, BATCH, BASE = 256, 32, 8, 64
+
+
+def config(width: int, parametrization: str, lr: float = 1e-2, **model: object) -> RunConfig:
+    """Width ``width`` at a fixed head size (16): heads grow with width, as in the presets."""
+    overrides = [f"model.{key}={value}" for key, value in model.items()]
+    return load_config(None, [
+        f"model.vocab_size={VOCAB}", f"model.hidden_size={width}", f"model.intermediate_size={2 * width}",
+        "model.num_hidden_layers=2", f"model.num_attention_heads={width // 16}",
+        f"model.num_key_value_heads={width // 16}", "model.head_dim=16", "model.max_position_embeddings=64",
+        f"model.parametrization={parametrization}", f"model.mup_base_hidden_size={BASE}", *overrides,
+        f"train.lr={lr}", "train.weight_decay=0.0", "train.max_steps=100", f"data.seq_len={SEQ}", "trackers=[]"])
+
+
+def markov_batch(generator: torch.Generator) -> torch.Tensor:
+    """``[BATCH, SEQ + 1]`` tokens of a fixed random chain: each token has 4 possible successors."""
+    successors = torch.randint(0, VOCAB, (VOCAB, 4), generator=torch.Generator().manual_seed(123))
+    tokens = torch.empty(BATCH, SEQ + 1, dtype=torch.long)
+    tokens[:, 0] = torch.randint(0, VOCAB, (BATCH,), generator=generator)
+    for t in range(SEQ):
+        tokens[:, t + 1] = successors[tokens[:, t], torch.randint(0, 4, (BATCH,), generator=generator)]
+    return tokens
+
+
+def train(run: RunConfig, steps: int) -> tuple[IsoLLMForCausalLM, list[float]]:
+    torch.manual_seed(0)
+    model = build_model(run.model).train()
+    optimizer = build_optimizer(model, run)
+    generator = torch.Generator().manual_seed(1)
+    losses = []
+    for _ in range(steps):
+        batch = markov_batch(generator)
+        loss = model(input_ids=batch[:, :-1], shift_labels=batch[:, 1:]).loss
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad()
+        losses.append(loss.item())
+    return model, losses
+
+
+def test_mup_scales_hidden_matrices_only() -> None:
+    """At m = 4: hidden matrices start at std sigma/2 and train at lr/4; the embedding, norms and mixing
+    parameters keep their init and lr; the logits are divided by 4 and attention divides q.k by head_dim."""
+    run = config(4 * BASE, "mup", ffn="isogmlp")
+    torch.manual_seed(0)
+    model = build_model(run.model)
+    for name, param in model.named_parameters():
+        if name.endswith(MUP_HIDDEN_MATRICES):
+            assert param.std().item() == pytest.approx(0.02 / 2, rel=0.05), name
+    assert model.model.embed_tokens.weight.std().item() == pytest.approx(0.02, rel=0.05)
+    groups = {group["name"]: group for group in param_groups(model, run)}
+    hidden = {id(p) for name, p in model.named_parameters() if name.endswith(MUP_HIDDEN_MATRICES)}
+    assert {id(p) for p in groups["mup_hidden"]["params"]} == hidden
+    assert groups["mup_hidden"]["lr"] == pytest.approx(run.train.lr / 4)
+    assert groups["no_decay"]["lr"] == run.train.lr and groups["mixing"]["lr"] == run.train.lr * 5
+    assert model.logit_multiplier == 0.25 and model.model.layers[0].self_attn.mup
+    standard = config(4 * BASE, "standard", ffn="isogmlp")
+    assert "mup_hidden" not in {group["name"] for group in param_groups(build_model(standard.model), standard)}
+
+
+def test_mup_at_the_base_width_is_standard_but_for_the_attention_scale() -> None:
+    """m = 1: the same init draws, groups and logits, except q.k / head_dim (which equals q'.k with
+    q' = q / sqrt(head_dim) under the standard 1/sqrt(head_dim) scoring)."""
+    ids = markov_batch(torch.Generator().manual_seed(5))[:, :-1]
+    torch.manual_seed(0)
+    mup = build_model(config(BASE, "mup").model).eval()
+    torch.manual_seed(0)
+    standard = build_model(config(BASE, "standard").model).eval()
+    assert all(torch.equal(a, b) for a, b in zip(mup.parameters(), standard.parameters(), strict=True))
+    for layer in standard.model.layers:  # the standard model with q scaled as muP scales it
+        layer.self_attn.q_norm.weight.data.mul_(16**-0.5)
+    with torch.no_grad():
+        torch.testing.assert_close(mup(ids).logits, standard(ids).logits, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.slow
+def test_coordinate_check_is_flat_under_mup_and_grows_under_standard() -> None:
+    """How far 4 Adam steps at lr 1e-2 move each block's output (RMS over a fixed probe batch), at widths
+    64 to 512: within 3x under muP, growing with width under standard, by far more than 10x here (Tensor
+    Programs V, Fig. 5)."""
+    probe = markov_batch(torch.Generator().manual_seed(7))[:, :-1]
+
+    def movement(width: int, parametrization: str) -> list[float]:
+        torch.manual_seed(0)
+        before = build_model(config(width, parametrization).model).eval()
+        with torch.no_grad():
+            start = before(probe, output_hidden_states=True).hidden_states
+        model, _ = train(config(width, parametrization), steps=4)
+        with torch.no_grad():
+            end = model.eval()(probe, output_hidden_states=True).hidden_states
+        return [(b - a).pow(2).mean().sqrt().item() for a, b in zip(start[1:], end[1:], strict=True)]
+
+    widths = (64, 128, 256, 512)
+    for parametrization, flat in (("mup", True), ("standard", False)):
+        moves = torch.tensor([movement(width, parametrization) for width in widths])  # [width, layer]
+        growth = (moves[-1] / moves[0]).tolist()  # width 512 against 64, per block
+        if flat:
+            assert all(1 / 3 < g < 3 for g in growth), growth  # finite-width effects: a little drift
+        else:
+            assert all(g > 10 for g in growth), growth
+
+
+@pytest.mark.slow
+def test_the_best_learning_rate_transfers_across_widths_under_mup_only() -> None:
+    """lr grid in steps of sqrt(2), widths 64, 128, 256 (4x), 40 steps each: under muP the best lr is within
+    one grid step of the base width's at every width; under standard it falls by two steps or more."""
+    grid = [1e-3 * 2 ** (k / 2) for k in range(2, 11)]
+
+    def best_step(width: int, parametrization: str) -> int:
+        finals = [sum(train(config(width, parametrization, lr), steps=40)[1][-5:]) for lr in grid]
+        assert all(math.isfinite(loss) for loss in finals)
+        return min(range(len(grid)), key=finals.__getitem__)
+
+    mup = [best_step(width, "mup") for width in (64, 128, 256)]
+    standard = [best_step(width, "standard") for width in (64, 256)]
+    assert max(mup) - min(mup) <= 1, [grid[i] for i in mup]
+    assert standard[0] - standard[1] >= 2, [grid[i] for i in standard]
+
+
+def test_isollm_params_prints_what_mup_scales(capsys: pytest.CaptureFixture[str]) -> None:
+    from llm.cli.params import main
+
+    assert main(["configs/sizes/134m.yaml", "model.parametrization=mup"]) == 0
+    out = capsys.readouterr().out
+    assert "muP, base width 256, m = 2" in out and "Adam lr x 0.5" in out and "logits:              x 0.5" in out
+    assert main(["configs/sizes/134m.yaml"]) == 0
+    assert "standard (nothing scaled with width)" in capsys.readouterr().out
