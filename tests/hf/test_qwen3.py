@@ -58,6 +58,7 @@ def test_parameter_matched_swiglu_exports_with_its_intermediate_size(tmp_path):
     (dict(attn_scoring="iso_tanh"), "attn_scoring"),
     (dict(ffn_linear="affine_like"), "ffn_linear"),
     (dict(qk_norm=False), "qk_norm"),
+    (dict(parametrization="mup"), "parametrization"),
 ])
 def test_variants_qwen3_cannot_express_fail_naming_the_field(tmp_path, overrides, field):
     with pytest.raises(ConfigError, match=f"^{field}: stock Qwen3 export needs") as info:
