@@ -53,6 +53,7 @@ bench: $(STAMP)
 	$(BIN)/python bench/bench_attention.py --threads 2
 	$(BIN)/python bench/bench_generate.py --threads 2
 	$(BIN)/python bench/bench_packing.py --threads 2
+	$(BIN)/python bench/bench_checkpointing.py --threads 2 --rounds 3
 	$(BIN)/python bench/bench_data.py
 
 # The pins without torch and triton, for an environment that keeps its CUDA build of torch (README, Tested versions).
