@@ -43,6 +43,12 @@ class DataConfig:
     """Hub id, tokenizer.json or directory; None: the Qwen3 files of the `offline` extra, else the hub."""
     seq_len: int = 2048
     """Tokens a model sees per sequence; windows hold seq_len + 1 tokens (inputs and shifted targets)."""
+    document_masking: bool = True
+    """Score each document packed into a window as if alone, in training and validation alike: positions restart
+    after every EOS (``llm.data.packing``), and attention, iso_tanh's state and IsoGMLP's causal gates restart
+    with them. Off, a token sees the documents packed before it in its window. On by default because the FFN
+    variants that mix positions (IsoGMLP's gates) would otherwise be compared partly on cross-document mixing.
+    Runs saved before this option existed read back as false (they trained without it)."""
     seed: int = 0
     """Data order seed, separate from the model seed so every run of a comparison sees the same data."""
     shuffle_block: int = 256
@@ -117,6 +123,10 @@ class TrainConfig:
     """auto (bf16 autocast on GPU, fp32 elsewhere) | fp32 | bf16 (bf16 autocast on any device)."""
     compile: bool = False
     """torch.compile the model."""
+    activation_checkpointing: int = 0
+    """Recompute every n-th decoder layer in the backward pass instead of keeping its activations (non-reentrant
+    ``torch.utils.checkpoint`` through transformers' ``activation_checkpointing_enable``): 0 off, 1 every layer,
+    n layers 0, n, 2n, ... Same loss and gradients; less activation memory (``isollm-params --plan``) for time."""
     log_every: int = 10
     eval_every: int = 200
     checkpoint_every: int = 500
@@ -139,7 +149,7 @@ class TrainConfig:
                                         f"got {value}")
         if not 0 <= self.min_lr_ratio <= 1:
             raise ConfigError("min_lr_ratio", f"expected a value in [0, 1], got {self.min_lr_ratio}")
-        for name in ("warmup_steps", "max_steps", "max_tokens"):
+        for name in ("warmup_steps", "max_steps", "max_tokens", "activation_checkpointing"):
             if getattr(self, name) < 0:
                 raise ConfigError(name, f"expected >= 0, got {getattr(self, name)}")
         if self.max_steps == 0 and self.max_tokens == 0:
@@ -247,9 +257,12 @@ def flatten(node: dict[str, Any], prefix: str = "") -> dict[str, Any]:
 def _read_back_saved(node: DictConfig) -> DictConfig:
     """A config a run saved, with its ``model`` section as today's ``ModelConfig`` reads a saved one
     (``llm.model.config.upgrade_saved``: a run from before ``ffn_init`` existed trained with the papers' raw
-    scales and holds the option defaults of its time); the schema then fills fields added since."""
+    scales and holds the option defaults of its time) and a ``data`` section from before document masking read
+    as unmasked; the schema then fills fields added since."""
     if isinstance(node.get("model"), DictConfig):
         node.model = OmegaConf.create(upgrade_saved(OmegaConf.to_container(node.model)))
+    if isinstance(node.get("data"), DictConfig) and "document_masking" not in node.data:
+        node.data.document_masking = False
     return node
 
 

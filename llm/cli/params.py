@@ -15,7 +15,7 @@ from __future__ import annotations
 import argparse
 
 from llm.config import ConfigError, load_config
-from llm.memory_plan import MODES, RESERVED_FRACTION, largest_micro_batch, plan_memory
+from llm.memory_plan import MODES, RESERVED_FRACTION, checkpointed_layers, largest_micro_batch, plan_memory
 from llm.model import ModelConfig, param_counts
 from llm.model.ffn import resolve_intermediate_size
 from llm.model.modeling_isollm import meta_model
@@ -59,7 +59,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.gpus < 1 or args.gpu_mem <= 0:
             parser.exit(2, "isollm-params: error: --gpus and --gpu-mem: expected positive numbers\n")
         print_plan(config, args.mode, args.gpus, args.gpu_mem * 2**30, args.seq_len or run.data.seq_len,
-                   args.micro_batch or run.train.micro_batch_size, args.precision)
+                   args.micro_batch or run.train.micro_batch_size, args.precision, run.train.activation_checkpointing)
     return 0
 
 
@@ -79,17 +79,20 @@ def print_parametrization(config: ModelConfig) -> None:
 
 
 def print_plan(config: ModelConfig, mode: str, gpus: int, gpu_bytes: float, seq_len: int, micro_batch: int,
-               precision: str) -> None:
-    plan = plan_memory(config, mode, gpus, micro_batch, seq_len, precision)
+               precision: str, checkpoint_every: int = 0) -> None:
+    plan = plan_memory(config, mode, gpus, micro_batch, seq_len, precision, checkpoint_every)
     gib = 2**30
+    layers = checkpointed_layers(config.num_hidden_layers, checkpoint_every)
     print(f"memory plan:           {mode} over {gpus} GPU(s) of {gpu_bytes / gib:.0f} GiB, {precision}, "
-          f"seq_len {seq_len}, micro batch {micro_batch} (estimates, GiB per GPU)")
+          f"seq_len {seq_len}, micro batch {micro_batch}, activation checkpointing "
+          f"{f'{layers} of {config.num_hidden_layers} layers' if layers else 'off'} (estimates, GiB per GPU)")
     for part in ("weights", "gradients", "optimizer", "activations", "logits"):
         print(f"  {part + ':':<20} {getattr(plan, part) / gib:8.2f}")
     usable = (1 - RESERVED_FRACTION) * gpu_bytes
     print(f"  {'total:':<20} {plan.total / gib:8.2f} of {usable / gib:.1f} usable "
           f"({'fits' if plan.total <= usable else 'does NOT fit'})")
-    print(f"largest micro batch:   {largest_micro_batch(config, mode, gpus, gpu_bytes, seq_len, precision)} "
+    print(f"largest micro batch:   "
+          f"{largest_micro_batch(config, mode, gpus, gpu_bytes, seq_len, precision, checkpoint_every)} "
           f"at seq_len {seq_len}")
 
 

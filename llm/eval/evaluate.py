@@ -232,6 +232,7 @@ def evaluate_checkpoint(target: str, *, config_files: list[str] | None = None,
                         device: str | None = None) -> EvalReport:
     """Evaluate ``target`` (see ``resolve_checkpoint``) on its run's validation set or an overridden one."""
     from llm.data import build_val_windows, eos_id, load_tokenizer
+    from llm.data.packing import model_inputs
     from llm.metrics import layer_report
     from llm.train.evaluate import evaluate
 
@@ -252,7 +253,8 @@ def evaluate_checkpoint(target: str, *, config_files: list[str] | None = None,
 
     autocast = config.train.autocast_dtype(torch_device.type)  # the trainer's precision
     with torch.autocast(torch_device.type, dtype=autocast) if autocast else contextlib.nullcontext():
-        metrics = evaluate(model, windows, config.train.micro_batch_size)
+        document_eos = eos_id(tokenizer) if config.data.document_masking else None  # as the run trained
+        metrics = evaluate(model, windows, config.train.micro_batch_size, document_eos)
     vocab = model.get_output_embeddings().weight.shape[0]
     bpb, n_bytes = bits_per_byte(metrics["val_loss"], windows, token_byte_lengths(tokenizer, vocab))
 
@@ -260,8 +262,9 @@ def evaluate_checkpoint(target: str, *, config_files: list[str] | None = None,
     layers: list[dict[str, float]] = []
     if _has_ffn_diagnostics(model):
         # the trainer's fixed isotropy batch and sampling seed: the logged rows of that step
-        batch = windows[: config.train.micro_batch_size, :-1].to(torch_device)
-        layers = layer_report(model, batch, config.train.isotropy_samples, seed=config.data.seed)
+        batch = model_inputs(windows[: config.train.micro_batch_size, :-1].to(torch_device), document_eos)
+        layers = layer_report(model, batch["input_ids"], config.train.isotropy_samples, seed=config.data.seed,
+                              position_ids=batch.get("position_ids"))
     else:
         notes.append("no per-layer report: the model's FFNs have no diagnostics() (not an isollm model)")
     generated = generate_samples(model, tokenizer, list(DEFAULT_PROMPTS[:samples]), max_new_tokens,

@@ -30,8 +30,8 @@ def _isotropy_or_nan(points: torch.Tensor) -> dict[str, float]:
 
 
 @torch.no_grad()
-def layer_report(model: nn.Module, input_ids: torch.Tensor, samples: int,
-                 seed: int) -> list[dict[str, float]]:
+def layer_report(model: nn.Module, input_ids: torch.Tensor, samples: int, seed: int,
+                 position_ids: torch.Tensor | None = None) -> list[dict[str, float]]:
     """Isotropy of every hidden state and the FFN diagnostics of every block, one forward pass.
 
     Row ``layer = 0`` is the embedding output, row ``i`` the output of block ``i`` (before the final
@@ -40,7 +40,8 @@ def layer_report(model: nn.Module, input_ids: torch.Tensor, samples: int,
     positions, drawn without replacement
     by a generator seeded with ``seed`` (all ``B * T`` positions when there are fewer). Row ``i >= 1``
     also has block ``i``'s ``model.model.layers[i - 1].mlp.diagnostics(x)`` on the FFN's whole input
-    ``x [B, T, d]``, captured by a forward pre-hook.
+    ``x [B, T, d]``, captured by a forward pre-hook. ``position_ids`` that restart at document starts (document
+    masking) are passed to the model as training passes them; the FFN diagnostics see the whole window.
 
     ``model`` is an unwrapped ``IsoLLMForCausalLM`` (``accelerator.unwrap_model``); it is run in eval
     mode and its training mode restored afterwards. A ``torch.compile`` wrapper (which
@@ -63,7 +64,7 @@ def layer_report(model: nn.Module, input_ids: torch.Tensor, samples: int,
     was_training = model.training
     model.eval()
     try:
-        hidden_states = model(input_ids, output_hidden_states=True).hidden_states
+        hidden_states = model(input_ids, position_ids=position_ids, output_hidden_states=True).hidden_states
     finally:
         model.train(was_training)
         for handle in handles:

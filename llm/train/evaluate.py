@@ -8,6 +8,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from llm.data.packing import model_inputs
+
 __all__ = ["evaluate", "lm_loss"]
 
 
@@ -18,7 +20,8 @@ def lm_loss(logits: torch.Tensor, targets: torch.Tensor, reduction: str = "mean"
 
 
 @torch.no_grad()
-def evaluate(model: nn.Module, val_windows: torch.Tensor, micro_batch_size: int) -> dict[str, float]:
+def evaluate(model: nn.Module, val_windows: torch.Tensor, micro_batch_size: int,
+             document_eos: int | None = None) -> dict[str, float]:
     """Mean next-token loss over every token of every validation window, and its perplexity.
 
     ``val_windows [N, seq_len + 1]`` (``llm.data.build_val_windows``): inputs are ``[:, :-1]``,
@@ -31,7 +34,8 @@ def evaluate(model: nn.Module, val_windows: torch.Tensor, micro_batch_size: int)
 
     Every rank evaluates all windows (they are identical on every rank), so sharded models
     (FSDP/DeepSpeed) run their collectives in step and every rank returns the same numbers.
-    The model's training mode is restored afterwards.
+    The model's training mode is restored afterwards. ``document_eos``: the EOS id when documents are masked
+    (``data.document_masking``), computed as training computes it (``llm.data.packing.model_inputs``).
     """
     if val_windows.ndim != 2 or val_windows.shape[1] < 2:
         raise ValueError(f"val_windows: expected [N, seq_len + 1], got shape {tuple(val_windows.shape)}")
@@ -42,7 +46,7 @@ def evaluate(model: nn.Module, val_windows: torch.Tensor, micro_batch_size: int)
     try:
         for start in range(0, val_windows.shape[0], micro_batch_size):
             batch = val_windows[start : start + micro_batch_size].to(device)
-            logits = model(input_ids=batch[:, :-1]).logits
+            logits = model(**model_inputs(batch[:, :-1], document_eos)).logits
             total += lm_loss(logits, batch[:, 1:], reduction="none").double().sum()
     finally:
         model.train(was_training)

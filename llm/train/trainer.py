@@ -51,7 +51,8 @@ from tokenizers import Tokenizer
 from torch import nn
 
 from llm.config import RunConfig, flatten, save_config
-from llm.data import TrainLoader, build_train_loader, build_val_windows, load_tokenizer
+from llm.data import TrainLoader, build_train_loader, build_val_windows, eos_id, load_tokenizer
+from llm.data.packing import model_inputs
 from llm.errors import one_line
 from llm.metrics.flops import flops_per_token, mfu, peak_flops
 from llm.metrics.gradnorm import GradNormTracker, GroupGradNorms, grad_norm_groups
@@ -183,6 +184,7 @@ def train_step(
     stop_requested: Callable[[], bool] | None = None,
     grad_groups: GroupGradNorms | None = None,
     write_failed: bool = False,
+    document_eos: int | None = None,
 ) -> StepResult:
     """One optimizer step over ``len(batches)`` micro-batches (``accelerator.gradient_accumulation_steps``
     of them), each ``LongTensor[B, seq_len + 1]`` on the model's device.
@@ -200,13 +202,14 @@ def train_step(
     same all-reduce (``StepResult.write_failed``). ``grad_groups`` measures its per-group norms once the gradients
     are complete, before clipping. The loss, the flags and every norm reach the host in one copy (a
     synchronisation drains a GPU's queue); after an applied update the parameters are checked
-    (``params_finite``, the step's second and last synchronisation).
+    (``params_finite``, the step's second and last synchronisation). ``document_eos``: the EOS id when the
+    documents packed into a window are masked from each other (``data.document_masking``), else None.
     """
     model.train()
     loss_sum = torch.zeros((), device=accelerator.device)
     for batch in batches:
         with accelerator.accumulate(model):
-            loss = model(input_ids=batch[:, :-1], shift_labels=batch[:, 1:]).loss
+            loss = model(**model_inputs(batch[:, :-1], document_eos), shift_labels=batch[:, 1:]).loss
             accelerator.backward(loss)
             loss_sum += loss.detach()
     this_rank_stops = stop_requested is not None and stop_requested()
@@ -354,6 +357,8 @@ class _Run:
     val_windows: torch.Tensor
     val_batch: torch.Tensor
     """The fixed isotropy batch: the first ``micro_batch_size`` validation windows."""
+    document_eos: int | None
+    """The EOS id that separates masked documents (``data.document_masking``), or None."""
     log: MetricsLog
     state: TrainerState
     grad_norms: GradNormTracker
@@ -388,9 +393,10 @@ class _Run:
 
     def evaluate_and_log(self, progress: ProgressBar) -> None:
         train = self.config.train
-        metrics = evaluate(self.train_model, self.val_windows, train.micro_batch_size)
+        metrics = evaluate(self.train_model, self.val_windows, train.micro_batch_size, self.document_eos)
+        isotropy_batch = model_inputs(self.val_batch, self.document_eos)
         layers = layer_report(self.accelerator.unwrap_model(self.model), self.val_batch, train.isotropy_samples,
-                              seed=self.config.data.seed)
+                              seed=self.config.data.seed, position_ids=isotropy_batch.get("position_ids"))
         self.log.log("eval", self.state.step, self.state.tokens, val_loss=metrics["val_loss"],
                      val_ppl=metrics["val_ppl"], layers=layers)
         progress.write(f"step {self.state.step}: val_loss {metrics['val_loss']:.4f}")
@@ -430,6 +436,8 @@ def _setup(config: RunConfig, teardown: ExitStack) -> _Run:
 
     set_seed(config.seed)
     model = build_model(config.model)
+    if config.train.activation_checkpointing:  # before prepare: FSDP2's hooks then wrap the checkpointed layers
+        model.activation_checkpointing_enable(every_n_layers=config.train.activation_checkpointing)
     optimizer = build_optimizer(model, config)
     scheduler = build_scheduler(optimizer, config, max_steps)
     loader, val_windows = build_data(config, tokenizer, accelerator, rank, world_size)
@@ -468,6 +476,7 @@ def _setup(config: RunConfig, teardown: ExitStack) -> _Run:
         config=config, accelerator=accelerator, model=model, train_model=train_model, optimizer=optimizer,
         scheduler=scheduler, tokenizer=tokenizer, loader=loader, val_windows=val_windows,
         val_batch=val_windows[: config.train.micro_batch_size, :-1].to(device), batches=iter(loader), log=log,
+        document_eos=eos_id(tokenizer) if config.data.document_masking else None,
         state=state, grad_norms=grad_norms, group_grad_norms=group_grad_norms, engine=engine, accum=accum,
         max_steps=max_steps, flops_per_token=fpt,
         peak_flops=peak_flops(device, config.train.autocast_dtype(device.type) or torch.float32) * world_size,
@@ -494,7 +503,8 @@ def _train(run: _Run, teardown: ExitStack) -> bool:
         lr = run.optimizer.param_groups[0]["lr"]
         result = train_step(run.train_model, batches, run.optimizer, run.scheduler, run.accelerator,
                             config.train.grad_clip, stop_requested=stop.received,
-                            grad_groups=run.group_grad_norms, write_failed=log.failure is not None)
+                            grad_groups=run.group_grad_norms, write_failed=log.failure is not None,
+                            document_eos=run.document_eos)
         if result.write_failed:  # a row of an earlier step was lost on rank 0: every rank stops here
             run.stop_on_log_failure()
         interval_time += time.perf_counter() - started

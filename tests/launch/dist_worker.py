@@ -124,6 +124,8 @@ def main() -> None:
     parser.add_argument("--tokenizer", required=True)
     parser.add_argument("--reference", type=Path, help="replay this 2-process run's batches in one process")
     parser.add_argument("--bf16", action="store_true", help="bf16 as each engine runs it on a GPU")
+    parser.add_argument("--activation-checkpointing", type=int, default=0, metavar="N",
+                        help="recompute every N-th layer (train.activation_checkpointing), applied before wrapping")
     args = parser.parse_args()
     config = load_config(None, [*TINY, f"data.source={args.data}", f"data.tokenizer={args.tokenizer}",
                                 f"train.precision={'bf16' if args.bf16 else 'fp32'}"])
@@ -150,6 +152,8 @@ def main() -> None:
     accum = gradient_accumulation_steps(config, world)
     torch.manual_seed(config.seed)
     model = build_model(config.model)
+    if args.activation_checkpointing:  # as fit() does it: before DDP / fully_shard / deepspeed.initialize
+        model.activation_checkpointing_enable(every_n_layers=args.activation_checkpointing)
 
     if args.reference is not None:
         per_rank = [torch.load(args.reference / f"batches_rank{r}.pt") for r in range(2)]

@@ -109,6 +109,16 @@ def test_deepspeed_zero_matches_one_process(mode: str, ddp_run: Path, reference:
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("mode", ["ddp", "fsdp2", "zero2", "zero3"])
+def test_activation_checkpointing_matches_one_process(mode: str, reference: dict, corpus: Path,
+                                                      tokenizer_file: Path, tmp_path: Path) -> None:
+    """``train.activation_checkpointing = 1`` under each engine: every layer recomputed in the backward pass (inside
+    FSDP2's and ZeRO-3's gather of its weights) gives the losses and parameters of the plain one-process run."""
+    run(torchrun(2, *worker(mode, tmp_path, corpus, tokenizer_file, "--activation-checkpointing", "1")))
+    assert_matches_reference(torch.load(tmp_path / "result.pt"), reference)
+
+
+@pytest.mark.slow
 def test_train_py_ddp_via_accelerate_launch(corpus: Path, tokenizer_file: Path, tmp_path: Path) -> None:
     """train.py unchanged, launch/accelerate/ddp.yaml, 2 CPU processes; its checkpoint loads in one
     process, and resuming it with another number of processes stops with a clear error."""

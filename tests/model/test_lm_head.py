@@ -104,14 +104,17 @@ def test_model_training_mode_fuses_the_loss_and_matches_eval_mode(tied):
 
 
 @pytest.mark.slow
-def test_torch_compile_training_step_equals_eager():
+@pytest.mark.parametrize("checkpoint_every", [0, 1], ids=["plain", "activation-checkpointing"])
+def test_torch_compile_training_step_equals_eager(checkpoint_every: int):
     """``train.compile``: the compiled model (rotary left to the compiler, the fused loss run eagerly)
-    gives the eager loss and gradients."""
+    gives the eager loss and gradients, with ``train.activation_checkpointing`` too (recompute under compile)."""
     torch.manual_seed(0)
     config = IsoLLMConfig(vocab_size=V, hidden_size=D, intermediate_size=32, num_hidden_layers=2,
                           num_attention_heads=2, num_key_value_heads=1, ffn="isogmlp", attn_scoring="iso_tanh",
                           iso_tanh_chunk_size=4)
     model = IsoLLMForCausalLM(config).train()
+    if checkpoint_every:
+        model.activation_checkpointing_enable(every_n_layers=checkpoint_every)
     ids = torch.randint(0, V, (2, 11))
 
     def loss_and_grads(module):
