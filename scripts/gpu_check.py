@@ -27,7 +27,6 @@ from __future__ import annotations
 import argparse
 import datetime
 import importlib.metadata
-import json
 import os
 import platform
 import shutil
@@ -40,11 +39,21 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import ClassVar
 
+from gpu_runs import (
+    VARIANTS,
+    engine_lines,
+    engine_table,
+    loss_checks,
+    prepare_resume,
+    read_run,
+    resume_check,
+    targets,
+)
+
 REPO = Path(__file__).resolve().parents[1]
 PY = sys.executable
 COMPARED = ("ddp", "fsdp2", "deepspeed_zero3")
 """Launch configs whose losses must agree; they run first, the other single-GPU configs after the resume."""
-VARIANTS = ("swiglu+softmax", "isogmlp+softmax", "iso_ln+softmax", "swiglu+iso_tanh")
 
 
 @dataclass
@@ -217,19 +226,19 @@ class Check:
 
         ran = [c for c in COMPARED if launch(c, f"name={c}")]
         half = self.mode.train_steps // 2
-        resumed = "ddp" in ran and _prepare_resume(runs / "ddp", runs / "ddp-resume", half)
+        resumed = "ddp" in ran and prepare_resume(runs / "ddp", runs / "ddp-resume", half)
         resumed = resumed and launch("ddp", "name=ddp-resume", "resume=true")
         ran += [c for c in self.mode.train_configs if c not in COMPARED and launch(c, f"name={c}")]
 
-        done = {name: _read_run(runs / name) for name in [*ran, *(["ddp-resume"] if resumed else [])]}
+        done = {name: read_run(runs / name) for name in [*ran, *(["ddp-resume"] if resumed else [])]}
         for name in done:
             shutil.copy(runs / name / "metrics.jsonl", self.logs / f"metrics-{name}.jsonl")
-        result.notes += _engine_table(done)
+        result.notes += engine_table(done)
         result.notes += ["", *[f"- {name} said: `{line}`" for name in done
-                               for line in _engine_lines(self.logs / f"train-{name}.log")]]
-        checks = _loss_checks(done, self.mode.loss_tolerance)
+                               for line in engine_lines(self.logs / f"train-{name}.log")]]
+        checks = loss_checks(done, self.mode.loss_tolerance)
         if resumed:
-            checks.append(_resume_check(done["ddp"], done["ddp-resume"], half, self.mode.resume_tolerance))
+            checks.append(resume_check(done["ddp"], done["ddp-resume"], half, self.mode.resume_tolerance))
         if self.mode.name == GPU.name:  # on CPU Accelerate drops FSDP, DeepSpeed: table and runs say so
             checks += [(f"{name} trains with the engine its config asked for",
                         run.meta["engine_requested"] in (None, run.meta["engine"]),
@@ -294,146 +303,6 @@ def _unmet_requirements(wheel_dir: Path) -> list[str]:
 def _tail_block(log: Path, lines: int) -> list[str]:
     text = log.read_text().splitlines() if log.exists() else ["(no output)"]
     return ["```", *[line[:300] for line in text[-lines:]], "```"]
-
-
-@dataclass
-class Run:
-    """What the check reads from a training run's metrics.jsonl."""
-
-    meta: dict
-    """The last meta row (a resumed run's is the resume's)."""
-    losses: dict[int, float]
-    last: dict
-    """The last train row."""
-
-
-def _read_run(run_dir: Path) -> Run:
-    from llm.eval.compare import read_metrics  # compare's reader: a line cut short by a killed run is skipped
-
-    rows = read_metrics(run_dir)
-    train = [r for r in rows if r["kind"] == "train"]
-    return Run([r for r in rows if r["kind"] == "meta"][-1], {r["step"]: r["loss"] for r in train}, train[-1])
-
-
-def _prepare_resume(run: Path, copy: Path, step: int) -> bool:
-    """``copy`` = ``run`` without its checkpoints after ``step``: resuming it repeats the steps after ``step``."""
-    shutil.copytree(run, copy)
-    for d in (copy / "checkpoints").glob("step_*"):
-        if int(d.name.split("_")[-1]) > step:
-            shutil.rmtree(d)
-    return (copy / "checkpoints" / f"step_{step:08d}").is_dir()
-
-
-def _engine_lines(log: Path) -> list[str]:
-    """What a run said at start about its engine (only when it differs from the one asked for)."""
-    return [line.strip() for line in log.read_text().splitlines() if line.startswith("engine:")]
-
-
-PLAN_MODES = {"single": "single", "ddp": "ddp", "fsdp2-full_shard": "fsdp2", "fsdp2-shard_grad_op": "fsdp2",
-              "deepspeed-zero2": "zero2", "deepspeed-zero3": "zero3"}
-"""The ``isollm-params --plan`` mode of each engine a run can record."""
-
-
-def _planned_mib(run: Run) -> str:
-    """``llm.memory_plan``'s estimate for the run's model, engine and shape (to set against its measured peak)."""
-    from llm.memory_plan import plan_memory
-    from llm.model import ModelConfig
-
-    mode = PLAN_MODES.get(run.meta["engine"])
-    if mode is None:
-        return "-"
-    config = run.meta["config"]
-    precision = "bf16" if run.meta["mixed_precision"] == "bf16" else "fp32"
-    plan = plan_memory(ModelConfig(**config["model"]), mode, run.meta["world_size"],
-                       config["train"]["micro_batch_size"], config["data"]["seq_len"], precision)
-    return f"{plan.total / 2**20:.0f} MiB"
-
-
-def _engine_table(runs: dict[str, Run]) -> list[str]:
-    lines = ["| run | engine asked | engine that ran | mixed precision | first loss | last loss | tokens/s | "
-             "peak memory | plan estimate |", "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
-    for name, run in runs.items():
-        first = run.losses[min(run.losses)]
-        lines.append(f"| {name} | {run.meta.get('engine_requested') or 'data parallel'} | {run.meta.get('engine')} | "
-                     f"{run.meta.get('mixed_precision')} | {first:.4f} | {run.last['loss']:.4f} | "
-                     f"{run.last['tokens_per_s']:.0f} | {run.last['peak_mem_bytes'] / 2**20:.0f} MiB "
-                     f"({run.last['peak_mem_kind']}) | {_planned_mib(run)} |")
-    return lines
-
-
-def _loss_checks(runs: dict[str, Run], tolerance: tuple[float, float]) -> list[tuple[str, bool, str]]:
-    """DDP against FSDP2 and ZeRO-3: the same first-step loss (same weights, same batch) and the same mean
-    loss over the last 10 steps, within ``tolerance`` (bf16 rounding differs between engines)."""
-    first_tol, tail_tol = tolerance
-    checks = []
-    if "ddp" not in runs:
-        return [("DDP run for the loss comparison", False, "it did not finish")]
-    ref = runs["ddp"].losses
-    for name in ("fsdp2", "deepspeed_zero3"):
-        if name not in runs:
-            checks.append((f"{name} losses agree with ddp", False, "the run did not finish"))
-            continue
-        losses = runs[name].losses
-        first = abs(losses[1] - ref[1])
-        tail = sorted(ref)[-10:]
-        ref_tail = sum(ref[s] for s in tail) / len(tail)
-        rel = abs(sum(losses[s] for s in tail) / len(tail) - ref_tail) / ref_tail
-        ok = first <= first_tol and rel <= tail_tol
-        checks.append((f"{name} losses agree with ddp", ok,
-                       f"step 1: abs. diff {first:.2e} (<= {first_tol}); last 10 steps' mean: rel. diff {rel:.2e} "
-                       f"(<= {tail_tol})"))
-    return checks
-
-
-def _resume_check(original: Run, resumed: Run, step: int, tolerance: float) -> tuple[str, bool, str]:
-    """The resumed run restarted from the checkpoint at ``step`` and repeated the original's later losses. A
-    run that found no checkpoint trains from step 0 and (deterministic) repeats them too: its meta row's
-    ``resumed_from`` tells the two apart."""
-    steps = [s for s in sorted(original.losses) if s > step]
-    what = f"resume from step {step} repeats steps {step + 1}-{max(original.losses)}"
-    missing = [s for s in steps if s not in resumed.losses]
-    if missing or not steps:
-        return (what, False, f"missing steps {missing[:5]}")
-    worst = max(abs(original.losses[s] - resumed.losses[s]) for s in steps)
-    source = resumed.meta.get("resumed_from")
-    from_step = source is not None and Path(source).name == f"step_{step:08d}"
-    return (what, worst <= tolerance and from_step,
-            f"max abs. loss diff {worst:.2e} (<= {tolerance}); resumed from {source}")
-
-
-TARGETS = {"mfu": 0.40, "vs_swiglu": 0.95, "vs_qwen3": 1.1, "linear_from_t": 8192}
-"""The performance targets: swiglu+softmax MFU (of the measured matmul rate), every variant's tokens/s over
-swiglu+softmax's, swiglu+softmax's step over transformers' Qwen3, and the length from which iso_tanh's
-attention must beat SDPA's."""
-
-
-def targets(logs: Path) -> list[str]:
-    """The targets against the figures of the step and attention stages (reported, not a pass/fail of the check)."""
-    rows = []
-    step = logs / "step.json"
-    if step.exists():
-        figures = json.loads(step.read_text())["variants"]
-        ref = figures["swiglu+softmax"]
-        rows.append((f"swiglu+softmax MFU >= {TARGETS['mfu']:.0%} (of the measured matmul rate)",
-                     f"{ref['of_roofline']:.1%}", ref["of_roofline"] >= TARGETS["mfu"]))
-        for name in VARIANTS[1:]:
-            ratio = figures[name]["tokens_per_s"] / ref["tokens_per_s"]
-            rows.append((f"{name} tokens/s >= {TARGETS['vs_swiglu']}x swiglu+softmax's", f"{ratio:.3f}x",
-                         ratio >= TARGETS["vs_swiglu"]))
-        rows.append((f"swiglu+softmax step >= {TARGETS['vs_qwen3']}x transformers' Qwen3 (paired)",
-                     f"{ref['vs_qwen3']:.2f}x", ref["vs_qwen3"] >= TARGETS["vs_qwen3"]))
-    attention = logs / "attention.json"
-    if attention.exists():
-        for t, impls in json.loads(attention.read_text()).items():
-            linear = next(impl for impl in impls if impl != "sdpa")
-            if int(t) >= TARGETS["linear_from_t"]:
-                speedup = impls["sdpa"]["ms"] / impls[linear]["ms"]
-                rows.append((f"iso_tanh ({linear}) faster than SDPA at T={t}", f"{speedup:.2f}x", speedup > 1))
-        if not any(int(t) >= TARGETS["linear_from_t"] for t in json.loads(attention.read_text())):
-            rows.append((f"iso_tanh faster than SDPA from T={TARGETS['linear_from_t']}", "no such T measured", None))
-    verdict = {True: "met", False: "NOT met", None: "-"}
-    return ["| target | measured | |", "| --- | --- | --- |",
-            *[f"| {what} | {value} | {verdict[met]} |" for what, value, met in rows]]
 
 
 def _commit() -> str:

@@ -168,7 +168,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def run() -> None:
-    from llm.train.checkpoint import one_line_checkpoint_warnings
+    from llm.train.checkpoint_files import one_line_checkpoint_warnings
 
     one_line_checkpoint_warnings()
     sys.exit(main())

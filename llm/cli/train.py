@@ -18,7 +18,7 @@ from pathlib import Path
 from llm.config import load_config
 from llm.data.errors import DataError
 from llm.model.config import ConfigError
-from llm.train.checkpoint import CheckpointError, one_line_checkpoint_warnings
+from llm.train.checkpoint_files import CheckpointError, one_line_checkpoint_warnings
 
 __all__ = ["main"]
 

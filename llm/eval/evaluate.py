@@ -75,7 +75,7 @@ class ResolvedModel:
 
 def _verify(checkpoint: Path) -> None:
     """A checkpoint named directly must match its manifest (sizes and checksums), as on resume."""
-    from llm.train.checkpoint import MANIFEST, CheckpointError, verify_checkpoint
+    from llm.train.checkpoint_files import MANIFEST, CheckpointError, verify_checkpoint
 
     if (checkpoint / MANIFEST).is_file():
         try:
@@ -91,7 +91,7 @@ def resolve_checkpoint(target: str) -> ResolvedModel:
     path = Path(target).expanduser()
     if path.is_dir():
         if (path / "checkpoints").is_dir() or (path / "metrics.jsonl").is_file():
-            from llm.train.checkpoint import latest_checkpoint
+            from llm.train.checkpoint_files import latest_checkpoint
 
             checkpoint = latest_checkpoint(path / "checkpoints")
             if checkpoint is None:
@@ -122,7 +122,7 @@ def load_model(resolved: ResolvedModel, trust_remote_code: bool = False,
     from transformers import AutoModelForCausalLM
 
     import llm  # noqa: F401  (registers the isollm Auto classes)
-    from llm.hf.hub import quiet_progress_bars
+    from llm.train.model_dir import quiet_progress_bars
 
     try:
         with quiet_progress_bars():  # "Loading weights" bars say nothing here

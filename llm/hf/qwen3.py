@@ -17,9 +17,9 @@ import torch
 from tokenizers import Tokenizer
 from transformers import Qwen3Config, Qwen3ForCausalLM
 
-from llm.hf.hub import save_model_dir
 from llm.model import IsoLLMForCausalLM, ModelConfig
 from llm.model.config import ConfigError
+from llm.train.model_dir import save_model_dir
 
 QWEN3_REQUIREMENTS: dict[str, object] = {
     "ffn": "swiglu",

@@ -1,6 +1,7 @@
 """Training: ``fit`` (the loop), ``train_step``, ``evaluate``, optimizer/schedule and checkpoints."""
 
-from llm.train.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
+from llm.train.checkpoint import load_checkpoint, save_checkpoint
+from llm.train.checkpoint_files import latest_checkpoint
 from llm.train.evaluate import evaluate, lm_loss
 from llm.train.trainer import fit, train_step
 

@@ -1,4 +1,5 @@
-"""Atomic, resumable checkpoints (layout: docs/ARCHITECTURE.md, "Run directory").
+"""Saving and resuming atomic checkpoints (layout: docs/ARCHITECTURE.md, "Run directory"; the files, the manifest,
+which checkpoint is usable and retention: ``llm.train.checkpoint_files``).
 
 A checkpoint is written into ``step_XXXXXXXX.tmp/``; every file is flushed and fsynced, a
 ``manifest.json`` of file sizes and xxh3-128 checksums is written last inside it, the directory is
@@ -13,7 +14,7 @@ manifest (truncated, missing, altered bytes) or that fails to load is skipped wi
 
 Contents::
 
-    model/          HF save_pretrained (safetensors + config + tokenizer, ``llm.hf.save_model_dir``):
+    model/          HF save_pretrained (safetensors + config + tokenizer, ``llm.train.model_dir``):
                     loads with AutoTokenizer, AutoModelForCausalLM and pipeline("text-generation")
     state/          accelerator.save_state: optimizer, scheduler, RNG (torch/numpy/python/cuda)
                     + data_rank<r>.pt, the data-loader state of each rank
@@ -44,10 +45,8 @@ from pathlib import Path
 from typing import Any
 
 import torch
-import xxhash
 from accelerate import Accelerator
 from accelerate.utils import extract_model_from_parallel
-from safetensors import safe_open
 from safetensors.torch import load_model
 from tokenizers import Tokenizer
 from torch import nn
@@ -55,147 +54,24 @@ from torch import nn
 from llm.config import RunConfig, load_config, save_config
 from llm.data.errors import DataError
 from llm.errors import one_line
-from llm.hf.hub import save_model_dir
 from llm.model.config import ConfigError
+from llm.train.checkpoint_files import (
+    MODEL_DIR,
+    POINTER,
+    CheckpointError,
+    CheckpointWarning,
+    checkpoint_name,
+    fsync_path,
+    pointer_target,
+    prune,
+    usable_checkpoints,
+    write_manifest,
+    write_pointer,
+)
 from llm.train.distributed import all_ranks_agree, gather_messages, is_main_process, rank_and_world_size
+from llm.train.model_dir import save_model_dir
 
-__all__ = [
-    "CheckpointError",
-    "CheckpointWarning",
-    "checkpoint_names",
-    "has_checkpoints",
-    "latest_checkpoint",
-    "load_checkpoint",
-    "one_line_checkpoint_warnings",
-    "resume_checkpoint",
-    "save_checkpoint",
-    "verify_checkpoint",
-]
-
-POINTER = "latest"
-MANIFEST = "manifest.json"
-PREFIX = "step_"
-MODEL_DIR = "model"
-
-
-class CheckpointError(RuntimeError):
-    """A checkpoint could not be written or read."""
-
-
-class CheckpointWarning(UserWarning):
-    """A checkpoint was skipped on resume (incomplete or corrupt)."""
-
-
-def one_line_checkpoint_warnings() -> None:
-    """Command lines (train.py, eval.py) report a skipped checkpoint or pointer as one ``warning:`` line
-    (not file:line plus source)."""
-    default = warnings.formatwarning
-
-    def format_warning(message, category, filename, lineno, line=None) -> str:
-        if issubclass(category, CheckpointWarning):
-            return f"warning: {message}\n"
-        return default(message, category, filename, lineno, line)
-
-    warnings.formatwarning = format_warning
-
-
-def checkpoint_name(step: int) -> str:
-    return f"{PREFIX}{step:08d}"
-
-
-def _fsync_path(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def _fsync_dirs(root: Path) -> None:
-    """fsync every directory of ``root``, bottom-up (their files are fsynced as the manifest hashes them)."""
-    for dirpath, _, _ in os.walk(root, topdown=False):
-        _fsync_path(Path(dirpath))
-
-
-def _checksum(path: Path, *, fsync: bool = False) -> str:
-    """xxh3-128 of the file's bytes (several GB/s: a checkpoint is hashed about as fast as it is read);
-    ``fsync``: also fsync the file through the same descriptor (one open and one pass per file on save)."""
-    digest = xxhash.xxh3_128()
-    with open(path, "rb") as f:
-        while chunk := f.read(1 << 23):
-            digest.update(chunk)
-        if fsync:
-            os.fsync(f.fileno())
-    return digest.hexdigest()
-
-
-def _write_manifest(root: Path) -> None:
-    """Hash and fsync every file of ``root``, write ``manifest.json`` and fsync it, then fsync the
-    directories bottom-up, so the rename publishes durable data."""
-    files = {str(p.relative_to(root)): {"size": p.stat().st_size, "xxh3_128": _checksum(p, fsync=True)}
-             for p in sorted(root.rglob("*")) if p.is_file()}
-    with open(root / MANIFEST, "w") as f:
-        f.write(json.dumps(files, indent=1, sort_keys=True))
-        f.flush()
-        os.fsync(f.fileno())
-    _fsync_dirs(root)
-
-
-def _write_pointer(ckpt_dir: Path, name: str) -> None:
-    tmp = ckpt_dir / f".{POINTER}.tmp"
-    with open(tmp, "w") as f:
-        f.write(name + "\n")
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, ckpt_dir / POINTER)
-    _fsync_path(ckpt_dir)
-
-
-def _complete_dirs(ckpt_dir: Path) -> list[Path]:
-    """Renamed (not ``.tmp``) checkpoint directories, newest first."""
-    if not ckpt_dir.is_dir():
-        return []
-    dirs = [p for p in ckpt_dir.iterdir() if p.is_dir() and p.name[len(PREFIX):].isdigit()
-            and p.name.startswith(PREFIX)]
-    return sorted(dirs, key=lambda p: int(p.name[len(PREFIX):]), reverse=True)
-
-
-def has_checkpoints(ckpt_dir: str | Path) -> bool:
-    return bool(_complete_dirs(Path(ckpt_dir)))
-
-
-def checkpoint_names(ckpt_dir: str | Path) -> list[str]:
-    """Names of the renamed (complete or corrupt, not ``.tmp``) checkpoint directories, newest first."""
-    return [p.name for p in _complete_dirs(Path(ckpt_dir))]
-
-
-def _pointer_target(ckpt_dir: Path, *, warn: bool) -> str | None:
-    """The checkpoint name in the ``latest`` pointer, or None when it is missing or not a checkpoint name
-    (torn, overwritten with garbage: then resume scans the directories instead)."""
-    pointer = ckpt_dir / POINTER
-    if not pointer.is_file():
-        return None
-    try:
-        name = pointer.read_bytes().decode("ascii").strip()
-    except (OSError, UnicodeDecodeError) as err:
-        name, reason = None, one_line(err)
-    else:
-        reason = f"{name[:40]!r} is not a checkpoint name"
-    if name is not None and name.startswith(PREFIX) and name[len(PREFIX):].isdigit():
-        return name
-    if warn:
-        warnings.warn(f"ignoring unreadable {pointer} ({reason}); scanning {ckpt_dir}", CheckpointWarning,
-                      stacklevel=3)
-    return None
-
-
-def _prune(ckpt_dir: Path, keep: int, current: str) -> None:
-    for stale in ckpt_dir.glob(f"{PREFIX}*.tmp"):
-        shutil.rmtree(stale, ignore_errors=True)
-    for old in _complete_dirs(ckpt_dir)[keep:]:
-        if old.name != current:
-            shutil.rmtree(old, ignore_errors=True)
-
+__all__ = ["check_model_config", "load_checkpoint", "resume_checkpoint", "save_checkpoint"]
 
 def _load_exported_weights(model: nn.Module, model_dir: Path) -> None:
     """Copy the weights of the ``save_pretrained`` directory ``model_dir`` (one file or shards) into
@@ -287,91 +163,31 @@ def save_checkpoint(
     if not errors and main:
         renamed = False
         try:
-            _write_manifest(tmp)
+            write_manifest(tmp)
             if final.exists():  # a step saved before, by a run this one did not resume from (resume=false or
                 # restart, or a checkpoint the resume skipped as unusable)
                 shutil.rmtree(final)
             os.rename(tmp, final)
             renamed = True
-            _fsync_path(ckpt_dir)
-            _write_pointer(ckpt_dir, name)
+            fsync_path(ckpt_dir)
+            write_pointer(ckpt_dir, name)
         except Exception as err:
             error = one_line(err)
-            if renamed and _pointer_target(ckpt_dir, warn=False) != name:  # renamed, never published
+            if renamed and pointer_target(ckpt_dir, warn=False) != name:  # renamed, never published
                 shutil.rmtree(final, ignore_errors=True)
         else:
-            _prune(ckpt_dir, keep, name)
+            prune(ckpt_dir, keep, name)
     errors = errors or gather_messages(error)
     if errors:
         if main:
             shutil.rmtree(tmp, ignore_errors=True)
             (ckpt_dir / f".{POINTER}.tmp").unlink(missing_ok=True)
         accelerator.wait_for_everyone()  # the pointer is read after the main process cleaned up
-        previous = _pointer_target(ckpt_dir, warn=False)
+        previous = pointer_target(ckpt_dir, warn=False)
         raise CheckpointError(
             f"could not write checkpoint {tmp} ({'; '.join(errors)}); the previous checkpoint is intact: "
             f"{ckpt_dir / previous if previous else 'none'}")
     return final
-
-
-def verify_checkpoint(path: str | Path) -> None:
-    """Raise ``CheckpointError`` unless every file of the manifest exists with its size and checksum and
-    the safetensors files parse. (Manifests written before checksums, sizes only, are checked by size.)"""
-    path = Path(path)
-    manifest = path / MANIFEST
-    try:
-        entries = json.loads(manifest.read_text())
-        entries = {rel: entry if isinstance(entry, dict) else {"size": entry} for rel, entry in entries.items()}
-    except (OSError, ValueError, AttributeError) as err:
-        raise CheckpointError(f"{path}: unreadable {MANIFEST} ({one_line(err)})") from None
-    for rel, entry in entries.items():
-        file = path / rel
-        actual = file.stat().st_size if file.is_file() else None
-        if actual != entry.get("size"):
-            raise CheckpointError(f"{path}: {rel} has {actual} bytes, expected {entry.get('size')}")
-        if "xxh3_128" in entry and _checksum(file) != entry["xxh3_128"]:
-            raise CheckpointError(f"{path}: {rel} does not match its checksum in {MANIFEST} (altered on disk)")
-        if file.suffix == ".safetensors":
-            try:
-                with safe_open(str(file), framework="pt"):
-                    pass
-            except Exception as err:  # safetensors raises its own error types for a bad header
-                raise CheckpointError(f"{path}: {rel} is not a valid safetensors file ({err})") from None
-
-
-def usable_checkpoints(ckpt_dir: str | Path, *, warn: bool = True, all_ranks: bool = False) -> Iterator[Path]:
-    """The complete checkpoints that verify, the ``latest`` pointer's target first, then newest first; each
-    that does not verify is skipped with a ``CheckpointWarning`` naming it and why.
-
-    ``all_ranks``: every rank calls this together; the main process alone reads and hashes each candidate
-    and every rank takes its verdict (one read of the checkpoint, not one per rank, and the same decision
-    everywhere)."""
-    ckpt_dir = Path(ckpt_dir)
-    candidates = _complete_dirs(ckpt_dir)
-    target = _pointer_target(ckpt_dir, warn=warn)
-    if target is not None and ckpt_dir / target in candidates:
-        candidates.remove(ckpt_dir / target)
-        candidates.insert(0, ckpt_dir / target)
-    for candidate in candidates:
-        error = None
-        if not all_ranks or is_main_process():
-            try:
-                verify_checkpoint(candidate)
-            except CheckpointError as err:
-                error = str(err)  # it names the checkpoint
-        if all_ranks:
-            error = next(iter(gather_messages(error)), None)
-        if error is not None:
-            if warn:
-                warnings.warn(f"skipping checkpoint {error}", CheckpointWarning, stacklevel=2)
-            continue
-        yield candidate
-
-
-def latest_checkpoint(ckpt_dir: str | Path, *, warn: bool = True) -> Path | None:
-    """The newest complete checkpoint: the ``latest`` pointer's target when it verifies, else the
-    newest one that does (skipping, with a ``CheckpointWarning``, each that does not); None if none."""
-    return next(usable_checkpoints(ckpt_dir, warn=warn), None)
 
 
 def check_model_config(path: str | Path, config: RunConfig) -> None:

@@ -59,12 +59,8 @@ from llm.metrics.gradnorm import GradNormTracker, GroupGradNorms, grad_norm_grou
 from llm.metrics.layers import layer_report
 from llm.model import IsoLLMConfig, IsoLLMForCausalLM, param_counts
 from llm.model.config import ConfigError, ModelConfig
-from llm.train.checkpoint import (
-    checkpoint_names,
-    has_checkpoints,
-    resume_checkpoint,
-    save_checkpoint,
-)
+from llm.train.checkpoint import resume_checkpoint, save_checkpoint
+from llm.train.checkpoint_files import checkpoint_names, has_checkpoints
 from llm.train.distributed import all_ranks_agree, gather_messages, is_distributed, is_main_process, rank_and_world_size
 from llm.train.engine import engine_in_use, engine_mismatch, engine_requested
 from llm.train.evaluate import evaluate

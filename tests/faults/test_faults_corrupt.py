@@ -15,12 +15,12 @@ import pytest
 import torch
 from tiny import metrics_rows, start_train_py
 
-import llm.train.checkpoint as checkpoint
+import llm.train.checkpoint_files as checkpoint_files
 from llm.cli.train import main
 from llm.config import load_config
 from llm.data.tokenizer import load_tokenizer
 from llm.data.validation import build_val_windows, val_cache_path
-from llm.train.checkpoint import CheckpointWarning, latest_checkpoint
+from llm.train.checkpoint_files import CheckpointWarning, latest_checkpoint
 
 NEWEST, PREVIOUS = "step_00000004", "step_00000002"
 
@@ -124,11 +124,11 @@ def test_checkpoint_that_verifies_but_does_not_load_falls_back(run_copy: Path, t
     candidate is read and hashed once."""
     ckpt = run_copy / "checkpoints" / NEWEST
     _zeroed_optimizer(ckpt, Path())
-    (ckpt / checkpoint.MANIFEST).unlink()
-    checkpoint._write_manifest(ckpt)
+    (ckpt / checkpoint_files.MANIFEST).unlink()
+    checkpoint_files.write_manifest(ckpt)
     verified = []
-    real_verify = checkpoint.verify_checkpoint
-    monkeypatch.setattr(checkpoint, "verify_checkpoint", lambda path: verified.append(Path(path).name)
+    real_verify = checkpoint_files.verify_checkpoint
+    monkeypatch.setattr(checkpoint_files, "verify_checkpoint", lambda path: verified.append(Path(path).name)
                         or real_verify(path))
     with pytest.warns(CheckpointWarning, match=rf"skipping checkpoint .*{NEWEST}: cannot load it \("):
         code, out, err = _resume(run_overrides, capsys, "resume=true", "train.max_steps=4")

@@ -17,7 +17,7 @@ import safetensors.torch
 import transformers.modeling_utils
 
 from llm.cli.train import main
-from llm.train.checkpoint import verify_checkpoint
+from llm.train.checkpoint_files import verify_checkpoint
 
 FAILING_STEP = 4
 

@@ -19,7 +19,7 @@ import yaml
 from tiny import REPO, TINY_MODEL, metrics_rows
 
 from llm.cli.sweep import main as sweep_main
-from llm.train.checkpoint import verify_checkpoint
+from llm.train.checkpoint_files import verify_checkpoint
 
 STUB_TRAIN_PY = """import json, os, sys
 from pathlib import Path

@@ -14,7 +14,7 @@ import torch
 from safetensors.torch import load_file, save_file
 from tiny import checkpoint_weights, metrics_rows
 
-import llm.train.checkpoint as checkpoint
+import llm.train.checkpoint_files as checkpoint_files
 from llm.cli.eval import main as eval_main
 from llm.cli.train import main
 from llm.config import load_config
@@ -91,8 +91,8 @@ def test_eval_of_a_nan_checkpoint_reports_nan(run_overrides: list[str], tmp_path
     weights_file = ckpt / "model" / "model.safetensors"
     weights = load_file(weights_file)
     save_file({k: torch.full_like(v, math.nan) for k, v in weights.items()}, weights_file, metadata={"format": "pt"})
-    (ckpt / checkpoint.MANIFEST).unlink()
-    checkpoint._write_manifest(ckpt)  # a checkpoint written NaN (not one altered on disk)
+    (ckpt / checkpoint_files.MANIFEST).unlink()
+    checkpoint_files.write_manifest(ckpt)  # a checkpoint written NaN (not one altered on disk)
     capsys.readouterr()
     assert eval_main([str(ckpt), "--json", "--samples", "1", "--max-new-tokens", "2"]) == 0
     report = json.loads(capsys.readouterr().out)

@@ -26,9 +26,10 @@ from tiny import metrics_rows, run, torchrun
 from write_fail_worker import failing_write_line
 
 import llm.train.checkpoint as checkpoint
+import llm.train.checkpoint_files as checkpoint_files
 import llm.train.trainer as trainer
 from llm.cli.train import main
-from llm.train.checkpoint import verify_checkpoint
+from llm.train.checkpoint_files import verify_checkpoint
 from llm.train.logging import MetricsLog
 
 FAILING = "step_00000004"
@@ -74,22 +75,22 @@ def _tokenizer(monkeypatch: pytest.MonkeyPatch) -> str:
 
 
 def _manifest(monkeypatch: pytest.MonkeyPatch) -> str:
-    real = checkpoint._write_manifest
+    real = checkpoint.write_manifest
 
     def write_manifest(root: Path) -> None:
         if root.name != f"{FAILING}.tmp":
             return real(root)
-        (root / checkpoint.MANIFEST).write_text("{")
+        (root / checkpoint_files.MANIFEST).write_text("{")
         raise ENOSPC
 
-    monkeypatch.setattr(checkpoint, "_write_manifest", write_manifest)
+    monkeypatch.setattr(checkpoint, "write_manifest", write_manifest)
     return "OSError: [Errno 28] No space left on device"
 
 
 def _pointer(monkeypatch: pytest.MonkeyPatch) -> str:
     """The pointer write fails after the new directory was renamed: it is removed again, and the message
     names the previous checkpoint, not the new one, as intact."""
-    real = checkpoint._write_pointer
+    real = checkpoint.write_pointer
 
     def write_pointer(ckpt_dir: Path, name: str) -> None:
         if name != FAILING:
@@ -97,7 +98,7 @@ def _pointer(monkeypatch: pytest.MonkeyPatch) -> str:
         (ckpt_dir / ".latest.tmp").write_text(name[:3])
         raise ENOSPC
 
-    monkeypatch.setattr(checkpoint, "_write_pointer", write_pointer)
+    monkeypatch.setattr(checkpoint, "write_pointer", write_pointer)
     return "OSError: [Errno 28] No space left on device"
 
 

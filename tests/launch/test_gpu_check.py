@@ -58,10 +58,10 @@ def test_needs_an_output_folder() -> None:
     assert done.returncode == 2 and "OUTDIR" in done.stderr
 
 
-def gpu_check_module():
+def gpu_runs_module():
     import importlib.util
 
-    spec = importlib.util.spec_from_file_location("gpu_check", REPO / "scripts" / "gpu_check.py")
+    spec = importlib.util.spec_from_file_location("gpu_runs", REPO / "scripts" / "gpu_runs.py")
     module = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = module  # dataclasses look their module up while the class is built
     spec.loader.exec_module(module)
@@ -71,7 +71,7 @@ def gpu_check_module():
 def test_resume_check_needs_the_half_way_checkpoint_and_the_same_losses() -> None:
     """On CPU a run that found no checkpoint and trained from step 0 repeats the original's losses bitwise:
     only the meta row's ``resumed_from`` shows it did not resume."""
-    check = gpu_check_module()
+    check = gpu_runs_module()
     losses = {step: 6.0 - step / 10 for step in range(1, 21)}
     original = check.Run({"resumed_from": None}, losses, {})
 
@@ -79,22 +79,22 @@ def test_resume_check_needs_the_half_way_checkpoint_and_the_same_losses() -> Non
         return check.Run({"resumed_from": source}, {s: v + shift for s, v in losses.items()}, {})
 
     half = "runs/ddp-resume/checkpoints/step_00000010"
-    assert check._resume_check(original, resumed(half), 10, 1e-5)[1]
-    assert not check._resume_check(original, resumed(None), 10, 1e-5)[1]
-    assert not check._resume_check(original, resumed("runs/ddp-resume/checkpoints/step_00000005"), 10, 1e-5)[1]
-    assert not check._resume_check(original, resumed(half, shift=1e-4), 10, 1e-5)[1]
+    assert check.resume_check(original, resumed(half), 10, 1e-5)[1]
+    assert not check.resume_check(original, resumed(None), 10, 1e-5)[1]
+    assert not check.resume_check(original, resumed("runs/ddp-resume/checkpoints/step_00000005"), 10, 1e-5)[1]
+    assert not check.resume_check(original, resumed(half, shift=1e-4), 10, 1e-5)[1]
     missing = check.Run({"resumed_from": half}, {s: v for s, v in losses.items() if s != 15}, {})
-    assert check._resume_check(original, missing, 10, 1e-5)[1:] == (False, "missing steps [15]")
+    assert check.resume_check(original, missing, 10, 1e-5)[1:] == (False, "missing steps [15]")
 
 
 def test_loss_checks_fail_an_engine_whose_losses_drift() -> None:
-    check = gpu_check_module()
+    check = gpu_runs_module()
     losses = {step: 6.0 - step / 10 for step in range(1, 21)}
     runs = {name: check.Run({}, dict(losses), {}) for name in ("ddp", "fsdp2", "deepspeed_zero3")}
-    assert [ok for _, ok, _ in check._loss_checks(runs, (0.02, 0.02))] == [True, True]
+    assert [ok for _, ok, _ in check.loss_checks(runs, (0.02, 0.02))] == [True, True]
     runs["deepspeed_zero3"].losses[20] += 1.0  # the last-10 mean moves by 0.1 on 4.45: 2.2% > 2%
     runs["fsdp2"].losses[1] += 0.03
-    assert [ok for _, ok, _ in check._loss_checks(runs, (0.02, 0.02))] == [False, False]
+    assert [ok for _, ok, _ in check.loss_checks(runs, (0.02, 0.02))] == [False, False]
     del runs["fsdp2"]
-    assert check._loss_checks(runs, (0.02, 0.02))[0] == ("fsdp2 losses agree with ddp", False,
+    assert check.loss_checks(runs, (0.02, 0.02))[0] == ("fsdp2 losses agree with ddp", False,
                                                          "the run did not finish")

@@ -13,7 +13,8 @@ import pytest
 import yaml
 from tiny import REPO
 
-from llm.cli.sweep import expand, load_sweep, main, slurm_array_script
+from llm.cli.sweep import main, slurm_array_script
+from llm.cli.sweep_spec import expand, load_sweep
 
 TINY = {"model": {"vocab_size": 512, "hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 2,
                   "num_attention_heads": 2, "num_key_value_heads": 1},
@@ -63,7 +64,7 @@ def test_grid_expands_to_the_product_with_unique_names(sweep_file) -> None:
 
 
 def test_every_run_resolves_with_the_same_data_and_its_own_variant(sweep_file) -> None:
-    from llm.cli.sweep import check_comparable
+    from llm.cli.sweep_spec import check_comparable
 
     sweep = load_sweep(sweep_file(), check=False)
     configs = check_comparable(sweep.runs, Path("sweep.yaml"), sweep.root)
@@ -71,6 +72,18 @@ def test_every_run_resolves_with_the_same_data_and_its_own_variant(sweep_file) -
     assert {(c.model.num_hidden_layers, c.model.ffn, c.model.attn_scoring, c.seed) for c in configs} == {
         (n, f, a, s) for n in (2, 4) for f in ("swiglu", "isogmlp") for a in ("softmax", "iso_tanh")
         for s in (0, 1, 2)}
+
+
+def test_document_masking_is_the_one_data_axis(sweep_file) -> None:
+    """Masked and unmasked runs score the same windows: a sweep may compare them (issue 27's result)."""
+    from llm.cli.sweep_spec import check_comparable
+
+    grid = {"model.ffn": ["swiglu", "isogmlp"], "data.document_masking": [True, False], "seed": [0]}
+    sweep = load_sweep(sweep_file(files=None, grid=grid, run_name="{model.ffn}-mask{data.document_masking}"),
+                       check=False)
+    configs = check_comparable(sweep.runs, Path("sweep.yaml"), sweep.root)
+    assert [(c.model.ffn, c.data.document_masking) for c in configs] == [
+        ("swiglu", True), ("swiglu", False), ("isogmlp", True), ("isogmlp", False)]
 
 
 @pytest.mark.parametrize(("changes", "message"), [

@@ -15,7 +15,7 @@ from transformers import AutoTokenizer
 import llm.train.checkpoint as checkpoint
 from llm.config import load_config, save_config
 from llm.model import IsoLLMForCausalLM
-from llm.train.checkpoint import CheckpointError, CheckpointWarning, latest_checkpoint, verify_checkpoint
+from llm.train.checkpoint_files import CheckpointError, CheckpointWarning, latest_checkpoint, verify_checkpoint
 from llm.train.trainer import build_model, fit
 
 

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 from tiny import metrics_rows, run, torchrun
 
-from llm.train.checkpoint import verify_checkpoint
+from llm.train.checkpoint_files import verify_checkpoint
 
 WORKER = Path(__file__).with_name("stop_worker.py")
 SIGNAL_STEP = 3

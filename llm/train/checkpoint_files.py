@@ -1,0 +1,220 @@
+"""A run's checkpoints on disk: the format, its manifest, which checkpoint is usable, and retention.
+
+The reading side is what eval.py and publishing share with the trainer (``latest_checkpoint``,
+``verify_checkpoint``); writing and resuming are ``llm.train.checkpoint``'s. Layout::
+
+    checkpoints/
+      latest              the name of the newest published checkpoint (replaced atomically)
+      step_XXXXXXXX/      a complete checkpoint (``llm.train.checkpoint`` lists its contents)
+        manifest.json     relative path -> {"size": bytes, "xxh3_128": hex digest} of every other file
+      step_XXXXXXXX.tmp/  a save in progress, or one a crash interrupted (removed by the next save)
+
+A checkpoint directory appears under its final name only after every file and its manifest were fsynced, and
+the pointer is replaced after that, so a crash leaves the previous checkpoint and pointer intact.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import warnings
+from collections.abc import Iterator
+from pathlib import Path
+
+import xxhash
+from safetensors import safe_open
+
+from llm.errors import one_line
+from llm.train.distributed import gather_messages, is_main_process
+
+__all__ = [
+    "MANIFEST", "MODEL_DIR", "POINTER", "CheckpointError", "CheckpointWarning", "checkpoint_name", "checkpoint_names",
+    "fsync_path", "has_checkpoints", "latest_checkpoint", "one_line_checkpoint_warnings", "pointer_target", "prune",
+    "usable_checkpoints", "verify_checkpoint", "write_manifest", "write_pointer",
+]
+
+POINTER = "latest"
+MANIFEST = "manifest.json"
+PREFIX = "step_"
+MODEL_DIR = "model"
+
+
+class CheckpointError(RuntimeError):
+    """A checkpoint could not be written or read."""
+
+
+class CheckpointWarning(UserWarning):
+    """A checkpoint was skipped on resume (incomplete or corrupt)."""
+
+
+def one_line_checkpoint_warnings() -> None:
+    """Command lines (train.py, eval.py) report a skipped checkpoint or pointer as one ``warning:`` line
+    (not file:line plus source)."""
+    default = warnings.formatwarning
+
+    def format_warning(message, category, filename, lineno, line=None) -> str:
+        if issubclass(category, CheckpointWarning):
+            return f"warning: {message}\n"
+        return default(message, category, filename, lineno, line)
+
+    warnings.formatwarning = format_warning
+
+
+def checkpoint_name(step: int) -> str:
+    return f"{PREFIX}{step:08d}"
+
+
+def fsync_path(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _fsync_dirs(root: Path) -> None:
+    """fsync every directory of ``root``, bottom-up (their files are fsynced as the manifest hashes them)."""
+    for dirpath, _, _ in os.walk(root, topdown=False):
+        fsync_path(Path(dirpath))
+
+
+def _checksum(path: Path, *, fsync: bool = False) -> str:
+    """xxh3-128 of the file's bytes (several GB/s: a checkpoint is hashed about as fast as it is read);
+    ``fsync``: also fsync the file through the same descriptor (one open and one pass per file on save)."""
+    digest = xxhash.xxh3_128()
+    with open(path, "rb") as f:
+        while chunk := f.read(1 << 23):
+            digest.update(chunk)
+        if fsync:
+            os.fsync(f.fileno())
+    return digest.hexdigest()
+
+
+def write_manifest(root: Path) -> None:
+    """Hash and fsync every file of ``root``, write ``manifest.json`` and fsync it, then fsync the
+    directories bottom-up, so the rename publishes durable data."""
+    files = {str(p.relative_to(root)): {"size": p.stat().st_size, "xxh3_128": _checksum(p, fsync=True)}
+             for p in sorted(root.rglob("*")) if p.is_file()}
+    with open(root / MANIFEST, "w") as f:
+        f.write(json.dumps(files, indent=1, sort_keys=True))
+        f.flush()
+        os.fsync(f.fileno())
+    _fsync_dirs(root)
+
+
+def write_pointer(ckpt_dir: Path, name: str) -> None:
+    tmp = ckpt_dir / f".{POINTER}.tmp"
+    with open(tmp, "w") as f:
+        f.write(name + "\n")
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, ckpt_dir / POINTER)
+    fsync_path(ckpt_dir)
+
+
+def _complete_dirs(ckpt_dir: Path) -> list[Path]:
+    """Renamed (not ``.tmp``) checkpoint directories, newest first."""
+    if not ckpt_dir.is_dir():
+        return []
+    dirs = [p for p in ckpt_dir.iterdir() if p.is_dir() and p.name[len(PREFIX):].isdigit()
+            and p.name.startswith(PREFIX)]
+    return sorted(dirs, key=lambda p: int(p.name[len(PREFIX):]), reverse=True)
+
+
+def has_checkpoints(ckpt_dir: str | Path) -> bool:
+    return bool(_complete_dirs(Path(ckpt_dir)))
+
+
+def checkpoint_names(ckpt_dir: str | Path) -> list[str]:
+    """Names of the renamed (complete or corrupt, not ``.tmp``) checkpoint directories, newest first."""
+    return [p.name for p in _complete_dirs(Path(ckpt_dir))]
+
+
+def pointer_target(ckpt_dir: Path, *, warn: bool) -> str | None:
+    """The checkpoint name in the ``latest`` pointer, or None when it is missing or not a checkpoint name
+    (torn, overwritten with garbage: then resume scans the directories instead)."""
+    pointer = ckpt_dir / POINTER
+    if not pointer.is_file():
+        return None
+    try:
+        name = pointer.read_bytes().decode("ascii").strip()
+    except (OSError, UnicodeDecodeError) as err:
+        name, reason = None, one_line(err)
+    else:
+        reason = f"{name[:40]!r} is not a checkpoint name"
+    if name is not None and name.startswith(PREFIX) and name[len(PREFIX):].isdigit():
+        return name
+    if warn:
+        warnings.warn(f"ignoring unreadable {pointer} ({reason}); scanning {ckpt_dir}", CheckpointWarning,
+                      stacklevel=3)
+    return None
+
+
+def prune(ckpt_dir: Path, keep: int, current: str) -> None:
+    """Retention: remove stale ``.tmp`` saves and all but the newest ``keep`` checkpoints (never ``current``)."""
+    for stale in ckpt_dir.glob(f"{PREFIX}*.tmp"):
+        shutil.rmtree(stale, ignore_errors=True)
+    for old in _complete_dirs(ckpt_dir)[keep:]:
+        if old.name != current:
+            shutil.rmtree(old, ignore_errors=True)
+
+
+def verify_checkpoint(path: str | Path) -> None:
+    """Raise ``CheckpointError`` unless every file of the manifest exists with its size and checksum and
+    the safetensors files parse. (Manifests written before checksums, sizes only, are checked by size.)"""
+    path = Path(path)
+    manifest = path / MANIFEST
+    try:
+        entries = json.loads(manifest.read_text())
+        entries = {rel: entry if isinstance(entry, dict) else {"size": entry} for rel, entry in entries.items()}
+    except (OSError, ValueError, AttributeError) as err:
+        raise CheckpointError(f"{path}: unreadable {MANIFEST} ({one_line(err)})") from None
+    for rel, entry in entries.items():
+        file = path / rel
+        actual = file.stat().st_size if file.is_file() else None
+        if actual != entry.get("size"):
+            raise CheckpointError(f"{path}: {rel} has {actual} bytes, expected {entry.get('size')}")
+        if "xxh3_128" in entry and _checksum(file) != entry["xxh3_128"]:
+            raise CheckpointError(f"{path}: {rel} does not match its checksum in {MANIFEST} (altered on disk)")
+        if file.suffix == ".safetensors":
+            try:
+                with safe_open(str(file), framework="pt"):
+                    pass
+            except Exception as err:  # safetensors raises its own error types for a bad header
+                raise CheckpointError(f"{path}: {rel} is not a valid safetensors file ({err})") from None
+
+
+def usable_checkpoints(ckpt_dir: str | Path, *, warn: bool = True, all_ranks: bool = False) -> Iterator[Path]:
+    """The complete checkpoints that verify, the ``latest`` pointer's target first, then newest first; each
+    that does not verify is skipped with a ``CheckpointWarning`` naming it and why.
+
+    ``all_ranks``: every rank calls this together; the main process alone reads and hashes each candidate
+    and every rank takes its verdict (one read of the checkpoint, not one per rank, and the same decision
+    everywhere)."""
+    ckpt_dir = Path(ckpt_dir)
+    candidates = _complete_dirs(ckpt_dir)
+    target = pointer_target(ckpt_dir, warn=warn)
+    if target is not None and ckpt_dir / target in candidates:
+        candidates.remove(ckpt_dir / target)
+        candidates.insert(0, ckpt_dir / target)
+    for candidate in candidates:
+        error = None
+        if not all_ranks or is_main_process():
+            try:
+                verify_checkpoint(candidate)
+            except CheckpointError as err:
+                error = str(err)  # it names the checkpoint
+        if all_ranks:
+            error = next(iter(gather_messages(error)), None)
+        if error is not None:
+            if warn:
+                warnings.warn(f"skipping checkpoint {error}", CheckpointWarning, stacklevel=2)
+            continue
+        yield candidate
+
+
+def latest_checkpoint(ckpt_dir: str | Path, *, warn: bool = True) -> Path | None:
+    """The newest complete checkpoint: the ``latest`` pointer's target when it verifies, else the
+    newest one that does (skipping, with a ``CheckpointWarning``, each that does not); None if none."""
+    return next(usable_checkpoints(ckpt_dir, warn=warn), None)
