@@ -23,7 +23,7 @@ class Run:
 
 
 def read_run(run_dir: Path) -> Run:
-    from llm.eval.compare import read_metrics  # compare's reader: a line cut short by a killed run is skipped
+    from llm.eval.runs import read_metrics  # compare's reader: a line cut short by a killed run is skipped
 
     rows = read_metrics(run_dir)
     train = [r for r in rows if r["kind"] == "train"]

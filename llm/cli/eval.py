@@ -61,10 +61,15 @@ def _compare_parser() -> argparse.ArgumentParser:
         prog="eval.py compare", description="Table (in the style of isogmlp Table 1) and plots of runs "
         "grouped into rows of one configuration over seeds (llm.eval.compare.group_runs).")
     parser.add_argument("runs", nargs="+", metavar="RUN_DIR", help="run directories or quoted glob patterns")
-    parser.add_argument("--baseline", default=DEFAULT_BASELINE,
-                        help="row the p-values test against, as the table labels it: a variant name, or, where "
-                        "rows share the variant name, the full label with the differing fields in parentheses, "
-                        "e.g. 'swiglu+softmax (train.lr=0.001)' (a variant name of several rows is an error)")
+    parser.add_argument("--baseline", default=None,
+                        help=f"row the p-values test against (default {DEFAULT_BASELINE}, when present): a row label "
+                        "as the table prints it (with the differing fields in parentheses where rows share a variant "
+                        "name, e.g. 'swiglu+softmax (train.lr=0.001)'), a variant name or an FFN name of one row "
+                        "(swiglu); a name of several rows or of none is an error listing the rows")
+    parser.add_argument("--tune", action="append", default=[], metavar="KEY",
+                        help="config key tuned per variant (repeatable, e.g. --tune train.lr): runs differing only in "
+                        "it and the seed are one variant, reported at the value with the lowest mean final val "
+                        "loss; adds the sensitivity table and <key>_sensitivity.png")
     parser.add_argument("--out", default="comparison", help="directory for comparison.md/.csv and PNG plots")
     parser.add_argument("--no-plots", action="store_true")
     return parser
@@ -112,18 +117,26 @@ def _evaluate(argv: list[str]) -> int:
 
 
 def _compare(argv: list[str]) -> int:
-    from llm.eval.compare import compare_runs, expand_run_dirs, format_table, load_run, write_comparison
+    from llm.eval.compare import compare_runs, format_table, write_comparison
+    from llm.eval.runs import expand_run_dirs, load_run
 
     args = _compare_parser().parse_args(argv)
-    runs = [load_run(d) for d in expand_run_dirs(args.runs)]
-    comparison = compare_runs(runs, args.baseline)
-    for warning in comparison.warnings:
+    runs, unreadable = [], []
+    for run_dir in expand_run_dirs(args.runs):
+        try:
+            runs.append(load_run(run_dir))
+        except (EvalError, FileNotFoundError) as err:  # one damaged run does not hide the others
+            unreadable.append(str(err))
+    if not runs:
+        raise EvalError("; ".join(unreadable))
+    comparison = compare_runs(runs, args.baseline, args.tune)
+    for warning in [*(f"{message}; left out" for message in unreadable), *comparison.warnings]:
         print(f"warning: {warning}", file=sys.stderr)
     written = list(write_comparison(comparison, args.out))
     if not args.no_plots:
         from llm.eval.plots import write_plots
 
-        written += write_plots(comparison.groups, args.out)
+        written += write_plots(comparison.groups, args.out, comparison.sensitivity, comparison.tune)
     print(format_table(comparison))
     print("wrote " + ", ".join(str(p) for p in written))
     return 0

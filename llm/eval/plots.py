@@ -23,7 +23,8 @@ matplotlib.use("Agg")  # before pyplot is imported: no display on clusters and C
 import matplotlib.pyplot as plt
 from matplotlib.axes import Axes
 
-from .compare import RunRecord
+from .runs import RunRecord
+from .tune import TunePoint
 
 Row = dict[str, Any]
 Rows = Mapping[str, Sequence[RunRecord]]
@@ -162,12 +163,41 @@ def plot_alpha(rows: Rows, path: Path) -> Path | None:
     return _save(fig, path)
 
 
-def write_plots(rows: Rows, out_dir: str | Path) -> list[Path]:
+def plot_sensitivity(sensitivity: Mapping[str, Sequence[TunePoint]], key: str, path: Path) -> Path:
+    """Final validation loss against the tuned ``key`` (``compare --tune``), one line per row with seed error bars
+    (± std); a log x axis for positive values spanning 4x or more (a learning-rate grid). A value whose runs all
+    diverged is a cross at the top of the axis, not a gap."""
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    colours = _row_colours(sensitivity)
+    for label, points in sensitivity.items():
+        finite = [point for point in points if point.losses]
+        ax.errorbar([point.values[0] for point in finite], [point.mean for point in finite],
+                    yerr=[0.0 if math.isnan(point.std) else point.std for point in finite], marker="o", capsize=3,
+                    label=label, color=colours[label])
+        diverged = [point.values[0] for point in points if not point.losses and point.diverged]
+        if diverged:  # at the top of the axes, whatever the losses' scale
+            ax.scatter(diverged, [0.97] * len(diverged), marker="x", s=60, color=colours[label],
+                       transform=ax.get_xaxis_transform(), clip_on=False)
+    values = [point.values[0] for points in sensitivity.values() for point in points]
+    if all(isinstance(v, int | float) and v > 0 for v in values) and max(values) >= 4 * min(values):
+        ax.set_xscale("log")
+    ax.set(xlabel=key, ylabel="final validation loss (nats/token)",
+           title=f"Sensitivity to {key} (x: every run at that value diverged)")
+    ax.grid(alpha=0.3)
+    ax.legend()
+    return _save(fig, path)
+
+
+def write_plots(rows: Rows, out_dir: str | Path, sensitivity: Mapping[str, Sequence[TunePoint]] | None = None,
+                tune: Sequence[str] = ()) -> list[Path]:
     """Write every plot that the rows' runs have data for; return the written paths. ``rows`` are the
-    table's (``Comparison.groups``), so every plot labels and colours a row as the table does."""
+    table's (``Comparison.groups``), so every plot labels and colours a row as the table does; with one tuned key,
+    ``sensitivity`` gives ``<key>_sensitivity.png`` (``lr_sensitivity.png`` for ``train.lr``)."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     written = [plot_val_loss(rows, out / "val_loss.png"), plot_grad_norm(rows, out / "grad_norm.png")]
+    if sensitivity and len(tune) == 1:
+        written.append(plot_sensitivity(sensitivity, tune[0], out / f"{tune[0].split('.')[-1]}_sensitivity.png"))
     if any(_layers(members, "isoscore") for members in rows.values()):
         written.append(plot_isotropy(rows, out / "isotropy.png"))
     alpha = plot_alpha(rows, out / "alpha.png")

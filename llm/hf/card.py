@@ -74,8 +74,8 @@ def run_summary(checkpoint_dir: str | Path) -> RunSummary:
     Bits per byte are not in ``metrics.jsonl`` (they need the validation text): ``val_bits_per_byte``
     gives them for the val loss read here.
     """
-    from llm.eval.compare import eval_rows, read_metrics
     from llm.eval.errors import EvalError
+    from llm.eval.runs import eval_rows, read_metrics
 
     checkpoint_dir = Path(checkpoint_dir)
     state = json.loads((checkpoint_dir / "trainer.json").read_text())["state"]

@@ -17,9 +17,10 @@ import pytest
 from llm.cli.eval import main
 from llm.config import DataConfig, ModelConfig, RunConfig, TrainConfig
 from llm.eval import plots
-from llm.eval.compare import compare_runs, expand_run_dirs, format_table, group_runs, load_run, write_comparison
+from llm.eval.compare import compare_runs, format_table, group_runs, write_comparison
 from llm.eval.errors import EvalError
 from llm.eval.plots import write_plots
+from llm.eval.runs import expand_run_dirs, load_run
 
 # Final val losses per variant and seed; Welch's t and its Welch–Satterthwaite df are computed by
 # hand below, independently of scipy's ttest_ind.
@@ -59,7 +60,7 @@ def write_run(root: Path, variant: str, seed: int, final_loss: float, *, steps: 
     total, non_emb = params or PARAMS.get(variant, PARAMS["swiglu+softmax"])
     has_alpha = variant in HAS_ALPHA if alpha is None else alpha
     rows = [{"kind": "meta", "step": 0, "tokens": 0, "name": run.name, "variant": variant, "seed": seed,
-             "params_total": total, "params_non_embedding": non_emb, "flops_per_token": 1,
+             "params_total": total, "params_non_embedding": non_emb, "flops_per_token": 1, "max_steps": steps,
              "config": config or run_config(variant, seed, **config_changes)}]
     for step in range(1, steps + 1):
         rows.append({"kind": "train", "step": step, "tokens": step * TOKENS_PER_STEP, "loss": 6.0 - step / 10,
@@ -131,8 +132,8 @@ def test_means_stds_and_welch_p_values(runs_root: Path) -> None:
 def test_table_and_csv(runs_root: Path, tmp_path: Path) -> None:
     comparison = compare_runs([load_run(d) for d in sorted(runs_root.iterdir())])
     table = format_table(comparison)
-    assert "| swiglu+softmax | 83.0M | 12.5M | 4.9267 ± 0.0015 | 3 | baseline | 0.021 | 2,010 |" in table
-    assert "| iso_ln+softmax | 83.0M | 12.6M | 4.9000 | 1 | n/a |" in table
+    assert "| swiglu+softmax | 83.0M | 12.5M | 4.9267 ± 0.0015 | 3 | 0 / 0 | baseline | 0.021 | 2,010 |" in table
+    assert "| iso_ln+softmax | 83.0M | 12.6M | 4.9000 | 1 | 0 / 0 | n/a |" in table
     assert "fewer than 2 seeds" in table
     md, csv_path = write_comparison(comparison, tmp_path / "out")
     assert md.read_text() == table
@@ -167,7 +168,9 @@ def test_errors_name_the_file(tmp_path: Path) -> None:
     run = write_run(tmp_path, "swiglu+softmax", 0, 5.0)
     lines = (run / "metrics.jsonl").read_text().splitlines()
     (run / "metrics.jsonl").write_text("\n".join(line for line in lines if '"eval"' not in line) + "\n")
-    with pytest.raises(ValueError, match=r"metrics.jsonl: no eval rows"):
+    assert load_run(run).status == "incomplete"  # it never evaluated: listed, never averaged
+    (run / "metrics.jsonl").write_text("")
+    with pytest.raises(EvalError, match=r"metrics.jsonl: no meta row .* \(the file is empty\)"):
         load_run(run)
     with pytest.raises(FileNotFoundError, match=r"nothing\*: the pattern matches no run directory"):
         expand_run_dirs([str(tmp_path / "nothing*")])
@@ -182,10 +185,21 @@ def test_mixed_token_budgets_warn(tmp_path: Path) -> None:
     assert "Warning: runs end at different token counts" in format_table(comparison)
 
 
-def test_missing_baseline_warns(runs_root: Path) -> None:
-    comparison = compare_runs([load_run(d) for d in sorted(runs_root.iterdir())], baseline="nope+softmax")
+def test_a_missing_baseline_is_named_with_the_rows(runs_root: Path) -> None:
+    """The default baseline absent: a warning and no p-values; one asked for by name: an error listing the rows."""
+    runs = [load_run(d) for d in sorted(runs_root.iterdir()) if not d.name.startswith("swiglu")]
+    comparison = compare_runs(runs)
     assert all(math.isnan(row.p_value) for row in comparison.rows)
-    assert any("baseline nope+softmax is not among" in w for w in comparison.warnings)
+    assert any("baseline swiglu+softmax is not among the rows" in w for w in comparison.warnings)
+    with pytest.raises(EvalError, match=r"^--baseline nope names no row; the rows are: 'iso_ln\+softmax', "
+                                        r"'isogmlp\+softmax'$"):
+        compare_runs(runs, baseline="nope")
+
+
+def test_an_ffn_name_is_the_baseline_of_its_one_row(runs_root: Path) -> None:
+    comparison = compare_runs([load_run(d) for d in sorted(runs_root.iterdir())], baseline="swiglu")
+    assert comparison.baseline == "swiglu+softmax" and comparison.rows[0].variant == "swiglu+softmax"
+    assert not math.isnan(next(row.p_value for row in comparison.rows if row.variant == "isogmlp+softmax"))
 
 
 def test_plots_are_written(runs_root: Path, tmp_path: Path) -> None:
@@ -356,7 +370,8 @@ def test_a_full_row_label_is_a_baseline(tmp_path: Path, capsys: pytest.CaptureFi
     assert main(["compare", *map(str, dirs), "--out", str(tmp_path / "out"), "--no-plots",
                  "--baseline", baseline]) == 0
     out = capsys.readouterr().out
-    assert f"| p vs {baseline} ¹ |" in out and f"| {baseline} | 83.0M | 12.5M | 4.9267 ± 0.0015 | 3 | baseline |" in out
+    assert f"| p vs {baseline} ¹ |" in out
+    assert f"| {baseline} | 83.0M | 12.5M | 4.9267 ± 0.0015 | 3 | 0 / 0 | baseline |" in out
 
 
 def test_plots_use_the_table_labels_and_colours(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

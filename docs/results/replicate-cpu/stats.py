@@ -34,7 +34,8 @@ from typing import Any
 
 from scipy import stats
 
-from llm.eval.compare import DEFAULT_BASELINE, RunRecord, compare_runs, expand_run_dirs, load_run
+from llm.eval.compare import DEFAULT_BASELINE, compare_runs
+from llm.eval.runs import RunRecord, expand_run_dirs, load_run
 from llm.metrics.gradnorm import GRAD_NORM_GROUPS
 
 

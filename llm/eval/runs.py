@@ -1,0 +1,196 @@
+"""Reading a run directory's ``metrics.jsonl`` for a comparison: what every caller of a finished (or broken) run
+reads, compare, the model card and the GPU check alike.
+
+A run leaves its file damaged in known ways: a line cut off by a kill or a full disk, an empty file, a diverged
+run whose last validation loss is NaN, a run stopped before its last eval. None of them stops a comparison:
+a line that does not parse is skipped with a warning naming the file and line, and each run says whether it is
+``complete`` (its last eval is at the run's last step and finite), ``diverged`` (a non-finite last eval, or a
+stop after non-finite steps) or ``incomplete`` (it ended before its last step), so the table keeps only
+complete runs in its statistics and lists the others.
+"""
+
+from __future__ import annotations
+
+import glob
+import json
+import math
+import statistics
+from collections.abc import Iterable
+from dataclasses import asdict, dataclass, field
+from functools import cached_property
+from pathlib import Path
+from typing import Any
+
+from llm.config import ConfigError, RunConfig, flatten, read_saved
+from llm.eval.errors import EvalError
+
+__all__ = ["COMPARED_SECTIONS", "RESULT_NEUTRAL", "RunRecord", "eval_rows", "expand_run_dirs", "load_run",
+           "read_metrics"]
+
+COMPARED_SECTIONS = ("model", "data", "train")
+"""Config sections two runs must share (every field but ``RESULT_NEUTRAL``) to be seeds of one row."""
+RESULT_NEUTRAL = frozenset({
+    "data.cache_dir", "data.read_retries", "data.retry_backoff_s",
+    "train.log_every", "train.checkpoint_every", "train.keep_checkpoints", "model.iso_tanh_chunk_size",
+    "train.activation_checkpointing",
+})
+"""Bookkeeping that cannot change a run's numbers (where caches live, how often a row or a checkpoint is
+written, how failed reads are retried, the chunk length of iso_tanh's chunked form, whose results equal
+the other forms' up to rounding, and recomputing activations, which gives bit-identical gradients): seeds
+that differ only there are one row. ``data.num_workers`` is not among them: ranks x workers sets the data
+order."""
+
+
+def _dedupe_by_step(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Keep the last row of each step, in step order: after a resume, the re-run steps supersede."""
+    by_step = {int(r["step"]): r for r in rows}
+    return [by_step[s] for s in sorted(by_step)]
+
+
+def read_metrics(run_dir: str | Path, problems: list[str] | None = None) -> list[dict[str, Any]]:
+    """The rows of ``run_dir/metrics.jsonl`` (FileNotFoundError when there is none). A line that is not a JSON
+    object (cut off by a kill or a full disk, or damaged) is skipped, and named by file and line number in
+    ``problems`` when given."""
+    run_dir = Path(run_dir)
+    path = run_dir / "metrics.jsonl"
+    if not path.is_file():
+        raise FileNotFoundError(f"{run_dir}: no metrics.jsonl (not a run directory)")
+    rows: list[dict[str, Any]] = []
+    for lineno, line in enumerate(path.read_text(errors="replace").splitlines(), start=1):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError:
+            row = None
+        if isinstance(row, dict) and "kind" in row and "step" in row:
+            rows.append(row)
+        elif problems is not None:
+            problems.append(f"{path}:{lineno}: skipped a line that is not a metrics row (cut off or damaged)")
+    return rows
+
+
+def eval_rows(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The eval rows, one per step in step order: after a resume, a re-logged step supersedes."""
+    return _dedupe_by_step([r for r in rows if r.get("kind") == "eval"])
+
+
+@dataclass
+class RunRecord:
+    """The rows of one run's ``metrics.jsonl``, deduplicated by step (a resumed run re-logs steps)."""
+
+    path: Path
+    meta: dict[str, Any]
+    train: list[dict[str, Any]]
+    evals: list[dict[str, Any]]
+    config: RunConfig
+    """The meta row's ``model``, ``data`` and ``train`` sections as today's code reads them back
+    (``llm.config.read_saved``); the other fields are today's defaults, not the run's."""
+    problems: list[str] = field(default_factory=list)
+    """Damaged lines of its metrics file, each named by file and line."""
+
+    @property
+    def variant(self) -> str:
+        """Today's variant name of the run's model (a run written with older option defaults may have
+        logged another name for the same configuration)."""
+        return self.config.model.variant_name
+
+    @cached_property
+    def setup(self) -> dict[str, Any]:
+        """The ``model``, ``data`` and ``train`` sections of the run's config as dotted keys, less the
+        ``RESULT_NEUTRAL`` fields (computed once: grouping reads it for every run and every row)."""
+        flat = flatten({section: asdict(getattr(self.config, section)) for section in COMPARED_SECTIONS})
+        return {key: value for key, value in flat.items() if key not in RESULT_NEUTRAL}
+
+    @property
+    def seed(self) -> int:
+        return int(self.meta.get("seed", 0))
+
+    @property
+    def final_val_loss(self) -> float:
+        """The last eval's validation loss (NaN when the run never evaluated)."""
+        return float(self.evals[-1]["val_loss"]) if self.evals else math.nan
+
+    @property
+    def final_tokens(self) -> int:
+        return int(self.evals[-1]["tokens"]) if self.evals else 0
+
+    @property
+    def last_step(self) -> int:
+        """The step the run was to end at (the meta row's ``max_steps``; the last eval's step when not logged)."""
+        return int(self.meta.get("max_steps") or (self.evals[-1]["step"] if self.evals else 0))
+
+    @property
+    def diverged(self) -> bool:
+        """Its last validation loss is not finite, or it ended early after a step whose loss was not."""
+        if not math.isfinite(self.final_val_loss) and self.evals:
+            return True
+        ended_early = not self.evals or self.evals[-1]["step"] < self.last_step
+        return ended_early and bool(self.train) and not math.isfinite(float(self.train[-1].get("loss", 0.0)))
+
+    @property
+    def complete(self) -> bool:
+        """Evaluated at its last step, with a finite loss: the only runs a row's statistics use."""
+        return bool(self.evals) and self.evals[-1]["step"] >= self.last_step and not self.diverged
+
+    @property
+    def status(self) -> str:
+        """complete | diverged | incomplete (ended before its last eval: killed, or its file cut off)."""
+        return "complete" if self.complete else "diverged" if self.diverged else "incomplete"
+
+    @property
+    def stability(self) -> float:
+        """``grad_norm_var_run`` of the last train row: gradient-norm variance over the run after warmup."""
+        value = self.train[-1].get("grad_norm_var_run") if self.train else None
+        return math.nan if value is None else float(value)
+
+    @property
+    def tokens_per_s(self) -> float:
+        """Median over the train rows: robust to the slow first steps (compilation, warm caches)."""
+        rates = [float(r["tokens_per_s"]) for r in self.train if r.get("tokens_per_s") is not None]
+        return statistics.median(rates) if rates else math.nan
+
+
+def load_run(run_dir: str | Path) -> RunRecord:
+    """Read ``run_dir/metrics.jsonl`` (``read_metrics``) for a comparison. FileNotFoundError / EvalError naming
+    the file when there is nothing to compare: no meta row (an empty file), or a saved config section that
+    today's code cannot read back (an unknown field, a value of the wrong type or one today's validation
+    refuses). A run that never evaluated is read, and is ``incomplete``."""
+    run_dir = Path(run_dir)
+    path = run_dir / "metrics.jsonl"
+    problems: list[str] = []
+    rows = read_metrics(run_dir, problems)
+    metas = [r for r in rows if r.get("kind") == "meta"]
+    if not metas:
+        raise EvalError(f"{path}: no meta row (kind=meta) with the run's variant and seed"
+                        f"{' (the file is empty)' if not rows and not problems else ''}")
+    config = metas[0].get("config")
+    if not isinstance(config, dict) or not all(isinstance(config.get(s), dict) for s in COMPARED_SECTIONS):
+        raise EvalError(f"{path}: the meta row has no 'config' with the {', '.join(COMPARED_SECTIONS)} "
+                        f"sections (needed to tell which runs are seeds of one configuration)")
+    try:
+        read = read_saved({section: config[section] for section in COMPARED_SECTIONS})
+    except ConfigError as err:
+        raise EvalError(f"{path}: today's code cannot read back the meta row's config: {err}") from None
+    train = _dedupe_by_step([r for r in rows if r.get("kind") == "train"])
+    return RunRecord(path=run_dir, meta=metas[0], train=train, evals=eval_rows(rows), config=read,
+                     problems=problems)
+
+
+def expand_run_dirs(patterns: Iterable[str]) -> list[Path]:
+    """Run directories from paths and (quoted) glob patterns; a pattern matching nothing is an error.
+
+    A pattern keeps only directories holding a ``metrics.jsonl`` (so ``runs/x-*`` may also match a
+    log folder); a directory named explicitly is kept and fails later if it is not a run."""
+    dirs: list[Path] = []
+    for pattern in patterns:
+        if glob.has_magic(pattern):
+            matches = [Path(m) for m in sorted(glob.glob(pattern)) if (Path(m) / "metrics.jsonl").is_file()]
+            if not matches:
+                raise FileNotFoundError(f"{pattern}: the pattern matches no run directory")
+            dirs.extend(matches)
+        else:
+            dirs.append(Path(pattern))
+    if not dirs:
+        raise EvalError("no run directories given")
+    return dirs

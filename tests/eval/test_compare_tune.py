@@ -1,0 +1,71 @@
+"""``compare --tune train.lr``: each variant at its own best lr (issue 26), on synthetic runs whose losses are known."""
+
+from __future__ import annotations
+
+import csv
+import math
+from pathlib import Path
+
+import pytest
+from test_compare import welch_by_hand, write_run
+from test_compare_broken import _diverge
+
+from llm.cli.eval import main
+
+# variant -> lr -> final losses over seeds; isogmlp's best lr is the middle one, swiglu's the smallest (an edge)
+GRID = {
+    "swiglu+softmax": {1e-3: [4.90, 4.92], 2e-3: [4.95, 4.96], 4e-3: [5.10, 5.12]},
+    "isogmlp+softmax": {1e-3: [4.99, 4.97], 2e-3: [4.86, 4.88], 4e-3: [4.70, math.nan]},
+}
+
+
+@pytest.fixture
+def lr_sweep(tmp_path: Path) -> Path:
+    root = tmp_path / "runs"
+    for variant, by_lr in GRID.items():
+        for lr, losses in by_lr.items():
+            for seed, loss in enumerate(losses):
+                run = write_run(root, variant, seed, 4.0 if math.isnan(loss) else loss, train__lr=lr,
+                                dirname=f"{variant.split('+')[0]}-lr{lr}-s{seed}")
+                if math.isnan(loss):
+                    _diverge(run)
+    return root
+
+
+def test_each_variant_at_its_best_lr(lr_sweep: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    out = tmp_path / "out"
+    assert main(["compare", str(lr_sweep / "*"), "--tune", "train.lr", "--out", str(out)]) == 0
+    captured = capsys.readouterr()
+    with (out / "comparison.csv").open() as f:
+        rows = {row["variant"]: row for row in csv.DictReader(f)}
+    assert list(next(iter(rows.values())))[:2] == ["variant", "train.lr"]
+    # isogmlp at 4e-3: one seed reached 4.70, the other diverged: never chosen; 2e-3 is its best
+    assert float(rows["isogmlp+softmax"]["train.lr"]) == 2e-3 and rows["isogmlp+softmax"]["diverged"] == "0"
+    assert float(rows["swiglu+softmax"]["train.lr"]) == 1e-3
+    # the Welch test compares the rows at their chosen values
+    assert float(rows["isogmlp+softmax"]["p_value"]) == pytest.approx(
+        welch_by_hand(GRID["isogmlp+softmax"][2e-3], GRID["swiglu+softmax"][1e-3]), rel=1e-9)
+    assert "row swiglu+softmax: the best train.lr = 0.001 is the smallest value tried" in captured.err
+    assert "row isogmlp+softmax: the best" not in captured.err
+    table = (out / "comparison.md").read_text()
+    assert "optimistic" in table and "fresh seeds" in table
+    assert "| isogmlp+softmax | 0.002 | 4.8700 ± 0.0141 * | 2 | 0 |" in table  # sensitivity, the chosen value
+    assert "| isogmlp+softmax | 0.004 | 4.7000 | 1 | 1 |" in table
+    png = (out / "lr_sensitivity.png").read_bytes()
+    assert png[:8] == b"\x89PNG\r\n\x1a\n" and len(png) > 10_000
+
+
+def test_a_value_where_every_run_diverged_is_marked(lr_sweep: Path, tmp_path: Path) -> None:
+    for run in lr_sweep.glob("isogmlp-lr0.004-s*"):
+        _diverge(run)
+    out = tmp_path / "out"
+    assert main(["compare", str(lr_sweep / "*"), "--tune", "train.lr", "--out", str(out)]) == 0
+    assert "| isogmlp+softmax | 0.004 | diverged | 0 | 2 |" in (out / "comparison.md").read_text()
+    assert (out / "lr_sensitivity.png").is_file()
+
+
+def test_a_tune_key_that_is_no_config_field_is_one_line(lr_sweep: Path, tmp_path: Path,
+                                                        capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["compare", str(lr_sweep / "*"), "--tune", "train.lrr", "--out", str(tmp_path / "o")]) == 2
+    assert capsys.readouterr().err == ("error: --tune train.lrr: not a config key that changes results "
+                                       "(e.g. train.lr, model.ffn_init)\n")
