@@ -2,7 +2,26 @@
 
 from __future__ import annotations
 
-__all__ = ["one_line"]
+import warnings
+
+__all__ = ["IsollmWarning", "one_line", "one_line_warnings"]
+
+
+class IsollmWarning(UserWarning):
+    """A warning of ours (a skipped checkpoint, a data cache rebuilt, a retried read): the command lines print it
+    as one ``warning:`` line, not Python's file:line plus a line of source."""
+
+
+def one_line_warnings() -> None:
+    """Make every ``IsollmWarning`` print as ``warning: <message>`` (the command lines call this at start)."""
+    default = warnings.formatwarning
+
+    def format_warning(message, category, filename, lineno, line=None) -> str:
+        if issubclass(category, IsollmWarning):
+            return f"warning: {message}\n"
+        return default(message, category, filename, lineno, line)
+
+    warnings.formatwarning = format_warning
 
 
 def one_line(err: BaseException) -> str:

@@ -18,6 +18,7 @@ from omegaconf.errors import OmegaConfBaseException
 
 from llm.cli.arg_types import at_least
 from llm.config import DataConfig, read_yaml
+from llm.errors import one_line_warnings
 from llm.model.config import ConfigError
 
 __all__ = ["main"]
@@ -117,6 +118,7 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    one_line_warnings()
     parser = _parser()
     # Overrides may also follow options (``plan SRC --world-size 2 data.seed=1``): argparse fills a positional
     # list only from the arguments before the first option, and leaves later ones unrecognised.

@@ -181,9 +181,9 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def run() -> None:
-    from llm.train.checkpoint_files import one_line_checkpoint_warnings
+    from llm.errors import one_line_warnings
 
-    one_line_checkpoint_warnings()
+    one_line_warnings()
     sys.exit(main())
 
 

@@ -22,6 +22,7 @@ import tempfile
 from pathlib import Path
 
 from llm.data.errors import DataError
+from llm.errors import one_line_warnings
 from llm.eval.errors import EvalError
 from llm.model.config import ConfigError
 
@@ -107,6 +108,7 @@ def _push(args: argparse.Namespace) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
+    one_line_warnings()
     args = _parser().parse_args(argv)
     try:
         return _push(args)

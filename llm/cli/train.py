@@ -17,8 +17,9 @@ from pathlib import Path
 
 from llm.config import load_config
 from llm.data.errors import DataError
+from llm.errors import one_line_warnings
 from llm.model.config import ConfigError
-from llm.train.checkpoint_files import CheckpointError, one_line_checkpoint_warnings
+from llm.train.checkpoint_files import CheckpointError
 
 __all__ = ["main"]
 
@@ -75,7 +76,7 @@ def run() -> None:
     """Entry point: exit with ``main``'s code. Multi-process runs end with ``os._exit`` (after flushing):
     about a quarter of 2-process gloo runs otherwise abort at interpreter exit after finishing, and
     ``os._exit`` avoided it in 10 runs of 10 (verified on CPU, torch 2.13)."""
-    one_line_checkpoint_warnings()
+    one_line_warnings()
     code = main()
     _record_exit(code)
     if int(os.environ.get("WORLD_SIZE", "1")) > 1:

@@ -9,6 +9,8 @@ import warnings
 from collections.abc import Callable
 from pathlib import Path
 
+from llm.data.errors import DataWarning
+
 __all__ = ["warn_rebuilding", "write_atomically"]
 
 
@@ -29,4 +31,4 @@ def write_atomically(path: Path, write: Callable[[Path], object]) -> None:
 
 def warn_rebuilding(what: str, path: Path, reason: str) -> None:
     """One warning line: the cache file ``path`` holding ``what`` did not read back and is rebuilt."""
-    warnings.warn(f"rebuilding the {what} {path}: unreadable ({reason})", stacklevel=3)
+    warnings.warn(f"rebuilding the {what} {path}: unreadable ({reason})", DataWarning, stacklevel=3)

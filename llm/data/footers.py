@@ -33,7 +33,7 @@ from typing import Any
 import pyarrow.parquet as pq
 
 from llm.data.cache_io import warn_rebuilding, write_atomically
-from llm.data.errors import DataError
+from llm.data.errors import DataError, DataWarning
 from llm.data.files import Fingerprint, fingerprints, open_file
 from llm.errors import one_line
 
@@ -130,7 +130,7 @@ def _save(path: Path, files: Sequence[str], prints: Sequence[Fingerprint | None]
         write_atomically(path, lambda tmp: tmp.write_text(text))
     except OSError as err:
         warnings.warn(f"could not write the footer cache {path} ({one_line(err)}); the next process reads the "
-                      "footers again", stacklevel=2)
+                      "footers again", DataWarning, stacklevel=2)
 
 
 def _cached_or_read(files: Sequence[str], cache_dir: str | None) -> dict[str, Footer]:

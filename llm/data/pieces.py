@@ -29,7 +29,7 @@ import pyarrow.parquet as pq
 from huggingface_hub.utils import httpx as hub_httpx
 
 from llm.config import DataConfig
-from llm.data.errors import DataError
+from llm.data.errors import DataError, DataWarning
 from llm.data.files import file_size, open_file
 from llm.data.footers import footers, parquet_metadata
 from llm.data.sources import Source, resolve_source, source_files
@@ -248,7 +248,7 @@ class PieceReader:
                                     f"({reason})") from err
                 delay = self.backoff_s * 2 ** (failures - 1)
                 warnings.warn(f"data.source: reading {label} failed ({reason}); retry {failures} of "
-                              f"{self.retries} in {delay:g} s from the last good position", stacklevel=2)
+                              f"{self.retries} in {delay:g} s from the last good position", DataWarning, stacklevel=2)
                 time.sleep(delay)
                 reader = read_piece(self.source, self.pieces[piece], start, hi, self.batch_size)
                 continue

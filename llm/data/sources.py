@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from llm.config import DataConfig
-from llm.data.errors import DataError
+from llm.data.errors import DataError, DataWarning
 from llm.data.footers import Footer, footers
 
 __all__ = [
@@ -192,12 +192,13 @@ def resolve_source(
         text_column, id_column = "text", None
     if bad_utf8:
         warnings.warn(f"data.source: {len(bad_utf8)} txt file(s) hold non-UTF-8 bytes (first: {bad_utf8[0]}); "
-                      "decoded with errors='replace'", stacklevel=2)
+                      "decoded with errors='replace'", DataWarning, stacklevel=2)
     if len(kept) < len(files):
         skipped = [f for f in files if f not in kept]
         if not kept:
             raise DataError(f"data.source: every file of {source} is empty (e.g. {skipped[0]})")
-        warnings.warn(f"data.source: skipped {len(skipped)} empty file(s) (first: {skipped[0]})", stacklevel=2)
+        warnings.warn(f"data.source: skipped {len(skipped)} empty file(s) (first: {skipped[0]})", DataWarning,
+                      stacklevel=2)
     return Source(path=kind, name=None, split="train", text_column=text_column, id_column=id_column,
                   data_files=tuple(str(f) for f in kept), cache_dir=cache_dir)
 

@@ -25,12 +25,12 @@ from pathlib import Path
 import xxhash
 from safetensors import safe_open
 
-from llm.errors import one_line
+from llm.errors import IsollmWarning, one_line
 from llm.train.distributed import gather_messages, is_main_process
 
 __all__ = [
     "MANIFEST", "MODEL_DIR", "POINTER", "CheckpointError", "CheckpointWarning", "checkpoint_name", "checkpoint_names",
-    "fsync_path", "has_checkpoints", "latest_checkpoint", "one_line_checkpoint_warnings", "pointer_target", "prune",
+    "fsync_path", "has_checkpoints", "latest_checkpoint", "pointer_target", "prune",
     "usable_checkpoints", "verify_checkpoint", "write_manifest", "write_pointer",
 ]
 
@@ -44,21 +44,8 @@ class CheckpointError(RuntimeError):
     """A checkpoint could not be written or read."""
 
 
-class CheckpointWarning(UserWarning):
+class CheckpointWarning(IsollmWarning):
     """A checkpoint was skipped on resume (incomplete or corrupt)."""
-
-
-def one_line_checkpoint_warnings() -> None:
-    """Command lines (train.py, eval.py) report a skipped checkpoint or pointer as one ``warning:`` line
-    (not file:line plus source)."""
-    default = warnings.formatwarning
-
-    def format_warning(message, category, filename, lineno, line=None) -> str:
-        if issubclass(category, CheckpointWarning):
-            return f"warning: {message}\n"
-        return default(message, category, filename, lineno, line)
-
-    warnings.formatwarning = format_warning
 
 
 def checkpoint_name(step: int) -> str:
@@ -172,7 +159,9 @@ def verify_checkpoint(path: str | Path) -> None:
         raise CheckpointError(f"{path}: unreadable {MANIFEST} ({one_line(err)})") from None
     for rel, entry in entries.items():
         file = path / rel
-        actual = file.stat().st_size if file.is_file() else None
+        if not file.is_file():
+            raise CheckpointError(f"{path}: {rel} is missing (its {MANIFEST} lists it)")
+        actual = file.stat().st_size
         if actual != entry.get("size"):
             raise CheckpointError(f"{path}: {rel} has {actual} bytes, expected {entry.get('size')}")
         if "xxh3_128" in entry and _checksum(file) != entry["xxh3_128"]:

@@ -133,6 +133,23 @@ def lr_lambda(warmup_steps: int, max_steps: int, min_lr_ratio: float) -> Callabl
     return multiplier
 
 
+def warmup_steps(config: RunConfig, max_steps: int) -> int:
+    """``train.warmup_steps``, clamped to the run's ``max_steps``: a longer warmup would end the run before the lr
+    reached ``train.lr`` (``schedule_warnings`` says so at start)."""
+    return min(config.train.warmup_steps, max_steps)
+
+
+def schedule_warnings(config: RunConfig, max_steps: int) -> list[str]:
+    """One line for each schedule setting that cannot happen as written in a run of ``max_steps`` steps."""
+    t, lines = config.train, []
+    if t.warmup_steps > max_steps:
+        lines.append(f"train.warmup_steps={t.warmup_steps} is longer than the run ({max_steps} steps): warming up "
+                     f"over all {max_steps} instead, so the lr reaches train.lr at the last step, with no decay")
+    if t.eval_every > max_steps:
+        lines.append(f"train.eval_every={t.eval_every} is longer than the run ({max_steps} steps): the validation "
+                     f"loss is computed at the last step only")
+    return lines
+
+
 def build_scheduler(optimizer: torch.optim.Optimizer, config: RunConfig, max_steps: int) -> LambdaLR:
-    t = config.train
-    return LambdaLR(optimizer, lr_lambda(t.warmup_steps, max_steps, t.min_lr_ratio))
+    return LambdaLR(optimizer, lr_lambda(warmup_steps(config, max_steps), max_steps, config.train.min_lr_ratio))

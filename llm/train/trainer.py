@@ -66,7 +66,7 @@ from llm.train.engine import engine_in_use, engine_mismatch, engine_requested
 from llm.train.evaluate import evaluate
 from llm.train.lock import RunLock, RunLockedError
 from llm.train.logging import MetricsLog, ProgressBar, main_print, peak_memory, truncate_metrics
-from llm.train.optim import build_optimizer, build_scheduler, multiplier_of
+from llm.train.optim import build_optimizer, build_scheduler, multiplier_of, schedule_warnings
 from llm.train.signals import StopRequest
 
 __all__ = [
@@ -459,6 +459,8 @@ def _setup(config: RunConfig, teardown: ExitStack) -> _Run:
     teardown.callback(_finish_trackers, accelerator)
     log = MetricsLog(run_dir / "metrics.jsonl", accelerator)
     teardown.callback(log.close)
+    for line in schedule_warnings(config, max_steps):
+        main_print(f"warning: {line}")
     total, non_embedding = _print_params(config.model)
     fpt = flops_per_token(config.model, config.data.seq_len)
     log.log("meta", state.step, state.tokens, name=config.name, variant=config.model.variant_name,

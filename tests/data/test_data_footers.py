@@ -269,3 +269,21 @@ def test_rank_1_reads_no_footers(cfg: DataConfig, corpus: list[str], bpe: Tokeni
     assert set(ranks[0]["reads"]) == set(corpus) and ranks[1]["reads"] == []
     assert ranks[0]["val"] == ranks[1]["val"]
     assert torch.tensor(ranks[0]["val"]).shape == (3, 33)
+
+
+def test_data_warnings_print_as_one_line() -> None:
+    """Issue 31: the footer cache's warnings (a DataWarning) print as one ``warning:`` line in the command lines,
+    not Python's file:line plus the source line."""
+    import warnings
+
+    from llm.data.errors import DataWarning
+    from llm.errors import one_line_warnings
+
+    default = warnings.formatwarning
+    try:
+        one_line_warnings()
+        text = warnings.formatwarning(DataWarning("could not write the footer cache x"), DataWarning, "f.py", 3)
+        assert text == "warning: could not write the footer cache x\n"
+        assert "f.py:3" in warnings.formatwarning(UserWarning("theirs"), UserWarning, "f.py", 3)
+    finally:
+        warnings.formatwarning = default

@@ -144,3 +144,15 @@ def test_a_run_config_written_before_ffn_init_existed_reads_as_it_trained(
         load_config(str(path))
     loaded = load_config(str(path), saved_run=True)
     assert (loaded.model.ffn_init, loaded.model.iso_r0, loaded.model.iso_r_cap) == (*expected, 1.0)
+
+
+def test_a_file_missing_from_a_checkpoint_is_named(tmp_path) -> None:
+    """Issue 31: a file the manifest lists but the directory lacks (a deleted tokenizer) is named as missing."""
+    from llm.train.checkpoint_files import write_manifest
+
+    (tmp_path / "model").mkdir()
+    (tmp_path / "model" / "tokenizer.json").write_text("{}")
+    write_manifest(tmp_path)
+    (tmp_path / "model" / "tokenizer.json").unlink()
+    with pytest.raises(CheckpointError, match=r"^\S+: model/tokenizer.json is missing \(its manifest.json lists it\)$"):
+        verify_checkpoint(tmp_path)

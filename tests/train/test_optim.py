@@ -167,3 +167,22 @@ def test_focus_parameters_are_clipped_after_every_optimizer_step(config_of) -> N
             assert (p == 0.01).all(), name
         if name.endswith("focus_mu"):
             assert (p == 0.0).all(), name
+
+
+def test_a_warmup_longer_than_the_run_is_clamped_and_said(config_of) -> None:
+    """Issue 31: warmup_steps > max_steps would end the run before the lr reached train.lr."""
+    from llm.train.optim import schedule_warnings
+
+    config = config_of("train.warmup_steps=10", "train.max_steps=4", "train.eval_every=3")
+    scheduler = build_scheduler(torch.optim.SGD([torch.zeros(1, requires_grad=True)], lr=1.0), config, 4)
+    lrs = []
+    for _ in range(4):
+        lrs.append(scheduler.get_last_lr()[0])
+        scheduler.optimizer.step()
+        scheduler.step()
+    assert lrs == pytest.approx([0.25, 0.5, 0.75, 1.0])  # warmup over the 4 steps: train.lr at the last
+    assert schedule_warnings(config, 4) == [
+        "train.warmup_steps=10 is longer than the run (4 steps): warming up over all 4 instead, so the lr reaches "
+        "train.lr at the last step, with no decay"]
+    assert schedule_warnings(config_of("train.warmup_steps=2", "train.max_steps=4", "train.eval_every=5"), 4) == [
+        "train.eval_every=5 is longer than the run (4 steps): the validation loss is computed at the last step only"]
