@@ -96,7 +96,8 @@ def _parser() -> argparse.ArgumentParser:
     prep.add_argument("--out", required=True, help="output directory (then set data.prepared to it)")
     prep.add_argument("--source", help="shortcut for data.source=...")
     prep.add_argument("--max-tokens", type=at_least(1, lambda s: int(float(s))),
-                      help="stop once this many training tokens are written (default: the whole source)")
+                      help="whole documents in source order up to the first that reaches this many tokens (so at most "
+                      "one document more; default: the whole source)")
     _data_arguments(prep)
     prep.set_defaults(run=_prepare)
     plan = commands.add_parser("plan", help="how one epoch of a source splits among ranks x workers")

@@ -35,7 +35,7 @@ from llm.data.sources import data_source
 from llm.data.split import epoch_order
 from llm.data.streaming import StreamingTokens
 from llm.data.token_source import State, TokenSource, block_permutation
-from llm.data.tokenizer import tokenizer_identity
+from llm.data.tokenizer import encode_documents, tokenizer_identity
 
 __all__ = ["FORMAT", "INDEX_FILE", "START", "PreparedTokens", "continue_positions", "node_positions", "prepare"]
 
@@ -49,7 +49,8 @@ FORMAT = 2
 def prepare(data_cfg: DataConfig, tokenizer: Tokenizer, out_dir: str | Path, max_tokens: int | None = None
             ) -> dict[str, Any]:
     """Tokenize the training (non-validation) documents of ``data_cfg.source`` into ``out_dir``, all of them
-    or, with ``max_tokens``, the source-order batches up to the first that reaches it; returns the index.
+    or, with ``max_tokens``, whole documents in source order up to the first that reaches the limit (so at most
+    one document more than ``max_tokens``); returns the index.
     Validation documents are left out: ``build_val_windows`` reads them from the source."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
@@ -76,7 +77,10 @@ def prepare(data_cfg: DataConfig, tokenizer: Tokenizer, out_dir: str | Path, max
             start, docs = written[k], 0
             for _, texts in stream.piece_docs(index, 0, piece.size):
                 if texts:
-                    tokens = stream.tokens(texts)
+                    tokens, lengths = encode_documents(stream.tokenizer, texts, stream.eos)
+                    if max_tokens is not None and total + len(tokens) > max_tokens:  # stop after the document
+                        keep = int(np.searchsorted(np.cumsum(lengths), max_tokens - total)) + 1  # that reaches it
+                        tokens, texts = tokens[: int(lengths[:keep].sum())], texts[:keep]
                     output.write(tokens.tobytes())
                     written[k] += len(tokens)
                     total += len(tokens)

@@ -8,6 +8,7 @@ import json
 from pathlib import Path
 
 import datasets
+import numpy as np
 import pyarrow.parquet as pq
 import pytest
 from tiny import fineweb_files
@@ -18,6 +19,7 @@ from llm.config import DataConfig
 from llm.data.pieces import list_pieces
 from llm.data.sources import resolve_source
 from llm.data.stream import build_train_loader
+from llm.data.tokenizer import eos_id
 from llm.data.validation import build_val_windows
 
 README = """---
@@ -146,8 +148,8 @@ def test_plan_reads_overrides_after_its_options(tmp_path: Path, bpe: Tokenizer,
 
 
 def test_prepare_needs_only_data_settings(tmp_path: Path, bpe: Tokenizer, three_shards: Path) -> None:
-    """A run config without train.max_steps / max_tokens prepares; --max-tokens stops after the batch that
-    reaches it, and the loader reads what was written."""
+    """A run config without train.max_steps / max_tokens prepares; --max-tokens stops after the document that
+    reaches it (whole documents, at most one past the limit), and the loader reads what was written."""
     config = tmp_path / "run.yaml"
     config.write_text(f"data:\n  source: {three_shards}\n  val_bucket: 20\n  tokenize_batch: 8\n"
                       "train:\n  max_steps: 0\n  max_tokens: 0\n")
@@ -158,7 +160,10 @@ def test_prepare_needs_only_data_settings(tmp_path: Path, bpe: Tokenizer, three_
                  "--max-tokens", "2e3"]) == 0
     index = json.loads((out / "index.json").read_text())
     tokens = sum(p["num_tokens"] for p in index["pieces"])
-    assert 2000 <= tokens < 2000 + 8 * 1000 and index["max_tokens"] == 2000
+    written = np.concatenate([np.fromfile(out / f["tokens"], dtype=np.uint32) for f in index["files"]])
+    ends = np.flatnonzero(written == eos_id(bpe)) + 1  # where each document ends
+    assert len(written) == tokens and ends[-1] == tokens and index["max_tokens"] == 2000
+    assert ends[-2] < 2000 <= tokens  # the last document is the one that reached the limit
     cfg = DataConfig(source=str(three_shards), val_bucket=20, tokenize_batch=8, seq_len=32, shuffle_block=4,
                      tokenizer=str(tok), prepared=str(out))
     assert next(iter(build_train_loader(cfg, bpe, 2, 0, 1))).shape == (2, 33)
