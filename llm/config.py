@@ -136,13 +136,21 @@ class TrainConfig:
     """Rolling window (steps) of the gradient-norm variance and coefficient of variation."""
     max_bad_steps: int = 5
     """Stop after this many consecutive non-finite losses or gradients (each one is skipped)."""
+    collective_timeout_s: float = 900.0
+    """How long a rank waits in a collective (all-reduce, barrier) before the run fails with one line: a peer that
+    died or is stuck ends the whole run in bounded time. Long enough for rank 0 to build the validation set or
+    write a checkpoint while the others wait; raise it if that takes longer on your storage."""
+    stop_grace_s: float = 300.0
+    """After SIGTERM/SIGINT a run finishes its step, checkpoints and exits 0; a rank still running this long after
+    the signal (blocked in a collective whose peer is gone) exits 1 with one line instead of hanging."""
     isotropy_samples: int = 2048
     """Token vectors per layer used for the isotropy metrics at each eval."""
 
     def validate(self) -> TrainConfig:
         # NaN and inf would fail plain comparisons too (a NaN grad_clip silently disables clipping), but are
         # named plainly; 0 is a valid weight_decay or grad_clip (off), never a valid lr or eps
-        for name, zero_ok in (("lr", False), ("eps", False), ("weight_decay", True), ("grad_clip", True)):
+        for name, zero_ok in (("lr", False), ("eps", False), ("weight_decay", True), ("grad_clip", True),
+                              ("collective_timeout_s", False), ("stop_grace_s", False)):
             value = getattr(self, name)
             if not (math.isfinite(value) and (value >= 0 if zero_ok else value > 0)):
                 raise ConfigError(name, f"expected a finite {'number >= 0' if zero_ok else 'positive number'}, "

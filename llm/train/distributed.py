@@ -12,7 +12,8 @@ from typing import TypeVar
 import torch
 import torch.distributed as dist
 
-__all__ = ["all_ranks_agree", "gather_messages", "is_distributed", "is_main_process", "rank_and_world_size"]
+__all__ = ["all_ranks_agree", "disagreement", "gather_messages", "is_distributed", "is_main_process",
+           "rank_and_world_size"]
 
 T = TypeVar("T")
 
@@ -51,3 +52,19 @@ def gather_messages(message: T | None) -> list[T]:
     gathered: list[T | None] = [None] * dist.get_world_size()
     dist.all_gather_object(gathered, message)
     return [m for m in gathered if m is not None]
+
+
+def disagreement(values: dict[str, int]) -> str | None:
+    """Where a rank's ``values`` differ from rank 0's, as one line naming the rank and the value (the same line on
+    every rank), or None when every rank has the same. A rank that would run one step or micro-batch more than the
+    others would wait in a collective that never comes: this is asked once before the first step."""
+    if not is_distributed():
+        return None
+    gathered: list[dict[str, int] | None] = [None] * dist.get_world_size()
+    dist.all_gather_object(gathered, values)
+    for rank, theirs in enumerate(gathered):
+        for key, value in (theirs or {}).items():
+            if value != gathered[0][key]:
+                return (f"rank {rank} disagrees with rank 0 on {key} ({value} vs {gathered[0][key]}): every rank must "
+                        f"run the same steps and micro-batches")
+    return None

@@ -5,7 +5,9 @@ appended and flushed at once, so a crashed run keeps everything it logged. Tenso
 receive the same rows flattened by ``llm.metrics.flatten_for_tracker``. Only the main process
 writes (rank 0 of torch.distributed: under DeepSpeed on CPU Accelerate calls every rank main).
 A row that cannot be written (a full disk) does not raise where it happens: ``MetricsLog.failure``
-says what failed, and the trainer stops every rank together at its next agreement point.
+says what failed, and the trainer stops every rank together at its next agreement point. A tracker that fails
+(TensorBoard's disk, W&B's connection) is dropped with a warning instead: metrics.jsonl holds every row anyway, and
+the run goes on on every rank (``drop_tracker``).
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ import math
 import os
 import resource
 import sys
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -22,11 +25,11 @@ import torch
 from accelerate import Accelerator
 from tqdm.auto import tqdm
 
-from llm.errors import one_line
+from llm.errors import IsollmWarning, one_line
 from llm.metrics.layers import flatten_for_tracker
 from llm.train.distributed import is_main_process
 
-__all__ = ["MetricsLog", "ProgressBar", "main_print", "peak_memory", "truncate_metrics"]
+__all__ = ["MetricsLog", "ProgressBar", "drop_tracker", "main_print", "peak_memory", "truncate_metrics"]
 
 
 def peak_memory(device: torch.device) -> tuple[int, str]:
@@ -63,6 +66,13 @@ def truncate_metrics(path: str | Path, step: int) -> None:
     os.replace(tmp, path)
 
 
+def drop_tracker(accelerator: Accelerator, tracker: Any, reason: str) -> None:
+    """Stop using ``tracker`` for the rest of the run, with one warning line."""
+    accelerator.trackers.remove(tracker)
+    warnings.warn(f"tracker {tracker.name} {reason}; it is off for the rest of the run (metrics.jsonl keeps every "
+                  f"row)", IsollmWarning, stacklevel=3)
+
+
 class MetricsLog:
     """Append rows to metrics.jsonl (flushed per row) and to the Accelerate trackers (main process).
 
@@ -92,8 +102,18 @@ class MetricsLog:
                 self.failure = f"could not write the {kind} row of step {step} to {self.path} ({one_line(err)})"
                 self.close()
         if kind != "meta" and self.main:
-            self.accelerator.log(flatten_for_tracker(row), step=step)
+            self.log_to_trackers(flatten_for_tracker(row), step)
         return row
+
+    def log_to_trackers(self, values: dict[str, float], step: int) -> None:
+        """Each tracker's ``log``; one that fails (a full disk under TensorBoard, W&B's connection) is dropped with a
+        warning for the rest of the run, on the main process alone, with no collective: raising there would stop
+        rank 0 and leave the others waiting. metrics.jsonl keeps every row."""
+        for tracker in list(self.accelerator.trackers):
+            try:
+                tracker.log(values, step=step)
+            except Exception as err:  # TensorBoard raises OSError, W&B its own types
+                drop_tracker(self.accelerator, tracker, f"failed at step {step} ({one_line(err)})")
 
     def _write_line(self, line: str) -> None:
         self._file.write(line)

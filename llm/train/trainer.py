@@ -40,13 +40,14 @@ import time
 from collections.abc import Callable, Iterator
 from contextlib import ExitStack
 from dataclasses import asdict, dataclass
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
 import torch
 import torch.distributed as dist
 from accelerate import Accelerator
-from accelerate.utils import ProjectConfiguration, set_seed
+from accelerate.utils import InitProcessGroupKwargs, ProjectConfiguration, set_seed
 from tokenizers import Tokenizer
 from torch import nn
 
@@ -61,11 +62,18 @@ from llm.model import IsoLLMConfig, IsoLLMForCausalLM, param_counts
 from llm.model.config import ConfigError, ModelConfig
 from llm.train.checkpoint import resume_checkpoint, save_checkpoint
 from llm.train.checkpoint_files import checkpoint_names, has_checkpoints
-from llm.train.distributed import all_ranks_agree, gather_messages, is_distributed, is_main_process, rank_and_world_size
+from llm.train.distributed import (
+    all_ranks_agree,
+    disagreement,
+    gather_messages,
+    is_distributed,
+    is_main_process,
+    rank_and_world_size,
+)
 from llm.train.engine import engine_in_use, engine_mismatch, engine_requested
 from llm.train.evaluate import evaluate
 from llm.train.lock import RunLock, RunLockedError
-from llm.train.logging import MetricsLog, ProgressBar, main_print, peak_memory, truncate_metrics
+from llm.train.logging import MetricsLog, ProgressBar, drop_tracker, main_print, peak_memory, truncate_metrics
 from llm.train.optim import build_optimizer, build_scheduler, multiplier_of, schedule_warnings
 from llm.train.signals import StopRequest
 
@@ -329,9 +337,13 @@ def _leave_process_group(accelerator: Accelerator, *, failed: bool) -> None:
 
 def _finish_trackers(accelerator: Accelerator) -> None:
     """``Accelerator.end_training`` without its destroy of the process group: the trackers write into the run
-    directory, so they finish before the lock is released, and the process group is left last."""
-    for tracker in accelerator.trackers:
-        tracker.finish()
+    directory, so they finish before the lock is released, and the process group is left last. A tracker that
+    cannot finish is dropped with a warning (``drop_tracker``)."""
+    for tracker in list(accelerator.trackers):
+        try:
+            tracker.finish()
+        except Exception as err:  # TensorBoard raises OSError, W&B its own types
+            drop_tracker(accelerator, tracker, f"could not finish ({one_line(err)})")
 
 
 @dataclass
@@ -410,6 +422,7 @@ def _setup(config: RunConfig, teardown: ExitStack) -> _Run:
         project_config=ProjectConfiguration(project_dir=str(run_dir),
                                             logging_dir=str(run_dir / "tensorboard")),
         step_scheduler_with_optimizer=False,  # we step it once per optimizer step ourselves
+        kwargs_handlers=[InitProcessGroupKwargs(timeout=timedelta(seconds=config.train.collective_timeout_s))],
     )
     teardown.push(lambda exc_type, *_: _leave_process_group(accelerator, failed=exc_type is not None))
     rank, world_size = rank_and_world_size()
@@ -451,11 +464,20 @@ def _setup(config: RunConfig, teardown: ExitStack) -> _Run:
     resume_from, saved = _resume(config, ckpt_dir, accelerator, loader)
     if saved is not None:
         state = TrainerState(**saved["state"])
+        # load_state restored Accelerate's micro-batch counter as the saved run counted it; with another number of
+        # processes the micro-batches per step differ, and the counter would put the gradient sync (and so the
+        # optimizer step) off the step boundary, ranks updating on unsynchronised gradients
+        accelerator.step = state.step * accum
         grad_norms.load_state_dict(saved["grad_norm_tracker"])
         group_grad_norms.load_state_dict(saved.get("group_grad_norms", {}))
     _prepare_run_dir(config, state.step)
-    accelerator.init_trackers(config.wandb_project, config=_flat_hparams(config),
-                              init_kwargs={"wandb": {"name": config.name, "dir": str(run_dir)}})
+    try:  # on the main process alone: a failure there must not leave the other ranks waiting
+        accelerator.init_trackers(config.wandb_project, config=_flat_hparams(config),
+                                  init_kwargs={"wandb": {"name": config.name, "dir": str(run_dir)}})
+    except Exception as err:  # TensorBoard raises OSError, W&B its own types
+        accelerator.trackers.clear()
+        main_print(f"warning: trackers {', '.join(config.trackers)} could not start ({one_line(err)}); training "
+                   f"without them (metrics.jsonl keeps every row)")
     teardown.callback(_finish_trackers, accelerator)
     log = MetricsLog(run_dir / "metrics.jsonl", accelerator)
     teardown.callback(log.close)
@@ -480,6 +502,8 @@ def _setup(config: RunConfig, teardown: ExitStack) -> _Run:
         peak_flops=peak_flops(device, config.train.autocast_dtype(device.type) or torch.float32) * world_size,
         last_checkpoint=resume_from)
     run.stop_on_log_failure()  # metrics.jsonl opened and its meta row written, or every rank stops here
+    if (mismatch := disagreement({"max_steps": max_steps, "start_step": state.step, "micro_batches": accum})):
+        raise TrainingError(mismatch)
     return run
 
 
@@ -489,7 +513,7 @@ def _train(run: _Run, teardown: ExitStack) -> bool:
     config, state, log = run.config, run.state, run.log
     device = run.accelerator.device
     tokens_per_step = config.train.global_batch_tokens
-    stop = StopRequest()
+    stop = StopRequest(config.train.stop_grace_s)
     teardown.callback(stop.restore)
     progress = ProgressBar(state.step, run.max_steps)
     teardown.callback(progress.close)
@@ -545,6 +569,12 @@ def _train(run: _Run, teardown: ExitStack) -> bool:
     return False
 
 
+def _communication_failed(err: RuntimeError) -> bool:
+    """Whether ``err`` comes from the process group: torch's ``DistError`` types, or the RuntimeError that DDP's
+    reducer raises from the backward pass when its all-reduce fails (it names the backend's transport)."""
+    return isinstance(err, dist.DistError) or any(marker in str(err) for marker in ("gloo", "NCCL", "Connection reset"))
+
+
 def fit(config: RunConfig) -> FitResult:
     """Train ``config`` to ``max_steps`` (or until SIGTERM/SIGINT); write runs/<name>/ as documented in
     docs/ARCHITECTURE.md. Configuration problems found without reading anything (``config.validate``, the batch
@@ -553,8 +583,15 @@ def fit(config: RunConfig) -> FitResult:
     the run directory's lock is taken, which is then released. Everything acquired is released on every way out
     (``_setup``, ``_train``)."""
     config.validate()
-    with ExitStack() as teardown:
-        run = _setup(config, teardown)
-        stopped_by_signal = _train(run, teardown)
+    try:
+        with ExitStack() as teardown:
+            run = _setup(config, teardown)
+            stopped_by_signal = _train(run, teardown)
+    except RuntimeError as err:  # a peer died, or ranks fell out of step: gloo / NCCL say so in many lines
+        if not _communication_failed(err):
+            raise
+        raise TrainingError(f"a collective failed or waited longer than train.collective_timeout_s="
+                            f"{config.train.collective_timeout_s:g}: another rank stopped or is stuck (see its "
+                            f"output) [{one_line(err)}]") from None
     return FitResult(run_dir=config.run_dir, step=run.state.step, tokens=run.state.tokens,
                      stopped_by_signal=stopped_by_signal, last_checkpoint=run.last_checkpoint)
