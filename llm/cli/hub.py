@@ -97,6 +97,12 @@ def _push(args: argparse.Namespace) -> int:
         directory = Path(args.stage) if args.stage else Path(scratch) / "upload"
         staged = stage(args.target, args.repo_id, directory, qwen3=args.qwen3)
         print(f"staged {', '.join(sorted(p.name for p in staged.iterdir()))}")
+        from llm.hub_access import hub_unreachable
+
+        if (unreachable := hub_unreachable()) is not None:
+            print(f"error: push to {args.repo_id}: could not reach the hub ({unreachable}); nothing was uploaded",
+                  file=sys.stderr)
+            return 1
         try:
             url = push(staged, args.repo_id, private=args.private, revision=args.revision)
         except OSError as err:  # requests' connection and HTTP errors (HfHubHTTPError included)

@@ -207,11 +207,15 @@ def resolve_source(
 def _repository_files(path: str, name: str | None, split: str) -> tuple[str, ...]:
     import datasets  # loads slowly; only repositories need it
 
+    from llm.hub_access import OFFLINE_HINT, offline_unless_reachable
+
+    unreachable = None if Path(path).is_dir() else offline_unless_reachable()
     try:
         builder = datasets.load_dataset_builder(path, name)
     except Exception as err:
+        hint = f"; {OFFLINE_HINT} ({unreachable})" if unreachable else ""
         raise DataError(f"data.source: cannot resolve {path!r} config {name!r} "
-                        f"({' '.join(str(err).split())})") from None
+                        f"({' '.join(str(err).split())}){hint}") from None
     data_files = builder.config.data_files or {}
     if split not in data_files:
         raise DataError(f"data.source: {path} config {name!r} has no split {split!r} "

@@ -122,15 +122,18 @@ def load_model(resolved: ResolvedModel, trust_remote_code: bool = False,
     from transformers import AutoModelForCausalLM
 
     import llm  # noqa: F401  (registers the isollm Auto classes)
+    from llm.hub_access import OFFLINE_HINT, offline_unless_reachable
     from llm.train.model_dir import quiet_progress_bars
 
+    unreachable = None if resolved.is_local else offline_unless_reachable()
     try:
         with quiet_progress_bars():  # "Loading weights" bars say nothing here
             model = AutoModelForCausalLM.from_pretrained(resolved.model_path, dtype=torch.float32,
                                                          trust_remote_code=trust_remote_code)
     except (OSError, ValueError) as err:
         first_line = str(err).splitlines()[0] if str(err) else type(err).__name__
-        raise EvalError(f"{resolved.model_path}: cannot load the model ({first_line})") from None
+        hint = f"; {OFFLINE_HINT} ({unreachable})" if unreachable else ""
+        raise EvalError(f"{resolved.model_path}: cannot load the model ({first_line}){hint}") from None
     return model.to(device).eval()
 
 

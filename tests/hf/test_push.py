@@ -57,6 +57,7 @@ def hub(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> dict:
 
     for name in ("create_repo", "create_branch", "upload_folder"):
         monkeypatch.setattr(HfApi, name, record(name))
+    monkeypatch.setattr("llm.hub_access.hub_unreachable", lambda: None)  # the recorded hub answers
     return calls
 
 
@@ -188,3 +189,39 @@ def test_run_summary_reads_the_last_eval_up_to_the_checkpoint_as_compare_does(tm
     assert run_summary(checkpoint).val_loss is None
     metrics.unlink()
     assert run_summary(checkpoint).val_loss is None
+
+
+def _closed_port() -> int:
+    import socket
+
+    with socket.socket() as sock:  # bound, never listening: connections are refused at once
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+@pytest.mark.parametrize("command", ["push", "eval", "data"])
+def test_an_unreachable_hub_is_one_line_within_seconds(command: str, run_dir: Path, tmp_path: Path) -> None:
+    """Issues 29.2 and 31.5: with no hub and no HF_HUB_OFFLINE, huggingface_hub would retry for 25-30 s; a probe
+    answers in seconds, and the one line names the repository, HF_HUB_OFFLINE or what was not uploaded."""
+    import os
+    import subprocess
+    import sys
+    import time
+
+    argv = {"push": ["-m", "llm.cli.hub", "push", str(run_dir), REPO_ID],
+            "eval": ["eval.py", "someone/not-cached-model", "--samples", "0"],
+            "data": ["-m", "llm.cli.data", "plan", "someone/not-cached-dataset", "--world-size", "1"]}[command]
+    env = {**os.environ, "HF_ENDPOINT": f"http://127.0.0.1:{_closed_port()}", "HF_HOME": str(tmp_path / "hf")}
+    env.pop("HF_HUB_OFFLINE", None)
+    started = time.monotonic()
+    done = subprocess.run([sys.executable, *argv], cwd=Path(__file__).parents[2], env=env, capture_output=True,
+                          text=True, timeout=120, check=False)
+    seconds = time.monotonic() - started
+    errors = [line for line in done.stderr.splitlines() if "error: " in line]  # isollm-data: "isollm-data plan: error:"
+    assert done.returncode != 0 and len(errors) == 1 and "Traceback" not in done.stderr, done.stderr[-2000:]
+    expected = {"push": f"error: push to {REPO_ID}: could not reach the hub (127.0.0.1:",
+                "eval": "error: someone/not-cached-model: cannot load the model (",
+                "data": "error: data.source: cannot resolve 'someone/not-cached-dataset'"}[command]
+    assert expected in errors[0]
+    assert ("nothing was uploaded" in errors[0]) if command == "push" else ("HF_HUB_OFFLINE" in errors[0])
+    assert seconds < 20, seconds  # imports included; the hub's retries alone took 25-30 s
