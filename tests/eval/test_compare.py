@@ -17,9 +17,11 @@ import pytest
 from llm.cli.eval import main
 from llm.config import DataConfig, ModelConfig, RunConfig, TrainConfig
 from llm.eval import plots
-from llm.eval.compare import compare_runs, format_table, group_runs, write_comparison
+from llm.eval.compare import compare_runs
 from llm.eval.errors import EvalError
+from llm.eval.grouping import group_runs
 from llm.eval.plots import write_plots
+from llm.eval.report import format_table, write_comparison
 from llm.eval.runs import expand_run_dirs, load_run
 
 # Final val losses per variant and seed; Welch's t and its Welch–Satterthwaite df are computed by

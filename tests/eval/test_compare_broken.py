@@ -13,7 +13,8 @@ import pytest
 from test_compare import FINAL_LOSSES, welch_by_hand, write_run
 
 from llm.cli.eval import main
-from llm.eval.compare import compare_runs, format_table
+from llm.eval.compare import compare_runs
+from llm.eval.report import format_table
 from llm.eval.runs import load_run
 
 
