@@ -117,8 +117,10 @@ class RunRecord:
 
     @property
     def last_step(self) -> int:
-        """The step the run was to end at (the meta row's ``max_steps``; the last eval's step when not logged)."""
-        return int(self.meta.get("max_steps") or (self.evals[-1]["step"] if self.evals else 0))
+        """The step the run was to end at: the meta row's ``max_steps``, else its config's ``train.max_steps`` (a
+        run logged before the meta row had it), else the last eval's step (then a cut-off run cannot be told)."""
+        return int(self.meta.get("max_steps") or self.config.train.max_steps
+                   or (self.evals[-1]["step"] if self.evals else 0))
 
     @property
     def diverged(self) -> bool:
