@@ -37,8 +37,8 @@ RESULT_NEUTRAL = frozenset({
 """Bookkeeping that cannot change a run's numbers (where caches live, how often a row or a checkpoint is
 written, how failed reads are retried, how long a stuck collective or a stopping run is waited for, the chunk
 length of iso_tanh's chunked form, whose results equal the other forms' up to rounding, and recomputing
-activations, which gives bit-identical gradients): seeds that differ only there are one row. ``data.num_workers`` is not among them: ranks x workers sets the data
-order."""
+activations, which gives bit-identical gradients): seeds that differ only there are one row.
+``data.num_workers`` is not among them: ranks x workers sets the data order."""
 
 
 def _dedupe_by_step(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
