@@ -1,7 +1,7 @@
 """``eval.py``: evaluate a checkpoint or hub model, compare runs, or run lm-evaluation-harness tasks.
 
     python eval.py CHECKPOINT_OR_HUB_ID [--config data.yaml] [key=value ...] [--json] [--samples N]
-    python eval.py compare RUN_DIR... | 'runs/*' [--baseline swiglu+softmax] [--out DIR]
+    python eval.py compare RUN_DIR... | 'runs/*' [--baseline swiglu+softmax] [--tune train.lr] [--out DIR]
     python eval.py lm-eval CHECKPOINT_OR_HUB_ID --tasks hellaswag,arc_easy [--limit N]
 
 CHECKPOINT is a run directory (its newest complete checkpoint), a checkpoint directory or its
@@ -59,13 +59,15 @@ def _compare_parser() -> argparse.ArgumentParser:
 
     parser = argparse.ArgumentParser(
         prog="eval.py compare", description="Table (in the style of isogmlp Table 1) and plots of runs "
-        "grouped into rows of one configuration over seeds (llm.eval.compare.group_runs).")
+        "grouped into rows of one configuration over seeds (llm.eval.grouping); a variant at several model sizes "
+        "adds the scaling view (scaling.png).")
     parser.add_argument("runs", nargs="+", metavar="RUN_DIR", help="run directories or quoted glob patterns")
     parser.add_argument("--baseline", default=None,
                         help=f"row the p-values test against (default {DEFAULT_BASELINE}, when present): a row label "
                         "as the table prints it (with the differing fields in parentheses where rows share a variant "
-                        "name, e.g. 'swiglu+softmax (train.lr=0.001)'), a variant name or an FFN name of one row "
-                        "(swiglu); a name of several rows or of none is an error listing the rows")
+                        "name, e.g. 'swiglu+softmax (train.lr=0.001)'), a variant name or an FFN name of one row, or "
+                        "of one variant's rows at several model sizes (swiglu: each row is tested against the "
+                        "baseline of its size); a name of several rows or of none is an error listing the rows")
     parser.add_argument("--tune", action="append", default=[], metavar="KEY",
                         help="config key tuned per variant (repeatable, e.g. --tune train.lr): runs differing only in "
                         "it and the seed are one variant, reported at the value with the lowest mean final val "
@@ -117,8 +119,10 @@ def _evaluate(argv: list[str]) -> int:
 
 
 def _compare(argv: list[str]) -> int:
-    from llm.eval.compare import compare_runs, format_table, write_comparison
+    from llm.eval.compare import compare_runs
+    from llm.eval.report import format_table, write_comparison
     from llm.eval.runs import expand_run_dirs, load_run
+    from llm.eval.scaling import scaling_series
 
     args = _compare_parser().parse_args(argv)
     runs, unreadable = [], []
@@ -136,7 +140,8 @@ def _compare(argv: list[str]) -> int:
     if not args.no_plots:
         from llm.eval.plots import write_plots
 
-        written += write_plots(comparison.groups, args.out, comparison.sensitivity, comparison.tune)
+        written += write_plots(comparison.groups, args.out, comparison.sensitivity, comparison.tune,
+                               scaling_series(comparison))
     print(format_table(comparison))
     print("wrote " + ", ".join(str(p) for p in written))
     return 0

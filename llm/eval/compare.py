@@ -1,60 +1,43 @@
-"""Compare training runs: a table in the style of isogmlp Table 1 from each run's ``metrics.jsonl``.
+"""Compare training runs: the rows of a table in the style of isogmlp Table 1, from each run's ``metrics.jsonl``.
 
-Runs are grouped by their whole configuration except the seed: the ``model``, ``data`` and ``train``
-sections of the meta row's ``config`` must be identical for two runs to share a row, so an ablation
-(``iso_ln[layernorm=false]``), a run with another learning rate or one without document masking is never pooled
-with its parent. The sections are compared as today's code reads them back (``llm.config.read_saved``, as for
-resuming or evaluating a run): fields added since a run was written take today's defaults, and a run from before
-``ffn_init`` existed reads as ``ffn_init=paper`` with the options its variant did not read at today's
-defaults, so an old and a new run of the same effective configuration share a row. A row is labelled by
-its variant name (today's name for that configuration), which carries every non-default variant option;
-rows whose variant names coincide but whose configurations differ are labelled with the fields that tell
-them apart, e.g. ``swiglu+softmax (train.lr=0.001)``. Inside a row the seeds must also agree on what the
-configuration implies (parameter counts, precision, final token count): a disagreement is an error.
+Runs are grouped into rows of one configuration over seeds, and rows of one variant at several model sizes into
+series (``llm.eval.grouping``). Inside a row the seeds must agree on what the configuration implies (parameter
+counts, precision, final token count): a disagreement is an error.
 
 Only a row's complete runs (``llm.eval.runs.RunRecord.status``) enter its statistics: a diverged run (a
 non-finite final validation loss) or an incomplete one (ended before its last eval) is counted in its own
 column and named in a warning, never averaged, tested or chosen. Each row's complete seeds give the final
-validation loss as mean ± sample std (ddof=1) and a Welch t-test (unequal variances) against the baseline row.
-"Training stability" is the variance of the pre-clip global gradient norm over the run after warmup
-(``grad_norm_var_run`` of the last train row), as in isogmlp section 4.3; lower is more stable.
+validation loss as mean ± sample std (ddof=1) and a Welch t-test (unequal variances) against the baseline row
+of the same model size. "Training stability" is the variance of the pre-clip global gradient norm over the run
+after warmup (``grad_norm_var_run`` of the last train row), as in isogmlp section 4.3; lower is more stable.
 
 ``tune`` keys (``eval.py compare --tune train.lr``): runs that differ only in those keys and the seed are one
 variant, and its row is the value with the lowest mean final validation loss over its complete seeds
-(``llm.eval.tune``). Every variant of a fair comparison sees the same token budget; rows that end at different
-token counts are still tabulated but produce a warning.
+(``llm.eval.tune``). Every variant of a fair comparison sees the same token budget; rows of one size that end at
+different token counts are still tabulated but produce a warning. The table itself: ``llm.eval.report``.
 """
 
 from __future__ import annotations
 
-import csv
 import json
 import math
 import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 from scipy import stats
 
 from llm.eval.errors import EvalError
+from llm.eval.grouping import group_runs, model_size, resolve_baseline, series_labels
 from llm.eval.runs import RunRecord
-from llm.eval.tune import TunePoint, choose, edge_warning, sensitivity_table, tune_points
+from llm.eval.tune import TunePoint, choose, edge_warning, tune_points
 
 DEFAULT_BASELINE = "swiglu+softmax"
 ROW_INVARIANTS = ("params_total", "params_non_embedding", "mixed_precision")
 """Meta-row fields every seed of a row must agree on (besides the final token count). The meta row's
 ``variant`` is not among them: a run written with older option defaults may carry another name for the
 same configuration, and a row's name is computed from the configuration its seeds share."""
-
-CSV_COLUMNS = (
-    "variant", "n_seeds", "seeds", "diverged", "incomplete", "params_total", "params_non_embedding",
-    "val_loss_mean", "val_loss_std", "p_value", "training_stability", "tokens_per_s", "final_tokens",
-)
-OPTIMISM_NOTE = ("Choosing each variant's value and reporting its loss on the same validation set is optimistic "
-                 "(the minimum of noisy means is biased low, more so on a finer grid): confirm with fresh seeds "
-                 "at the chosen values and compare those runs without --tune.")
 
 
 @dataclass
@@ -79,6 +62,10 @@ class VariantSummary:
     incomplete: list[RunRecord] = field(default_factory=list)
     tuned: dict[str, Any] = field(default_factory=dict)
     """Tuned key -> the chosen value (``--tune``)."""
+    series: str = ""
+    """The label of the row's series: the rows that differ from it only in model size (``llm.eval.grouping``)."""
+    size: tuple[Any, ...] = ()
+    """The row's values of ``llm.eval.grouping.SIZE_KEYS``."""
 
     @property
     def seeds(self) -> list[int]:
@@ -102,12 +89,15 @@ class VariantSummary:
 @dataclass
 class Comparison:
     baseline: str
-    """The baseline row's label (as given when no row has it: then there are no p-values)."""
+    """The baseline row's label, or its series' label when it has a row at several sizes (as given when no row
+    has it: then there are no p-values)."""
     rows: list[VariantSummary]
     warnings: list[str] = field(default_factory=list)
     tune: tuple[str, ...] = ()
     sensitivity: dict[str, list[TunePoint]] = field(default_factory=dict)
-    """With ``tune``: row label -> its loss at every value tried."""
+    """With ``tune``: row label -> its loss at every value tried, in table order (the plots' colours follow it)."""
+    baselines: tuple[str, ...] = ()
+    """The labels of the baseline rows, one per model size, in table order."""
 
     @property
     def groups(self) -> dict[str, list[RunRecord]]:
@@ -137,86 +127,62 @@ def _shared(runs: Sequence[RunRecord], what: str, value: Any, label: str) -> Any
     return next(iter(values.values()), None)
 
 
-def group_runs(runs: Sequence[RunRecord], tune: Sequence[str] = ()) -> dict[str, list[RunRecord]]:
-    """Rows of the comparison: runs whose ``model``/``data``/``train`` sections are identical but for ``tune``,
-    each labelled by its variant name, plus ``(field=value, ...)`` for the fields that differ between rows
-    with the same variant name. Sorted by label; members sorted by seed."""
-    by_setup: dict[str, list[RunRecord]] = {}
-    for run in runs:
-        setup = {k: v for k, v in run.setup.items() if k not in tune}
-        by_setup.setdefault(json.dumps(setup, sort_keys=True), []).append(run)
-    same_name: dict[str, list[str]] = {}
-    for key, members in by_setup.items():
-        same_name.setdefault(members[0].variant, []).append(key)
-    rows: dict[str, list[RunRecord]] = {}
-    for variant, keys in same_name.items():
-        setups = [json.loads(key) for key in keys]
-        fields_ = sorted(set().union(*setups))
-        differing = [f for f in fields_ if len({json.dumps(s.get(f)) for s in setups}) > 1]
-        for key, setup in zip(keys, setups, strict=True):
-            label = variant if not differing else \
-                f"{variant} ({', '.join(f'{f}={setup.get(f)}' for f in differing)})"
-            rows[label] = sorted(by_setup[key], key=lambda r: r.seed)
-    return dict(sorted(rows.items()))
-
-
-def resolve_baseline(rows: dict[str, list[RunRecord]], baseline: str) -> str | None:
-    """The label of the one row ``baseline`` names: a row label, a variant name, or an FFN name alone (``swiglu``
-    when one scoring is present). None when it names no row; an EvalError listing the labels when it names
-    several (any choice among them would be a guess)."""
-    if baseline in rows:
-        return baseline
-    for name_of in (lambda label: rows[label][0].variant, lambda label: rows[label][0].variant.split("+")[0]):
-        matches = [label for label in rows if name_of(label) == baseline]
-        if len(matches) == 1:
-            return matches[0]
-        if matches:
-            raise EvalError(f"baseline {baseline} names {len(matches)} rows "
-                            f"({', '.join(repr(label) for label in matches)}); pass one of these labels as --baseline")
-    return None
+def _at_chosen_values(groups: dict[str, list[RunRecord]], tune: Sequence[str], warnings: list[str],
+                      ) -> tuple[dict[str, tuple[list[RunRecord], dict[str, Any]]], dict[str, list[TunePoint]]]:
+    """Row label -> its runs at the chosen values of the tuned keys and those values (all its runs and no values
+    without ``tune``; its broken runs where no value can be chosen), and, with ``tune``, row label -> its loss at
+    every value tried."""
+    sensitivity: dict[str, list[TunePoint]] = {}
+    chosen: dict[str, tuple[list[RunRecord], dict[str, Any]]] = {}
+    for label, members in groups.items():
+        for key in ROW_INVARIANTS:
+            _shared(members, key, lambda r, key=key: r.meta.get(key), label)
+        if not tune:
+            chosen[label] = (members, {})
+            continue
+        sensitivity[label] = points = tune_points(members, tune)
+        best = choose(points)
+        if (edge := edge_warning(label, points, best, tune)) is not None:
+            warnings.append(edge)
+        chosen[label] = ([r for r in members if not r.complete], {}) if best is None else \
+            (best.runs, dict(zip(tune, best.values, strict=True)))  # no value to choose: its runs are listed
+    return chosen, sensitivity
 
 
 def compare_runs(runs: Sequence[RunRecord], baseline: str | None = None, tune: Sequence[str] = ()) -> Comparison:
-    """Group runs into rows (``group_runs``) and aggregate over each row's complete seeds; the baseline row
-    comes first. ``baseline`` None: ``DEFAULT_BASELINE`` if present (a warning if not); a name given that matches
-    no row is an EvalError listing the rows. With ``tune``, each row is its best value (``llm.eval.tune``).
+    """Group runs into rows (``llm.eval.grouping``) and aggregate over each row's complete seeds; the baseline
+    rows come first, then each series by size. ``baseline`` None: ``DEFAULT_BASELINE`` if present (a warning if
+    not); a name given that matches no row is an EvalError listing the rows. Each row is tested against the
+    baseline row of its model size. With ``tune``, each row is its best value (``llm.eval.tune``).
 
-    Raises EvalError when ``baseline`` names several rows (``resolve_baseline``), or when the seeds of a row
-    disagree on a ``ROW_INVARIANTS`` field or its complete seeds on the final token count."""
+    Raises EvalError when ``baseline`` names rows of several series (``resolve_baseline``), or when the seeds of a
+    row disagree on a ``ROW_INVARIANTS`` field or its complete seeds on the final token count."""
     if not runs:
         raise EvalError("no runs to compare")
     unknown = [key for key in tune if key not in runs[0].setup]
     if unknown:
         raise EvalError(f"--tune {unknown[0]}: not a config key that changes results (e.g. train.lr, model.ffn_init)")
     groups = group_runs(runs, tune)
+    series = series_labels(groups, tune)
+    sizes = {label: model_size(members[0]) for label, members in groups.items()}
     warnings = [problem for run in runs for problem in run.problems]
-    resolved = resolve_baseline(groups, baseline or DEFAULT_BASELINE)
-    if resolved is None and baseline is not None:
+    baselines = resolve_baseline(groups, baseline or DEFAULT_BASELINE, series)
+    if not baselines and baseline is not None:
         raise EvalError(f"--baseline {baseline} names no row; the rows are: {', '.join(map(repr, groups))}")
-    if resolved is None:
+    if not baselines:
         warnings.append(f"baseline {DEFAULT_BASELINE} is not among the rows ({', '.join(groups)}); no p-values")
-    baseline = resolved or DEFAULT_BASELINE
-    sensitivity: dict[str, list[TunePoint]] = {}
-    chosen: dict[str, tuple[list[RunRecord], dict[str, Any]]] = {}
-    for label, members in groups.items():
-        for key in ROW_INVARIANTS:
-            _shared(members, key, lambda r, key=key: r.meta.get(key), label)
-        if tune:
-            sensitivity[label] = points = tune_points(members, tune)
-            best = choose(points)
-            if (edge := edge_warning(label, points, best, tune)) is not None:
-                warnings.append(edge)
-            members = [] if best is None else best.runs
-            chosen[label] = (members, {} if best is None else dict(zip(tune, best.values, strict=True)))
-        else:
-            chosen[label] = (members, {})
-    complete = [run for members, _ in chosen.values() for run in members if run.complete]
-    if len({run.final_tokens for run in complete}) > 1:
-        ends = ", ".join(f"{run.path.name}={run.final_tokens}" for run in complete)
-        warnings.append(f"runs end at different token counts ({ends}): not a fair comparison")
-    baseline_losses = [r.final_val_loss for r in chosen.get(baseline, ([], {}))[0] if r.complete]
+    chosen, sensitivity = _at_chosen_values(groups, tune, warnings)
+    complete_at: dict[tuple[Any, ...], list[RunRecord]] = {}
+    for label, (members, _) in chosen.items():
+        complete_at.setdefault(sizes[label], []).extend(run for run in members if run.complete)
+    for complete in complete_at.values():
+        if len({run.final_tokens for run in complete}) > 1:
+            ends = ", ".join(f"{run.path.name}={run.final_tokens}" for run in complete)
+            warnings.append(f"runs end at different token counts ({ends}): not a fair comparison")
+    baseline_losses = {sizes[label]: [r.final_val_loss for r in chosen[label][0] if r.complete] for label in baselines}
     rows = []
-    for label in sorted(chosen, key=lambda v: (v != baseline, v)):
+    for label in sorted(chosen, key=lambda v: (v not in baselines, series[v], groups[v][0].meta.get(
+            "params_non_embedding") or 0, v)):
         members, tuned = chosen[label]
         done = [r for r in members if r.complete]
         seeds = [r.seed for r in done]
@@ -235,72 +201,14 @@ def compare_runs(runs: Sequence[RunRecord], baseline: str | None = None, tune: S
             params_non_embedding=groups[label][0].meta.get("params_non_embedding"),
             val_loss_mean=statistics.fmean(losses) if losses else math.nan,
             val_loss_std=statistics.stdev(losses) if len(losses) > 1 else math.nan,
-            p_value=math.nan if label == baseline else welch_p_value(losses, baseline_losses),
+            p_value=math.nan if label in baselines else welch_p_value(losses, baseline_losses.get(sizes[label], [])),
             training_stability=_mean([r.stability for r in done]),
             tokens_per_s=_mean([r.tokens_per_s for r in done]),
             final_tokens=_shared(done, "final token count", lambda r: r.final_tokens, label) or 0,
             diverged=[r for r in broken if r.diverged], incomplete=[r for r in broken if not r.diverged],
-            tuned=tuned,
+            tuned=tuned, series=series[label], size=sizes[label],
         ))
-    return Comparison(baseline=baseline, rows=rows, warnings=warnings, tune=tuple(tune), sensitivity=sensitivity)
-
-
-def _params(n: int | None) -> str:
-    if n is None:
-        return "n/a"
-    return f"{n / 1e9:.2f}B" if n >= 1e9 else f"{n / 1e6:.1f}M" if n >= 1e5 else f"{n:,}"
-
-
-def _num(x: float, spec: str) -> str:
-    return "n/a" if math.isnan(x) else format(x, spec)
-
-
-def format_table(comparison: Comparison) -> str:
-    """The comparison as a Markdown table with footnotes (also readable as plain text), then, with ``tune``,
-    the sensitivity table."""
-    header = ["Variant", *comparison.tune, "Params (total)", "Params (non-emb.)", "Val loss (mean ± std)", "n",
-              "Diverged / incomplete ⁴", f"p vs {comparison.baseline} ¹", "Training stability ²", "Tokens/s ³"]
-    lines = ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
-    for row in comparison.rows:
-        loss = "all diverged" if not row.runs and row.diverged else _num(row.val_loss_mean, ".4f") + (
-            "" if math.isnan(row.val_loss_std) else f" ± {row.val_loss_std:.4f}")
-        p = "baseline" if row.variant == comparison.baseline else _num(row.p_value, ".3g")
-        cells = [row.variant, *(str(row.tuned.get(key, "n/a")) for key in comparison.tune),
-                 _params(row.params_total), _params(row.params_non_embedding), loss, str(row.n),
-                 f"{len(row.diverged)} / {len(row.incomplete)}", p, _num(row.training_stability, ".3g"),
-                 _num(row.tokens_per_s, ",.0f")]
-        lines.append("| " + " | ".join(cells) + " |")
-    lines += ["", *(f"- {note}" for note in (
-        "Final validation loss: mean ± sample std (ddof=1) over the n complete seeds; no std with one seed."
-        + (f" Each row at the value of {', '.join(comparison.tune)} with the lowest mean." if comparison.tune
-           else ""),
-        f"¹ Two-sided Welch t-test (unequal variances) of the final val losses against "
-        f"{comparison.baseline}; n/a when either group has fewer than 2 seeds.",
-        "² Variance of the pre-clip global gradient norm over the run after warmup (last train row's "
-        "grad_norm_var_run), mean over seeds; lower is more stable.",
-        "³ Median training throughput of each run, mean over seeds.",
-        "⁴ Runs left out of the statistics: a non-finite final validation loss (diverged), or no eval at the "
-        "run's last step (incomplete: stopped, killed or its metrics file cut off).",
-        *([OPTIMISM_NOTE] if comparison.tune else []),
-        *(f"Warning: {w}" for w in comparison.warnings),
-    ))]
-    if comparison.tune:
-        lines += ["", f"Sensitivity to {', '.join(comparison.tune)}: final validation loss at every value "
-                      "(mean ± std over complete seeds; * the chosen value)", "",
-                  *sensitivity_table(comparison.sensitivity, comparison.tune, {
-                      row.variant: tuple(row.tuned.get(k) for k in comparison.tune) for row in comparison.rows})]
-    return "\n".join(lines) + "\n"
-
-
-def write_comparison(comparison: Comparison, out_dir: str | Path) -> tuple[Path, Path]:
-    """Write ``comparison.md`` (the table) and ``comparison.csv`` (full-precision numbers)."""
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    md_path, csv_path = out / "comparison.md", out / "comparison.csv"
-    md_path.write_text(format_table(comparison))
-    with csv_path.open("w", newline="") as f:
-        writer = csv.DictWriter(f, fieldnames=[CSV_COLUMNS[0], *comparison.tune, *CSV_COLUMNS[1:]])
-        writer.writeheader()
-        for row in comparison.rows:
-            writer.writerow(row.as_csv_row())
-    return md_path, csv_path
+    shown = series[baselines[0]] if len(baselines) > 1 else baselines[0] if baselines else DEFAULT_BASELINE
+    return Comparison(baseline=shown, rows=rows, warnings=warnings, tune=tuple(tune),
+                      sensitivity={row.variant: sensitivity[row.variant] for row in rows if tune},  # table order
+                      baselines=tuple(row.variant for row in rows if row.variant in baselines))

@@ -3,7 +3,7 @@
 One curve per row of the comparison table, averaged over its seeds at each logged step / token count;
 the shaded band spans the seeds (their smallest to largest value) where at least two seeds logged that
 point: a ± std band would reach below zero for a spiky, positive quantity such as a gradient norm or its
-variance. Every plot takes the table's rows (``Comparison.groups``, or one ``compare.group_runs``
+variance. Every plot takes the table's rows (``Comparison.groups``, or one ``grouping.group_runs``
 result) rather than grouping runs itself: a plot of a subset (the rows with an alpha) regrouped on its
 own would label rows by the fields that differ inside the subset, not as the table does.
 A row has one colour in every plot.
@@ -22,8 +22,10 @@ import matplotlib
 matplotlib.use("Agg")  # before pyplot is imported: no display on clusters and CI
 import matplotlib.pyplot as plt
 from matplotlib.axes import Axes
+from matplotlib.ticker import FormatStrFormatter
 
 from .runs import RunRecord
+from .scaling import ScalingSeries
 from .tune import TunePoint
 
 Row = dict[str, Any]
@@ -188,16 +190,39 @@ def plot_sensitivity(sensitivity: Mapping[str, Sequence[TunePoint]], key: str, p
     return _save(fig, path)
 
 
+def plot_scaling(series: Sequence[ScalingSeries], path: Path) -> Path:
+    """Final validation loss against non-embedding parameters on log-log axes, one colour per variant: its rows
+    with seed error bars (± std) and its power-law fit as a dashed line."""
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    colours = _row_colours({found.label: [] for found in series})
+    for found in series:
+        params = [float(row.params_non_embedding or 0) for row in found.rows]
+        ax.errorbar(params, [row.val_loss_mean for row in found.rows], marker="o", capsize=3, linestyle="none",
+                    yerr=[0.0 if math.isnan(row.val_loss_std) else row.val_loss_std for row in found.rows],
+                    color=colours[found.label], label=f"{found.label} (b = {found.exponent:.3f})")
+        ax.plot(params, [found.fitted(n) for n in params], linestyle="--", color=colours[found.label])
+    ax.set(xscale="log", yscale="log", xlabel="non-embedding parameters", ylabel="final validation loss (nats/token)",
+           title="Scaling: loss = a · N^b per variant")
+    for axis in (ax.yaxis.set_major_formatter, ax.yaxis.set_minor_formatter):  # 4.5, not 4.5 x 10^0
+        axis(FormatStrFormatter("%.2f"))
+    ax.grid(alpha=0.3, which="both")
+    ax.legend()
+    return _save(fig, path)
+
+
 def write_plots(rows: Rows, out_dir: str | Path, sensitivity: Mapping[str, Sequence[TunePoint]] | None = None,
-                tune: Sequence[str] = ()) -> list[Path]:
+                tune: Sequence[str] = (), scaling: Sequence[ScalingSeries] = ()) -> list[Path]:
     """Write every plot that the rows' runs have data for; return the written paths. ``rows`` are the
     table's (``Comparison.groups``), so every plot labels and colours a row as the table does; with one tuned key,
-    ``sensitivity`` gives ``<key>_sensitivity.png`` (``lr_sensitivity.png`` for ``train.lr``)."""
+    ``sensitivity`` gives ``<key>_sensitivity.png`` (``lr_sensitivity.png`` for ``train.lr``); ``scaling``
+    (``llm.eval.scaling.scaling_series``) gives ``scaling.png``."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     written = [plot_val_loss(rows, out / "val_loss.png"), plot_grad_norm(rows, out / "grad_norm.png")]
     if sensitivity and len(tune) == 1:
         written.append(plot_sensitivity(sensitivity, tune[0], out / f"{tune[0].split('.')[-1]}_sensitivity.png"))
+    if scaling:
+        written.append(plot_scaling(scaling, out / "scaling.png"))
     if any(_layers(members, "isoscore") for members in rows.values()):
         written.append(plot_isotropy(rows, out / "isotropy.png"))
     alpha = plot_alpha(rows, out / "alpha.png")

@@ -32,13 +32,13 @@ COMPARED_SECTIONS = ("model", "data", "train")
 RESULT_NEUTRAL = frozenset({
     "data.cache_dir", "data.read_retries", "data.retry_backoff_s",
     "train.log_every", "train.checkpoint_every", "train.keep_checkpoints", "model.iso_tanh_chunk_size",
-    "train.activation_checkpointing",
+    "train.activation_checkpointing", "train.collective_timeout_s", "train.stop_grace_s",
 })
 """Bookkeeping that cannot change a run's numbers (where caches live, how often a row or a checkpoint is
-written, how failed reads are retried, the chunk length of iso_tanh's chunked form, whose results equal
-the other forms' up to rounding, and recomputing activations, which gives bit-identical gradients): seeds
-that differ only there are one row. ``data.num_workers`` is not among them: ranks x workers sets the data
-order."""
+written, how failed reads are retried, how long a stuck collective or a stopping run is waited for, the chunk
+length of iso_tanh's chunked form, whose results equal the other forms' up to rounding, and recomputing
+activations, which gives bit-identical gradients): seeds that differ only there are one row.
+``data.num_workers`` is not among them: ranks x workers sets the data order."""
 
 
 def _dedupe_by_step(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -117,8 +117,10 @@ class RunRecord:
 
     @property
     def last_step(self) -> int:
-        """The step the run was to end at (the meta row's ``max_steps``; the last eval's step when not logged)."""
-        return int(self.meta.get("max_steps") or (self.evals[-1]["step"] if self.evals else 0))
+        """The step the run was to end at: the meta row's ``max_steps``, else its config's ``train.max_steps`` (a
+        run logged before the meta row had it), else the last eval's step (then a cut-off run cannot be told)."""
+        return int(self.meta.get("max_steps") or self.config.train.max_steps
+                   or (self.evals[-1]["step"] if self.evals else 0))
 
     @property
     def diverged(self) -> bool:

@@ -1,6 +1,6 @@
 """``compare --tune KEY``: each variant at its best value of KEY (issue 26's protocol).
 
-The runs of one variant (a row of ``llm.eval.compare.group_runs`` with KEY left out of the grouping) fall into
+The runs of one variant (a row of ``llm.eval.grouping.group_runs`` with KEY left out of the grouping) fall into
 points, one per value of the tuned keys. A point's loss is the mean final validation loss of its complete runs
 (``RunRecord.complete``: a diverged or incomplete run never counts); the row takes the point with the lowest mean
 among those where no run diverged (an lr that diverged for one seed is not a value to recommend, whatever its
@@ -18,7 +18,7 @@ from typing import Any
 
 from llm.eval.runs import RunRecord
 
-__all__ = ["TunePoint", "choose", "edge_warning", "sensitivity_table", "tune_points"]
+__all__ = ["TunePoint", "choose", "edge_warning", "tune_points"]
 
 
 @dataclass
@@ -78,18 +78,3 @@ def edge_warning(label: str, points: Sequence[TunePoint], best: TunePoint | None
             return (f"row {label}: the best {key} = {best.values[i]} is the {side} value tried: the optimum may lie "
                     f"beyond the grid; extend it")
     return None
-
-
-def sensitivity_table(sensitivity: dict[str, list[TunePoint]], keys: Sequence[str],
-                      chosen: dict[str, tuple[Any, ...]]) -> list[str]:
-    """Markdown lines: one row per variant and value, with the loss (mean ± std), complete seeds and diverged runs."""
-    lines = ["| Variant | " + " | ".join(keys) + " | Val loss (mean ± std) | n | Diverged |",
-             "|---|" + "---|" * len(keys) + "---|---|---|"]
-    for label, points in sensitivity.items():
-        for point in points:
-            loss = "diverged" if not point.losses and point.diverged else "n/a" if not point.losses else \
-                f"{point.mean:.4f}" + ("" if math.isnan(point.std) else f" ± {point.std:.4f}")
-            mark = " *" if chosen.get(label) == point.values else ""
-            lines.append(f"| {label} | " + " | ".join(map(str, point.values)) +
-                         f" | {loss}{mark} | {len(point.losses)} | {point.diverged} |")
-    return lines

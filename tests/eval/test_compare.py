@@ -17,9 +17,11 @@ import pytest
 from llm.cli.eval import main
 from llm.config import DataConfig, ModelConfig, RunConfig, TrainConfig
 from llm.eval import plots
-from llm.eval.compare import compare_runs, format_table, group_runs, write_comparison
+from llm.eval.compare import compare_runs
 from llm.eval.errors import EvalError
+from llm.eval.grouping import group_runs
 from llm.eval.plots import write_plots
+from llm.eval.report import format_table, write_comparison
 from llm.eval.runs import expand_run_dirs, load_run
 
 # Final val losses per variant and seed; Welch's t and its Welch–Satterthwaite df are computed by
@@ -241,12 +243,14 @@ def test_ablations_and_other_settings_never_share_a_row(tmp_path: Path) -> None:
 
 
 def test_seeds_that_differ_only_in_bookkeeping_share_a_row(tmp_path: Path) -> None:
-    """Where a cache lives or how often rows and checkpoints are written cannot change a run's numbers; the
+    """Where a cache lives, how often rows and checkpoints are written or how long a stuck rank is waited for
+    cannot change a run's numbers; the
     data workers can (ranks x workers sets the data order), so they split a row."""
     runs = [load_run(write_run(tmp_path, "swiglu+softmax", 0, 5.0, data__cache_dir="/node1/cache",
                                train__log_every=1, train__checkpoint_every=100))]
     runs.append(load_run(write_run(tmp_path, "swiglu+softmax", 1, 5.2, data__cache_dir="/node2/cache",
-                                   train__log_every=10, train__keep_checkpoints=1)))
+                                   train__log_every=10, train__keep_checkpoints=1, train__collective_timeout_s=60.0,
+                                   train__stop_grace_s=30.0)))
     runs.append(load_run(write_run(tmp_path, "swiglu+softmax", 2, 5.4, data__num_workers=2, dirname="w2")))
     rows = group_runs(runs)
     assert {label: [r.seed for r in members] for label, members in rows.items()} == {

@@ -13,7 +13,8 @@ import pytest
 from test_compare import FINAL_LOSSES, welch_by_hand, write_run
 
 from llm.cli.eval import main
-from llm.eval.compare import compare_runs, format_table
+from llm.eval.compare import compare_runs
+from llm.eval.report import format_table
 from llm.eval.runs import load_run
 
 
@@ -79,3 +80,18 @@ def test_a_variant_whose_runs_all_diverged_says_so(tmp_path: Path) -> None:
     assert not math.isnan(rows["isogmlp+softmax"].p_value)  # the others are still compared
     assert "| iso_ln+softmax | 83.0M | 12.6M | all diverged | 0 | 2 / 0 |" in format_table(comparison)
     assert any("row iso_ln+softmax: no complete run" in w for w in comparison.warnings)
+
+
+def test_a_cut_off_run_logged_without_max_steps_is_incomplete(tmp_path: Path) -> None:
+    """A meta row from before it logged max_steps: the config's train.max_steps tells where the run was to end, so
+    the cut-off run is listed, not a seed that disagrees on the final token count (which would refuse the row)."""
+    runs = []
+    for seed, loss in enumerate(FINAL_LOSSES["swiglu+softmax"]):
+        run = write_run(tmp_path, "swiglu+softmax", seed, loss)
+        rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+        del rows[0]["max_steps"]
+        (run / "metrics.jsonl").write_text("".join(json.dumps(row) + "\n" for row in rows))
+        runs.append(run)
+    _cut_off(runs[-1])
+    (row,) = compare_runs([load_run(run) for run in runs]).rows
+    assert (row.n, [r.path.name for r in row.incomplete]) == (2, ["swiglu_softmax_s2"])

@@ -69,3 +69,22 @@ def test_a_tune_key_that_is_no_config_field_is_one_line(lr_sweep: Path, tmp_path
     assert main(["compare", str(lr_sweep / "*"), "--tune", "train.lrr", "--out", str(tmp_path / "o")]) == 2
     assert capsys.readouterr().err == ("error: --tune train.lrr: not a config key that changes results "
                                        "(e.g. train.lr, model.ffn_init)\n")
+
+
+def test_the_sensitivity_plot_colours_rows_as_the_other_plots(lr_sweep: Path) -> None:
+    """Plots colour a row by its position in the mapping they are given: the sensitivity keeps the table's order."""
+    from llm.eval.compare import compare_runs
+    from llm.eval.runs import load_run
+
+    comparison = compare_runs([load_run(run) for run in sorted(lr_sweep.iterdir())], tune=["train.lr"])
+    assert list(comparison.sensitivity) == list(comparison.groups) == ["swiglu+softmax", "isogmlp+softmax"]
+
+
+def test_a_variant_diverged_at_every_value_says_so(lr_sweep: Path, tmp_path: Path) -> None:
+    for run in lr_sweep.glob("isogmlp-*"):
+        _diverge(run)
+    out = tmp_path / "out"
+    assert main(["compare", str(lr_sweep / "*"), "--tune", "train.lr", "--out", str(out), "--no-plots"]) == 0
+    table = (out / "comparison.md").read_text()
+    assert "| isogmlp+softmax | n/a | 83.1M | 12.6M | all diverged | 0 | 6 / 0 | n/a |" in table
+    assert "| swiglu+softmax | 0.001 | 83.0M | 12.5M | 4.9100 ± 0.0141 | 2 | 0 / 0 | baseline |" in table

@@ -1,0 +1,89 @@
+"""Which runs of a comparison are seeds of one row, which rows are one model at several sizes, and which rows the
+baseline names.
+
+Runs are grouped by their whole configuration except the seed: the ``model``, ``data`` and ``train`` sections of
+the meta row's ``config`` (less the bookkeeping of ``llm.eval.runs.RESULT_NEUTRAL``) must be identical for two
+runs to share a row, so an ablation (``iso_ln[layernorm=false]``), a run with another learning rate or one without
+document masking is never pooled with its parent. The sections are compared as today's code reads them back
+(``llm.config.read_saved``): fields added since a run was written take today's defaults, so an old and a new run
+of the same effective configuration share a row. A row is labelled by its variant name (today's name for that
+configuration), which carries every non-default variant option; rows whose variant names coincide but whose
+configurations differ are labelled with the fields that tell them apart, e.g. ``swiglu+softmax (train.lr=0.001)``.
+
+A model size is a row's values of ``SIZE_KEYS`` (width and depth; the parameter counts follow from them). Rows that
+differ only there are one *series*, one variant at several sizes (``llm.eval.scaling``), labelled as rows are but
+with the size keys left out of the grouping; each row is compared with the baseline series' row of its size.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from llm.eval.errors import EvalError
+from llm.eval.runs import RunRecord
+
+__all__ = ["SIZE_KEYS", "group_runs", "model_size", "resolve_baseline", "series_labels"]
+
+SIZE_KEYS = ("model.hidden_size", "model.intermediate_size", "model.num_hidden_layers",
+             "model.num_attention_heads", "model.num_key_value_heads", "model.head_dim")
+"""The config keys of a model's size. ``ffn_param_match`` shrinks a wider FFN inside the model, not in the config,
+so the rows of every variant at one size share these values."""
+
+Rows = Mapping[str, Sequence[RunRecord]]
+
+
+def model_size(run: RunRecord) -> tuple[Any, ...]:
+    """The run's values of ``SIZE_KEYS``."""
+    return tuple(run.setup[key] for key in SIZE_KEYS)
+
+
+def group_runs(runs: Sequence[RunRecord], ignore: Sequence[str] = ()) -> dict[str, list[RunRecord]]:
+    """Rows of the comparison: runs whose ``model``/``data``/``train`` sections are identical but for the keys in
+    ``ignore`` (``--tune`` keys), each labelled by its variant name, plus ``(field=value, ...)`` for the fields that
+    differ between rows with the same variant name. Sorted by label; members sorted by seed."""
+    by_setup: dict[str, list[RunRecord]] = {}
+    for run in runs:
+        setup = {k: v for k, v in run.setup.items() if k not in ignore}
+        by_setup.setdefault(json.dumps(setup, sort_keys=True), []).append(run)
+    same_name: dict[str, list[str]] = {}
+    for key, members in by_setup.items():
+        same_name.setdefault(members[0].variant, []).append(key)
+    rows: dict[str, list[RunRecord]] = {}
+    for variant, keys in same_name.items():
+        setups = [json.loads(key) for key in keys]
+        fields_ = sorted(set().union(*setups))
+        differing = [f for f in fields_ if len({json.dumps(s.get(f)) for s in setups}) > 1]
+        for key, setup in zip(keys, setups, strict=True):
+            label = variant if not differing else \
+                f"{variant} ({', '.join(f'{f}={setup.get(f)}' for f in differing)})"
+            rows[label] = sorted(by_setup[key], key=lambda r: r.seed)
+    return dict(sorted(rows.items()))
+
+
+def series_labels(rows: Rows, tune: Sequence[str] = ()) -> dict[str, str]:
+    """Row label -> the label of its series: the rows whose configurations differ only in ``SIZE_KEYS`` (and the
+    tuned keys), labelled as ``group_runs`` labels rows. With one size, a row's series label is its own."""
+    first = {id(members[0]): label for label, members in rows.items()}
+    series = group_runs([members[0] for members in rows.values()], (*tune, *SIZE_KEYS))
+    return {first[id(run)]: name for name, members in series.items() for run in members}
+
+
+def resolve_baseline(rows: Rows, baseline: str, series: Mapping[str, str]) -> list[str]:
+    """The labels of the rows ``baseline`` names: one row label, or the rows (one per size) of the one series that
+    ``baseline`` names by its label, its variant name or its FFN name alone (``swiglu`` when one scoring is
+    present). Empty when it names no row; an EvalError listing the series when it names rows of several
+    (any choice among them would be a guess)."""
+    if baseline in rows:
+        return [baseline]
+    for name_of in (lambda label: series[label], lambda label: rows[label][0].variant,
+                    lambda label: rows[label][0].variant.split("+")[0]):
+        matches = [label for label in rows if name_of(label) == baseline]
+        if len({series[label] for label in matches}) == 1:
+            return matches
+        if matches:
+            named = sorted({series[label] for label in matches})
+            raise EvalError(f"baseline {baseline} names {len(named)} rows "
+                            f"({', '.join(map(repr, named))}); pass one of these labels as --baseline")
+    return []

@@ -1,0 +1,113 @@
+"""compare's scaling view (issue 26) and which config keys split rows: a variant at several model sizes is a series
+whose rows are each tested against the baseline of their size; losses follow a known power law."""
+
+from __future__ import annotations
+
+import csv
+import math
+from pathlib import Path
+
+import pytest
+from test_compare import welch_by_hand, write_run
+
+from llm.cli.eval import main
+from llm.eval.compare import compare_runs
+from llm.eval.grouping import group_runs
+from llm.eval.runs import load_run
+from llm.eval.scaling import scaling_series
+
+# (hidden_size, num_hidden_layers) -> non-embedding parameters
+SIZES = {(64, 2): 1_000_000, (128, 4): 4_000_000, (256, 8): 16_000_000}
+# variant -> (a, b) of its mean final loss a * N^b, and its seeds' deviations from that mean
+LAWS = {"swiglu+softmax": (10.0, -0.05, (-0.004, 0.0, 0.004)), "isogmlp+softmax": (10.5, -0.054, (-0.003, 0.0, 0.003))}
+
+
+def _losses(variant: str, params: int) -> list[float]:
+    a, b, deviations = LAWS[variant]
+    return [a * params**b + d for d in deviations]
+
+
+@pytest.fixture
+def sizes_root(tmp_path: Path) -> Path:
+    root = tmp_path / "runs"
+    for variant in LAWS:
+        for (hidden, layers), params in SIZES.items():
+            for seed, loss in enumerate(_losses(variant, params)):
+                write_run(root, variant, seed, loss, params=(params + 500_000, params), model__hidden_size=hidden,
+                          model__num_hidden_layers=layers, dirname=f"{variant.split('+')[0]}-h{hidden}-s{seed}")
+    return root
+
+
+def label(variant: str, hidden: int, layers: int) -> str:
+    return f"{variant} (model.hidden_size={hidden}, model.num_hidden_layers={layers})"
+
+
+def test_each_size_is_tested_against_the_baseline_of_its_size(sizes_root: Path) -> None:
+    comparison = compare_runs([load_run(run) for run in sorted(sizes_root.iterdir())])
+    assert comparison.baseline == "swiglu+softmax"
+    assert comparison.baselines == tuple(label("swiglu+softmax", *size) for size in SIZES)
+    assert [row.variant for row in comparison.rows] == [
+        *comparison.baselines, *(label("isogmlp+softmax", *size) for size in SIZES)]
+    rows = {row.variant: row for row in comparison.rows}
+    for size, params in SIZES.items():
+        iso, base = rows[label("isogmlp+softmax", *size)], rows[label("swiglu+softmax", *size)]
+        assert iso.p_value == pytest.approx(welch_by_hand(_losses("isogmlp+softmax", params),
+                                                          _losses("swiglu+softmax", params)), rel=1e-9)
+        assert math.isnan(base.p_value) and iso.series == "isogmlp+softmax"
+    assert comparison.warnings == []
+    series = {found.label: found for found in scaling_series(comparison)}
+    for variant, (a, b, _) in LAWS.items():  # the fit recovers the power law of the means
+        assert series[variant].exponent == pytest.approx(b, rel=1e-9)
+        assert series[variant].coefficient == pytest.approx(a, rel=1e-9)
+    # an FFN name alone names the baseline series too
+    assert compare_runs([load_run(run) for run in sorted(sizes_root.iterdir())], "swiglu").baselines == \
+        comparison.baselines
+
+
+def test_scaling_table_and_plot(sizes_root: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    out = tmp_path / "out"
+    assert main(["compare", str(sizes_root / "*"), "--baseline", "swiglu", "--out", str(out)]) == 0
+    table = capsys.readouterr().out
+    gap = 10.5 * 4e6**-0.054 - 10.0 * 4e6**-0.05
+    p = welch_by_hand(_losses("isogmlp+softmax", 4_000_000), _losses("swiglu+softmax", 4_000_000))
+    assert f"| isogmlp+softmax | 4,000,000 | {10.5 * 4e6**-0.054:.4f} ± 0.0030 | 3 | {gap:+.4f} | {p:.3g} | " \
+           "a = 10.5, b = -0.0540 |" in table
+    assert "| swiglu+softmax | 1,000,000 | " in table and "| 3 | baseline |  | a = 10, b = -0.0500 |" in table
+    assert "against swiglu+softmax at the same model size" in table
+    png = (out / "scaling.png").read_bytes()
+    assert png[:8] == b"\x89PNG\r\n\x1a\n" and len(png) > 10_000
+    with (out / "comparison.csv").open() as f:
+        assert len(list(csv.DictReader(f))) == 6
+
+
+def test_a_size_the_baseline_lacks_has_no_gap(sizes_root: Path) -> None:
+    write_run(sizes_root, "isogmlp+softmax", 0, 3.0, params=(80_500_000, 80_000_000), model__hidden_size=512,
+              model__num_hidden_layers=16, dirname="isogmlp-h512-s0")
+    comparison = compare_runs([load_run(run) for run in sorted(sizes_root.iterdir())])
+    rows = {row.variant: row for row in comparison.rows}
+    assert math.isnan(rows[label("isogmlp+softmax", 512, 16)].p_value)
+    from llm.eval.report import format_table
+
+    assert "| isogmlp+softmax | 80,000,000 | 3.0000 | 1 | n/a | n/a |" in format_table(comparison)
+
+
+def test_one_size_has_no_scaling_view(sizes_root: Path) -> None:
+    runs = [load_run(run) for run in sorted(sizes_root.glob("*-h64-*"))]
+    comparison = compare_runs(runs)
+    assert [row.variant for row in comparison.rows] == ["swiglu+softmax", "isogmlp+softmax"]
+    assert scaling_series(comparison) == []
+
+
+def test_document_masking_splits_rows(tmp_path: Path) -> None:
+    """Masked and unmasked runs compute different losses: never seeds of one row. A run saved before the option
+    existed trained unmasked and shares the unmasked row."""
+    runs = [load_run(write_run(tmp_path, "swiglu+softmax", s, 4.9, data__document_masking=masking,
+                               dirname=f"mask{masking}-s{s}")) for s in range(2) for masking in (True, False)]
+    old = write_run(tmp_path, "swiglu+softmax", 2, 4.9, dirname="old-s2")
+    runs.append(load_run(old))
+    assert "document_masking" not in (old / "metrics.jsonl").read_text()
+    rows = group_runs(runs)
+    assert {name: [run.path.name for run in members] for name, members in rows.items()} == {
+        "swiglu+softmax (data.document_masking=False)": ["maskFalse-s0", "maskFalse-s1", "old-s2"],
+        "swiglu+softmax (data.document_masking=True)": ["maskTrue-s0", "maskTrue-s1"],
+    }
