@@ -55,6 +55,7 @@ bench: $(STAMP)
 	$(BIN)/python bench/bench_packing.py --threads 2
 	$(BIN)/python bench/bench_checkpointing.py --threads 2 --rounds 3
 	$(BIN)/python bench/bench_data.py
+	$(BIN)/python bench/bench_footers.py
 
 # The pins without torch and triton, for an environment that keeps its CUDA build of torch (README, Tested versions).
 gpu-constraints.txt: constraints.txt

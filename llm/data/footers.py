@@ -37,7 +37,8 @@ from llm.data.errors import DataError, DataWarning
 from llm.data.files import Fingerprint, fingerprints, open_file
 from llm.errors import one_line
 
-__all__ = ["FOOTER_THREADS", "FORMAT", "Footer", "footer_cache_path", "footers", "parquet_metadata", "read_metadata"]
+__all__ = ["FOOTER_THREADS", "FORMAT", "Footer", "footer_cache_path", "footers", "parquet_metadata", "read_cache",
+           "read_metadata", "write_cache"]
 
 FOOTER_THREADS = 32
 """Footers read at once (one request each on the hub)."""
@@ -107,7 +108,7 @@ def _checksum(entries: dict[str, Any]) -> str:
     return hashlib.blake2b(json.dumps(entries, sort_keys=True).encode(), digest_size=16).hexdigest()
 
 
-def _load(path: Path) -> dict[str, tuple[Fingerprint, Footer]]:
+def read_cache(path: Path) -> dict[str, tuple[Fingerprint, Footer]]:
     """The cached footers by file; empty, with a warning, when the file does not read back intact."""
     try:
         cached = json.loads(path.read_bytes())
@@ -122,7 +123,8 @@ def _load(path: Path) -> dict[str, tuple[Fingerprint, Footer]]:
     return {}
 
 
-def _save(path: Path, files: Sequence[str], prints: Sequence[Fingerprint | None], found: dict[str, Footer]) -> None:
+def write_cache(path: Path, files: Sequence[str], prints: Sequence[Fingerprint | None], found: dict[str, Footer]) -> None:
+    """Write the footers of ``files`` with their fingerprints (those without one are left out) atomically."""
     entries = {file: {"fingerprint": fp, **found[file].to_json()}
                for file, fp in zip(files, prints, strict=True) if fp is not None}
     text = json.dumps({"format": FORMAT, "blake2b": _checksum(entries), "files": entries}, separators=(",", ":"))
@@ -142,7 +144,7 @@ def _cached_or_read(files: Sequence[str], cache_dir: str | None) -> dict[str, Fo
     if cache_dir is not None:
         prints = fingerprints(files)
         path = footer_cache_path(files, cache_dir)
-        cached = _load(path) if path.is_file() else {}
+        cached = read_cache(path) if path.is_file() else {}
         for file, fp in zip(files, prints, strict=True):
             if fp is not None and file in cached and cached[file][0] == fp:
                 found[file] = cached[file][1]
@@ -153,7 +155,7 @@ def _cached_or_read(files: Sequence[str], cache_dir: str | None) -> dict[str, Fo
                              strict=True))
         # files without a fingerprint are read by every process: they alone are no reason to rewrite the cache
         if path is not None and set(missing) & {file for file, fp in zip(files, prints, strict=True) if fp}:
-            _save(path, files, prints, found)
+            write_cache(path, files, prints, found)
     return found
 
 
