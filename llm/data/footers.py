@@ -123,7 +123,8 @@ def read_cache(path: Path) -> dict[str, tuple[Fingerprint, Footer]]:
     return {}
 
 
-def write_cache(path: Path, files: Sequence[str], prints: Sequence[Fingerprint | None], found: dict[str, Footer]) -> None:
+def write_cache(path: Path, files: Sequence[str], prints: Sequence[Fingerprint | None],
+                found: dict[str, Footer]) -> None:
     """Write the footers of ``files`` with their fingerprints (those without one are left out) atomically."""
     entries = {file: {"fingerprint": fp, **found[file].to_json()}
                for file, fp in zip(files, prints, strict=True) if fp is not None}

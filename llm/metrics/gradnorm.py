@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import math
 from collections import deque
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 import torch
@@ -177,7 +177,7 @@ class GroupGradNorms:
 
     ``norms()`` reads the current gradients on their device (call it after the backward passes, before
     clipping), ``record`` takes its host copy; ``update(step)`` records what was measured as step ``step``. A
-    group none of whose parameters holds a gradient (DeepSpeed keeps them inside its engine) measures ``nan``.
+    group none of whose parameters holds a gradient measures ``nan``.
     """
 
     def __init__(self, groups: dict[str, list[nn.Parameter]], window: int, warmup_steps: int) -> None:
@@ -186,13 +186,15 @@ class GroupGradNorms:
                          for name in groups}
         self._measured: dict[str, float] = {}
 
-    def norms(self) -> torch.Tensor | None:
+    def norms(self, grad_of: Callable[[nn.Parameter], torch.Tensor | None] = lambda p: p.grad) -> torch.Tensor | None:
         """Each group's pre-clip norm, in ``groups`` order, as one fp32 tensor on the gradients' device (NaN for a
         group none of whose parameters holds a gradient; None when no group has one), without a synchronisation:
-        the trainer copies it to the host together with the loss and the global norm, then calls ``record``."""
+        the trainer copies it to the host together with the loss and the global norm, then calls ``record``.
+        ``grad_of(p)``: the full gradient of ``p`` (DeepSpeed's ``safe_get_full_grad`` under ZeRO, which keeps the
+        reduced gradients inside its optimizer)."""
         norms: dict[str, torch.Tensor] = {}
         for name, params in self.groups.items():
-            grads = [p.grad for p in params if p.grad is not None]
+            grads = [g for g in map(grad_of, params) if g is not None]
             if grads:
                 norm = torch.nn.utils.get_total_norm(grads)
                 # a DTensor under FSDP2: the norm over all shards

@@ -31,7 +31,8 @@ if TYPE_CHECKING:
 
 
 # focusing-neuron Algorithm 3 clips the apertures to [0.01, 1.0] and the centres to [0, 1] after every
-# update (``Focus.clip_parameters_``, called by the optimizer's step hook in llm/train/optim.py).
+# update (``Focus.clip_parameters_``, called by the optimizer's step hook in llm/train/optim.py, or after
+# DeepSpeed's step by llm/train/deepspeed_step.py).
 FOCUS_SIGMA_RANGE = (0.01, 1.0)
 FOCUS_MU_RANGE = (0.0, 1.0)
 
@@ -117,6 +118,10 @@ class Focus(Projection):
 
     OPTIONS = ("focus_sigma_init",)
     LR_MULTIPLIERS: ClassVar[dict[str, str]] = {"focus_mu": "focus_mu_lr_mult", "focus_sigma": "focus_sigma_lr_mult"}
+    CLIP_RANGES: ClassVar[dict[str, tuple[float, float]]] = {"focus_mu": FOCUS_MU_RANGE,
+                                                             "focus_sigma": FOCUS_SIGMA_RANGE}
+    """Parameter name -> the range Algorithm 3 clips it to after every update (``clip_parameters_``; under
+    DeepSpeed, llm/train/deepspeed_step.py clips the engine's fp32 copies with the same ranges)."""
 
     def add_form_parameters(self, config: ModelConfig) -> None:
         self.sigma_init = config.focus_sigma_init
@@ -153,8 +158,8 @@ class Focus(Projection):
     @torch.no_grad()
     def clip_parameters_(self) -> None:
         """Algorithm 3's ``clip(sigma, 0.01, 1.0)`` and ``clip(mu, 0, 1)``, in place."""
-        self.focus_sigma.clamp_(*FOCUS_SIGMA_RANGE)
-        self.focus_mu.clamp_(*FOCUS_MU_RANGE)
+        for name, bounds in self.CLIP_RANGES.items():
+            getattr(self, name).clamp_(*bounds)
 
 
 LINEAR_REGISTRY: dict[str, type[Projection]] = {

@@ -105,8 +105,8 @@ def _clip_after_step(modules: list[nn.Module]) -> Callable[..., None]:
 def build_optimizer(model: nn.Module, config: RunConfig) -> torch.optim.AdamW:
     """AdamW over ``param_groups`` (clipping the focus parameters after each step), fused: one kernel for
     all parameters, on CPU as on CUDA (4x faster than the default multi-tensor path on these CPUs;
-    bench/bench_train_step.py). The clipping hook runs on torch's optimizer step, so under DeepSpeed,
-    which updates its own fp32 copies of the weights, the focus parameters are not clipped."""
+    bench/bench_train_step.py). Under DeepSpeed, which updates its own fp32 copies of the weights and overwrites
+    the model's, the hook's clip is lost; llm/train/deepspeed_step.py clips both after the engine's step."""
     t = config.train
     optimizer = torch.optim.AdamW(param_groups(model, config), lr=t.lr, betas=(t.beta1, t.beta2), eps=t.eps,
                                   fused=True)

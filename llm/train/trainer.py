@@ -1,10 +1,12 @@
 """The training loop: ``train_step`` (one optimizer step), ``evaluate`` (llm.train.evaluate), ``fit``.
 
 HF Accelerate is the engine: DDP, FSDP2 or DeepSpeed come from the launch configuration
-(``accelerate launch --config_file launch/...`` or ``torchrun``), never from branches here. The loop
-calls only ``accelerator.accumulate / backward / clip_grad_norm_`` and the prepared optimizer and
-scheduler, which each engine implements. (Under DeepSpeed the engine takes its optimizer step
-inside ``backward``, so a non-finite step is handled by DeepSpeed itself rather than skipped here.)
+(``accelerate launch --config_file launch/...`` or ``torchrun``). The loop calls only
+``accelerator.accumulate / backward / clip_grad_norm_`` and the prepared optimizer and scheduler, which
+each engine implements, with one exception: DeepSpeed takes its optimizer step inside the backward pass,
+so a non-finite step is handled by DeepSpeed itself rather than skipped here, and the backward goes through
+llm/train/deepspeed_step.py, which measures the group gradient norms before that step and applies the
+focus clipping after it.
 
 Conventions:
 
@@ -62,6 +64,7 @@ from llm.model import IsoLLMConfig, IsoLLMForCausalLM, param_counts
 from llm.model.config import ConfigError, ModelConfig
 from llm.train.checkpoint import resume_checkpoint, save_checkpoint
 from llm.train.checkpoint_files import checkpoint_names, has_checkpoints
+from llm.train.deepspeed_step import deepspeed_backward, deepspeed_engine
 from llm.train.distributed import (
     all_ranks_agree,
     disagreement,
@@ -211,14 +214,19 @@ def train_step(
     """
     model.train()
     loss_sum = torch.zeros((), device=accelerator.device)
+    engine, group_norms = deepspeed_engine(model), None
     for batch in batches:
         with accelerator.accumulate(model):
             loss = model(**model_inputs(batch[:, :-1], document_eos), shift_labels=batch[:, 1:]).loss
-            accelerator.backward(loss)
+            if engine is None:
+                accelerator.backward(loss)
+            else:  # the engine steps on the boundary; the group norms are read before, focus clipped after
+                group_norms = deepspeed_backward(engine, loss, accelerator.sync_gradients, grad_groups)
             loss_sum += loss.detach()
     this_rank_stops = stop_requested is not None and stop_requested()
     scalars = _all_reduce_step_scalars(loss_sum / len(batches), this_rank_stops, write_failed)
-    group_norms = grad_groups.norms() if grad_groups is not None else None
+    if engine is None and grad_groups is not None:
+        group_norms = grad_groups.norms()
     norm = accelerator.clip_grad_norm_(model.parameters(), grad_clip if grad_clip > 0 else math.inf)
     if hasattr(norm, "full_tensor"):  # a DTensor under FSDP2
         norm = norm.full_tensor()

@@ -5,8 +5,10 @@ Under torchrun (2 processes) each rank draws its micro-batches from the real tra
 bit-identical full parameters, and writes ``batches_rank<r>.pt`` plus ``result.pt`` (per-step losses,
 final full parameters). Run as one plain process with ``--reference DIR`` it replays the batches of the
 2-process run in DIR as gradient-accumulation micro-batches through the trainer's ``train_step``: the
-same global batch, so the losses and parameters must agree to fp32 round-off. ``--bf16`` runs each
-engine's bf16 mode as on a GPU (Accelerate's autocast, FSDP2's bf16 ``param_dtype``, DeepSpeed's bf16).
+same global batch, so the losses, the per-group gradient norms and the parameters must agree to fp32
+round-off. ``--bf16`` runs each engine's bf16 mode as on a GPU (Accelerate's autocast, FSDP2's bf16
+``param_dtype``, DeepSpeed's bf16). ``--focus`` gives the FFN focusing-neuron input projections whose
+apertures start at the top of their clip range, so the clipping after each step decides their values.
 
     torchrun --nproc_per_node 2 dist_worker.py --mode fsdp2 --out DIR --data SRC --tokenizer TOK
     python dist_worker.py --mode fsdp2 --out REF --data SRC --tokenizer TOK --reference DIR
@@ -32,8 +34,10 @@ from torch import nn
 
 from llm.config import RunConfig, load_config
 from llm.data import build_train_loader, load_tokenizer
+from llm.metrics.gradnorm import GroupGradNorms, grad_norm_groups
+from llm.train.deepspeed_step import deepspeed_backward
 from llm.train.distributed import rank_and_world_size
-from llm.train.optim import build_optimizer, build_scheduler
+from llm.train.optim import build_optimizer, build_scheduler, multiplier_of
 from llm.train.trainer import build_model, gradient_accumulation_steps, train_step
 
 STEPS = 3
@@ -45,6 +49,10 @@ TINY = [
     f"train.lr={LR}", "train.warmup_steps=1", f"train.max_steps={STEPS}", "train.micro_batch_size=4",
     "train.global_batch_tokens=256", "train.grad_clip=1.0", "trackers=[]",
 ]
+# sigma starts at the top of Algorithm 3's range and moves 10x faster than the weights: about half the apertures
+# step above 1.0 at once and only the clip brings them back
+FOCUS = ["model.ffn_linear=focus", "model.focus_sigma_init=1.0", "model.focus_sigma_lr_mult=10",
+         "model.focus_mu_lr_mult=10"]
 DEEPSPEED_DIR = Path(__file__).resolve().parents[2] / "launch" / "deepspeed"
 
 
@@ -104,16 +112,23 @@ def deepspeed_engine(model: nn.Module, config: RunConfig, accum: int, stage: int
     return engine
 
 
-def deepspeed_step(engine: nn.Module, batches: list[torch.Tensor]) -> float:
-    """One optimizer step: DeepSpeed scales by accumulation, reduces and clips inside backward/step."""
+def deepspeed_step(engine: nn.Module, batches: list[torch.Tensor], grad_groups: GroupGradNorms) -> float:
+    """One optimizer step through the trainer's ``deepspeed_backward``: DeepSpeed scales by accumulation, reduces
+    and clips inside backward/step; the group norms are measured before the step, focus clipped after it."""
     loss_sum = torch.zeros(())
-    for batch in batches:
+    for i, batch in enumerate(batches):
         loss = engine(input_ids=batch[:, :-1], shift_labels=batch[:, 1:]).loss
-        engine.backward(loss)
-        engine.step()
+        norms = deepspeed_backward(engine, loss, i == len(batches) - 1, grad_groups)
         loss_sum += loss.detach()
+    grad_groups.record(norms.tolist())
     dist.all_reduce(loss_sum)
     return (loss_sum / (len(batches) * dist.get_world_size())).item()
+
+
+def measured_group_norms(grad_groups: GroupGradNorms, step: int) -> dict[str, float]:
+    """The pre-clip norm of each parameter group measured in step ``step``."""
+    fields = grad_groups.update(step)
+    return {name: fields[f"grad_norm_{name}"] for name in grad_groups.groups}
 
 
 def main() -> None:
@@ -126,9 +141,10 @@ def main() -> None:
     parser.add_argument("--bf16", action="store_true", help="bf16 as each engine runs it on a GPU")
     parser.add_argument("--activation-checkpointing", type=int, default=0, metavar="N",
                         help="recompute every N-th layer (train.activation_checkpointing), applied before wrapping")
+    parser.add_argument("--focus", action="store_true", help="focusing-neuron FFN inputs, clipped after each step")
     args = parser.parse_args()
     config = load_config(None, [*TINY, f"data.source={args.data}", f"data.tokenizer={args.tokenizer}",
-                                f"train.precision={'bf16' if args.bf16 else 'fp32'}"])
+                                f"train.precision={'bf16' if args.bf16 else 'fp32'}", *(FOCUS if args.focus else [])])
     args.out.mkdir(parents=True, exist_ok=True)
 
     zero_stage = {"zero2": 2, "zero3": 3}.get(args.mode)
@@ -154,6 +170,7 @@ def main() -> None:
     model = build_model(config.model)
     if args.activation_checkpointing:  # as fit() does it: before DDP / fully_shard / deepspeed.initialize
         model.activation_checkpointing_enable(every_n_layers=args.activation_checkpointing)
+    grad_groups = GroupGradNorms(grad_norm_groups(model, multiplier_of(model).keys()), window=STEPS, warmup_steps=1)
 
     if args.reference is not None:
         per_rank = [torch.load(args.reference / f"batches_rank{r}.pt") for r in range(2)]
@@ -168,7 +185,7 @@ def main() -> None:
 
     if zero_stage and args.reference is None:
         engine = deepspeed_engine(model, config, accum, zero_stage)
-        run_step = lambda batches: deepspeed_step(engine, batches)  # noqa: E731
+        run_step = lambda batches: deepspeed_step(engine, batches, grad_groups)  # noqa: E731
         module = engine.module
     else:
         if args.mode == "fsdp2" and world > 1:
@@ -186,18 +203,19 @@ def main() -> None:
             model, optimizer, scheduler = accelerator.prepare(model, optimizer, scheduler)
         accelerator.gradient_accumulation_steps = accum
         run_step = lambda batches: train_step(model, batches, optimizer, scheduler, accelerator,  # noqa: E731
-                                              config.train.grad_clip).loss
+                                              config.train.grad_clip, grad_groups=grad_groups).loss
         module = model
 
-    losses = []
+    losses, group_norms = [], []
     for i, batches in enumerate(steps):
         losses.append(run_step(batches))
+        group_norms.append(measured_group_norms(grad_groups, i + 1))
         params = full_params(module)
         if world > 1:
             assert_ranks_identical(params, i + 1)
     if rank == 0:
-        torch.save({"losses": losses, "params": params, "world_size": world, "accum": accum},
-                   args.out / "result.pt")
+        torch.save({"losses": losses, "group_norms": group_norms, "params": params, "world_size": world,
+                    "accum": accum}, args.out / "result.pt")
     if args.mode == "fsdp2" and world > 1:
         import torch.distributed.checkpoint as dcp
 

@@ -68,6 +68,10 @@ def assert_matches_reference(result: dict, reference: dict) -> None:
     # fp32 round-off only: the two runs sum the same per-token losses in a different order.
     torch.testing.assert_close(torch.tensor(result["losses"]), torch.tensor(reference["losses"]),
                                rtol=1e-5, atol=0)
+    # each parameter group's pre-clip gradient norm, every step, measured where each engine keeps its gradients
+    assert [norms.keys() for norms in result["group_norms"]] == [norms.keys() for norms in reference["group_norms"]]
+    torch.testing.assert_close(torch.tensor([list(n.values()) for n in result["group_norms"]]),
+                               torch.tensor([list(n.values()) for n in reference["group_norms"]]), rtol=1e-4, atol=0)
     assert result["params"].keys() == reference["params"].keys()
     for name, value in result["params"].items():
         torch.testing.assert_close(value, reference["params"][name], rtol=1e-4, atol=1e-6, msg=name)
@@ -106,6 +110,23 @@ def test_deepspeed_zero_matches_one_process(mode: str, ddp_run: Path, reference:
     gathers them, the tied LM head's inside the fused loss included."""
     run(torchrun(2, *worker(mode, tmp_path, corpus, tokenizer_file)))
     assert_matches_reference(torch.load(tmp_path / "result.pt"), reference)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("mode", ["zero2", "zero3"])
+def test_deepspeed_focus_clipping_matches_one_process(mode: str, ddp_run: Path, corpus: Path, tokenizer_file: Path,
+                                                      tmp_path: Path) -> None:
+    """Focusing-neuron inputs under ZeRO: DeepSpeed updates its own fp32 copies of the weights, so Algorithm 3's
+    clip after each step has to reach them (llm/train/deepspeed_step.py). The apertures start at the top of
+    their range and step above it at once: only the clip decides where they end, so a lost clip would leave
+    them at 1 + lr, beyond the tolerance."""
+    reference_dir = tmp_path / "reference"
+    run([PYTHON, *worker("ddp", reference_dir, corpus, tokenizer_file, "--focus", "--reference", str(ddp_run))])
+    reference = torch.load(reference_dir / "result.pt")
+    sigmas = torch.cat([v for name, v in reference["params"].items() if name.endswith("focus_sigma")])
+    assert (sigmas == 1.0).sum() > sigmas.numel() // 4, "the clip did not bite: the test would prove nothing"
+    run(torchrun(2, *worker(mode, tmp_path / mode, corpus, tokenizer_file, "--focus")))
+    assert_matches_reference(torch.load(tmp_path / mode / "result.pt"), reference)
 
 
 @pytest.mark.slow

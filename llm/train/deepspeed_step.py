@@ -1,0 +1,74 @@
+"""DeepSpeed's backward and optimizer step, with what the trainer does around torch's optimizer step.
+
+``accelerator.prepare`` returns the ``DeepSpeedEngine`` as the model, and ZeRO takes its optimizer step inside
+the engine (Accelerate's ``backward`` calls ``engine.step`` at the accumulation boundary). Two things the
+other engines get from torch's optimizer would be lost there, so a comparison run on ZeRO would silently
+differ from the same run on DDP or FSDP2:
+
+- the per-group gradient norms: ZeRO reduces the gradients into its own partitions, so ``p.grad`` is empty;
+  they are read between the boundary's backward and its step through ``deepspeed.utils.safe_get_full_grad``
+  (one all-reduce per parameter tensor: about one more gradient all-reduce per step);
+- the focusing neuron's clipping (Algorithm 3): ZeRO updates its own fp32 copies of the weights and then
+  overwrites the model's from them, so the clip is applied to both after the step, through
+  ``safe_get_full_fp32_param`` / ``safe_set_full_fp32_param`` and ``deepspeed.zero.GatheredParameters``
+  (ZeRO-3 holds each rank's partition only).
+
+tests/launch/test_distributed.py runs a focus model under ZeRO-2 and ZeRO-3 against one process.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from llm.metrics.gradnorm import GroupGradNorms
+
+
+def deepspeed_engine(model: nn.Module) -> nn.Module | None:
+    """``model`` when it is a DeepSpeed engine (what ``accelerator.prepare`` returns under DeepSpeed), else None.
+    DeepSpeed is imported only when it is already loaded: no other engine pays for its import."""
+    import sys
+
+    if "deepspeed" not in sys.modules:
+        return None
+    from deepspeed import DeepSpeedEngine
+
+    return model if isinstance(model, DeepSpeedEngine) else None
+
+
+def clip_focus_(model: nn.Module) -> None:
+    """Clip every ``CLIP_RANGES`` parameter of ``model`` (the focusing neuron's mu and sigma) in the engine's fp32
+    copy and in the model's own weight, after the engine's step. A collective: call on every rank."""
+    import deepspeed
+    from deepspeed.utils import safe_get_full_fp32_param, safe_set_full_fp32_param
+
+    clipped = [(getattr(module, name), bounds) for module in model.modules()
+               for name, bounds in getattr(module, "CLIP_RANGES", {}).items()]
+    if not clipped:
+        return
+    with torch.no_grad():
+        for param, bounds in clipped:
+            safe_set_full_fp32_param(param, safe_get_full_fp32_param(param).clamp(*bounds))
+        # ZeRO-1/2: every rank holds the whole weight and clips it; ZeRO-3: gathered, clipped, re-partitioned
+        with deepspeed.zero.GatheredParameters([param for param, _ in clipped], modifier_rank=0):
+            for param, bounds in clipped:
+                param.clamp_(*bounds)
+
+
+def deepspeed_backward(engine: nn.Module, loss: torch.Tensor, boundary: bool,
+                       grad_groups: GroupGradNorms | None) -> torch.Tensor | None:
+    """One micro-batch's backward through ``engine``, as Accelerate's ``DeepSpeedEngineWrapper.backward`` does it
+    (the accumulation boundary set from ``boundary``, the engine's step taken on it), with the per-group
+    gradient norms measured before that step and the focus parameters clipped after it.
+
+    Returns ``grad_groups.norms()`` on the boundary (see ``GroupGradNorms.norms``), else None."""
+    from deepspeed.utils import safe_get_full_grad
+
+    engine.set_gradient_accumulation_boundary(is_boundary=boundary)
+    engine.backward(loss)
+    if not boundary:
+        return None
+    norms = grad_groups.norms(grad_of=safe_get_full_grad) if grad_groups is not None else None
+    engine.step()
+    clip_focus_(engine.module)
+    return norms
