@@ -1,13 +1,19 @@
 """The GPU check's stages, each time-boxed, and its report (run through scripts/gpu_check.sh).
 
-    python scripts/gpu_check.py OUTDIR              # on one CUDA GPU: the full check, under --budget seconds
-    python scripts/gpu_check.py --dry-run OUTDIR    # the same sequence at tiny size on CPU (fp32, no fla)
+    python scripts/gpu_check.py --part 1 OUTDIR     # on one CUDA GPU: part 1 of 3 (each one device call)
+    python scripts/gpu_check.py --dry-run OUTDIR    # every stage at tiny size on CPU (fp32, no fla)
+
+On a GPU the stages come in three parts, each within one device call of 10 minutes (``PARTS``): 1 = pytest and
+step, 2 = train, 3 = attention and generate; env runs in each. The boxes are set from the first GPU check
+(2026-11-25, one H100 whose host took ~18 s to import torch and the package and ~70 s to compile each 134m
+model); the whole check no longer fits one call, and the three parts with their start-ups fit the 30 minutes
+a session is lent.
 
 Stages, in order (a stage that fails or runs out of time is recorded and the next one starts):
   env        versions, the GPU, and whether every carried wheel's requirements are met
   pytest     ``pytest -m gpu``
   step       bench/bench_train_step.py: the 134m preset at seq 2048, bf16, torch.compile, tokens/s and MFU
-             against the measured bf16 matmul rate, for swiglu/isogmlp/iso_ln+softmax, swiglu+iso_tanh (fla)
+             against the measured bf16 matmul rate, for swiglu/isogmlp+softmax, swiglu+iso_tanh (fla)
              and transformers' Qwen3ForCausalLM, timed in the same rounds
   train      train.py, 100 steps (dry run: 20) on the FineWeb sample with the offline Qwen3 tokenizer, through each
              launch/accelerate/*.yaml with one process (DDP, FSDP2 and ZeRO-3 first), then a resume from the
@@ -77,6 +83,10 @@ class Mode:
     env: dict[str, str] = field(default_factory=dict)
 
 
+PARTS = {1: ("env", "pytest", "step"), 2: ("env", "train"), 3: ("env", "attention", "generate")}
+"""The GPU check's stages by device call (``--part``); the dry run takes every stage in one."""
+
+
 def _train_overrides(*model: str, steps: int, seq: int, micro: int, val_tokens: int) -> list[str]:
     return [*model, f"data.seq_len={seq}", f"train.micro_batch_size={micro}",
             f"train.global_batch_tokens={seq * micro}", f"train.max_steps={steps}",
@@ -88,7 +98,7 @@ def _train_overrides(*model: str, steps: int, seq: int, micro: int, val_tokens: 
 GPU = Mode(
     name="gpu",
     budget_s=555,
-    boxes={"env": 30, "pytest": 60, "step": 220, "train": 160, "attention": 70, "generate": 45},
+    boxes={"env": 30, "pytest": 110, "step": 360, "train": 470, "attention": 250, "generate": 170},
     step_args=["--device", "cuda", "--dtype", "bf16", "--compile", "--preset", "134m", "--seq", "2048",
                "--batch", "8", "--rounds", "6"],
     train_steps=100,
@@ -101,6 +111,9 @@ GPU = Mode(
                    "32768", "--new-tokens", "32"],
     loss_tolerance=(0.02, 0.02),
     resume_tolerance=0.05,
+    # fla autotunes each kernel on first use (~50 s on the first check); bench_attention runs each length in
+    # its own process, which then reuses the tuned configs from triton's on-disk cache
+    env={"TRITON_CACHE_AUTOTUNING": "1"},
 )
 DRY = Mode(
     name="dry-run",
@@ -254,9 +267,10 @@ class Check:
         "attention": stage_attention, "generate": stage_generate,
     }
 
-    def run_all(self) -> list[Result]:
+    def run_all(self, stages: tuple[str, ...]) -> list[Result]:
         results = []
-        for name, stage in self.STAGES.items():
+        for name in stages:
+            stage = self.STAGES[name]
             result = Result(name)
             start = time.monotonic()
             try:
@@ -312,9 +326,9 @@ def _commit() -> str:
 
 
 def write_report(out: Path, mode: Mode, results: list[Result], logs: Path, data: Path | None,
-                 started: float) -> Path:
+                 started: float, part: int | None) -> Path:
     now = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
-    lines = [f"# GPU check ({mode.name})", "",
+    lines = [f"# GPU check ({mode.name}{f', part {part} of {len(PARTS)}' if part else ''})", "",
              f"{now}, commit {_commit()}, host {platform.node()}, {time.monotonic() - started:.0f} s in all "
              f"(budget {mode.budget_s:.0f} s). Data: {data or 'none'}.", "",
              "| stage | status | seconds |", "| --- | --- | --- |"]
@@ -336,6 +350,8 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("out", type=Path, help="folder for report.md and logs.tar.gz")
     parser.add_argument("--dry-run", action="store_true", help="tiny sizes on CPU, fp32, no fla")
+    parser.add_argument("--part", type=int, choices=sorted(PARTS), default=None,
+                        help="on a GPU (required there): which device call's stages to run (see PARTS)")
     parser.add_argument("--data", type=Path, default=None,
                         help="FineWeb sample folder (default: .whl/fineweb-sample, else ../shared/data/fineweb-sample)")
     parser.add_argument("--work", type=Path, default=None, help="scratch folder (default: a fresh one in /tmp)")
@@ -349,6 +365,9 @@ def main(argv: list[str] | None = None) -> int:
 
         if not torch.cuda.is_available():
             parser.exit(2, "gpu_check: error: no CUDA device; use --dry-run on a CPU machine\n")
+        if args.part is None:
+            parser.exit(2, f"gpu_check: error: --part: give one of {sorted(PARTS)} (one device call each)\n")
+    stages = PARTS[args.part] if args.part else tuple(Check.STAGES)
     candidates = [args.data] if args.data else [REPO / ".whl" / "fineweb-sample", REPO.parent / "shared" / "data" /
                                                 "fineweb-sample"]
     data = next((d.resolve() for d in candidates if d.is_dir() and any(d.glob("*.parquet"))), None)
@@ -358,9 +377,9 @@ def main(argv: list[str] | None = None) -> int:
     if work.exists():
         shutil.rmtree(work)
     started = time.monotonic()
-    results = Check(mode, work, data).run_all()
+    results = Check(mode, work, data).run_all(stages)
     args.out.mkdir(parents=True, exist_ok=True)
-    report = write_report(args.out, mode, results, work / "logs", data, started)
+    report = write_report(args.out, mode, results, work / "logs", data, started, args.part)
     with tarfile.open(args.out / "logs.tar.gz", "w:gz") as tar:
         tar.add(work / "logs", arcname="logs")
     print(f"gpu_check: report {report}; logs {args.out / 'logs.tar.gz'}")

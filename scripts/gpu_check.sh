@@ -1,21 +1,24 @@
 #!/usr/bin/env bash
-# One command for a lent GPU machine (one H100, no registry, under 10 minutes): install the carried wheels
-# offline, then run scripts/gpu_check.py's stages (GPU tests, training-step MFU, train.py through every
-# one-GPU launch config with a resume, attention and generation benchmarks) into OUTDIR/report.md and
-# OUTDIR/logs.tar.gz. `make gpu-wheels` fills .whl/ (carry it); see docs/performance.md, "On a GPU machine".
-#   scripts/gpu_check.sh [OUTDIR]             OUTDIR: default $OUT
-#   scripts/gpu_check.sh --dry-run [OUTDIR]   the same sequence at tiny size on CPU (fp32, no fla, no wheels)
+# Three commands for a lent GPU machine (one H100, no registry, each one device call under 10 minutes): install
+# the carried wheels offline, then run one part of scripts/gpu_check.py's stages into OUTDIR/report.md and
+# OUTDIR/logs.tar.gz: 1 = GPU tests and training-step MFU, 2 = train.py through every one-GPU launch config
+# with a resume, 3 = attention and generation benchmarks. `make gpu-wheels` fills .whl/ (carry it); see
+# docs/performance.md, "On a GPU machine".
+#   scripts/gpu_check.sh --part N [OUTDIR]    N in 1 2 3; OUTDIR: default $OUT
+#   scripts/gpu_check.sh --dry-run [OUTDIR]   every stage at tiny size on CPU (fp32, no fla, no wheels)
 # Environment: PYTHON (default python3), SITE (wheel install target, default /tmp/isollm-site).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PYTHON=${PYTHON:-python3}
 mode=()
-if [[ "${1:-}" == "--dry-run" ]]; then mode=(--dry-run); shift; fi
+if [[ "${1:-}" == "--dry-run" ]]; then mode=(--dry-run); shift
+elif [[ "${1:-}" == "--part" ]]; then mode=(--part "${2:-}"); shift 2
+else echo "gpu_check.sh: error: give --part 1|2|3 (one device call each) or --dry-run" >&2; exit 2; fi
 OUTDIR=${1:-${OUT:-}}
 if [[ -z "$OUTDIR" ]]; then echo "gpu_check.sh: error: give OUTDIR or set \$OUT" >&2; exit 2; fi
 
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
-if [[ ${#mode[@]} -eq 0 ]]; then
+if [[ "${mode[0]}" == "--part" ]]; then
     shopt -s nullglob
     wheels=(.whl/*.whl)
     if [[ ${#wheels[@]} -eq 0 ]]; then

@@ -25,7 +25,18 @@ from torch import nn
 from torch.distributed.fsdp import FSDPModule, FullyShardedDataParallel
 from torch.nn.parallel import DistributedDataParallel
 
-__all__ = ["engine_in_use", "engine_mismatch", "engine_requested"]
+__all__ = ["engine_in_use", "engine_mismatch", "engine_requested", "set_deepspeed_micro_batch"]
+
+
+def set_deepspeed_micro_batch(accelerator: Accelerator, micro_batch_size: int) -> None:
+    """Give a DeepSpeed launch its ``train_micro_batch_size_per_gpu`` before ``accelerator.prepare``.
+
+    launch/deepspeed/*.json leave it "auto", which Accelerate fills from the ``batch_size`` of a dataloader
+    passed to ``prepare``; the trainer's loader is not prepared (it shards windows itself), so without this
+    ``prepare`` refuses the run (found on the first GPU check: on CPU Accelerate drops the plugin)."""
+    plugin = accelerator.state.deepspeed_plugin
+    if plugin is not None:
+        plugin.deepspeed_config["train_micro_batch_size_per_gpu"] = micro_batch_size
 
 
 def _fsdp2_name(reshard_after_forward: bool) -> str:

@@ -73,7 +73,7 @@ from llm.train.distributed import (
     is_main_process,
     rank_and_world_size,
 )
-from llm.train.engine import engine_in_use, engine_mismatch, engine_requested
+from llm.train.engine import engine_in_use, engine_mismatch, engine_requested, set_deepspeed_micro_batch
 from llm.train.evaluate import evaluate
 from llm.train.lock import RunLock, RunLockedError
 from llm.train.logging import MetricsLog, ProgressBar, drop_tracker, main_print, peak_memory, truncate_metrics
@@ -458,6 +458,7 @@ def _setup(config: RunConfig, teardown: ExitStack) -> _Run:
     optimizer = build_optimizer(model, config)
     scheduler = build_scheduler(optimizer, config, max_steps)
     loader, val_windows = build_data(config, tokenizer, accelerator, rank, world_size)
+    set_deepspeed_micro_batch(accelerator, config.train.micro_batch_size)
     model, optimizer, scheduler = accelerator.prepare(model, optimizer, scheduler)
     train_model = torch.compile(model) if config.train.compile else model
     engine, asked_engine = engine_in_use(model, accelerator), engine_requested()

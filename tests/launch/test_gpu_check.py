@@ -58,6 +58,29 @@ def test_needs_an_output_folder() -> None:
     assert done.returncode == 2 and "OUTDIR" in done.stderr
 
 
+def test_gpu_mode_needs_a_part(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The whole GPU check does not fit one 10-minute device call: each call names its part."""
+    done = subprocess.run(["bash", str(SCRIPT), str(tmp_path)], cwd=REPO, capture_output=True, text=True,
+                          timeout=60, check=False)
+    assert done.returncode == 2 and "--part 1|2|3" in done.stderr
+    monkeypatch.syspath_prepend(str(REPO / "scripts"))  # gpu_check imports gpu_runs as a sibling
+    module = gpu_check_module()
+    assert [s for part in module.PARTS.values() for s in part if s != "env"] == [
+        s for s in module.Check.STAGES if s != "env"]  # every stage in exactly one part
+    for stages in module.PARTS.values():  # each part within one call's budget
+        assert sum(module.GPU.boxes[s] for s in stages) <= module.GPU.budget_s
+
+
+def gpu_check_module():
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("gpu_check", REPO / "scripts" / "gpu_check.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
 def gpu_runs_module():
     import importlib.util
 

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 import torch
+import torch.nn.functional as F
 
 from llm.model.attention import ATTN_SCORING_REGISTRY, IsoTanhScoring, SoftmaxScoring
 from llm.model.config import ModelConfig
@@ -400,3 +401,21 @@ def test_module_cache_continues_sequence(name: str) -> None:
         out, past = scoring(q[:, :, lo:hi], k[:, :, lo:hi], v[:, :, lo:hi], past=past, use_cache=True)
         outs.append(out)
     torch.testing.assert_close(torch.cat(outs, dim=2), whole, **EXACT)
+
+
+def test_softmax_decoding_leaves_out_cudnn(monkeypatch: pytest.MonkeyPatch) -> None:
+    """One-token decoding runs SDPA with cuDNN disabled (a new execution plan per key length on GPU); the
+    prefill keeps the default choice. The backend flags are global, so this is observable on CPU."""
+    seen: list[tuple[int, bool]] = []
+    sdpa = F.scaled_dot_product_attention
+
+    def recording(q: torch.Tensor, *args: object, **kwargs: object) -> torch.Tensor:
+        seen.append((q.shape[2], torch.backends.cuda.cudnn_sdp_enabled()))
+        return sdpa(q, *args, **kwargs)
+
+    monkeypatch.setattr(F, "scaled_dot_product_attention", recording)
+    scoring = SoftmaxScoring(config())
+    q, k, v = make_qkv(12)
+    _, past = scoring(q[:, :, :11], k[:, :, :11], v[:, :, :11], use_cache=True)
+    scoring(q[:, :, 11:], k[:, :, 11:], v[:, :, 11:], past=past, use_cache=True)
+    assert seen == [(11, torch.backends.cuda.cudnn_sdp_enabled()), (1, False)]

@@ -16,8 +16,9 @@ from torch import nn
 from torch.distributed.fsdp import fully_shard
 from torch.nn.parallel import DistributedDataParallel
 
-from llm.train.engine import engine_in_use, engine_mismatch, engine_requested
+from llm.train.engine import engine_in_use, engine_mismatch, engine_requested, set_deepspeed_micro_batch
 
+REPO = Path(__file__).resolve().parents[2]
 FSDP2_ENV = {"ACCELERATE_USE_FSDP": "true", "FSDP_VERSION": "2", "FSDP_RESHARD_AFTER_FORWARD": "true"}
 
 
@@ -79,3 +80,16 @@ def test_environment_is_read_by_default(monkeypatch: pytest.MonkeyPatch) -> None
     monkeypatch.setenv("ACCELERATE_USE_FSDP", "true")
     monkeypatch.setenv("FSDP_VERSION", "2")
     assert engine_requested() == "fsdp2-full_shard"
+
+
+@pytest.mark.parametrize("stage", [2, 3])
+def test_deepspeed_launch_gets_the_micro_batch_before_prepare(stage: int) -> None:
+    """launch/deepspeed/*.json leave the micro batch "auto", which Accelerate fills only from a prepared
+    dataloader; the trainer's is not, so without this ``prepare`` refused every DeepSpeed run on GPU."""
+    from accelerate.utils import DeepSpeedPlugin
+
+    plugin = DeepSpeedPlugin(hf_ds_config=str(REPO / "launch" / "deepspeed" / f"zero{stage}.json"))
+    assert plugin.is_auto("train_micro_batch_size_per_gpu")
+    set_deepspeed_micro_batch(stub_accelerator(DistributedType.DEEPSPEED, deepspeed_plugin=plugin), 6)
+    assert plugin.get_value("train_micro_batch_size_per_gpu") == 6
+    set_deepspeed_micro_batch(stub_accelerator(DistributedType.MULTI_CPU, deepspeed_plugin=None), 6)  # no-op
