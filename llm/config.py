@@ -21,9 +21,15 @@ from omegaconf.errors import OmegaConfBaseException
 from llm.model.config import ConfigError, ModelConfig, check_choice, upgrade_saved
 
 __all__ = [
-    "ConfigError", "DataConfig", "ModelConfig", "RunConfig", "TrainConfig", "flatten", "load_config", "read_saved",
-    "read_yaml", "save_config",
+    "FORMAT_NAMES", "ConfigError", "DataConfig", "ModelConfig", "RunConfig", "TrainConfig", "flatten", "load_config",
+    "read_saved", "read_yaml", "save_config",
 ]
+
+
+FORMAT_NAMES = {"text": "text", "parquet": "parquet", "jsonl": "json", "json": "json"}
+"""``data.format`` -> how its documents are read (llm.data.sources), for local files whatever their suffix
+(WikiText-2's ``wiki.test.raw`` is text). Here, so that the config validates it without importing the data
+layer."""
 
 
 @dataclass
@@ -84,8 +90,6 @@ class DataConfig:
     """Sleep before retry k (1-based) is ``retry_backoff_s * 2**(k - 1)``: 1+2+4+8+16 s over the defaults."""
 
     def validate(self) -> DataConfig:
-        from llm.data.sources import FORMAT_NAMES
-
         if self.format is not None:
             check_choice("format", self.format, FORMAT_NAMES)
         for name in ("seq_len", "shuffle_block", "val_bucket", "val_tokens", "tokenize_batch", "max_doc_chars"):

@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from llm.config import DataConfig
+from llm.config import FORMAT_NAMES, DataConfig
 from llm.data.errors import DataError, DataWarning
 from llm.data.footers import Footer, footers
 
@@ -42,9 +42,6 @@ __all__ = [
 
 FORMATS = {".parquet": "parquet", ".jsonl": "json", ".json": "json", ".txt": "text"}
 """File suffix -> how its documents are read."""
-FORMAT_NAMES = {"text": "text", "parquet": "parquet", "jsonl": "json", "json": "json"}
-"""``data.format`` -> how its documents are read, for local files whatever their suffix (WikiText-2's
-``wiki.test.raw`` is text)."""
 TEXT_TYPES = ("string", "large_string")
 """Arrow types a parquet text column may have."""
 
