@@ -50,7 +50,8 @@ def main(argv: list[str] | None = None) -> int:
     except (ConfigError, FileNotFoundError) as err:
         _report(err)
         return 2
-    from llm.train.trainer import TrainingError, fit  # heavy imports after the arguments are known good
+    from llm.train.step import TrainingError  # heavy imports after the arguments are known good
+    from llm.train.trainer import fit
 
     try:
         fit(config)

@@ -14,7 +14,7 @@ tens of thousands for FineWeb, per process. What the footers say (a ``Footer``) 
   read back or match its checksum is ignored with a warning and rewritten, one that cannot be written is
   skipped with a warning.
 
-A distributed job lists in its main process first (``llm.train.trainer.build_data``), so the other ranks find the
+A distributed job lists in its main process first (``llm.train.setup.build_data``), so the other ranks find the
 cache warm; DataLoader workers receive the pieces with their dataset and list nothing.
 """
 

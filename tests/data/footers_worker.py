@@ -18,7 +18,7 @@ from accelerate import Accelerator
 import llm.data.footers as footers
 from llm.config import load_config
 from llm.data import load_tokenizer
-from llm.train.trainer import build_data
+from llm.train.setup import build_data
 
 
 def main() -> None:

@@ -17,13 +17,14 @@ import sys
 import threading
 import time
 
+import llm.train.setup as setup
 import llm.train.trainer as trainer
 from llm.cli.train import main
 from llm.errors import one_line_warnings
 
 
 def inject(fault: str, rank: int) -> None:
-    real_accum, real_step = trainer.gradient_accumulation_steps, trainer.train_step
+    real_accum, real_step = setup.gradient_accumulation_steps, trainer.train_step
     steps = {"n": 0}
 
     def train_step(model, batches, *args, **kwargs):
@@ -38,7 +39,7 @@ def inject(fault: str, rank: int) -> None:
 
     trainer.train_step = train_step
     if fault == "disagree" and rank == 1:
-        trainer.gradient_accumulation_steps = lambda config, world: real_accum(config, world) + 1
+        setup.gradient_accumulation_steps = lambda config, world: real_accum(config, world) + 1
     if fault == "tracker" and rank == 0:
         from accelerate.tracking import TensorBoardTracker
 

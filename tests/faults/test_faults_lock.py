@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 from tiny import metrics_rows, start_train_py
 
-import llm.train.trainer as trainer
+import llm.train.setup as setup
 from llm.cli.train import main
 from llm.train.lock import LOCK_FILE, RunLock, RunLockedError
 
@@ -106,7 +106,7 @@ def test_train_py_on_a_locked_run_is_one_line_exit_2(run_overrides: list[str], t
     def load_tokenizer(spec):
         raise AssertionError("the tokenizer was loaded before the lock was refused")
 
-    monkeypatch.setattr(trainer, "load_tokenizer", load_tokenizer)  # refused before any setup work
+    monkeypatch.setattr(setup, "load_tokenizer", load_tokenizer)  # refused before any setup work
     assert main([*run_overrides, "name=x", "train.max_steps=2", "resume=true"]) == 2
     lines = [line for line in capsys.readouterr().err.splitlines() if line.startswith("error:")]
     assert lines == [f"error: name: {run_dir} is in use by pid {live_pid} on {HOST} ({lock}); wait for that run "

@@ -19,7 +19,7 @@ from llm.cli.eval import main as eval_main
 from llm.cli.train import main
 from llm.config import load_config
 from llm.metrics.layers import ISOTROPY_KEYS, layer_report
-from llm.train.trainer import build_model
+from llm.train.setup import build_model
 
 
 def _errors(err: str) -> list[str]:

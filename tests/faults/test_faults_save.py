@@ -27,6 +27,7 @@ from write_fail_worker import failing_write_line
 
 import llm.train.checkpoint as checkpoint
 import llm.train.checkpoint_files as checkpoint_files
+import llm.train.setup as setup
 import llm.train.trainer as trainer
 from llm.cli.train import main
 from llm.train.checkpoint_files import verify_checkpoint
@@ -165,7 +166,7 @@ def test_resume_while_the_disk_is_still_full_is_one_line(run_overrides: list[str
     def save_config(config, path):
         raise OSError(errno.ENOSPC, "No space left on device", str(path))
 
-    monkeypatch.setattr(trainer, "save_config", save_config)
+    monkeypatch.setattr(setup, "save_config", save_config)
     capsys.readouterr()
     assert main([*args, "train.max_steps=4", "resume=true"]) == 1
     err = capsys.readouterr().err

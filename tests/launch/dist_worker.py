@@ -38,7 +38,8 @@ from llm.metrics.gradnorm import GroupGradNorms, grad_norm_groups
 from llm.train.deepspeed_step import deepspeed_backward
 from llm.train.distributed import rank_and_world_size
 from llm.train.optim import build_optimizer, build_scheduler, multiplier_of
-from llm.train.trainer import build_model, gradient_accumulation_steps, train_step
+from llm.train.setup import build_model
+from llm.train.step import gradient_accumulation_steps, train_step
 
 STEPS = 3
 LR = 3e-3

@@ -116,7 +116,7 @@ def test_group_norms_split_the_global_norm(variant: dict) -> None:
     from llm.metrics.gradnorm import GroupGradNorms, grad_norm_groups
     from llm.model.config import ModelConfig
     from llm.train.optim import multiplier_of
-    from llm.train.trainer import build_model
+    from llm.train.setup import build_model
 
     torch.manual_seed(0)
     model = build_model(ModelConfig(vocab_size=128, hidden_size=32, intermediate_size=64, num_hidden_layers=2,

@@ -16,7 +16,8 @@ import llm.train.checkpoint as checkpoint
 from llm.config import load_config, save_config
 from llm.model import IsoLLMForCausalLM
 from llm.train.checkpoint_files import CheckpointError, CheckpointWarning, latest_checkpoint, verify_checkpoint
-from llm.train.trainer import build_model, fit
+from llm.train.setup import build_model
+from llm.train.trainer import fit
 
 
 def test_keep_k_pointer_and_truncated_checkpoint_fallback(tiny_config) -> None:

@@ -14,11 +14,13 @@ from accelerate.tracking import TensorBoardTracker
 from tiny import assert_same_weights, checkpoint_weights, metrics_rows, trajectory
 
 import llm.model.lm_head as lm_head
+import llm.train.setup as setup
 import llm.train.trainer as trainer
 from llm.model.config import ConfigError
 from llm.train.lock import RunLock
 from llm.train.logging import MetricsLog, ProgressBar
-from llm.train.trainer import TrainingError, fit
+from llm.train.step import TrainingError
+from llm.train.trainer import fit
 
 TRAIN_KEYS = {"kind", "step", "tokens", "loss", "ppl", "lr", "grad_norm", "grad_norm_var_rolling",
               "grad_norm_cv_rolling", "grad_norm_var_run", "grad_norm_cv_run", "grad_norm_nonfinite",
@@ -193,7 +195,7 @@ def test_everything_acquired_is_released_once(failure: str | None, released: dic
         raise RuntimeError("injected")
 
     if failure == "setup":
-        monkeypatch.setattr(trainer, "flops_per_token", injected)
+        monkeypatch.setattr(setup, "flops_per_token", injected)
     elif failure == "loop":
         monkeypatch.setattr(trainer, "train_step", injected)
     handler = signal.getsignal(signal.SIGTERM)

@@ -13,7 +13,7 @@ from llm.config import RunConfig, load_config
 from llm.model import IsoLLMForCausalLM
 from llm.model.modeling_isollm import MUP_HIDDEN_MATRICES
 from llm.train.optim import build_optimizer, param_groups
-from llm.train.trainer import build_model
+from llm.train.setup import build_model
 
 VOCAB, SEQ, BATCH, BASE = 256, 32, 8, 64
 

@@ -10,7 +10,8 @@ import torch
 from llm.config import load_config
 from llm.model.config import ConfigError
 from llm.train.optim import build_optimizer, build_scheduler, lr_lambda, param_groups
-from llm.train.trainer import build_model, gradient_accumulation_steps, resolve_max_steps
+from llm.train.setup import build_model, resolve_max_steps
+from llm.train.step import gradient_accumulation_steps
 
 
 @pytest.fixture

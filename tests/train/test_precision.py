@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from llm.config import RunConfig, TrainConfig
-from llm.train.trainer import _mixed_precision
+from llm.train.setup import _mixed_precision
 
 
 @pytest.mark.parametrize(("precision", "device_type", "dtype", "accelerate"), [

@@ -16,7 +16,8 @@ from llm.config import load_config
 from llm.metrics.gradnorm import GroupGradNorms, grad_norm_groups
 from llm.train.evaluate import evaluate
 from llm.train.optim import multiplier_of
-from llm.train.trainer import build_model, train_step
+from llm.train.setup import build_model
+from llm.train.step import train_step
 
 
 @pytest.fixture

@@ -1,0 +1,331 @@
+"""Building a run for the loop (``setup_run``): the Accelerator and its process group, the run directory's lock,
+tokenizer, model, optimizer, data, resume, trackers and metrics.jsonl, each registered for release as soon as it
+is acquired; and ``Run``, what the loop advances, with its checkpoint and evaluation.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterator
+from contextlib import ExitStack
+from dataclasses import asdict, dataclass
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from accelerate import Accelerator
+from accelerate.utils import InitProcessGroupKwargs, ProjectConfiguration, set_seed
+from tokenizers import Tokenizer
+from torch import nn
+
+from llm.config import RunConfig, flatten, save_config
+from llm.data import TrainLoader, build_train_loader, build_val_windows, eos_id, load_tokenizer
+from llm.data.packing import model_inputs
+from llm.errors import one_line
+from llm.metrics.flops import flops_per_token, peak_flops
+from llm.metrics.gradnorm import GradNormTracker, GroupGradNorms, grad_norm_groups
+from llm.metrics.layers import layer_report
+from llm.model import IsoLLMConfig, IsoLLMForCausalLM, param_counts
+from llm.model.config import ConfigError, ModelConfig
+from llm.train.checkpoint import resume_checkpoint, save_checkpoint
+from llm.train.checkpoint_files import checkpoint_names, has_checkpoints
+from llm.train.distributed import disagreement, gather_messages, is_distributed, is_main_process, rank_and_world_size
+from llm.train.engine import engine_in_use, engine_mismatch, engine_requested, set_deepspeed_micro_batch
+from llm.train.evaluate import evaluate
+from llm.train.lock import RunLock, RunLockedError
+from llm.train.logging import MetricsLog, ProgressBar, drop_tracker, main_print, truncate_metrics
+from llm.train.optim import build_optimizer, build_scheduler, multiplier_of, schedule_warnings
+from llm.train.step import TrainingError, gradient_accumulation_steps
+
+__all__ = ["Run", "TrainerState", "build_data", "build_model", "resolve_max_steps", "setup_run"]
+
+
+@dataclass
+class TrainerState:
+    """Counters saved in every checkpoint's trainer.json."""
+
+    step: int = 0
+    tokens: int = 0
+    skipped_steps: int = 0
+    consecutive_bad_steps: int = 0
+
+
+def resolve_max_steps(config: RunConfig) -> int:
+    """``train.max_steps``, or enough steps to consume ``train.max_tokens`` (rounded up)."""
+    t = config.train
+    return t.max_steps or math.ceil(t.max_tokens / t.global_batch_tokens)
+
+
+def build_model(model_cfg: ModelConfig) -> IsoLLMForCausalLM:
+    """The decoder of ``model_cfg``, initialised from the current torch RNG state."""
+    return IsoLLMForCausalLM(IsoLLMConfig.from_model_config(model_cfg))
+
+
+def _mixed_precision(config: RunConfig, device_type: str) -> str:
+    """Accelerate's mixed_precision for ``TrainConfig.autocast_dtype``."""
+    return "no" if config.train.autocast_dtype(device_type) is None else "bf16"
+
+
+def _flat_hparams(config: RunConfig) -> dict[str, Any]:
+    """Tracker-friendly config: dotted keys, scalars only (TensorBoard's hparams reject lists/None)."""
+    return {key: value if isinstance(value, (int, float, str, bool)) else str(value)
+            for key, value in flatten(asdict(config)).items()}
+
+
+def _print_params(model_cfg: ModelConfig) -> tuple[int, int]:
+    total, non_embedding = param_counts(model_cfg)
+    message = f"params: {total:,} total, {non_embedding:,} non-embedding ({model_cfg.variant_name})"
+    if model_cfg.ffn != "swiglu":
+        ref_total, ref_non_embedding = param_counts(model_cfg.with_variant(ffn="swiglu"))
+        message += f"; swiglu at this size: {ref_total:,} total, {ref_non_embedding:,} non-embedding"
+    main_print(message)
+    return total, non_embedding
+
+
+def _lock_run_dir(run_dir: Path) -> RunLock | None:
+    """The main process takes the run directory's lock. Another live run holding it is the same one-line
+    ``ConfigError`` on every rank, naming the holder (exit 2: choose another name or wait); a lock file that
+    cannot be written (a full disk) is the same ``TrainingError`` on every rank (exit 1, as other failed writes).
+    Returns the lock on the main process, None elsewhere."""
+    lock, error = None, None
+    if is_main_process():
+        try:
+            lock = RunLock.acquire(run_dir)
+        except RunLockedError as err:
+            error = ("held", str(err))
+        except OSError as err:
+            error = ("write", f"could not create the lock of {run_dir} ({one_line(err)})")
+    errors = gather_messages(error)
+    if errors:
+        kind, message = errors[0]
+        raise ConfigError("name", message) if kind == "held" else TrainingError(message)
+    return lock
+
+
+def _resume(config: RunConfig, ckpt_dir: Path, accelerator: Accelerator,
+            loader: Any) -> tuple[Path | None, dict | None]:
+    """Load the newest usable checkpoint (``resume_checkpoint``); return it and its trainer.json, or
+    ``(None, None)`` to start at step 0. ``resume=true`` refuses to start over checkpoints that all failed to
+    verify or load (history would be overwritten); ``resume=restart`` starts from step 0 then."""
+    resume_from, saved = (resume_checkpoint(ckpt_dir, accelerator=accelerator, loader=loader, config=config)
+                          if config.resume else (None, None))
+    if saved is not None:
+        main_print(f"resumed from {resume_from} at step {saved['state']['step']}")
+    elif config.resume is True and has_checkpoints(ckpt_dir):
+        raise ConfigError("resume", f"no usable checkpoint in {ckpt_dir} (found {', '.join(checkpoint_names(ckpt_dir))}"
+                                    f"; each skipped, see the warnings): not starting over them; repair or move "
+                                    f"them, or pass resume=restart to start from step 0")
+    elif config.resume:
+        main_print(f"resume={config.resume} but {ckpt_dir} holds no usable checkpoint: starting from step 0")
+    return resume_from, saved
+
+
+def _prepare_run_dir(config: RunConfig, step: int) -> None:
+    """config.yaml, and metrics.jsonl cut back to ``step``; a failed write (a full disk) is one
+    ``TrainingError`` on every rank."""
+    error = None
+    if is_main_process():
+        try:
+            save_config(config, config.run_dir / "config.yaml")
+            truncate_metrics(config.run_dir / "metrics.jsonl", step)
+        except OSError as err:
+            error = f"could not write to {config.run_dir} ({one_line(err)}); nothing in it was changed"
+    errors = gather_messages(error)
+    if errors:
+        raise TrainingError(errors[0])
+
+
+def build_data(config: RunConfig, tokenizer: Tokenizer, accelerator: Accelerator, rank: int, world_size: int
+               ) -> tuple[TrainLoader, torch.Tensor]:
+    """This rank's training loader and the validation windows. The main process builds them first, listing the
+    source's files (every parquet footer) and materialising the validation set into ``data.cache_dir``; the
+    other ranks then read both from there instead of each reading every footer and the validation documents."""
+    with accelerator.main_process_first():
+        loader = build_train_loader(config.data, tokenizer, config.train.micro_batch_size, rank, world_size)
+        return loader, build_val_windows(config.data, tokenizer)
+
+
+def _leave_process_group(accelerator: Accelerator, *, failed: bool) -> None:
+    """Destroy the process group (gloo otherwise aborts at interpreter exit in about 1 run in 4, seen on CPU),
+    after a barrier when the run ended normally. Not after a failure: a rank that failed alone would meet the
+    other ranks' next collective with its barrier and hang."""
+    if not is_distributed():
+        return
+    if not failed:
+        accelerator.wait_for_everyone()
+    dist.destroy_process_group()
+
+
+def _finish_trackers(accelerator: Accelerator) -> None:
+    """``Accelerator.end_training`` without its destroy of the process group: the trackers write into the run
+    directory, so they finish before the lock is released, and the process group is left last. A tracker that
+    cannot finish is dropped with a warning (``drop_tracker``)."""
+    for tracker in list(accelerator.trackers):
+        try:
+            tracker.finish()
+        except Exception as err:  # TensorBoard raises OSError, W&B its own types
+            drop_tracker(accelerator, tracker, f"could not finish ({one_line(err)})")
+
+
+@dataclass
+class Run:
+    """What ``setup_run`` built for the loop: the prepared model and optimizer, the data, the log, and the
+    counters the loop advances (``state``, the grad-norm trackers, ``last_checkpoint``)."""
+
+    config: RunConfig
+    accelerator: Accelerator
+    model: nn.Module
+    """As prepared by Accelerate: what checkpoints save and the isotropy report reads."""
+    train_model: nn.Module
+    """``model``, compiled when ``train.compile``: what the steps and evaluations run."""
+    optimizer: torch.optim.Optimizer
+    scheduler: Any
+    tokenizer: Tokenizer
+    loader: TrainLoader
+    batches: Iterator[torch.Tensor]
+    val_windows: torch.Tensor
+    val_batch: torch.Tensor
+    """The fixed isotropy batch: the first ``micro_batch_size`` validation windows."""
+    document_eos: int | None
+    """The EOS id that separates masked documents (``data.document_masking``), or None."""
+    log: MetricsLog
+    state: TrainerState
+    grad_norms: GradNormTracker
+    group_grad_norms: GroupGradNorms
+    engine: str
+    accum: int
+    max_steps: int
+    flops_per_token: float
+    peak_flops: float
+    """Of all ranks together."""
+    last_checkpoint: Path | None
+
+    def stop_on_log_failure(self) -> None:
+        """Raise the same ``TrainingError`` on every rank when rank 0 could not write metrics.jsonl. A collective:
+        every rank calls it at the same point."""
+        errors = gather_messages(self.log.failure)
+        if errors:
+            raise TrainingError(f"{errors[0]}; the rows and checkpoints written before it are intact (last "
+                                f"checkpoint: {self.last_checkpoint or 'none'})")
+
+    def checkpoint(self) -> Path:
+        """Save the current step, once every rank knows that its metrics rows were written: a checkpoint past
+        a lost row would make a resumed run skip that row."""
+        self.stop_on_log_failure()
+        trainer_state = {"state": asdict(self.state), "grad_norm_tracker": self.grad_norms.state_dict(),
+                         "group_grad_norms": self.group_grad_norms.state_dict(), "engine": self.engine}
+        self.last_checkpoint = save_checkpoint(
+            self.config.run_dir / "checkpoints", self.state.step, accelerator=self.accelerator, model=self.model,
+            tokenizer=self.tokenizer, config=self.config, trainer_state=trainer_state, loader=self.loader,
+            keep=self.config.train.keep_checkpoints)
+        return self.last_checkpoint
+
+    def evaluate_and_log(self, progress: ProgressBar) -> None:
+        train = self.config.train
+        metrics = evaluate(self.train_model, self.val_windows, train.micro_batch_size, self.document_eos)
+        isotropy_batch = model_inputs(self.val_batch, self.document_eos)
+        layers = layer_report(self.accelerator.unwrap_model(self.model), self.val_batch, train.isotropy_samples,
+                              seed=self.config.data.seed, position_ids=isotropy_batch.get("position_ids"))
+        self.log.log("eval", self.state.step, self.state.tokens, val_loss=metrics["val_loss"],
+                     val_ppl=metrics["val_ppl"], layers=layers)
+        progress.write(f"step {self.state.step}: val_loss {metrics['val_loss']:.4f}")
+
+
+def setup_run(config: RunConfig, teardown: ExitStack) -> Run:
+    """Build the run. Each resource is registered on ``teardown`` as soon as it is acquired (the process group,
+    the run directory's lock, the trackers, metrics.jsonl), so a failure anywhere releases what exists."""
+    run_dir, ckpt_dir = config.run_dir, config.run_dir / "checkpoints"
+    device_type = "cuda" if torch.cuda.is_available() else "cpu"
+    accelerator = Accelerator(
+        cpu=device_type == "cpu",
+        mixed_precision=_mixed_precision(config, device_type),
+        log_with=config.trackers or None,
+        project_config=ProjectConfiguration(project_dir=str(run_dir),
+                                            logging_dir=str(run_dir / "tensorboard")),
+        step_scheduler_with_optimizer=False,  # we step it once per optimizer step ourselves
+        kwargs_handlers=[InitProcessGroupKwargs(timeout=timedelta(seconds=config.train.collective_timeout_s))],
+    )
+    teardown.push(lambda exc_type, *_: _leave_process_group(accelerator, failed=exc_type is not None))
+    rank, world_size = rank_and_world_size()
+    accum = gradient_accumulation_steps(config, world_size)
+    accelerator.gradient_accumulation_steps = accum
+    lock = _lock_run_dir(run_dir)
+    if lock is not None:
+        teardown.callback(lock.release)
+    # Looked at only under the lock: a run of this name ending between an earlier look and the lock would leave
+    # checkpoints that this run, starting from step 0, would overwrite.
+    if not config.resume and has_checkpoints(ckpt_dir):
+        raise ConfigError("resume", f"{run_dir} already holds checkpoints; pass resume=true to continue "
+                                    f"that run or choose another name=")
+    max_steps = resolve_max_steps(config)
+    tokenizer = load_tokenizer(config.data.tokenizer)
+    vocab = tokenizer.get_vocab_size(with_added_tokens=True)
+    if config.model.vocab_size < vocab:
+        raise ConfigError("model.vocab_size", f"{config.model.vocab_size} is smaller than the tokenizer's "
+                                              f"{vocab} tokens")
+
+    set_seed(config.seed)
+    model = build_model(config.model)
+    if config.train.activation_checkpointing:  # before prepare: FSDP2's hooks then wrap the checkpointed layers
+        model.activation_checkpointing_enable(every_n_layers=config.train.activation_checkpointing)
+    optimizer = build_optimizer(model, config)
+    scheduler = build_scheduler(optimizer, config, max_steps)
+    loader, val_windows = build_data(config, tokenizer, accelerator, rank, world_size)
+    set_deepspeed_micro_batch(accelerator, config.train.micro_batch_size)
+    model, optimizer, scheduler = accelerator.prepare(model, optimizer, scheduler)
+    train_model = torch.compile(model) if config.train.compile else model
+    engine, asked_engine = engine_in_use(model, accelerator), engine_requested()
+    if (mismatch := engine_mismatch(asked_engine, engine)) is not None:
+        main_print(mismatch)
+
+    state = TrainerState()
+    grad_norms = GradNormTracker(config.train.grad_norm_window, config.train.warmup_steps)
+    unwrapped = accelerator.unwrap_model(model)
+    group_grad_norms = GroupGradNorms(grad_norm_groups(unwrapped, multiplier_of(unwrapped).keys()),
+                                      config.train.grad_norm_window, config.train.warmup_steps)
+    resume_from, saved = _resume(config, ckpt_dir, accelerator, loader)
+    if saved is not None:
+        state = TrainerState(**saved["state"])
+        # load_state restored Accelerate's micro-batch counter as the saved run counted it; with another number of
+        # processes the micro-batches per step differ, and the counter would put the gradient sync (and so the
+        # optimizer step) off the step boundary, ranks updating on unsynchronised gradients
+        accelerator.step = state.step * accum
+        grad_norms.load_state_dict(saved["grad_norm_tracker"])
+        group_grad_norms.load_state_dict(saved.get("group_grad_norms", {}))
+    _prepare_run_dir(config, state.step)
+    try:  # on the main process alone: a failure there must not leave the other ranks waiting
+        accelerator.init_trackers(config.wandb_project, config=_flat_hparams(config),
+                                  init_kwargs={"wandb": {"name": config.name, "dir": str(run_dir)}})
+    except Exception as err:  # TensorBoard raises OSError, W&B its own types
+        accelerator.trackers.clear()
+        main_print(f"warning: trackers {', '.join(config.trackers)} could not start ({one_line(err)}); training "
+                   f"without them (metrics.jsonl keeps every row)")
+    teardown.callback(_finish_trackers, accelerator)
+    log = MetricsLog(run_dir / "metrics.jsonl", accelerator)
+    teardown.callback(log.close)
+    for line in schedule_warnings(config, max_steps):
+        main_print(f"warning: {line}")
+    total, non_embedding = _print_params(config.model)
+    fpt = flops_per_token(config.model, config.data.seq_len)
+    log.log("meta", state.step, state.tokens, name=config.name, variant=config.model.variant_name,
+            seed=config.seed, params_total=total, params_non_embedding=non_embedding, flops_per_token=fpt,
+            world_size=world_size, grad_accum=accum, max_steps=max_steps,
+            mixed_precision=accelerator.mixed_precision, engine=engine, engine_requested=asked_engine,
+            resumed_from=str(resume_from) if resume_from else None, config=asdict(config))
+
+    device = accelerator.device
+    run = Run(
+        config=config, accelerator=accelerator, model=model, train_model=train_model, optimizer=optimizer,
+        scheduler=scheduler, tokenizer=tokenizer, loader=loader, val_windows=val_windows,
+        val_batch=val_windows[: config.train.micro_batch_size, :-1].to(device), batches=iter(loader), log=log,
+        document_eos=eos_id(tokenizer) if config.data.document_masking else None,
+        state=state, grad_norms=grad_norms, group_grad_norms=group_grad_norms, engine=engine, accum=accum,
+        max_steps=max_steps, flops_per_token=fpt,
+        peak_flops=peak_flops(device, config.train.autocast_dtype(device.type) or torch.float32) * world_size,
+        last_checkpoint=resume_from)
+    run.stop_on_log_failure()  # metrics.jsonl opened and its meta row written, or every rank stops here
+    if (mismatch := disagreement({"max_steps": max_steps, "start_step": state.step, "micro_batches": accum})):
+        raise TrainingError(mismatch)
+    return run
