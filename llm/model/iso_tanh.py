@@ -37,8 +37,9 @@ IsoTanhState = tuple[torch.Tensor, torch.Tensor]
 
 LinearAttention = Callable[..., tuple[torch.Tensor, torch.Tensor | None]]
 """fla's ``chunk_linear_attn`` signature: ``(q, k, v, scale, initial_state, output_final_state,
-normalize) -> (o, final_state)`` on ``[B, T, H, K]`` tensors, ``o_i = sum_{j<=i} scale (q_i.k_j) v_j``
-plus the initial state's contribution ``scale q_i^T state``."""
+normalize, cu_seqlens=None) -> (o, final_state)`` on ``[B, T, H, K]`` tensors, ``o_i = sum_{j<=i} scale (q_i.k_j)
+v_j`` plus the initial state's contribution ``scale q_i^T state``; with ``cu_seqlens`` (B = 1), the sum restarts
+at each cut."""
 
 
 @functools.cache
@@ -306,15 +307,20 @@ def iso_tanh_recurrent(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
 
 
 def iso_tanh_linear_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, state: IsoTanhState | None,
-                              linear_attn: LinearAttention) -> tuple[torch.Tensor, IsoTanhState]:
+                              linear_attn: LinearAttention, doc_starts: torch.Tensor | None = None
+                              ) -> tuple[torch.Tensor, IsoTanhState | None]:
     """iso_tanh through a linear-attention kernel ``LA_i(q, k, v) = sum_{j<=i} (q_i.k_j/sqrt(D)) v_j``.
 
     One call ``LA(q, k, [v | k])`` gives the numerator ``sum_j s_ij v_j`` and ``G_i q_i / sqrt(D)``,
     whence ``|s_i|^2 = q_i . LA(q, k, k)_i / sqrt(D)``. ``linear_attn`` is fla's ``chunk_linear_attn``
     on GPU; any function with its signature works (the tests pass a plain-torch one). Kernels want
     equal head counts, so k and v are expanded to the query heads and the state back to one per KV head.
+
+    ``doc_starts`` (``[B, T]`` bool, packed documents, no ``state``): the rows are flattened into one sequence
+    cut at every document start (the kernel's varlen ``cu_seqlens``, found with one host sync), so each
+    document's sums start from zero; the state returned is then None.
     """
-    b, h, hkv, _, d = check_qkv(q, k, v)
+    b, h, hkv, t, d = check_qkv(q, k, v)
     grp = h // hkv
     acc = _accumulation_dtype(q.dtype)
     init = None if state is None else _pack_state(state, b, hkv, d, q.new_empty(0, dtype=acc))
@@ -322,9 +328,22 @@ def iso_tanh_linear_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
         init = init.repeat_interleave(grp, dim=1)
     vk = torch.cat([v, k], dim=-1).repeat_interleave(grp, dim=1)
     k = vk[..., d:]  # the expanded keys, already in [v | k]
-    la, final = linear_attn(q.transpose(1, 2), k.transpose(1, 2), vk.transpose(1, 2), scale=d**-0.5,
-                            initial_state=init, output_final_state=True, normalize=False)
+    q_, k_, vk_ = (x.transpose(1, 2) for x in (q, k, vk))  # [B, T, H, *], the kernel's layout
+    if doc_starts is None:
+        la, final = linear_attn(q_, k_, vk_, scale=d**-0.5, initial_state=init, output_final_state=True,
+                                normalize=False)
+    else:
+        if state is not None:
+            raise ValueError("iso_tanh_linear_attention: packed documents (doc_starts) start from no state")
+        cuts = doc_starts.clone()
+        cuts[:, 0] = True  # every row starts a sequence of its own
+        cu_seqlens = F.pad(cuts.flatten().nonzero().flatten(), (0, 1), value=b * t)
+        la, final = linear_attn(*(x.reshape(1, b * t, *x.shape[2:]) for x in (q_, k_, vk_)), scale=d**-0.5,
+                                output_final_state=False, normalize=False, cu_seqlens=cu_seqlens)
+        la = la.view(b, t, h, 2 * d)
     la = la.transpose(1, 2).to(acc)  # [B, H, T, 2D]
     r2 = (q.to(acc) * la[..., d:]).sum(-1, keepdim=True) * d**-0.5
     out = _iso_tanh_gain(r2) * la[..., :d]
+    if final is None:
+        return out.to(q.dtype), None
     return out.to(q.dtype), _unpack_state(final.to(acc).view(b, hkv, grp, d, 2 * d)[:, :, 0])

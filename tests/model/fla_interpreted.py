@@ -3,7 +3,8 @@
 Run by ``test_attention.py`` in a fresh process with ``TRITON_INTERPRET=1``. It checks iso_tanh's
 mapping onto the kernel (layout, scale, carried state, GQA expansion, backward) against the fp64
 reference on machines without a GPU, and that zeroing padded queries and keys before the kernel
-gives each row of a padded batch its output alone. Two things the interpreter lacks are patched here: autotuning
+gives each row of a padded batch its output alone, and that packed documents cut into the kernel's varlen input
+(``cu_seqlens``) give each document its output alone. Two things the interpreter lacks are patched here: autotuning
 (it cannot time configs, so the first is taken) and loop counters as Triton scalars (fla calls
 ``i_t.to(tl.int64)`` on a ``range`` index, which the interpreter leaves a Python int).
 """
@@ -67,6 +68,26 @@ def check_padding() -> None:
     assert not out.transpose(1, 2)[~real].any()
 
 
+def check_documents() -> None:
+    """Packed documents (forward only): the rows flattened into fla's varlen input, cut at each document."""
+    kernel = fla_chunk_linear_attn()
+    gen = torch.Generator().manual_seed(1)
+    q, k, v = (0.5 * torch.randn(2, heads, T, D, generator=gen) for heads in (H, 2, 2))
+    lengths = [[30, 45, 25], [17, 83]]  # starts inside and across fla's 64-token chunks
+    starts = torch.zeros(2, T, dtype=torch.bool)
+    for row, row_lengths in enumerate(lengths):
+        starts[row, torch.tensor([0, *row_lengths[:-1]]).cumsum(0)] = True
+    out, state = iso_tanh_linear_attention(q, k, v, None, kernel, doc_starts=starts)
+    assert state is None
+    for row, row_lengths in enumerate(lengths):
+        start = 0
+        for n in row_lengths:
+            piece = slice(start, start + n)
+            alone = iso_tanh_naive(*(x[row : row + 1, :, piece].double() for x in (q, k, v)))
+            torch.testing.assert_close(out[row : row + 1, :, piece].double(), alone, rtol=1e-4, atol=1e-5)
+            start += n
+
+
 def main() -> None:
     assert os.environ.get("TRITON_INTERPRET") == "1", "run with TRITON_INTERPRET=1 (see the module docstring)"
     first_config = Autotuner.prune_configs
@@ -77,6 +98,8 @@ def main() -> None:
         print(f"hkv={hkv}: ok")
     check_padding()
     print("padding: ok")
+    check_documents()
+    print("documents: ok")
 
 
 if __name__ == "__main__":

@@ -5,10 +5,11 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.nn.functional as F
+from test_attention import torch_linear_attn
 from test_modeling import VARIANTS, VOCAB, build, tokens, variant_id
 from transformers import DataCollatorWithFlattening
 
-from llm.model.iso_tanh import iso_tanh_chunked, iso_tanh_naive
+from llm.model.iso_tanh import iso_tanh_chunked, iso_tanh_linear_attention, iso_tanh_naive
 
 ROWS = [[5, 1, 9, 3, 6], [4, 8, 2, 10]]
 """Document lengths per row (24 tokens each). With iso_tanh's chunk of 4: starts inside a chunk, two in one
@@ -61,15 +62,15 @@ def test_position_ids_that_never_restart_are_the_unpacked_forward():
         assert torch.equal(model(ids, position_ids=torch.arange(ids.shape[1])[None]).logits, model(ids).logits)
 
 
-@pytest.mark.parametrize("chunk", [1, 3, 4, 24])
-def test_chunked_iso_tanh_restarts_its_sums_at_every_document(chunk):
-    """The packed chunked form against the O(T^2) reference run on each document, fp64, GQA; the final state
-    is the last document's sums."""
+def packed_qkv() -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """fp64 q, k, v for ROWS (GQA: 4 query heads over 2 KV heads) and their document starts ``[B, T]``."""
     q, k, v = (torch.randn(2, heads, 24, 8, dtype=torch.float64, generator=torch.Generator().manual_seed(i))
                for i, heads in enumerate((4, 2, 2)))
     _, positions, _ = packed(ROWS)
-    starts = F.pad(positions[:, 1:] != positions[:, :-1] + 1, (1, 0), value=True)
-    out, (s, g) = iso_tanh_chunked(q, k, v, chunk, doc_starts=starts)
+    return q, k, v, F.pad(positions[:, 1:] != positions[:, :-1] + 1, (1, 0), value=True)
+
+
+def assert_each_document_alone(out: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
     for row, lengths in enumerate(ROWS):
         start = 0
         for n in lengths:
@@ -77,9 +78,38 @@ def test_chunked_iso_tanh_restarts_its_sums_at_every_document(chunk):
             want = iso_tanh_naive(q[row:row + 1, :, piece], k[row:row + 1, :, piece], v[row:row + 1, :, piece])
             torch.testing.assert_close(out[row:row + 1, :, piece], want, rtol=0, atol=1e-12)
             start += n
+
+
+@pytest.mark.parametrize("chunk", [1, 3, 4, 24])
+def test_chunked_iso_tanh_restarts_its_sums_at_every_document(chunk):
+    """The packed chunked form against the O(T^2) reference run on each document, fp64, GQA; the final state
+    is the last document's sums."""
+    q, k, v, starts = packed_qkv()
+    out, (s, g) = iso_tanh_chunked(q, k, v, chunk, doc_starts=starts)
+    assert_each_document_alone(out, q, k, v)
+    for row, lengths in enumerate(ROWS):
         last = k[row, :, 24 - lengths[-1]:]
         torch.testing.assert_close(g[row], last.transpose(-1, -2) @ last, rtol=0, atol=1e-12)
         torch.testing.assert_close(s[row], last.transpose(-1, -2) @ v[row, :, 24 - lengths[-1]:], rtol=0, atol=1e-12)
+
+
+def varlen_linear_attn(q, k, v, scale, initial_state=None, output_final_state=False, normalize=True,
+                       cu_seqlens=None):
+    """``torch_linear_attn`` run on each cut of ``cu_seqlens``, as fla's kernel treats varlen input (B = 1)."""
+    assert cu_seqlens is not None and q.shape[0] == 1 and initial_state is None and not output_final_state
+    bounds = cu_seqlens.tolist()
+    assert bounds[0] == 0 and bounds[-1] == q.shape[1] and bounds == sorted(set(bounds))
+    return torch.cat([torch_linear_attn(q[:, a:b], k[:, a:b], v[:, a:b], scale, normalize=normalize)[0]
+                      for a, b in zip(bounds, bounds[1:], strict=False)], dim=1), None
+
+
+def test_linear_attention_form_cuts_the_kernel_at_every_document():
+    """The GPU form's mapping onto fla's varlen input (rows flattened, one cut per document and per row) against
+    the reference on each document; fla's own kernel with these cuts: fla_interpreted.py."""
+    q, k, v, starts = packed_qkv()
+    out, state = iso_tanh_linear_attention(q, k, v, None, varlen_linear_attn, doc_starts=starts)
+    assert state is None
+    assert_each_document_alone(out, q, k, v)
 
 
 @pytest.mark.parametrize("variant", [dict(), dict(ffn="isogmlp", isogmlp_gate="causal_mean", attn_scoring="iso_tanh")],
