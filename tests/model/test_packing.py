@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from itertools import pairwise
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -100,7 +102,7 @@ def varlen_linear_attn(q, k, v, scale, initial_state=None, output_final_state=Fa
     bounds = cu_seqlens.tolist()
     assert bounds[0] == 0 and bounds[-1] == q.shape[1] and bounds == sorted(set(bounds))
     return torch.cat([torch_linear_attn(q[:, a:b], k[:, a:b], v[:, a:b], scale, normalize=normalize)[0]
-                      for a, b in zip(bounds, bounds[1:], strict=False)], dim=1), None
+                      for a, b in pairwise(bounds)], dim=1), None
 
 
 def test_linear_attention_form_cuts_the_kernel_at_every_document():
