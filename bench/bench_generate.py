@@ -20,15 +20,15 @@ import time
 from dataclasses import replace
 
 import torch
-from torch.utils._pytree import tree_leaves
 
 from llm.config import load_config
 from llm.model import IsoLLMCache, IsoLLMConfig, IsoLLMForCausalLM
 
 
 def cache_bytes(cache: IsoLLMCache) -> int:
-    return sum(t.numel() * t.element_size() for layer in cache.layers
-               for t in tree_leaves((layer.attention, layer.ffn)) if isinstance(t, torch.Tensor))
+    """Bytes of every tensor the cache holds: each layer's attention state (a tuple) and FFN state (a dict)."""
+    held = [t for layer in cache.layers for t in (*(layer.attention or ()), *layer.ffn.values())]
+    return sum(t.numel() * t.element_size() for t in held)
 
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}

@@ -52,9 +52,8 @@ def qwen3_twin(config: ModelConfig) -> Qwen3ForCausalLM:
         num_attention_heads=config.num_attention_heads, num_key_value_heads=config.num_key_value_heads,
         head_dim=config.resolved_head_dim, max_position_embeddings=config.max_position_embeddings,
         rms_norm_eps=config.rms_norm_eps, tie_word_embeddings=config.tie_word_embeddings,
-        rope_parameters={"rope_type": "default", "rope_theta": config.rope_theta},
+        rope_parameters={"rope_type": "default", "rope_theta": config.rope_theta}, attn_implementation="sdpa",
     )
-    hf._attn_implementation = "sdpa"
     return Qwen3ForCausalLM(hf)
 
 
