@@ -171,6 +171,16 @@ def main() -> None:
     model = build_model(config.model)
     if args.activation_checkpointing:  # as fit() does it: before DDP / fully_shard / deepspeed.initialize
         model.activation_checkpointing_enable(every_n_layers=args.activation_checkpointing)
+    if args.mode == "fsdp2" and world > 1:
+        from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
+        # bf16: FSDP2 casts the gathered weights to bf16 and reduces the gradients in fp32
+        policy = MixedPrecisionPolicy(param_dtype=torch.bfloat16 if args.bf16 else None,
+                                      reduce_dtype=torch.float32 if args.bf16 else None)
+        for layer in model.model.layers:  # the wrap unit of launch/accelerate/fsdp2.yaml
+            fully_shard(layer, mp_policy=policy)
+        fully_shard(model, mp_policy=policy)
+    # after fully_shard, which replaces the parameters with DTensor ones (the trainer builds it after prepare)
     grad_groups = GroupGradNorms(grad_norm_groups(model, multiplier_of(model).keys()), window=STEPS, warmup_steps=1)
 
     if args.reference is not None:
@@ -189,15 +199,6 @@ def main() -> None:
         run_step = lambda batches: deepspeed_step(engine, batches, grad_groups)  # noqa: E731
         module = engine.module
     else:
-        if args.mode == "fsdp2" and world > 1:
-            from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
-
-            # bf16: FSDP2 casts the gathered weights to bf16 and reduces the gradients in fp32
-            policy = MixedPrecisionPolicy(param_dtype=torch.bfloat16 if args.bf16 else None,
-                                          reduce_dtype=torch.float32 if args.bf16 else None)
-            for layer in model.model.layers:  # the wrap unit of launch/accelerate/fsdp2.yaml
-                fully_shard(layer, mp_policy=policy)
-            fully_shard(model, mp_policy=policy)
         optimizer = build_optimizer(model, config)
         scheduler = build_scheduler(optimizer, config, STEPS)
         if args.mode == "ddp":
