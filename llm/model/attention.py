@@ -132,9 +132,10 @@ class IsoTanhScoring(nn.Module):
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, past: IsoTanhState | None = None,
                 use_cache: bool = False, padding_mask: torch.Tensor | None = None,
                 doc_starts: torch.Tensor | None = None) -> tuple[torch.Tensor, IsoTanhState | None]:
+        kernel = self.linear_attn if q.is_cuda else None
         if doc_starts is not None:  # packed documents: each form restarts its sums at every document start
-            if q.is_cuda and self.linear_attn is not None and not use_cache:  # fla's varlen (cu_seqlens)
-                return iso_tanh_linear_attention(q, k, v, None, self.linear_attn, doc_starts)[0], None
+            if kernel is not None and not use_cache:  # fla's varlen input (cu_seqlens); it returns no state
+                return iso_tanh_linear_attention(q, k, v, None, kernel, doc_starts)[0], None
             out, state = iso_tanh_chunked(q, k, v, self.chunk_size, doc_starts=doc_starts)
             return out, (state if use_cache else None)
         if padding_mask is not None:  # the past's sums hold no padded key: only the new columns matter
@@ -142,8 +143,8 @@ class IsoTanhScoring(nn.Module):
             q, k = mask_padding(q, k, padding_mask[:, -q.shape[2]:])
         if past is not None and q.shape[2] == 1:
             out, state = iso_tanh_recurrent(q, k, v, past)
-        elif q.is_cuda and self.linear_attn is not None:
-            out, state = iso_tanh_linear_attention(q, k, v, past, self.linear_attn)
+        elif kernel is not None:
+            out, state = iso_tanh_linear_attention(q, k, v, past, kernel)
         else:
             out, state = iso_tanh_chunked(q, k, v, self.chunk_size, past)
         return out, (state if use_cache else None)

@@ -18,17 +18,22 @@ tests/launch/test_distributed.py runs a focus model under ZeRO-2 and ZeRO-3 agai
 
 from __future__ import annotations
 
+import sys
+import weakref
+
 import torch
 from torch import nn
 
 from llm.metrics.gradnorm import GroupGradNorms
+from llm.train.optim import clipped_modules
+
+_CLIPPED: weakref.WeakKeyDictionary[nn.Module, list[nn.Module]] = weakref.WeakKeyDictionary()
+"""``clipped_modules`` of each engine's model, found at its first step (not a walk over every module per step)."""
 
 
 def deepspeed_engine(model: nn.Module) -> nn.Module | None:
     """``model`` when it is a DeepSpeed engine (what ``accelerator.prepare`` returns under DeepSpeed), else None.
     DeepSpeed is imported only when it is already loaded: no other engine pays for its import."""
-    import sys
-
     if "deepspeed" not in sys.modules:
         return None
     from deepspeed import DeepSpeedEngine
@@ -37,22 +42,25 @@ def deepspeed_engine(model: nn.Module) -> nn.Module | None:
 
 
 def clip_focus_(model: nn.Module) -> None:
-    """Clip every ``CLIP_RANGES`` parameter of ``model`` (the focusing neuron's mu and sigma) in the engine's fp32
-    copy and in the model's own weight, after the engine's step. A collective: call on every rank."""
+    """Clip the focusing neuron's mu and sigma (each module's ``CLIP_RANGES``) in the engine's fp32 copy, then in
+    the model's own weight through the module's ``clip_parameters_``, after the engine's step. A collective: call
+    on every rank."""
     import deepspeed
     from deepspeed.utils import safe_get_full_fp32_param, safe_set_full_fp32_param
 
-    clipped = [(getattr(module, name), bounds) for module in model.modules()
-               for name, bounds in getattr(module, "CLIP_RANGES", {}).items()]
-    if not clipped:
+    if model not in _CLIPPED:
+        _CLIPPED[model] = clipped_modules(model)
+    modules = _CLIPPED[model]
+    if not modules:
         return
+    params = [(getattr(module, name), bounds) for module in modules for name, bounds in module.CLIP_RANGES.items()]
     with torch.no_grad():
-        for param, bounds in clipped:
+        for param, bounds in params:
             safe_set_full_fp32_param(param, safe_get_full_fp32_param(param).clamp(*bounds))
-        # ZeRO-1/2: every rank holds the whole weight and clips it; ZeRO-3: gathered, clipped, re-partitioned
-        with deepspeed.zero.GatheredParameters([param for param, _ in clipped], modifier_rank=0):
-            for param, bounds in clipped:
-                param.clamp_(*bounds)
+    # ZeRO-1/2: every rank holds the whole weight and clips it; ZeRO-3: gathered, clipped, re-partitioned
+    with deepspeed.zero.GatheredParameters([param for param, _ in params], modifier_rank=0):
+        for module in modules:
+            module.clip_parameters_()
 
 
 def deepspeed_backward(engine: nn.Module, loss: torch.Tensor, boundary: bool,

@@ -110,10 +110,16 @@ def build_optimizer(model: nn.Module, config: RunConfig) -> torch.optim.AdamW:
     t = config.train
     optimizer = torch.optim.AdamW(param_groups(model, config), lr=t.lr, betas=(t.beta1, t.beta2), eps=t.eps,
                                   fused=True)
-    clipped = [module for module in model.modules() if hasattr(module, "clip_parameters_")]
+    clipped = clipped_modules(model)
     if clipped:  # not a walk over every module at every step
         optimizer.register_step_post_hook(_clip_after_step(clipped))
     return optimizer
+
+
+def clipped_modules(model: nn.Module) -> list[nn.Module]:
+    """The modules of ``model`` whose parameters are clipped after every update (``clip_parameters_``: the
+    focusing neuron's Algorithm 3), found once per run by ``build_optimizer`` and llm/train/deepspeed_step.py."""
+    return [module for module in model.modules() if hasattr(module, "clip_parameters_")]
 
 
 def lr_lambda(warmup_steps: int, max_steps: int, min_lr_ratio: float) -> Callable[[int], float]:

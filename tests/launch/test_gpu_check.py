@@ -64,27 +64,18 @@ def test_gpu_mode_needs_a_part(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) 
                           timeout=60, check=False)
     assert done.returncode == 2 and "--part 1|2|3" in done.stderr
     monkeypatch.syspath_prepend(str(REPO / "scripts"))  # gpu_check imports gpu_runs as a sibling
-    module = gpu_check_module()
+    module = script_module("gpu_check")
     assert [s for part in module.PARTS.values() for s in part if s != "env"] == [
         s for s in module.Check.STAGES if s != "env"]  # every stage in exactly one part
     for stages in module.PARTS.values():  # each part within one call's budget
         assert sum(module.GPU.boxes[s] for s in stages) <= module.GPU.budget_s
 
 
-def gpu_check_module():
+def script_module(name: str):
+    """scripts/<name>.py as a module (scripts/ is not a package)."""
     import importlib.util
 
-    spec = importlib.util.spec_from_file_location("gpu_check", REPO / "scripts" / "gpu_check.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
-
-
-def gpu_runs_module():
-    import importlib.util
-
-    spec = importlib.util.spec_from_file_location("gpu_runs", REPO / "scripts" / "gpu_runs.py")
+    spec = importlib.util.spec_from_file_location(name, REPO / "scripts" / f"{name}.py")
     module = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = module  # dataclasses look their module up while the class is built
     spec.loader.exec_module(module)
@@ -94,7 +85,7 @@ def gpu_runs_module():
 def test_resume_check_needs_the_half_way_checkpoint_and_the_same_losses() -> None:
     """On CPU a run that found no checkpoint and trained from step 0 repeats the original's losses bitwise:
     only the meta row's ``resumed_from`` shows it did not resume."""
-    check = gpu_runs_module()
+    check = script_module("gpu_runs")
     losses = {step: 6.0 - step / 10 for step in range(1, 21)}
     original = check.Run({"resumed_from": None}, losses, {})
 
@@ -111,7 +102,7 @@ def test_resume_check_needs_the_half_way_checkpoint_and_the_same_losses() -> Non
 
 
 def test_loss_checks_fail_an_engine_whose_losses_drift() -> None:
-    check = gpu_runs_module()
+    check = script_module("gpu_runs")
     losses = {step: 6.0 - step / 10 for step in range(1, 21)}
     runs = {name: check.Run({}, dict(losses), {}) for name in ("ddp", "fsdp2", "deepspeed_zero3")}
     assert [ok for _, ok, _ in check.loss_checks(runs, (0.02, 0.02))] == [True, True]
