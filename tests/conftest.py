@@ -30,6 +30,19 @@ def fresh_accelerate_state():
     GradientState._reset_state()
 
 
+@pytest.fixture(autouse=True)
+def footer_caches_out_of_the_repo(monkeypatch: pytest.MonkeyPatch, tmp_path_factory: pytest.TempPathFactory):
+    """A test whose ``DataConfig`` keeps the default ``cache_dir`` (``data_cache``, relative to the repository
+    root the suite runs from) writes its footer cache under pytest's temporary folder instead."""
+    from llm.config import DataConfig
+    from llm.data import footers
+
+    real = footers.footer_cache_path
+    scratch = str(tmp_path_factory.getbasetemp() / "data_cache")
+    monkeypatch.setattr(footers, "footer_cache_path", lambda files, cache_dir: real(
+        files, scratch if cache_dir == DataConfig.cache_dir else cache_dir))
+
+
 @pytest.fixture(scope="session")
 def fineweb() -> Path:
     fineweb_files()

@@ -46,6 +46,12 @@ def main_print(message: str) -> None:
         print(message, flush=True)
 
 
+def main_warning(message: str) -> None:
+    """``warning: <message>`` on rank 0's stderr, where every other warning of the command lines goes."""
+    if is_main_process():
+        print(f"warning: {message}", file=sys.stderr, flush=True)
+
+
 def truncate_metrics(path: str | Path, step: int) -> None:
     """Drop the train/eval rows past ``step`` (logged by a run after its last checkpoint and about to
     be logged again by the resumed run), so each step appears once in the file; also drop a torn

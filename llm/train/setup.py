@@ -35,7 +35,7 @@ from llm.train.distributed import disagreement, gather_messages, is_distributed,
 from llm.train.engine import engine_in_use, engine_mismatch, engine_requested, set_deepspeed_micro_batch
 from llm.train.evaluate import evaluate
 from llm.train.lock import RunLock, RunLockedError
-from llm.train.logging import MetricsLog, ProgressBar, drop_tracker, main_print, truncate_metrics
+from llm.train.logging import MetricsLog, ProgressBar, drop_tracker, main_print, main_warning, truncate_metrics
 from llm.train.optim import build_optimizer, build_scheduler, multiplier_of, schedule_warnings
 from llm.train.step import TrainingError, gradient_accumulation_steps
 
@@ -300,13 +300,13 @@ def setup_run(config: RunConfig, teardown: ExitStack) -> Run:
                                   init_kwargs={"wandb": {"name": config.name, "dir": str(run_dir)}})
     except Exception as err:  # TensorBoard raises OSError, W&B its own types
         accelerator.trackers.clear()
-        main_print(f"warning: trackers {', '.join(config.trackers)} could not start ({one_line(err)}); training "
+        main_warning(f"trackers {', '.join(config.trackers)} could not start ({one_line(err)}); training "
                    f"without them (metrics.jsonl keeps every row)")
     teardown.callback(_finish_trackers, accelerator)
     log = MetricsLog(run_dir / "metrics.jsonl", accelerator)
     teardown.callback(log.close)
     for line in schedule_warnings(config, max_steps):
-        main_print(f"warning: {line}")
+        main_warning(line)
     total, non_embedding = _print_params(config.model)
     fpt = flops_per_token(config.model, config.data.seq_len)
     log.log("meta", state.step, state.tokens, name=config.name, variant=config.model.variant_name,

@@ -4,7 +4,9 @@ whose rows are each tested against the baseline of their size; losses follow a k
 from __future__ import annotations
 
 import csv
+import importlib.util
 import math
+import statistics
 from pathlib import Path
 
 import pytest
@@ -15,6 +17,8 @@ from llm.eval.compare import compare_runs
 from llm.eval.grouping import group_runs
 from llm.eval.runs import load_run
 from llm.eval.scaling import scaling_series
+
+REPO = Path(__file__).resolve().parents[2]
 
 # (hidden_size, num_hidden_layers) -> non-embedding parameters
 SIZES = {(64, 2): 1_000_000, (128, 4): 4_000_000, (256, 8): 16_000_000}
@@ -111,3 +115,21 @@ def test_document_masking_splits_rows(tmp_path: Path) -> None:
         "swiglu+softmax (data.document_masking=False)": ["maskFalse-s0", "maskFalse-s1", "old-s2"],
         "swiglu+softmax (data.document_masking=True)": ["maskTrue-s0", "maskTrue-s1"],
     }
+
+
+@pytest.mark.filterwarnings("ignore:Precision loss occurred:RuntimeWarning")  # the fake runs' identical norms
+def test_replication_stats_report_each_size_against_its_baseline(sizes_root: Path, capsys) -> None:
+    spec = importlib.util.spec_from_file_location("stats", REPO / "docs/results/replicate-cpu/stats.py")
+    stats = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(stats)
+    assert stats.main([str(sizes_root / "*")]) == 0
+    sections = capsys.readouterr().out.split("\n# ")
+    assert len(sections) == len(SIZES)
+    for section, ((hidden, layers), params) in zip(sections, sorted(SIZES.items()), strict=True):
+        assert f"model.hidden_size={hidden}, model.intermediate_size=" in section
+        assert f"model.num_hidden_layers={layers}" in section
+        row = next(line for line in section.splitlines() if line.startswith("| isogmlp+softmax | 3 |"))
+        delta = float(row.split("|")[4])
+        expected = statistics.fmean(_losses("isogmlp+softmax", params)) - statistics.fmean(
+            _losses("swiglu+softmax", params))
+        assert delta == pytest.approx(expected, abs=1e-4)

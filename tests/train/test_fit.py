@@ -208,3 +208,16 @@ def test_everything_acquired_is_released_once(failure: str | None, released: dic
     assert calls == released
     assert signal.getsignal(signal.SIGTERM) is handler
     assert not (config.run_dir / "run.lock").exists()
+
+
+def test_tracker_failure_warns_on_stderr_and_training_goes_on(tiny_config, monkeypatch, capsys) -> None:
+    def refuse(self, *args, **kwargs) -> None:
+        raise OSError("disk full")
+
+    monkeypatch.setattr(TensorBoardTracker, "__init__", refuse)
+    result = fit(tiny_config("train.max_steps=2", "train.eval_every=5", "trackers=[tensorboard]"))
+    captured = capsys.readouterr()
+    assert "warning: trackers tensorboard could not start (OSError: disk full); training without them" in captured.err
+    assert "train.eval_every=5 is longer than the run (2 steps)" in captured.err
+    assert "warning:" not in captured.out
+    assert result.step == 2 and len(metrics_rows(result.run_dir, "train")) == 2

@@ -2,6 +2,9 @@
 
     python docs/results/replicate-cpu/stats.py 'runs/replicate-*' > docs/results/replicate-cpu/stats.md
 
+Runs of several model sizes (``llm.eval.grouping.SIZE_KEYS``) get one report per size, each against the
+baseline row of its size.
+
 From the same ``metrics.jsonl`` files (read with ``llm.eval.compare.load_run``), in the same rows as the
 table (``llm.eval.compare.compare_runs``: runs of one configuration but the seed; ``--baseline`` names a row
 as ``compare`` does):
@@ -35,6 +38,7 @@ from typing import Any
 from scipy import stats
 
 from llm.eval.compare import DEFAULT_BASELINE, compare_runs
+from llm.eval.grouping import SIZE_KEYS, model_size
 from llm.eval.runs import RunRecord, expand_run_dirs, load_run
 from llm.metrics.gradnorm import GRAD_NORM_GROUPS
 
@@ -191,7 +195,13 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         runs = [load_run(d) for d in expand_run_dirs(args.runs)]
-        sys.stdout.write(report(runs, args.baseline))
+        by_size: dict[tuple[Any, ...], list[RunRecord]] = {}
+        for run in runs:
+            by_size.setdefault(model_size(run), []).append(run)
+        for size, members in sorted(by_size.items()):  # each model size against its own baseline row
+            if len(by_size) > 1:
+                sys.stdout.write(f"# {', '.join(f'{k}={v}' for k, v in zip(SIZE_KEYS, size, strict=True))}\n\n")
+            sys.stdout.write(report(members, args.baseline) + ("\n" if len(by_size) > 1 else ""))
     except (ValueError, FileNotFoundError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
