@@ -84,6 +84,9 @@ def resolve_baseline(rows: Rows, baseline: str, series: Mapping[str, str]) -> li
             return matches
         if matches:
             named = sorted({series[label] for label in matches})
+            setups = [rows[label][0].setup for label in matches]
+            differing = sorted({key for setup in setups for key in setup if setup[key] != setups[0].get(key)})
+            tune = f", or --tune {differing[0]} for each variant at its best value" if len(differing) == 1 else ""
             raise EvalError(f"baseline {baseline} names {len(named)} rows "
-                            f"({', '.join(map(repr, named))}); pass one of these labels as --baseline")
+                            f"({', '.join(map(repr, named))}); pass one of these labels as --baseline{tune}")
     return []

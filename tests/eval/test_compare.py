@@ -351,11 +351,13 @@ def test_a_baseline_variant_of_several_rows_is_refused(tmp_path: Path, capsys: p
     runs = [load_run(d) for d in dirs]
     labels = "'swiglu+softmax (train.lr=0.001)', 'swiglu+softmax (train.lr=0.003)'"
     with pytest.raises(EvalError, match=rf"^baseline swiglu\+softmax names 2 rows \({re.escape(labels)}\); "
-                                        r"pass one of these labels as --baseline$"):
+                                        r"pass one of these labels as --baseline, or --tune train\.lr for each "
+                                        r"variant at its best value$"):
         compare_runs(runs)
     assert main(["compare", *map(str, dirs), "--out", str(tmp_path / "out"), "--no-plots"]) == 2
     err = capsys.readouterr().err
-    assert err == f"error: baseline swiglu+softmax names 2 rows ({labels}); pass one of these labels as --baseline\n"
+    assert err == (f"error: baseline swiglu+softmax names 2 rows ({labels}); pass one of these labels as --baseline, "
+                   "or --tune train.lr for each variant at its best value\n")
     assert not (tmp_path / "out").exists()
 
 
