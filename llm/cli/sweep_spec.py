@@ -38,6 +38,7 @@ import json
 import re
 import shlex
 from dataclasses import asdict, dataclass, field, replace
+from operator import attrgetter
 from pathlib import Path
 from typing import Any
 
@@ -182,13 +183,6 @@ def expand(spec: dict[str, Any], path: Path, root: Path) -> list[Run]:
     return runs
 
 
-def _field(config: RunConfig, dotted: str) -> Any:
-    value: Any = config
-    for part in dotted.split("."):
-        value = getattr(value, part)
-    return value
-
-
 def check_comparable(runs: list[Run], path: Path, root: Path) -> list[RunConfig]:
     """Resolve every run's config (fails on any bad key or value) and check they form a fair comparison."""
     resolved: list[RunConfig] = []
@@ -206,9 +200,8 @@ def check_comparable(runs: list[Run], path: Path, root: Path) -> list[RunConfig]
             raise ValueError(f"{path}: runs {reference} and {run.name} differ in data.{diff[0]}: every run "
                              "of a comparison must see the same data order and validation tokens")
         for key in COMPARISON_INVARIANTS:
-            if _field(config, key) != _field(first, key):
-                values = f"{_field(first, key)} vs {_field(config, key)}"
-                raise ValueError(f"{path}: runs {reference} and {run.name} differ in {key} ({values}): "
+            if (was := attrgetter(key)(first)) != (now := attrgetter(key)(config)):
+                raise ValueError(f"{path}: runs {reference} and {run.name} differ in {key} ({was} vs {now}): "
                                  "the token budget must match")
     return resolved
 

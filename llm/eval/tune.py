@@ -14,6 +14,7 @@ import math
 import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass
+from operator import attrgetter
 from typing import Any
 
 from llm.eval.runs import RunRecord
@@ -45,19 +46,12 @@ class TunePoint:
         return sum(run.diverged for run in self.runs)
 
 
-def _value(run: RunRecord, key: str) -> Any:
-    value: Any = run.config
-    for part in key.split("."):
-        value = getattr(value, part)
-    return value
-
-
 def tune_points(runs: Sequence[RunRecord], keys: Sequence[str]) -> list[TunePoint]:
     """``runs`` split by their values of ``keys`` (a key that is no config field is an AttributeError), in
     value order."""
     points: dict[tuple[Any, ...], list[RunRecord]] = {}
     for run in runs:
-        points.setdefault(tuple(_value(run, key) for key in keys), []).append(run)
+        points.setdefault(tuple(attrgetter(key)(run.config) for key in keys), []).append(run)
     return [TunePoint(values, points[values]) for values in sorted(points)]
 
 

@@ -62,7 +62,8 @@ class RadialActivation(nn.Module):
     sets them for the matched form (module docstring)."""
 
     OPTIONS: ClassVar[tuple[str, ...]] = ()
-    """The ``ModelConfig`` fields this activation reads (``ModelConfig.validate`` refuses them elsewhere)."""
+    """The ``ModelConfig`` fields this activation reads (``ModelConfig.validate`` refuses them elsewhere), in the
+    order its constructor takes them."""
 
     radius_unit: float = 1.0
     gain: float = 1.0
@@ -77,8 +78,8 @@ class RadialActivation(nn.Module):
 
     @classmethod
     def from_config(cls, config: ModelConfig) -> RadialActivation:
-        """Build the activation with its radii from ``config``."""
-        raise NotImplementedError
+        """Build the activation with its radii from ``config`` (its ``OPTIONS``)."""
+        return cls(*(getattr(config, name) for name in cls.OPTIONS))
 
     def forward(self, v: Tensor) -> Tensor:
         radius_dtype = torch.promote_types(v.dtype, torch.float32)
@@ -91,10 +92,6 @@ class IsoTanh(RadialActivation):
 
     def ratio(self, r: Tensor) -> Tensor:
         return tanh_ratio(r)
-
-    @classmethod
-    def from_config(cls, config: ModelConfig) -> IsoTanh:
-        return cls()
 
 
 class IsoLeakyReLU(RadialActivation):
@@ -119,10 +116,6 @@ class IsoLeakyReLU(RadialActivation):
     def extra_repr(self) -> str:
         return f"r0={self.r0}, slope={self.slope}"
 
-    @classmethod
-    def from_config(cls, config: ModelConfig) -> IsoLeakyReLU:
-        return cls(config.iso_r0, config.iso_leaky_slope)
-
 
 class IsoReLU(IsoLeakyReLU):
     """Isotropic ReLU (eq. 17): ``sigma(r) = max(r - R0, 0)``, i.e. the leaky form with slope 0."""
@@ -134,10 +127,6 @@ class IsoReLU(IsoLeakyReLU):
 
     def extra_repr(self) -> str:
         return f"r0={self.r0}"
-
-    @classmethod
-    def from_config(cls, config: ModelConfig) -> IsoReLU:
-        return cls(config.iso_r0)
 
 
 class IsoCappedReLU(IsoReLU):
@@ -159,10 +148,6 @@ class IsoCappedReLU(IsoReLU):
 
     def extra_repr(self) -> str:
         return f"r0={self.r0}, r_cap={self.r_cap}"
-
-    @classmethod
-    def from_config(cls, config: ModelConfig) -> IsoCappedReLU:
-        return cls(config.iso_r0, config.iso_r_cap)
 
 
 ISO_ACTIVATIONS: dict[str, type[RadialActivation]] = {
