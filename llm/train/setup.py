@@ -301,7 +301,7 @@ def setup_run(config: RunConfig, teardown: ExitStack) -> Run:
     except Exception as err:  # TensorBoard raises OSError, W&B its own types
         accelerator.trackers.clear()
         main_warning(f"trackers {', '.join(config.trackers)} could not start ({one_line(err)}); training "
-                   f"without them (metrics.jsonl keeps every row)")
+                     f"without them (metrics.jsonl keeps every row)")
     teardown.callback(_finish_trackers, accelerator)
     log = MetricsLog(run_dir / "metrics.jsonl", accelerator)
     teardown.callback(log.close)
