@@ -73,8 +73,8 @@ def print_parametrization(config: ModelConfig) -> None:
     print(f"parametrization:       muP, base width {config.mup_base_hidden_size}, m = {m:g}")
     print(f"  hidden matrices:     {hidden:,} parameters (qkv, o, FFN in/down): init std "
           f"{config.hidden_init_std:.4g} (= {config.initializer_range:g} / sqrt(m)), Adam lr x {1 / m:.4g}")
-    print(f"  logits:              x {1 / m:.4g}; attention scores q.k / {config.resolved_head_dim} "
-          f"(not / sqrt({config.resolved_head_dim}))")
+    print(f"  logits:              x {1 / m:.4g}; attention scores q.k x sqrt({config.mup_base_head_dim}) / "
+          f"{config.resolved_head_dim} (standard: / sqrt({config.resolved_head_dim}); q x {config.query_scale:.4g})")
     print("  not scaled:          embedding, norms, mixing parameters and gates, focus centres and apertures")
 
 

@@ -82,8 +82,11 @@ def upgrade_saved(values: dict[str, Any]) -> dict[str, Any]:
     rather than today's scale-matched default, so that an old checkpoint computes what it was trained to.
     They also hold every option at the defaults of its time (``iso_r0: 1.0`` ...), including those the
     variant does not read, which ``validate`` refuses: those had no effect, and take today's defaults.
-    Newer fields are returned as they are.
+    A ``mup`` config saved before ``mup_base_head_dim`` existed scored attention q.k / head_dim, which
+    ``mup_base_head_dim=1`` computes. Newer fields are returned as they are.
     """
+    if values.get("parametrization") == "mup" and "mup_base_head_dim" not in values:
+        values = {**values, "mup_base_head_dim": 1}
     if "ffn_init" in values:
         return values
     values = {**values, "ffn_init": "paper"}
@@ -170,16 +173,30 @@ class ModelConfig:
     """standard | mup. mup: maximal update parametrization (Tensor Programs V, Yang et al. 2022) relative to
     ``mup_base_hidden_size``, so that a learning rate tuned at the base width carries over to wider models:
     hidden matrices (``MUP_HIDDEN_MATRICES``) start at std ``initializer_range / sqrt(m)`` and train at lr / m,
-    the logits are multiplied by 1 / m, and attention scores by 1 / head_dim instead of 1 / sqrt(head_dim),
-    with m = hidden_size / mup_base_hidden_size. Vector-like parameters (embedding, norms, the mixing scalars
-    and gates, focus centres and apertures, biases) keep their init and lr (docs/ARCHITECTURE.md, "muP")."""
+    the logits are multiplied by 1 / m, and attention scores q.k by sqrt(mup_base_head_dim) / head_dim instead
+    of 1 / sqrt(head_dim), with m = hidden_size / mup_base_hidden_size. Vector-like parameters (embedding,
+    norms, the mixing scalars and gates, focus centres and apertures, biases) keep their init and lr
+    (docs/ARCHITECTURE.md, "muP")."""
     mup_base_hidden_size: int = 256
     """The width at which ``mup`` equals ``standard`` in init, lr and logits: the width of the lr sweep."""
+    mup_base_head_dim: int = 64
+    """The base model's head_dim: ``mup`` scores q.k * sqrt(mup_base_head_dim) / head_dim, 1 / head_dim as
+    heads widen (Tensor Programs V, section 4) and the standard 1 / sqrt(head_dim) at the base (the mup
+    package's ``8 / d`` for 64). With QK-norm a bare 1 / head_dim would cap the logits near the norm gains'
+    product (about 1): attention 8x colder than standard at head_dim 64, near uniform for a short run."""
 
     @property
     def width_multiplier(self) -> float:
         """m = ``hidden_size / mup_base_hidden_size`` under ``mup``; 1 under ``standard``."""
         return self.hidden_size / self.mup_base_hidden_size if self.parametrization == "mup" else 1.0
+
+    @property
+    def query_scale(self) -> float:
+        """Factor on q (after its norm and RoPE) that turns the scorings' 1 / sqrt(head_dim) into muP's
+        sqrt(mup_base_head_dim) / head_dim; 1 under ``standard``."""
+        if self.parametrization != "mup":
+            return 1.0
+        return math.sqrt(self.mup_base_head_dim / self.resolved_head_dim)
 
     @property
     def hidden_init_std(self) -> float:
@@ -274,8 +291,9 @@ class ModelConfig:
         check_choice("isogmlp_gate", self.isogmlp_gate, ISOGMLP_GATES)
         check_choice("ffn_init", self.ffn_init, FFN_INITS)
         check_choice("parametrization", self.parametrization, PARAMETRIZATIONS)
-        if not isinstance(self.mup_base_hidden_size, int) or self.mup_base_hidden_size <= 0:
-            raise ConfigError("mup_base_hidden_size", f"expected a positive integer, got {self.mup_base_hidden_size!r}")
+        for name in ("mup_base_hidden_size", "mup_base_head_dim"):
+            if not isinstance(getattr(self, name), int) or getattr(self, name) <= 0:
+                raise ConfigError(name, f"expected a positive integer, got {getattr(self, name)!r}")
         self._check_unused_options()
         owned = self.option_owners()
         if self.iso_ln_alpha and not 0.5 <= self.iso_ln_alpha <= 2.0:

@@ -72,7 +72,7 @@ class IsoLLMAttention(nn.Module):
         self.q_norm = norm()
         self.k_norm = norm()
         self.scoring = ATTN_SCORING_REGISTRY[config.attn_scoring](config)
-        self.mup = config.parametrization == "mup"
+        self.query_scale = config.query_scale  # muP's attention scale (1 under standard and at the base)
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, state: LayerState | None = None,
                 padding_mask: torch.Tensor | None = None, doc_starts: torch.Tensor | None = None) -> torch.Tensor:
@@ -81,8 +81,8 @@ class IsoLLMAttention(nn.Module):
         qkv = self.qkv_proj(x).view(b, t, self.num_heads + 2 * self.num_kv_heads, self.head_dim)
         q, k, v = qkv.split([self.num_heads, self.num_kv_heads, self.num_kv_heads], dim=2)
         q = apply_rotary(self.q_norm(q).transpose(1, 2), cos, sin)
-        if self.mup:  # muP scores q.k / head_dim: the scorings divide by sqrt(head_dim), q brings the rest
-            q = q * self.head_dim**-0.5
+        if self.query_scale != 1.0:  # muP: the scorings divide by sqrt(head_dim), q brings the rest
+            q = q * self.query_scale
         k = apply_rotary(self.k_norm(k).transpose(1, 2), cos, sin)
         if state is None:
             out, _ = self.scoring(q, k, v.transpose(1, 2), padding_mask=padding_mask, doc_starts=doc_starts)

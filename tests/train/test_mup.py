@@ -11,6 +11,7 @@ import torch
 
 from llm.config import RunConfig, load_config
 from llm.model import IsoLLMForCausalLM
+from llm.model.config import upgrade_saved
 from llm.model.modeling_isollm import MUP_HIDDEN_MATRICES
 from llm.train.optim import build_optimizer, param_groups
 from llm.train.setup import build_model
@@ -19,13 +20,14 @@ VOCAB, SEQ, BATCH, BASE = 256, 32, 8, 64
 
 
 def config(width: int, parametrization: str, lr: float = 1e-2, **model: object) -> RunConfig:
-    """Width ``width`` at a fixed head size (16): heads grow with width, as in the presets."""
+    """Width ``width`` at a fixed head size (16, the base's): heads grow with width, as in the presets."""
     overrides = [f"model.{key}={value}" for key, value in model.items()]
     return load_config(None, [
         f"model.vocab_size={VOCAB}", f"model.hidden_size={width}", f"model.intermediate_size={2 * width}",
         "model.num_hidden_layers=2", f"model.num_attention_heads={width // 16}",
         f"model.num_key_value_heads={width // 16}", "model.head_dim=16", "model.max_position_embeddings=64",
-        f"model.parametrization={parametrization}", f"model.mup_base_hidden_size={BASE}", *overrides,
+        f"model.parametrization={parametrization}", f"model.mup_base_hidden_size={BASE}", "model.mup_base_head_dim=16",
+        *overrides,
         f"train.lr={lr}", "train.weight_decay=0.0", "train.max_steps=100", f"data.seq_len={SEQ}", "trackers=[]"])
 
 
@@ -57,7 +59,8 @@ def train(run: RunConfig, steps: int) -> tuple[IsoLLMForCausalLM, list[float]]:
 
 def test_mup_scales_hidden_matrices_only() -> None:
     """At m = 4: hidden matrices start at std sigma/2 and train at lr/4; the embedding, norms and mixing
-    parameters keep their init and lr; the logits are divided by 4 and attention divides q.k by head_dim."""
+    parameters keep their init and lr; the logits are divided by 4; the head size is the base's, so attention
+    scores as standard does."""
     run = config(4 * BASE, "mup", ffn="isogmlp")
     torch.manual_seed(0)
     model = build_model(run.model)
@@ -70,24 +73,41 @@ def test_mup_scales_hidden_matrices_only() -> None:
     assert {id(p) for p in groups["mup_hidden"]["params"]} == hidden
     assert groups["mup_hidden"]["lr"] == pytest.approx(run.train.lr / 4)
     assert groups["no_decay"]["lr"] == run.train.lr and groups["mixing"]["lr"] == run.train.lr * 5
-    assert model.logit_multiplier == 0.25 and model.model.layers[0].self_attn.mup
+    assert model.logit_multiplier == 0.25 and model.model.layers[0].self_attn.query_scale == 1.0
     standard = config(4 * BASE, "standard", ffn="isogmlp")
     assert "mup_hidden" not in {group["name"] for group in param_groups(build_model(standard.model), standard)}
 
 
-def test_mup_at_the_base_width_is_standard_but_for_the_attention_scale() -> None:
-    """m = 1: the same init draws, groups and logits, except q.k / head_dim (which equals q'.k with
-    q' = q / sqrt(head_dim) under the standard 1/sqrt(head_dim) scoring)."""
+def test_mup_at_the_base_width_is_standard() -> None:
+    """m = 1 and the base head size: the same init draws, groups and logits as standard."""
     ids = markov_batch(torch.Generator().manual_seed(5))[:, :-1]
     torch.manual_seed(0)
     mup = build_model(config(BASE, "mup").model).eval()
     torch.manual_seed(0)
     standard = build_model(config(BASE, "standard").model).eval()
     assert all(torch.equal(a, b) for a, b in zip(mup.parameters(), standard.parameters(), strict=True))
-    for layer in standard.model.layers:  # the standard model with q scaled as muP scales it
-        layer.self_attn.q_norm.weight.data.mul_(16**-0.5)
     with torch.no_grad():
         torch.testing.assert_close(mup(ids).logits, standard(ids).logits, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize(("base_head_dim", "q_gain"), [(64, 2.0), (16, 1.0), (1, 0.25)])
+def test_mup_scores_attention_by_sqrt_base_head_dim_over_head_dim(base_head_dim: int, q_gain: float) -> None:
+    """muP scores q.k * sqrt(mup_base_head_dim) / head_dim: at head_dim 16 the standard model (q.k / 4) with
+    q's norm gain times sqrt(base / 16) gives the same logits. Base 1 is the bare 1 / head_dim, which configs
+    saved before the field existed keep (``upgrade_saved``)."""
+    ids = markov_batch(torch.Generator().manual_seed(5))[:, :-1]
+    torch.manual_seed(0)
+    mup = build_model(config(BASE, "mup", mup_base_head_dim=base_head_dim).model).eval()
+    torch.manual_seed(0)
+    standard = build_model(config(BASE, "standard").model).eval()
+    for layer in standard.model.layers:
+        layer.self_attn.q_norm.weight.data.mul_(q_gain)
+    with torch.no_grad():
+        torch.testing.assert_close(mup(ids).logits, standard(ids).logits, rtol=1e-5, atol=1e-6)
+    saved = {"parametrization": "mup", "ffn_init": "matched"}
+    assert upgrade_saved(saved)["mup_base_head_dim"] == 1
+    assert upgrade_saved({**saved, "mup_base_head_dim": 64})["mup_base_head_dim"] == 64
+    assert "mup_base_head_dim" not in upgrade_saved({"parametrization": "standard", "ffn_init": "matched"})
 
 
 @pytest.mark.slow
