@@ -69,9 +69,9 @@ def print_parametrization(config: ModelConfig) -> None:
         print("parametrization:       standard (nothing scaled with width)")
         return
     m = config.width_multiplier
-    hidden = sum(p.numel() for p in meta_model(config).mup_hidden_matrices())
+    hidden = sum(p.numel() for p in meta_model(config).mup_scaled_parameters())
     print(f"parametrization:       muP, base width {config.mup_base_hidden_size}, m = {m:g}")
-    print(f"  hidden matrices:     {hidden:,} parameters (qkv, o, FFN in/down): init std "
+    print(f"  hidden matrices:     {hidden:,} parameters (qkv, o, FFN in/down, isogmlp's gate): init std "
           f"{config.hidden_init_std:.4g} (= {config.initializer_range:g} / sqrt(m)), Adam lr x {1 / m:.4g}")
     print(f"  logits:              x {1 / m:.4g}; attention scores q.k x sqrt({config.mup_base_head_dim}) / "
           f"{config.resolved_head_dim} (standard: / sqrt({config.resolved_head_dim}); q x {config.query_scale:.4g})")

@@ -48,8 +48,22 @@ MUP_HIDDEN_MATRICES = ("self_attn.qkv_proj.weight", "self_attn.o_proj.weight", "
 """The hidden matrices under ``parametrization=mup`` (suffixes of parameter names): both dimensions grow with
 width, so their init std and Adam lr scale by 1/sqrt(m) and 1/m. Every FFN's fused ``in_proj`` (any
 ``ffn_linear``: its weight ``W``) and ``down_proj`` is one. Not width-scaled: the embedding (tied to the head,
-whose output carries the 1/m multiplier instead), norms, isogmlp's gamma, beta and alpha gate (a d -> 1 gate,
-kept with the mixing parameters), iso_ln's alpha, beta and LayerNorm, focus centres and apertures, biases."""
+whose output carries the 1/m multiplier instead), norms, isogmlp's gamma and beta, iso_ln's alpha, beta and
+LayerNorm, focus centres and apertures, biases."""
+
+MUP_READOUTS = ("mlp.alpha_gate.proj.weight",)
+"""Width -> 1 projections: isogmlp's token and causal_mean alpha gates, ``w . x`` on a width-n x. Adam moves
+each weight by about lr and the moves line up with x, so the logit moves by about n * lr per step: muP scales
+their lr by 1/m (Tensor Programs V, Table 3, output weights) and their init std by 1/sqrt(m), which keeps the
+initial logit's spread what it is at the base width. The feature_mean gate's 1 -> 1 ``proj`` reads a mean,
+the same size at every width: not scaled (``is_mup_scaled``). They stay in the mixing lr group."""
+
+
+def is_mup_scaled(name: str, param: nn.Parameter, hidden_size: int) -> bool:
+    """Whether muP scales this parameter's init and lr with width: a hidden matrix or a readout of the hidden
+    state (``MUP_HIDDEN_MATRICES``, ``MUP_READOUTS``)."""
+    return name.endswith(MUP_HIDDEN_MATRICES) or (name.endswith(MUP_READOUTS) and param.shape[-1] == hidden_size)
+
 
 CACHE_ARG = "cache" if "cache" in {f.name for f in dataclasses.fields(CausalLMOutputWithPast)} else "past_key_values"
 """The name under which the installed transformers' ``generate()`` hands the state to ``forward`` and reads it
@@ -193,12 +207,13 @@ class IsoLLMForCausalLM(PreTrainedModel, GenerationMixin):
         self.post_init()  # transformers' init (normal(0, initializer_range), norms to 1) and weight tying
         self.logit_multiplier = 1 / config.width_multiplier  # muP's output multiplier (1 under standard)
         with torch.no_grad():
-            for param in self.mup_hidden_matrices():
+            for param in self.mup_scaled_parameters():
                 param.mul_(config.hidden_init_std / config.initializer_range)
 
-    def mup_hidden_matrices(self) -> list[nn.Parameter]:
-        """The parameters ``MUP_HIDDEN_MATRICES`` names: muP scales their init and lr with width."""
-        return [param for name, param in self.named_parameters() if name.endswith(MUP_HIDDEN_MATRICES)]
+    def mup_scaled_parameters(self) -> list[nn.Parameter]:
+        """The parameters muP scales the init and lr of (``is_mup_scaled``)."""
+        return [param for name, param in self.named_parameters()
+                if is_mup_scaled(name, param, self.config.hidden_size)]
 
     def get_input_embeddings(self) -> nn.Embedding:
         return self.model.embed_tokens

@@ -29,7 +29,7 @@ from torch import nn
 from torch.optim.lr_scheduler import LambdaLR
 
 from llm.config import RunConfig
-from llm.model.modeling_isollm import MUP_HIDDEN_MATRICES
+from llm.model.modeling_isollm import is_mup_scaled
 
 __all__ = ["build_optimizer", "build_scheduler", "lr_lambda", "multiplier_of", "param_groups"]
 
@@ -58,23 +58,27 @@ def param_groups(model: nn.Module, config: RunConfig) -> list[dict]:
     """AdamW groups, in a fixed order so optimizer state lines up on resume.
 
     ``decay``: matrices (ndim >= 2) that are neither embeddings nor mixing parameters; ``mup_hidden``: under
-    ``parametrization=mup``, the hidden matrices (``MUP_HIDDEN_MATRICES``) at ``lr / m``, decayed (empty, so
+    ``parametrization=mup``, the hidden matrices (``is_mup_scaled``) at ``lr / m``, decayed (empty, so
     dropped, under ``standard``: a standard run's groups are what they were); ``no_decay``: the other
     non-mixing parameters; then one group per multiplier (``MULTIPLIER_GROUPS``) at ``lr * multiplier``, no
-    decay. Empty groups are dropped. Tied parameters appear once (``named_parameters`` deduplicates).
+    decay, each followed by its muP-scaled members (``<group>_mup``: isogmlp's width -> 1 gate) at
+    ``lr * multiplier / m``. Empty groups are dropped. Tied parameters appear once (``named_parameters``
+    deduplicates).
     """
     train, model_cfg = config.train, config.model
     embeddings = _embedding_params(model)
     multipliers = multiplier_of(model)
     mup = model_cfg.parametrization == "mup"
     buckets: dict[str, list[nn.Parameter]] = {"decay": [], "mup_hidden": [], "no_decay": [],
-                                              **{group: [] for group in MULTIPLIER_GROUPS.values()}}
+                                              **{f"{group}{suffix}": [] for group in MULTIPLIER_GROUPS.values()
+                                                 for suffix in ("", "_mup")}}
     for name, p in model.named_parameters():
         if not p.requires_grad:
             continue
+        scaled = mup and is_mup_scaled(name, p, model_cfg.hidden_size)
         if id(p) in multipliers:
-            buckets[MULTIPLIER_GROUPS[multipliers[id(p)]]].append(p)
-        elif mup and name.endswith(MUP_HIDDEN_MATRICES):
+            buckets[MULTIPLIER_GROUPS[multipliers[id(p)]] + ("_mup" if scaled else "")].append(p)
+        elif scaled:
             buckets["mup_hidden"].append(p)
         elif p.ndim >= 2 and id(p) not in embeddings:
             buckets["decay"].append(p)
@@ -82,7 +86,9 @@ def param_groups(model: nn.Module, config: RunConfig) -> list[dict]:
             buckets["no_decay"].append(p)
     settings = {"decay": (train.lr, train.weight_decay), "no_decay": (train.lr, 0.0),
                 "mup_hidden": (train.lr / model_cfg.width_multiplier, train.weight_decay),
-                **{group: (train.lr * getattr(model_cfg, field), 0.0) for field, group in MULTIPLIER_GROUPS.items()}}
+                **{group: (train.lr * getattr(model_cfg, field), 0.0) for field, group in MULTIPLIER_GROUPS.items()},
+                **{f"{group}_mup": (train.lr * getattr(model_cfg, field) / model_cfg.width_multiplier, 0.0)
+                   for field, group in MULTIPLIER_GROUPS.items()}}
     return [
         {"name": key, "params": params, "lr": settings[key][0], "weight_decay": settings[key][1]}
         for key, params in buckets.items()

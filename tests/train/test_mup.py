@@ -57,25 +57,37 @@ def train(run: RunConfig, steps: int) -> tuple[IsoLLMForCausalLM, list[float]]:
     return model, losses
 
 
-def test_mup_scales_hidden_matrices_only() -> None:
-    """At m = 4: hidden matrices start at std sigma/2 and train at lr/4; the embedding, norms and mixing
-    parameters keep their init and lr; the logits are divided by 4; the head size is the base's, so attention
-    scores as standard does."""
-    run = config(4 * BASE, "mup", ffn="isogmlp")
+@pytest.mark.parametrize("gate", ["token", "feature_mean"])
+def test_mup_scales_hidden_matrices_and_readouts_only(gate: str) -> None:
+    """At m = 4: hidden matrices start at std sigma/2 and train at lr/4, and so does isogmlp's width -> 1 token
+    gate, within its mixing group (lr * 5 / 4); the embedding, norms, other mixing parameters and the
+    feature_mean gate (1 -> 1) keep their init and lr; the logits are divided by 4; the head size is the
+    base's, so attention scores as standard does."""
+    run = config(4 * BASE, "mup", ffn="isogmlp", isogmlp_gate=gate)
     torch.manual_seed(0)
     model = build_model(run.model)
+    hidden = {name for name, _ in model.named_parameters() if name.endswith(MUP_HIDDEN_MATRICES)}
+    gates = {name for name, _ in model.named_parameters() if name.endswith("alpha_gate.proj.weight")}
+    assert len(hidden) == 8 and len(gates) == 2
     for name, param in model.named_parameters():
-        if name.endswith(MUP_HIDDEN_MATRICES):
-            assert param.std().item() == pytest.approx(0.02 / 2, rel=0.05), name
+        if name in hidden or (gate == "token" and name in gates):
+            assert param.std().item() == pytest.approx(0.02 / 2, rel=0.05 if name in hidden else 0.2), name
     assert model.model.embed_tokens.weight.std().item() == pytest.approx(0.02, rel=0.05)
     groups = {group["name"]: group for group in param_groups(model, run)}
-    hidden = {id(p) for name, p in model.named_parameters() if name.endswith(MUP_HIDDEN_MATRICES)}
-    assert {id(p) for p in groups["mup_hidden"]["params"]} == hidden
+    named = {id(p): name for name, p in model.named_parameters()}
+    assert {named[id(p)] for p in groups["mup_hidden"]["params"]} == hidden
     assert groups["mup_hidden"]["lr"] == pytest.approx(run.train.lr / 4)
     assert groups["no_decay"]["lr"] == run.train.lr and groups["mixing"]["lr"] == run.train.lr * 5
+    mixing = {named[id(p)] for p in groups["mixing"]["params"]}
+    if gate == "token":
+        assert {named[id(p)] for p in groups["mixing_mup"]["params"]} == gates and not gates & mixing
+        assert groups["mixing_mup"]["lr"] == pytest.approx(run.train.lr * 5 / 4)
+    else:
+        assert "mixing_mup" not in groups and gates <= mixing
     assert model.logit_multiplier == 0.25 and model.model.layers[0].self_attn.query_scale == 1.0
-    standard = config(4 * BASE, "standard", ffn="isogmlp")
-    assert "mup_hidden" not in {group["name"] for group in param_groups(build_model(standard.model), standard)}
+    standard = config(4 * BASE, "standard", ffn="isogmlp", isogmlp_gate=gate)
+    assert {group["name"] for group in param_groups(build_model(standard.model), standard)} == {
+        "decay", "no_decay", "mixing"}
 
 
 def test_mup_at_the_base_width_is_standard() -> None:
