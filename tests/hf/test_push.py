@@ -202,7 +202,10 @@ def _closed_port() -> int:
 @pytest.mark.parametrize("command", ["push", "eval", "data"])
 def test_an_unreachable_hub_is_one_line_within_seconds(command: str, run_dir: Path, tmp_path: Path) -> None:
     """Issues 29.2 and 31.5: with no hub and no HF_HUB_OFFLINE, huggingface_hub would retry for 25-30 s; a probe
-    answers in seconds, and the one line names the repository, HF_HUB_OFFLINE or what was not uploaded."""
+    answers in seconds, and the one line names the repository, HF_HUB_OFFLINE or what was not uploaded.
+
+    The time is measured against the same command under HF_HUB_OFFLINE=1 (the same imports, no network), so
+    a loaded machine, which slows both, cannot fail it."""
     import os
     import subprocess
     import sys
@@ -213,10 +216,15 @@ def test_an_unreachable_hub_is_one_line_within_seconds(command: str, run_dir: Pa
             "data": ["-m", "llm.cli.data", "plan", "someone/not-cached-dataset", "--world-size", "1"]}[command]
     env = {**os.environ, "HF_ENDPOINT": f"http://127.0.0.1:{_closed_port()}", "HF_HOME": str(tmp_path / "hf")}
     env.pop("HF_HUB_OFFLINE", None)
-    started = time.monotonic()
-    done = subprocess.run([sys.executable, *argv], cwd=Path(__file__).parents[2], env=env, capture_output=True,
-                          text=True, timeout=120, check=False)
-    seconds = time.monotonic() - started
+
+    def run(env: dict[str, str]) -> tuple[subprocess.CompletedProcess, float]:
+        started = time.monotonic()
+        done = subprocess.run([sys.executable, *argv], cwd=Path(__file__).parents[2], env=env, capture_output=True,
+                              text=True, timeout=120, check=False)
+        return done, time.monotonic() - started
+
+    _, offline_seconds = run({**env, "HF_HUB_OFFLINE": "1"})
+    done, seconds = run(env)
     errors = [line for line in done.stderr.splitlines() if "error: " in line]  # isollm-data: "isollm-data plan: error:"
     assert done.returncode != 0 and len(errors) == 1 and "Traceback" not in done.stderr, done.stderr[-2000:]
     expected = {"push": f"error: push to {REPO_ID}: could not reach the hub (127.0.0.1:",
@@ -224,4 +232,4 @@ def test_an_unreachable_hub_is_one_line_within_seconds(command: str, run_dir: Pa
                 "data": "error: data.source: cannot resolve 'someone/not-cached-dataset'"}[command]
     assert expected in errors[0]
     assert ("nothing was uploaded" in errors[0]) if command == "push" else ("HF_HUB_OFFLINE" in errors[0])
-    assert seconds < 20, seconds  # imports included; the hub's retries alone took 25-30 s
+    assert seconds - offline_seconds < 12, (seconds, offline_seconds)  # the hub's retries alone took 25-30 s
