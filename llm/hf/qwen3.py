@@ -26,7 +26,7 @@ QWEN3_REQUIREMENTS: dict[str, object] = {
     "attn_scoring": "softmax",
     "ffn_linear": "linear",
     "qk_norm": True,  # Qwen3 always normalises q and k; no weight setting makes that the identity
-    "parametrization": "standard",  # muP's logit multiplier and 1/head_dim scores have no Qwen3 field
+    "parametrization": "standard",  # muP's logit multiplier and attention scale have no Qwen3 field
 }
 """The fields stock Qwen3 can express, and the value each must have."""
 

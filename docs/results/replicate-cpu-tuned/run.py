@@ -1,12 +1,14 @@
 """The tuned replication (issue 26), resumable: a run whose last checkpoint exists is not run again.
 
-    python docs/results/replicate-cpu-tuned/run.py tune              # lr grid at width 64, seed 0
+    python docs/results/replicate-cpu-tuned/run.py tune                # lr grid at width 64, seed 0
     python docs/results/replicate-cpu-tuned/run.py confirm 256 64 128  # seeds 1-3 at each variant's chosen lr
+    python docs/results/replicate-cpu-tuned/run.py check 256 iso_ln=4e-3  # seeds 1-2 at another lr
 
 Every run is configs/experiments/replicate-cpu.yaml under muP (base width 256, the replication's width) at
 the replication's budget (983,040 tokens, 120 steps). Only the width changes between sizes; depth, heads, the
 vocabulary, data order and validation set stay. ``tune`` trains each variant at every lr of ``LRS`` at the
-smallest width; ``confirm`` reads each variant's chosen lr from ``eval.py compare --tune train.lr`` of its
+smallest width, then extends a variant's grid by doubling (or halving) the lr for as long as
+``eval.py compare --tune train.lr`` chooses its edge; ``confirm`` reads each variant's chosen lr from its
 grid and trains fresh seeds at it at the given widths: muP carries the lr to the wider models.
 Two runs at a time, one thread each.
 """
@@ -40,6 +42,7 @@ VARIANTS = {
     "swiglu-iso_tanh": ["model.ffn=swiglu", "model.attn_scoring=iso_tanh"],
 }
 CONFIRM_SEEDS = (1, 2, 3)
+CHECK_SEEDS = (1, 2)  # paired with the first two confirm seeds
 
 
 def width_overrides(hidden: int) -> list[str]:
@@ -72,28 +75,61 @@ def grid_name(variant: str, lr: str) -> str:
     return f"tuned-w{TUNE_WIDTH}-grid-{variant}-lr{lr}-s0"
 
 
+def grid_command(variant: str, lr: str) -> list[str]:
+    return train_command(grid_name(variant, lr), 0, TUNE_WIDTH, lr, variant)
+
+
+def grid_lrs(variant: str) -> list[str]:
+    """``LRS`` and the extensions beyond either edge that have been run for ``variant``, in order."""
+    lrs = list(LRS)
+    for step, end in ((0.5, 0), (2.0, -1)):
+        while (Path("runs") / grid_name(variant, f"{float(lrs[end]) * step:g}")).exists():
+            lrs.insert(len(lrs) if end else 0, f"{float(lrs[end]) * step:g}")
+    return lrs
+
+
 def chosen_lr(variant: str) -> str:
     """The lr ``eval.py compare --tune train.lr`` chooses from the variant's grid."""
     with tempfile.TemporaryDirectory() as out:
-        subprocess.run([sys.executable, "eval.py", "compare", *(f"runs/{grid_name(variant, lr)}" for lr in LRS),
-                        "--tune", "train.lr", "--no-plots", "--out", out], check=True, stdout=subprocess.DEVNULL)
+        runs = [f"runs/{grid_name(variant, lr)}" for lr in grid_lrs(variant)]
+        subprocess.run([sys.executable, "eval.py", "compare", *runs, "--tune", "train.lr", "--no-plots", "--out", out],
+                       check=True, stdout=subprocess.DEVNULL)
         with open(Path(out) / "comparison.csv") as f:
             (row,) = csv.DictReader(f)
     return row["train.lr"]
 
 
+def edge_extensions() -> dict[str, list[str]]:
+    """The next lr, one step past the edge, of each variant whose chosen lr is an edge of its grid."""
+    extend = {}
+    for variant in VARIANTS:
+        lrs, chosen = grid_lrs(variant), float(chosen_lr(variant))
+        if chosen in (float(lrs[0]), float(lrs[-1])):
+            lr = f"{chosen * (2.0 if chosen == float(lrs[-1]) else 0.5):g}"
+            extend[grid_name(variant, lr)] = grid_command(variant, lr)
+    return extend
+
+
 def main(argv: list[str]) -> None:
     phase, *widths = argv
     if phase == "tune":
-        run_all({grid_name(v, lr): train_command(grid_name(v, lr), 0, TUNE_WIDTH, lr, v)
-                 for v in VARIANTS for lr in LRS})
+        run_all({grid_name(v, lr): grid_command(v, lr) for v in VARIANTS for lr in LRS})
+        while extensions := edge_extensions():
+            print("optimum at the grid's edge; extending:", ", ".join(extensions), flush=True)
+            run_all(extensions)
     elif phase == "confirm":
         lrs = {v: chosen_lr(v) for v in VARIANTS}
         print("chosen lr:", lrs, flush=True)
         run_all({f"tuned-w{w}-{v}-s{s}": train_command(f"tuned-w{w}-{v}-s{s}", s, int(w), lrs[v], v)
                  for w in widths for s in CONFIRM_SEEDS for v in VARIANTS})
+    elif phase == "check":
+        width, *choices = widths
+        lrs = dict(choice.split("=") for choice in choices)
+        run_all({f"lrcheck-w{width}-{v}-lr{lr}-s{s}": train_command(f"lrcheck-w{width}-{v}-lr{lr}-s{s}", s, int(width),
+                                                                     lr, v)
+                 for s in CHECK_SEEDS for v, lr in lrs.items()})
     else:
-        raise SystemExit(f"run.py: unknown phase {phase!r}: expected tune or confirm")
+        raise SystemExit(f"run.py: unknown phase {phase!r}: expected tune, confirm or check")
 
 
 if __name__ == "__main__":
