@@ -75,7 +75,7 @@ def print_parametrization(config: ModelConfig) -> None:
           f"{config.hidden_init_std:.4g} (= {config.initializer_range:g} / sqrt(m)), Adam lr x {1 / m:.4g}")
     print(f"  logits:              x {1 / m:.4g}; attention scores q.k x sqrt({config.mup_base_head_dim}) / "
           f"{config.resolved_head_dim} (standard: / sqrt({config.resolved_head_dim}); q x {config.query_scale:.4g})")
-    print("  not scaled:          embedding, norms, mixing parameters and gates, focus centres and apertures")
+    print("  not scaled:          embedding, norms, mixing parameters but isogmlp's gate, focus centres and apertures")
 
 
 def print_plan(config: ModelConfig, mode: str, gpus: int, gpu_bytes: float, seq_len: int, micro_batch: int,

@@ -223,7 +223,8 @@ def test_an_unreachable_hub_is_one_line_within_seconds(command: str, run_dir: Pa
                               text=True, timeout=120, check=False)
         return done, time.monotonic() - started
 
-    _, offline_seconds = run({**env, "HF_HUB_OFFLINE": "1"})
+    offline, offline_seconds = run({**env, "HF_HUB_OFFLINE": "1"})
+    assert offline.returncode != 0, offline.stderr[-2000:]  # the same failure, reached without the network
     done, seconds = run(env)
     errors = [line for line in done.stderr.splitlines() if "error: " in line]  # isollm-data: "isollm-data plan: error:"
     assert done.returncode != 0 and len(errors) == 1 and "Traceback" not in done.stderr, done.stderr[-2000:]

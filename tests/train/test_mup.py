@@ -102,11 +102,11 @@ def test_mup_at_the_base_width_is_standard() -> None:
         torch.testing.assert_close(mup(ids).logits, standard(ids).logits, rtol=1e-5, atol=1e-6)
 
 
-@pytest.mark.parametrize(("base_head_dim", "q_gain"), [(64, 2.0), (16, 1.0), (1, 0.25)])
+@pytest.mark.parametrize(("base_head_dim", "q_gain"), [(64, 2.0), (1, 0.25)])
 def test_mup_scores_attention_by_sqrt_base_head_dim_over_head_dim(base_head_dim: int, q_gain: float) -> None:
     """muP scores q.k * sqrt(mup_base_head_dim) / head_dim: at head_dim 16 the standard model (q.k / 4) with
-    q's norm gain times sqrt(base / 16) gives the same logits. Base 1 is the bare 1 / head_dim, which configs
-    saved before the field existed keep (``upgrade_saved``)."""
+    q's norm gain times sqrt(base / 16) gives the same logits (base 16: test_mup_at_the_base_width_is_standard).
+    Base 1 is the bare 1 / head_dim."""
     ids = markov_batch(torch.Generator().manual_seed(5))[:, :-1]
     torch.manual_seed(0)
     mup = build_model(config(BASE, "mup", mup_base_head_dim=base_head_dim).model).eval()
@@ -116,6 +116,10 @@ def test_mup_scores_attention_by_sqrt_base_head_dim_over_head_dim(base_head_dim:
         layer.self_attn.q_norm.weight.data.mul_(q_gain)
     with torch.no_grad():
         torch.testing.assert_close(mup(ids).logits, standard(ids).logits, rtol=1e-5, atol=1e-6)
+
+
+def test_mup_configs_saved_before_the_base_head_dim_keep_their_scores() -> None:
+    """A mup config without ``mup_base_head_dim`` scored q.k / head_dim: ``upgrade_saved`` reads it as base 1."""
     saved = {"parametrization": "mup", "ffn_init": "matched"}
     assert upgrade_saved(saved)["mup_base_head_dim"] == 1
     assert upgrade_saved({**saved, "mup_base_head_dim": 64})["mup_base_head_dim"] == 64
@@ -172,5 +176,8 @@ def test_isollm_params_prints_what_mup_scales(capsys: pytest.CaptureFixture[str]
     assert main(["configs/sizes/134m.yaml", "model.parametrization=mup"]) == 0
     out = capsys.readouterr().out
     assert "muP, base width 256, m = 2" in out and "Adam lr x 0.5" in out and "logits:              x 0.5" in out
+    assert "attention scores q.k x sqrt(64) / 64 (standard: / sqrt(64); q x 1)" in out
+    assert main(["configs/sizes/134m.yaml", "model.parametrization=mup", "model.head_dim=16"]) == 0
+    assert "q.k x sqrt(64) / 16 (standard: / sqrt(16); q x 2)" in capsys.readouterr().out
     assert main(["configs/sizes/134m.yaml"]) == 0
     assert "standard (nothing scaled with width)" in capsys.readouterr().out

@@ -50,9 +50,10 @@ def width_overrides(hidden: int) -> list[str]:
     return [f"model.hidden_size={hidden}", f"model.intermediate_size={intermediate}", f"model.head_dim={head_dim}"]
 
 
-def train_command(name: str, seed: int, hidden: int, lr: str, variant: str) -> list[str]:
-    return [sys.executable, "train.py", "--config", CONFIG, f"name={name}", f"seed={seed}", f"train.lr={lr}",
-            *COMMON, *width_overrides(hidden), *VARIANTS[variant]]
+def train_run(name: str, seed: int, hidden: int, lr: str, variant: str) -> tuple[str, list[str]]:
+    """``(name, train.py command)`` of one run."""
+    return name, [sys.executable, "train.py", "--config", CONFIG, f"name={name}", f"seed={seed}", f"train.lr={lr}",
+                  *COMMON, *width_overrides(hidden), *VARIANTS[variant]]
 
 
 def run_all(commands: dict[str, list[str]]) -> None:
@@ -75,16 +76,16 @@ def grid_name(variant: str, lr: str) -> str:
     return f"tuned-w{TUNE_WIDTH}-grid-{variant}-lr{lr}-s0"
 
 
-def grid_command(variant: str, lr: str) -> list[str]:
-    return train_command(grid_name(variant, lr), 0, TUNE_WIDTH, lr, variant)
+def grid_run(variant: str, lr: str) -> tuple[str, list[str]]:
+    return train_run(grid_name(variant, lr), 0, TUNE_WIDTH, lr, variant)
 
 
 def grid_lrs(variant: str) -> list[str]:
     """``LRS`` and the extensions beyond either edge that have been run for ``variant``, in order."""
     lrs = list(LRS)
     for step, end in ((0.5, 0), (2.0, -1)):
-        while (Path("runs") / grid_name(variant, f"{float(lrs[end]) * step:g}")).exists():
-            lrs.insert(len(lrs) if end else 0, f"{float(lrs[end]) * step:g}")
+        while (Path("runs") / grid_name(variant, beyond := f"{float(lrs[end]) * step:g}")).exists():
+            lrs.insert(len(lrs) if end else 0, beyond)
     return lrs
 
 
@@ -101,33 +102,31 @@ def chosen_lr(variant: str) -> str:
 
 def edge_extensions() -> dict[str, list[str]]:
     """The next lr, one step past the edge, of each variant whose chosen lr is an edge of its grid."""
-    extend = {}
+    extend = []
     for variant in VARIANTS:
         lrs, chosen = grid_lrs(variant), float(chosen_lr(variant))
         if chosen in (float(lrs[0]), float(lrs[-1])):
-            lr = f"{chosen * (2.0 if chosen == float(lrs[-1]) else 0.5):g}"
-            extend[grid_name(variant, lr)] = grid_command(variant, lr)
-    return extend
+            extend.append(grid_run(variant, f"{chosen * (2.0 if chosen == float(lrs[-1]) else 0.5):g}"))
+    return dict(extend)
 
 
 def main(argv: list[str]) -> None:
     phase, *widths = argv
     if phase == "tune":
-        run_all({grid_name(v, lr): grid_command(v, lr) for v in VARIANTS for lr in LRS})
+        run_all(dict(grid_run(v, lr) for v in VARIANTS for lr in LRS))
         while extensions := edge_extensions():
             print("optimum at the grid's edge; extending:", ", ".join(extensions), flush=True)
             run_all(extensions)
     elif phase == "confirm":
         lrs = {v: chosen_lr(v) for v in VARIANTS}
         print("chosen lr:", lrs, flush=True)
-        run_all({f"tuned-w{w}-{v}-s{s}": train_command(f"tuned-w{w}-{v}-s{s}", s, int(w), lrs[v], v)
-                 for w in widths for s in CONFIRM_SEEDS for v in VARIANTS})
+        run_all(dict(train_run(f"tuned-w{w}-{v}-s{s}", s, int(w), lrs[v], v)
+                     for w in widths for s in CONFIRM_SEEDS for v in VARIANTS))
     elif phase == "check":
         width, *choices = widths
         lrs = dict(choice.split("=") for choice in choices)
-        run_all({f"lrcheck-w{width}-{v}-lr{lr}-s{s}": train_command(f"lrcheck-w{width}-{v}-lr{lr}-s{s}", s, int(width),
-                                                                     lr, v)
-                 for s in CHECK_SEEDS for v, lr in lrs.items()})
+        run_all(dict(train_run(f"lrcheck-w{width}-{v}-lr{lr}-s{s}", s, int(width), lr, v)
+                     for s in CHECK_SEEDS for v, lr in lrs.items()))
     else:
         raise SystemExit(f"run.py: unknown phase {phase!r}: expected tune, confirm or check")
 
