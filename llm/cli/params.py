@@ -18,7 +18,7 @@ from llm.config import ConfigError, load_config
 from llm.memory_plan import MODES, RESERVED_FRACTION, checkpointed_layers, largest_micro_batch, plan_memory
 from llm.model import ModelConfig, param_counts
 from llm.model.ffn import resolve_intermediate_size
-from llm.model.modeling_isollm import meta_model
+from llm.model.modeling_isollm import meta_model, mup_scaled_parameters
 
 # A size preset holds only a `model:` section and so no training budget, which RunConfig.validate
 # requires; this placeholder satisfies it (files or overrides that set one win) and is never used.
@@ -69,7 +69,7 @@ def print_parametrization(config: ModelConfig) -> None:
         print("parametrization:       standard (nothing scaled with width)")
         return
     m = config.width_multiplier
-    hidden = sum(p.numel() for p in meta_model(config).mup_scaled_parameters())
+    hidden = sum(p.numel() for p in mup_scaled_parameters(meta_model(config)))
     print(f"parametrization:       muP, base width {config.mup_base_hidden_size}, m = {m:g}")
     print(f"  hidden matrices:     {hidden:,} parameters (qkv, o, FFN in/down, isogmlp's gate): init std "
           f"{config.hidden_init_std:.4g} (= {config.initializer_range:g} / sqrt(m)), Adam lr x {1 / m:.4g}")

@@ -172,11 +172,11 @@ class ModelConfig:
     parametrization: str = "standard"
     """standard | mup. mup: maximal update parametrization (Tensor Programs V, Yang et al. 2022) relative to
     ``mup_base_hidden_size``, so that a learning rate tuned at the base width carries over to wider models:
-    hidden matrices and readouts (``is_mup_scaled``) start at std ``initializer_range / sqrt(m)`` and train at lr / m,
-    the logits are multiplied by 1 / m, and attention scores q.k by sqrt(mup_base_head_dim) / head_dim instead
-    of 1 / sqrt(head_dim), with m = hidden_size / mup_base_hidden_size. Vector-like parameters (embedding,
-    norms, the mixing scalars, focus centres and apertures, biases) keep their init and lr
-    (docs/ARCHITECTURE.md, "muP")."""
+    hidden matrices and readouts (each module's ``MUP_SCALED``) start at std ``initializer_range / sqrt(m)``
+    and train at lr / m, the logits are multiplied by 1 / m, and attention scores q.k by
+    sqrt(mup_base_head_dim) / head_dim instead of 1 / sqrt(head_dim), with m = hidden_size / mup_base_hidden_size.
+    Vector-like parameters (embedding, norms, the mixing scalars, focus centres and apertures, biases) keep their
+    init and lr (docs/ARCHITECTURE.md, "muP")."""
     mup_base_hidden_size: int = 256
     """The width at which ``mup`` equals ``standard`` in init, lr and logits: the width of the lr sweep."""
     mup_base_head_dim: int = 64

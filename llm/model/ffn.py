@@ -57,6 +57,8 @@ class FeedForward(nn.Module):
     LR_MULTIPLIERS: ClassVar[dict[str, str]] = {}
     """Parameter name (relative to the block) -> the ``ModelConfig`` field of its learning-rate multiplier;
     such parameters get their own optimizer group without weight decay (llm/train/optim.py)."""
+    MUP_SCALED: ClassVar[tuple[str, ...]] = ("in_proj.weight", "down_proj.weight")
+    """The hidden matrices, whose init and lr muP scales with width (``modeling_isollm.mup_scaled_parameters``)."""
 
     def __init__(self, config: ModelConfig, intermediate_size: int | None = None) -> None:
         super().__init__()
@@ -168,6 +170,13 @@ class AlphaGate(nn.Module):
 
 class TokenGate(AlphaGate):
     """``alpha_t = sigmoid(w_a . x_t + b_a)``: the token's own vector (the causal reading of eq. 3)."""
+
+    MUP_SCALED: ClassVar[tuple[str, ...]] = ("proj.weight",)
+    """A width -> 1 readout: Adam moves each weight by about lr and the moves line up with x, so the logit moves
+    by about width * lr per step. muP scales its lr by 1/m (Tensor Programs V, Table 3, output weights) and
+    its init std by 1/sqrt(m), which keeps the initial logit's spread what it is at the base width; it stays in
+    the mixing lr group (``mixing_mup``). ``FeatureMeanGate``'s 1 -> 1 ``proj`` reads a mean, the same size at
+    every width: not scaled."""
 
     def __init__(self, config: ModelConfig) -> None:
         super().__init__(config, config.hidden_size)

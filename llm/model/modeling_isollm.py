@@ -43,26 +43,16 @@ from .fused_ops import RMSNorm, apply_rotary, rotary_cos_sin
 from .layout import document_starts
 from .lm_head import IGNORE_INDEX, LMHead
 
-MUP_HIDDEN_MATRICES = ("self_attn.qkv_proj.weight", "self_attn.o_proj.weight", "mlp.in_proj.weight",
-                       "mlp.down_proj.weight")
-"""The hidden matrices under ``parametrization=mup`` (suffixes of parameter names): both dimensions grow with
-width, so their init std and Adam lr scale by 1/sqrt(m) and 1/m. Every FFN's fused ``in_proj`` (any
-``ffn_linear``: its weight ``W``) and ``down_proj`` is one. Not width-scaled: the embedding (tied to the head,
-whose output carries the 1/m multiplier instead), norms, isogmlp's gamma and beta, iso_ln's alpha, beta and
-LayerNorm, focus centres and apertures, biases."""
 
-MUP_READOUTS = ("mlp.alpha_gate.proj.weight",)
-"""Width -> 1 projections: isogmlp's token and causal_mean alpha gates, ``w . x`` on a width-n x. Adam moves
-each weight by about lr and the moves line up with x, so the logit moves by about n * lr per step: muP scales
-their lr by 1/m (Tensor Programs V, Table 3, output weights) and their init std by 1/sqrt(m), which keeps the
-initial logit's spread what it is at the base width. The feature_mean gate's 1 -> 1 ``proj`` reads a mean,
-the same size at every width: not scaled (``is_mup_scaled``). They stay in the mixing lr group."""
-
-
-def is_mup_scaled(name: str, param: nn.Parameter, hidden_size: int) -> bool:
-    """Whether muP scales this parameter's init and lr with width: a hidden matrix or a readout of the hidden
-    state (``MUP_HIDDEN_MATRICES``, ``MUP_READOUTS``)."""
-    return name.endswith(MUP_HIDDEN_MATRICES) or (name.endswith(MUP_READOUTS) and param.shape[-1] == hidden_size)
+def mup_scaled_parameters(model: nn.Module) -> list[nn.Parameter]:
+    """The parameters whose init std and Adam lr muP scales by 1/sqrt(m) and 1/m: those each module of ``model``
+    lists in ``MUP_SCALED`` (names relative to the module). Two kinds (Tensor Programs V, Table 3): hidden
+    matrices, both of whose dimensions grow with width (attention's ``qkv_proj`` and ``o_proj``, every FFN's
+    fused ``in_proj`` and ``down_proj``), and readouts of the hidden state to a fixed size (isogmlp's token and
+    causal_mean alpha gates). Not width-scaled: the embedding (tied to the head, whose output carries the 1/m
+    multiplier instead), norms, isogmlp's gamma and beta, iso_ln's alpha, beta and LayerNorm, focus centres and
+    apertures, biases, the feature_mean gate."""
+    return [module.get_parameter(name) for module in model.modules() for name in getattr(module, "MUP_SCALED", ())]
 
 
 CACHE_ARG = "cache" if "cache" in {f.name for f in dataclasses.fields(CausalLMOutputWithPast)} else "past_key_values"
@@ -73,6 +63,8 @@ back from the output: ``cache`` from 5.24 on, ``past_key_values`` before (read o
 class IsoLLMAttention(nn.Module):
     """Grouped-query attention: fused ``qkv_proj``, Qwen3's per-head ``q_norm``/``k_norm`` before RoPE,
     scoring from ``ATTN_SCORING_REGISTRY[config.attn_scoring]``, ``o_proj``; no biases."""
+
+    MUP_SCALED: ClassVar[tuple[str, ...]] = ("qkv_proj.weight", "o_proj.weight")  # hidden matrices
 
     def __init__(self, config: ModelConfig) -> None:
         super().__init__()
@@ -207,13 +199,8 @@ class IsoLLMForCausalLM(PreTrainedModel, GenerationMixin):
         self.post_init()  # transformers' init (normal(0, initializer_range), norms to 1) and weight tying
         self.logit_multiplier = 1 / config.width_multiplier  # muP's output multiplier (1 under standard)
         with torch.no_grad():
-            for param in self.mup_scaled_parameters():
+            for param in mup_scaled_parameters(self):
                 param.mul_(config.hidden_init_std / config.initializer_range)
-
-    def mup_scaled_parameters(self) -> list[nn.Parameter]:
-        """The parameters muP scales the init and lr of (``is_mup_scaled``)."""
-        return [param for name, param in self.named_parameters()
-                if is_mup_scaled(name, param, self.config.hidden_size)]
 
     def get_input_embeddings(self) -> nn.Embedding:
         return self.model.embed_tokens

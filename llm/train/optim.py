@@ -29,7 +29,7 @@ from torch import nn
 from torch.optim.lr_scheduler import LambdaLR
 
 from llm.config import RunConfig
-from llm.model.modeling_isollm import is_mup_scaled
+from llm.model.modeling_isollm import mup_scaled_parameters
 
 __all__ = ["build_optimizer", "build_scheduler", "lr_lambda", "multiplier_of", "param_groups"]
 
@@ -58,27 +58,26 @@ def param_groups(model: nn.Module, config: RunConfig) -> list[dict]:
     """AdamW groups, in a fixed order so optimizer state lines up on resume.
 
     ``decay``: matrices (ndim >= 2) that are neither embeddings nor mixing parameters; ``mup_hidden``: under
-    ``parametrization=mup``, the hidden matrices (``is_mup_scaled``) at ``lr / m``, decayed (empty, so
+    ``parametrization=mup``, the hidden matrices (``mup_scaled_parameters``) at ``lr / m``, decayed (empty, so
     dropped, under ``standard``: a standard run's groups are what they were); ``no_decay``: the other
     non-mixing parameters; then one group per multiplier (``MULTIPLIER_GROUPS``) at ``lr * multiplier``, no
     decay, each followed by its muP-scaled members (``<group>_mup``: isogmlp's width -> 1 gate) at
-    ``lr * multiplier / m``. Empty groups are dropped. Tied parameters appear once (``named_parameters``
+    ``lr * multiplier / m``. Empty groups are dropped. Tied parameters appear once (``parameters``
     deduplicates).
     """
     train, model_cfg = config.train, config.model
     embeddings = _embedding_params(model)
     multipliers = multiplier_of(model)
-    mup = model_cfg.parametrization == "mup"
+    scaled = {id(p) for p in mup_scaled_parameters(model)} if model_cfg.parametrization == "mup" else set()
     buckets: dict[str, list[nn.Parameter]] = {"decay": [], "mup_hidden": [], "no_decay": [],
                                               **{f"{group}{suffix}": [] for group in MULTIPLIER_GROUPS.values()
                                                  for suffix in ("", "_mup")}}
-    for name, p in model.named_parameters():
+    for p in model.parameters():
         if not p.requires_grad:
             continue
-        scaled = mup and is_mup_scaled(name, p, model_cfg.hidden_size)
         if id(p) in multipliers:
-            buckets[MULTIPLIER_GROUPS[multipliers[id(p)]] + ("_mup" if scaled else "")].append(p)
-        elif scaled:
+            buckets[MULTIPLIER_GROUPS[multipliers[id(p)]] + ("_mup" if id(p) in scaled else "")].append(p)
+        elif id(p) in scaled:
             buckets["mup_hidden"].append(p)
         elif p.ndim >= 2 and id(p) not in embeddings:
             buckets["decay"].append(p)

@@ -12,11 +12,12 @@ import torch
 from llm.config import RunConfig, load_config
 from llm.model import IsoLLMForCausalLM
 from llm.model.config import upgrade_saved
-from llm.model.modeling_isollm import MUP_HIDDEN_MATRICES
+from llm.model.modeling_isollm import mup_scaled_parameters
 from llm.train.optim import build_optimizer, param_groups
 from llm.train.setup import build_model
 
 VOCAB, SEQ, BATCH, BASE = 256, 32, 8, 64
+HIDDEN_MATRICES = ("self_attn.qkv_proj.weight", "self_attn.o_proj.weight", "mlp.in_proj.weight", "mlp.down_proj.weight")
 
 
 def config(width: int, parametrization: str, lr: float = 1e-2, **model: object) -> RunConfig:
@@ -66,7 +67,7 @@ def test_mup_scales_hidden_matrices_and_readouts_only(gate: str) -> None:
     run = config(4 * BASE, "mup", ffn="isogmlp", isogmlp_gate=gate)
     torch.manual_seed(0)
     model = build_model(run.model)
-    hidden = {name for name, _ in model.named_parameters() if name.endswith(MUP_HIDDEN_MATRICES)}
+    hidden = {name for name, _ in model.named_parameters() if name.endswith(HIDDEN_MATRICES)}
     gates = {name for name, _ in model.named_parameters() if name.endswith("alpha_gate.proj.weight")}
     assert len(hidden) == 8 and len(gates) == 2
     for name, param in model.named_parameters():
@@ -100,6 +101,18 @@ def test_mup_at_the_base_width_is_standard() -> None:
     assert all(torch.equal(a, b) for a, b in zip(mup.parameters(), standard.parameters(), strict=True))
     with torch.no_grad():
         torch.testing.assert_close(mup(ids).logits, standard(ids).logits, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize(("ffn", "ffn_linear"), [("swiglu", "linear"), ("iso_ln", "focus"), ("iso_mlp", "affine_like"),
+                                               ("isogmlp", "linear")])
+def test_mup_scales_the_hidden_matrices_of_every_variant(ffn: str, ffn_linear: str) -> None:
+    """What each module declares in ``MUP_SCALED`` adds up to the hidden matrices (and isogmlp's token gate),
+    whatever the FFN and its projection: not a focus centre, an affine bias or a mixing scalar."""
+    model = build_model(config(2 * BASE, "mup", ffn=ffn, ffn_linear=ffn_linear).model)
+    named = {id(p): name for name, p in model.named_parameters()}
+    expected = {name for name in named.values() if name.endswith(HIDDEN_MATRICES)}
+    gate = {name for name in named.values() if name.endswith("alpha_gate.proj.weight")}
+    assert len(expected) == 8 and {named[id(p)] for p in mup_scaled_parameters(model)} == expected | gate
 
 
 @pytest.mark.parametrize(("base_head_dim", "q_gain"), [(64, 2.0), (1, 0.25)])
