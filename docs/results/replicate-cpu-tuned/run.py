@@ -2,7 +2,7 @@
 
     python docs/results/replicate-cpu-tuned/run.py tune                # lr grid at width 64, seed 0
     python docs/results/replicate-cpu-tuned/run.py confirm 256 64 128  # seeds 1-3 at each variant's chosen lr
-    python docs/results/replicate-cpu-tuned/run.py check 256 iso_ln=4e-3  # seeds 1-2 at another lr
+    python docs/results/replicate-cpu-tuned/run.py check 256 iso_ln=4e-3  # the confirm seeds at another lr
 
 Every run is configs/experiments/replicate-cpu.yaml under muP (base width 256, the replication's width) at
 the replication's budget (983,040 tokens, 120 steps). Only the width changes between sizes; depth, heads, the
@@ -42,7 +42,6 @@ VARIANTS = {
     "swiglu-iso_tanh": ["model.ffn=swiglu", "model.attn_scoring=iso_tanh"],
 }
 CONFIRM_SEEDS = (1, 2, 3)
-CHECK_SEEDS = (1, 2)  # paired with the first two confirm seeds
 
 
 def width_overrides(hidden: int) -> list[str]:
@@ -126,7 +125,7 @@ def main(argv: list[str]) -> None:
         width, *choices = widths
         lrs = dict(choice.split("=") for choice in choices)
         run_all(dict(train_run(f"lrcheck-w{width}-{v}-lr{lr}-s{s}", s, int(width), lr, v)
-                     for s in CHECK_SEEDS for v, lr in lrs.items()))
+                     for s in CONFIRM_SEEDS for v, lr in lrs.items()))
     else:
         raise SystemExit(f"run.py: unknown phase {phase!r}: expected tune, confirm or check")
 
