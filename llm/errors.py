@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+import sys
 import warnings
 
-__all__ = ["IsollmWarning", "one_line", "one_line_warnings"]
+__all__ = ["IsollmWarning", "one_line", "one_line_warnings", "stderr_line"]
 
 
 class IsollmWarning(UserWarning):
@@ -28,3 +29,10 @@ def one_line(err: BaseException) -> str:
     """``Type: first line`` of an exception (torch and safetensors errors span several lines)."""
     lines = [line for line in str(err).splitlines() if line.strip()]
     return f"{type(err).__name__}: {lines[0]}" if lines else type(err).__name__
+
+
+def stderr_line(line: str) -> None:
+    """``line`` and its newline to stderr in one write. ``print`` writes them separately, and with unbuffered
+    output (``PYTHONUNBUFFERED``) the error lines of ranks sharing torchrun's stderr can then interleave."""
+    sys.stderr.write(f"{line}\n")
+    sys.stderr.flush()

@@ -17,7 +17,7 @@ from pathlib import Path
 
 from llm.config import load_config
 from llm.data.errors import DataError
-from llm.errors import one_line_warnings
+from llm.errors import one_line_warnings, stderr_line
 from llm.model.config import ConfigError
 from llm.train.checkpoint_files import CheckpointError
 
@@ -40,7 +40,7 @@ def _report(err: BaseException) -> None:
     its message; its last line is the original one-line message."""
     lines = [line for line in str(err).splitlines() if line.strip()] or [type(err).__name__]
     message = lines[-1].split(": ", 1)[1] if len(lines) > 1 and ": " in lines[-1] else lines[-1]
-    print(f"error: {message}", file=sys.stderr)
+    stderr_line(f"error: {message}")
 
 
 def main(argv: list[str] | None = None) -> int:

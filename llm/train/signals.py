@@ -6,9 +6,10 @@ from __future__ import annotations
 import os
 import signal
 import socket
-import sys
 import threading
 from types import FrameType
+
+from llm.errors import stderr_line
 
 __all__ = ["StopRequest"]
 
@@ -60,9 +61,9 @@ class StopRequest:
                     break
             if self._ended.wait(grace_s):
                 return
-            print(f"error: still running {grace_s:g} s after signal {data[0]} (train.stop_grace_s): blocked in a "
-                  f"collective whose peer stopped or is stuck; exiting. Checkpoints written before are intact.",
-                  file=sys.stderr, flush=True)
+            stderr_line(f"error: still running {grace_s:g} s after signal {data[0]} (train.stop_grace_s): blocked "
+                        "in a collective whose peer stopped or is stuck; exiting. Checkpoints written before are "
+                        "intact.")
             os._exit(1)
 
         threading.Thread(target=watch, name="stop-watchdog", daemon=True).start()

@@ -11,6 +11,8 @@ from pathlib import Path
 import pytest
 from tiny import metrics_rows, run, torchrun
 
+from llm.cli.train import _report
+
 WORKER = str(Path(__file__).with_name("rank_fault_worker.py"))
 
 
@@ -23,6 +25,24 @@ def _launch(fault: str, overrides: list[str], *extra: str, expect: int | None) -
 
 def _errors(stderr: str) -> list[str]:
     return [line for line in stderr.splitlines() if line.startswith("error:")]
+
+
+def test_an_error_line_is_one_write(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every rank reports its error to torchrun's shared stderr; unbuffered (``PYTHONUNBUFFERED``), a ``print``
+    writes the text and its newline separately, and two ranks' lines interleaved (CI, 2026-11-26)."""
+    writes: list[str] = []
+
+    class Stream:
+        def write(self, text: str) -> int:
+            writes.append(text)
+            return len(text)
+
+        def flush(self) -> None:
+            pass
+
+    monkeypatch.setattr("sys.stderr", Stream())
+    _report(ValueError("rank 1 disagrees"))
+    assert writes == ["error: rank 1 disagrees\n"]
 
 
 @pytest.mark.slow
