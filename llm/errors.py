@@ -33,6 +33,6 @@ def one_line(err: BaseException) -> str:
 
 def stderr_line(line: str) -> None:
     """``line`` and its newline to stderr in one write. ``print`` writes them separately, and with unbuffered
-    output (``PYTHONUNBUFFERED``) the error lines of ranks sharing torchrun's stderr can then interleave."""
+    output (``PYTHONUNBUFFERED``) the lines of ranks sharing torchrun's stderr can then interleave."""
     sys.stderr.write(f"{line}\n")
     sys.stderr.flush()

@@ -25,7 +25,7 @@ import torch
 from accelerate import Accelerator
 from tqdm.auto import tqdm
 
-from llm.errors import IsollmWarning, one_line
+from llm.errors import IsollmWarning, one_line, stderr_line
 from llm.metrics.layers import flatten_for_tracker
 from llm.train.distributed import is_main_process
 
@@ -49,7 +49,7 @@ def main_print(message: str) -> None:
 def main_warning(message: str) -> None:
     """``warning: <message>`` on rank 0's stderr, where every other warning of the command lines goes."""
     if is_main_process():
-        print(f"warning: {message}", file=sys.stderr, flush=True)
+        stderr_line(f"warning: {message}")
 
 
 def truncate_metrics(path: str | Path, step: int) -> None:

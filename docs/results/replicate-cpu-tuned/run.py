@@ -110,7 +110,7 @@ def edge_extensions() -> dict[str, list[str]]:
 
 
 def main(argv: list[str]) -> None:
-    phase, *widths = argv
+    phase, *args = argv
     if phase == "tune":
         run_all(dict(grid_run(v, lr) for v in VARIANTS for lr in LRS))
         while extensions := edge_extensions():
@@ -120,9 +120,9 @@ def main(argv: list[str]) -> None:
         lrs = {v: chosen_lr(v) for v in VARIANTS}
         print("chosen lr:", lrs, flush=True)
         run_all(dict(train_run(f"tuned-w{w}-{v}-s{s}", s, int(w), lrs[v], v)
-                     for w in widths for s in CONFIRM_SEEDS for v in VARIANTS))
+                     for w in args for s in CONFIRM_SEEDS for v in VARIANTS))
     elif phase == "check":
-        width, *choices = widths
+        width, *choices = args
         lrs = dict(choice.split("=") for choice in choices)
         run_all(dict(train_run(f"lrcheck-w{width}-{v}-lr{lr}-s{s}", s, int(width), lr, v)
                      for s in CONFIRM_SEEDS for v, lr in lrs.items()))
