@@ -31,7 +31,7 @@ from scipy import stats
 from llm.eval.errors import EvalError
 from llm.eval.grouping import group_runs, model_size, resolve_baseline, series_labels
 from llm.eval.runs import RunRecord
-from llm.eval.tune import TunePoint, choose, edge_warning, tune_points
+from llm.eval.tune import TunePoint, choose, edge_warning, one_seed_warning, spike_warnings, tune_points
 
 DEFAULT_BASELINE = "swiglu+softmax"
 ROW_INVARIANTS = ("params_total", "params_non_embedding", "mixed_precision")
@@ -134,6 +134,7 @@ def _at_chosen_values(groups: dict[str, list[RunRecord]], tune: Sequence[str], w
     every value tried."""
     sensitivity: dict[str, list[TunePoint]] = {}
     chosen: dict[str, tuple[list[RunRecord], dict[str, Any]]] = {}
+    bests: dict[str, TunePoint | None] = {}
     for label, members in groups.items():
         for key in ROW_INVARIANTS:
             _shared(members, key, lambda r, key=key: r.meta.get(key), label)
@@ -141,11 +142,14 @@ def _at_chosen_values(groups: dict[str, list[RunRecord]], tune: Sequence[str], w
             chosen[label] = (members, {})
             continue
         sensitivity[label] = points = tune_points(members, tune)
-        best = choose(points)
+        bests[label] = best = choose(points)
         if (edge := edge_warning(label, points, best, tune)) is not None:
             warnings.append(edge)
+        warnings.extend(spike_warnings(label, best, tune))
         chosen[label] = ([r for r in members if not r.complete], {}) if best is None else \
             (best.runs, dict(zip(tune, best.values, strict=True)))  # no value to choose: its runs are listed
+    if (one_seed := one_seed_warning(bests, tune)) is not None:
+        warnings.append(one_seed)
     return chosen, sensitivity
 
 

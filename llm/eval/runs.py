@@ -24,8 +24,8 @@ from typing import Any
 from llm.config import ConfigError, RunConfig, flatten, read_saved
 from llm.eval.errors import EvalError
 
-__all__ = ["COMPARED_SECTIONS", "RESULT_NEUTRAL", "RunRecord", "eval_rows", "expand_run_dirs", "load_run",
-           "read_metrics"]
+__all__ = ["COMPARED_SECTIONS", "RESULT_NEUTRAL", "SPIKE_FACTOR", "SPIKE_WINDOW", "RunRecord", "eval_rows",
+           "expand_run_dirs", "load_run", "read_metrics"]
 
 COMPARED_SECTIONS = ("model", "data", "train")
 """Config sections two runs must share (every field but ``RESULT_NEUTRAL``) to be seeds of one row."""
@@ -39,6 +39,12 @@ written, how failed reads are retried, how long a stuck collective or a stopping
 length of iso_tanh's chunked form, whose results equal the other forms' up to rounding, and recomputing
 activations, which gives bit-identical gradients): seeds that differ only there are one row.
 ``data.num_workers`` is not among them: ranks x workers sets the data order."""
+
+SPIKE_FACTOR = 10.0
+SPIKE_WINDOW = 10
+"""A logged pre-clip gradient norm ``SPIKE_FACTOR`` times the median of the ``SPIKE_WINDOW`` norms logged before
+it is a spike (``RunRecord.grad_norm_spike``). In the tuned replication (docs/results/replicate-cpu-tuned) the
+runs with no visible instability peak at 1.4-8x and the spikes its README names (93-449) at 50-390x."""
 
 
 def _dedupe_by_step(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -145,6 +151,23 @@ class RunRecord:
         """``grad_norm_var_run`` of the last train row: gradient-norm variance over the run after warmup."""
         value = self.train[-1].get("grad_norm_var_run") if self.train else None
         return math.nan if value is None else float(value)
+
+    @property
+    def grad_norm_spike(self) -> tuple[int, float, float] | None:
+        """(step, pre-clip gradient norm, its multiple of the baseline) of the logged norm after warmup that most
+        exceeds its baseline, the median of the ``SPIKE_WINDOW`` norms logged before it, when it does by
+        ``SPIKE_FACTOR`` or more; None otherwise. The baseline is local because the norm falls as training goes
+        on: right after warmup it is 10-20x its final value in runs with no instability."""
+        logged = [(int(r["step"]), float(r["grad_norm"])) for r in self.train if r.get("grad_norm") is not None]
+        worst: tuple[int, float, float] | None = None
+        for i, (step, norm) in enumerate(logged):
+            before = [n for _, n in logged[max(0, i - SPIKE_WINDOW):i] if math.isfinite(n)]
+            if step <= self.config.train.warmup_steps or not before or not math.isfinite(norm):
+                continue
+            baseline = statistics.median(before)
+            if baseline > 0 and norm >= SPIKE_FACTOR * baseline and (worst is None or norm / baseline > worst[2]):
+                worst = (step, norm, norm / baseline)
+        return worst
 
     @property
     def tokens_per_s(self) -> float:

@@ -5,7 +5,9 @@ points, one per value of the tuned keys. A point's loss is the mean final valida
 (``RunRecord.complete``: a diverged or incomplete run never counts); the row takes the point with the lowest mean
 among those where no run diverged (an lr that diverged for one seed is not a value to recommend, whatever its
 other seeds reached). A best value at the edge of the grid (its smallest or largest
-value) is only a bound, and is warned about.
+value) is only a bound, and is warned about. So is a best value that may sit at the edge of stability: one chosen
+on a single seed, or one where a run spiked after warmup (``RunRecord.grad_norm_spike``). In the tuned replication
+(docs/results/replicate-cpu-tuned) a one-seed grid chose lrs whose fresh seeds spiked, one grid step too high.
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ from typing import Any
 
 from llm.eval.runs import RunRecord
 
-__all__ = ["TunePoint", "choose", "edge_warning", "tune_points"]
+__all__ = ["TunePoint", "choose", "edge_warning", "one_seed_warning", "spike_warnings", "tune_points"]
 
 
 @dataclass
@@ -72,3 +74,29 @@ def edge_warning(label: str, points: Sequence[TunePoint], best: TunePoint | None
             return (f"row {label}: the best {key} = {best.values[i]} is the {side} value tried: the optimum may lie "
                     f"beyond the grid; extend it")
     return None
+
+
+def one_seed_warning(chosen: dict[str, TunePoint | None], keys: Sequence[str]) -> str | None:
+    """One warning naming the rows whose chosen value rests on a single complete run (row label -> its choice)."""
+    rows = [label for label, best in chosen.items() if best is not None and len(best.losses) == 1]
+    if not rows:
+        return None
+    return (f"{'row' if len(rows) == 1 else 'rows'} {', '.join(rows)}: the chosen {', '.join(keys)} rests on one "
+            f"seed; a one-seed grid can choose a value at the edge of stability: confirm it and the next smaller "
+            f"value on 2 or more seeds")
+
+
+def spike_warnings(label: str, best: TunePoint | None, keys: Sequence[str]) -> list[str]:
+    """A warning for each run of ``best`` that spiked after warmup (``RunRecord.grad_norm_spike``): its value may
+    be at the edge of stability, and its loss a draw that fresh seeds do not repeat."""
+    if best is None:
+        return []
+    at = ", ".join(f"{key} = {value}" for key, value in zip(keys, best.values, strict=True))
+    warnings = []
+    for run in best.runs:
+        if (spike := run.grad_norm_spike) is not None:
+            step, norm, ratio = spike
+            warnings.append(f"row {label}: at the chosen {at}, {run.path.name} spiked after warmup (pre-clip "
+                            f"gradient norm {norm:.3g} at step {step}, {ratio:.0f}x the norms logged before it): the "
+                            f"value may be at the edge of stability; compare it with the next smaller value")
+    return warnings

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import csv
+import json
 import math
+import statistics
 from pathlib import Path
 
 import pytest
@@ -47,6 +49,7 @@ def test_each_variant_at_its_best_lr(lr_sweep: Path, tmp_path: Path, capsys: pyt
         welch_by_hand(GRID["isogmlp+softmax"][2e-3], GRID["swiglu+softmax"][1e-3]), rel=1e-9)
     assert "row swiglu+softmax: the best train.lr = 0.001 is the smallest value tried" in captured.err
     assert "row isogmlp+softmax: the best" not in captured.err
+    assert "spiked" not in captured.err and "rests on one seed" not in captured.err  # 2 seeds each, no spike
     table = (out / "comparison.md").read_text()
     assert "optimistic" in table and "fresh seeds" in table
     assert "| isogmlp+softmax | 0.002 | 4.8700 ± 0.0141 * | 2 | 0 |" in table  # sensitivity, the chosen value
@@ -88,3 +91,51 @@ def test_a_variant_diverged_at_every_value_says_so(lr_sweep: Path, tmp_path: Pat
     table = (out / "comparison.md").read_text()
     assert "| isogmlp+softmax | n/a | 83.1M | 12.6M | all diverged | 0 | 6 / 0 | n/a |" in table
     assert "| swiglu+softmax | 0.001 | 83.0M | 12.5M | 4.9100 ± 0.0141 | 2 | 0 / 0 | baseline |" in table
+
+
+def _set_grad_norm(run: Path, step: int, norm: float) -> None:
+    """The pre-clip gradient norm logged at ``step``."""
+    rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    for row in rows:
+        if row["kind"] == "train" and row["step"] == step:
+            row["grad_norm"] = norm
+    (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+
+
+def test_a_chosen_value_whose_run_spiked_after_warmup_is_warned_about(tmp_path: Path,
+                                                                     capsys: pytest.CaptureFixture[str]) -> None:
+    """Norms are 1.0-1.3 (write_run): 14 at step 12 is >= 10x the median of the 10 norms before it, 9 is not, and
+    a spike in warmup (steps 1-5) or at a value not chosen does not count."""
+    root = tmp_path / "runs"
+    runs = {(lr, seed): write_run(root, "swiglu+softmax", seed, loss, train__lr=lr, train__warmup_steps=5,
+                                  dirname=f"swiglu-lr{lr}-s{seed}")
+            for lr, losses in {1e-3: [4.90, 4.92], 2e-3: [4.80, 4.82], 4e-3: [5.0, 5.1]}.items()
+            for seed, loss in enumerate(losses)}
+    _set_grad_norm(runs[2e-3, 0], 3, 500.0)
+    _set_grad_norm(runs[2e-3, 1], 12, 9.0)
+    _set_grad_norm(runs[4e-3, 0], 12, 500.0)
+    out = tmp_path / "out"
+    assert main(["compare", str(root / "*"), "--tune", "train.lr", "--out", str(out), "--no-plots"]) == 0
+    assert "spiked" not in capsys.readouterr().err
+    _set_grad_norm(runs[2e-3, 1], 12, 14.0)
+    assert main(["compare", str(root / "*"), "--tune", "train.lr", "--out", str(out), "--no-plots"]) == 0
+    spikes = [line for line in capsys.readouterr().err.splitlines() if "spiked" in line]
+    median = statistics.median(1.1 + 0.01 * step for step in range(2, 12))
+    assert spikes == [f"warning: row swiglu+softmax: at the chosen train.lr = 0.002, swiglu-lr0.002-s1 spiked after "
+                      f"warmup (pre-clip gradient norm 14 at step 12, {14.0 / median:.0f}x the norms logged before "
+                      f"it): the value may be at the edge of stability; compare it with the next smaller value"]
+    assert spikes[0][9:] in (out / "comparison.md").read_text()
+
+
+def test_values_chosen_on_one_seed_are_named_in_one_warning(tmp_path: Path,
+                                                           capsys: pytest.CaptureFixture[str]) -> None:
+    root = tmp_path / "runs"
+    for variant, by_lr in GRID.items():
+        for lr, losses in by_lr.items():
+            write_run(root, variant, 0, 4.0 if math.isnan(losses[1]) else losses[1], train__lr=lr,
+                      dirname=f"{variant.split('+')[0]}-lr{lr}")
+    assert main(["compare", str(root / "*"), "--tune", "train.lr", "--out", str(tmp_path / "o"), "--no-plots"]) == 0
+    one_seed = [line for line in capsys.readouterr().err.splitlines() if "one seed" in line]
+    assert one_seed == ["warning: rows isogmlp+softmax, swiglu+softmax: the chosen train.lr rests on one seed; a "
+                        "one-seed grid can choose a value at the edge of stability: confirm it and the next smaller "
+                        "value on 2 or more seeds"]
