@@ -30,7 +30,7 @@ from llm.train.distributed import gather_messages, is_main_process
 
 __all__ = [
     "MANIFEST", "MODEL_DIR", "POINTER", "CheckpointError", "CheckpointWarning", "checkpoint_name", "checkpoint_names",
-    "fsync_path", "has_checkpoints", "latest_checkpoint", "pointer_target", "prune",
+    "fsync_path", "latest_checkpoint", "pointer_target", "prune",
     "usable_checkpoints", "verify_checkpoint", "write_manifest", "write_pointer",
 ]
 
@@ -60,12 +60,6 @@ def fsync_path(path: Path) -> None:
         os.close(fd)
 
 
-def _fsync_dirs(root: Path) -> None:
-    """fsync every directory of ``root``, bottom-up (their files are fsynced as the manifest hashes them)."""
-    for dirpath, _, _ in os.walk(root, topdown=False):
-        fsync_path(Path(dirpath))
-
-
 def _checksum(path: Path, *, fsync: bool = False) -> str:
     """xxh3-128 of the file's bytes (several GB/s: a checkpoint is hashed about as fast as it is read);
     ``fsync``: also fsync the file through the same descriptor (one open and one pass per file on save)."""
@@ -87,7 +81,8 @@ def write_manifest(root: Path) -> None:
         f.write(json.dumps(files, indent=1, sort_keys=True))
         f.flush()
         os.fsync(f.fileno())
-    _fsync_dirs(root)
+    for dirpath, _, _ in os.walk(root, topdown=False):  # their files were fsynced as they were hashed
+        fsync_path(Path(dirpath))
 
 
 def write_pointer(ckpt_dir: Path, name: str) -> None:
@@ -107,10 +102,6 @@ def _complete_dirs(ckpt_dir: Path) -> list[Path]:
     dirs = [p for p in ckpt_dir.iterdir() if p.is_dir() and p.name[len(PREFIX):].isdigit()
             and p.name.startswith(PREFIX)]
     return sorted(dirs, key=lambda p: int(p.name[len(PREFIX):]), reverse=True)
-
-
-def has_checkpoints(ckpt_dir: str | Path) -> bool:
-    return bool(_complete_dirs(Path(ckpt_dir)))
 
 
 def checkpoint_names(ckpt_dir: str | Path) -> list[str]:
