@@ -165,7 +165,7 @@ def verify_checkpoint(path: str | Path) -> None:
                 raise CheckpointError(f"{path}: {rel} is not a valid safetensors file ({err})") from None
 
 
-def usable_checkpoints(ckpt_dir: str | Path, *, warn: bool = True, all_ranks: bool = False) -> Iterator[Path]:
+def usable_checkpoints(ckpt_dir: str | Path, *, all_ranks: bool = False) -> Iterator[Path]:
     """The complete checkpoints that verify, the ``latest`` pointer's target first, then newest first; each
     that does not verify is skipped with a ``CheckpointWarning`` naming it and why.
 
@@ -174,7 +174,7 @@ def usable_checkpoints(ckpt_dir: str | Path, *, warn: bool = True, all_ranks: bo
     everywhere)."""
     ckpt_dir = Path(ckpt_dir)
     candidates = _complete_dirs(ckpt_dir)
-    target = pointer_target(ckpt_dir, warn=warn)
+    target = pointer_target(ckpt_dir, warn=True)
     if target is not None and ckpt_dir / target in candidates:
         candidates.remove(ckpt_dir / target)
         candidates.insert(0, ckpt_dir / target)
@@ -188,13 +188,12 @@ def usable_checkpoints(ckpt_dir: str | Path, *, warn: bool = True, all_ranks: bo
         if all_ranks:
             error = next(iter(gather_messages(error)), None)
         if error is not None:
-            if warn:
-                warnings.warn(f"skipping checkpoint {error}", CheckpointWarning, stacklevel=2)
+            warnings.warn(f"skipping checkpoint {error}", CheckpointWarning, stacklevel=2)
             continue
         yield candidate
 
 
-def latest_checkpoint(ckpt_dir: str | Path, *, warn: bool = True) -> Path | None:
+def latest_checkpoint(ckpt_dir: str | Path) -> Path | None:
     """The newest complete checkpoint: the ``latest`` pointer's target when it verifies, else the
     newest one that does (skipping, with a ``CheckpointWarning``, each that does not); None if none."""
-    return next(usable_checkpoints(ckpt_dir, warn=warn), None)
+    return next(usable_checkpoints(ckpt_dir), None)
