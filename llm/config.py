@@ -247,14 +247,6 @@ def read_yaml(path: Path, seen: tuple[Path, ...] = ()) -> DictConfig:
     return OmegaConf.merge(merged, node)
 
 
-def _one_line(err: OmegaConfBaseException) -> ConfigError:
-    key = getattr(err, "full_key", None) or "config"
-    message = str(err).splitlines()[0]
-    if "not in struct" in message or ("Key '" in message and "not" in message):
-        message = "unknown key"
-    return ConfigError(key, message)
-
-
 def flatten(node: dict[str, Any], prefix: str = "") -> dict[str, Any]:
     """A nested config dict as dotted keys: ``{"train": {"lr": 1e-3}}`` -> ``{"train.lr": 1e-3}``."""
     flat: dict[str, Any] = {}
@@ -290,8 +282,11 @@ def _resolve(layers: list[DictConfig | dict[str, Any]], overrides: list[str], sa
                 raise ConfigError(override, "expected key.sub=value")
             merged = OmegaConf.merge(merged, OmegaConf.from_dotlist([override]))
         config = OmegaConf.to_object(merged)
-    except OmegaConfBaseException as err:
-        raise _one_line(err) from None
+    except OmegaConfBaseException as err:  # in one line, naming the key
+        message = str(err).splitlines()[0]
+        if "not in struct" in message or ("Key '" in message and "not" in message):
+            message = "unknown key"
+        raise ConfigError(getattr(err, "full_key", None) or "config", message) from None
     assert isinstance(config, RunConfig)
     return config.validate()
 

@@ -4,21 +4,16 @@ The trainer needs three calls (docs/ARCHITECTURE.md): ``load_tokenizer``, ``buil
 ``build_val_windows``.
 """
 
-from llm.data.sources import Source, resolve_source
 from llm.data.stream import TrainLoader, build_train_loader
-from llm.data.tokenizer import eos_id, load_tokenizer, padded_vocab_size, tokenizer_identity, train_tokenizer
-from llm.data.validation import build_val_windows, is_validation
+from llm.data.tokenizer import eos_id, load_tokenizer, padded_vocab_size, train_tokenizer
+from llm.data.validation import build_val_windows
 
 __all__ = [
-    "Source",
     "TrainLoader",
     "build_train_loader",
     "build_val_windows",
     "eos_id",
-    "is_validation",
     "load_tokenizer",
     "padded_vocab_size",
-    "resolve_source",
-    "tokenizer_identity",
     "train_tokenizer",
 ]

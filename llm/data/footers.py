@@ -26,7 +26,7 @@ import json
 import warnings
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
@@ -65,9 +65,6 @@ class Footer:
         groups = tuple((group.num_rows, sum(group.column(c).total_compressed_size for c in range(group.num_columns)))
                        for group in map(meta.row_group, range(meta.num_row_groups)))
         return cls(columns, groups)
-
-    def to_json(self) -> dict[str, Any]:
-        return {"columns": [list(c) for c in self.columns], "row_groups": [list(g) for g in self.row_groups]}
 
     @classmethod
     def from_json(cls, entry: dict[str, Any]) -> Footer:
@@ -126,7 +123,7 @@ def read_cache(path: Path) -> dict[str, tuple[Fingerprint, Footer]]:
 def write_cache(path: Path, files: Sequence[str], prints: Sequence[Fingerprint | None],
                 found: dict[str, Footer]) -> None:
     """Write the footers of ``files`` with their fingerprints (those without one are left out) atomically."""
-    entries = {file: {"fingerprint": fp, **found[file].to_json()}
+    entries = {file: {"fingerprint": fp, **asdict(found[file])}  # json writes the tuples as lists
                for file, fp in zip(files, prints, strict=True) if fp is not None}
     text = json.dumps({"format": FORMAT, "blake2b": _checksum(entries), "files": entries}, separators=(",", ":"))
     try:

@@ -23,7 +23,7 @@ from __future__ import annotations
 import json
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, BinaryIO
+from typing import Any
 
 import numpy as np
 from tokenizers import Tokenizer
@@ -61,20 +61,14 @@ def prepare(data_cfg: DataConfig, tokenizer: Tokenizer, out_dir: str | Path, max
     pieces = []
     for k in range(len(files)):  # every file's tokens, empty for one that max_tokens leaves unread
         (out / f"tokens_{k:05d}.bin").write_bytes(b"")
-    # a file's pieces are consecutive in source order: one output open at a time (a repository may hold
-    # more files than a process may open)
-    output: BinaryIO | None = None
-    opened = -1
-    try:
-        for index, piece in enumerate(stream.pieces):
-            if max_tokens is not None and total >= max_tokens:
-                break
-            k = files[piece.file]
-            if k != opened:
-                if output is not None:
-                    output.close()
-                output, opened = (out / f"tokens_{k:05d}.bin").open("ab"), k
-            start, docs = written[k], 0
+    for index, piece in enumerate(stream.pieces):
+        if max_tokens is not None and total >= max_tokens:
+            break
+        k = files[piece.file]
+        start, docs = written[k], 0
+        # a file's pieces are consecutive in source order; each appends to the file's tokens with one output open
+        # at a time (a repository may hold more files than a process may open)
+        with (out / f"tokens_{k:05d}.bin").open("ab") as output:
             for _, texts in stream.piece_docs(index, 0, piece.size):
                 if texts:
                     tokens, lengths = encode_documents(stream.tokenizer, texts, stream.eos)
@@ -87,10 +81,7 @@ def prepare(data_cfg: DataConfig, tokenizer: Tokenizer, out_dir: str | Path, max
                     docs += len(texts)
                 if max_tokens is not None and total >= max_tokens:
                     break
-            pieces.append({"file": k, "start": start, "num_tokens": written[k] - start, "num_docs": docs})
-    finally:
-        if output is not None:
-            output.close()
+        pieces.append({"file": k, "start": start, "num_tokens": written[k] - start, "num_docs": docs})
     index = {"format": FORMAT, "source": stream.source.identity(), "tokenizer": tokenizer_identity(tokenizer),
              "val_bucket": data_cfg.val_bucket, "max_doc_chars": data_cfg.max_doc_chars,
              "max_tokens": max_tokens,

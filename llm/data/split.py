@@ -23,7 +23,7 @@ import numpy as np
 
 from llm.data.pieces import Piece
 
-__all__ = ["NodeShare", "Segment", "epoch_order", "node_range", "node_segments", "node_shares"]
+__all__ = ["NodeShare", "Segment", "epoch_order", "node_segments", "node_shares"]
 
 Segment = tuple[int, int, int]
 """(index of the piece in source order, first unit, end unit) within the piece."""
@@ -36,14 +36,10 @@ def epoch_order(num_pieces: int, seed: int, epoch: int, shuffle: bool) -> list[i
     return [int(i) for i in np.random.default_rng([seed, epoch]).permutation(num_pieces)]
 
 
-def node_range(total: int, node: int, num_nodes: int) -> tuple[int, int]:
-    """Node ``node``'s contiguous share ``[lo, hi)`` of ``total`` units."""
-    return total * node // num_nodes, total * (node + 1) // num_nodes
-
-
 def node_segments(pieces: Sequence[Piece], order: list[int], node: int, num_nodes: int) -> list[Segment]:
     """The segments of ``pieces`` (visited in ``order``) that make up node ``node``'s share of the epoch."""
-    lo, hi = node_range(sum(p.size for p in pieces), node, num_nodes)
+    total = sum(p.size for p in pieces)
+    lo, hi = total * node // num_nodes, total * (node + 1) // num_nodes
     segments: list[Segment] = []
     offset = 0
     for index in order:

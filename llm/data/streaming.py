@@ -42,17 +42,11 @@ class StreamingTokens(TokenSource):
 
     def __init__(self, data_cfg: DataConfig, tokenizer: Tokenizer) -> None:
         self.reader = PieceReader(data_source(data_cfg), data_cfg)
+        self.source: Source = self.reader.source
+        self.pieces: tuple[Piece, ...] = self.reader.pieces
         self.tokenizer = tokenizer
         self.eos = eos_id(tokenizer)
         self.cfg = data_cfg
-
-    @property
-    def source(self) -> Source:
-        return self.reader.source
-
-    @property
-    def pieces(self) -> tuple[Piece, ...]:
-        return self.reader.pieces
 
     def piece_docs(self, piece: int, start: int, hi: int) -> Iterator[tuple[int, list[str]]]:
         """(position before the batch, training texts of the batch) of a piece's range: validation documents
@@ -116,16 +110,12 @@ def _windows(source: StreamingTokens, node: int, num_nodes: int, width: int, sta
                 parts, have = [], 0
 
 
-def initial_state() -> State:
-    return {"block": 0, "index": 0, "start": {"epoch": 0, "pos": None, "offset": 0}}
-
-
 def iter_windows(
     source: StreamingTokens, node: int, num_nodes: int, width: int, seed: int, shuffle_block: int,
     state: State | None = None, max_epochs: int | None = None,
 ) -> Iterator[tuple[np.ndarray, State]]:
     """One node's shuffled windows, each with the node state after it (resume from it to continue)."""
-    state = state or initial_state()
+    state = state or {"block": 0, "index": 0, "start": {"epoch": 0, "pos": None, "offset": 0}}
     block, skip, start = state["block"], state["index"], state["start"]
     windows = _windows(source, node, num_nodes, width, start, max_epochs)
     while True:

@@ -71,7 +71,6 @@ def load_tokenizer(spec: str | None = None) -> Tokenizer:
         path = path / "tokenizer.json"
         if not path.is_file():
             raise FileNotFoundError(f"data.tokenizer: no tokenizer.json in directory {path.parent}")
-        return Tokenizer.from_file(str(path))
     if path.is_file():
         return Tokenizer.from_file(str(path))
     if path.suffix == ".json" or spec.startswith((".", "/", "~")):

@@ -71,7 +71,7 @@ from llm.train.checkpoint_files import (
 from llm.train.distributed import all_ranks_agree, gather_messages, is_main_process, rank_and_world_size
 from llm.train.model_dir import save_model_dir
 
-__all__ = ["check_model_config", "load_checkpoint", "resume_checkpoint", "save_checkpoint"]
+__all__ = ["load_checkpoint", "resume_checkpoint", "save_checkpoint"]
 
 def _load_exported_weights(model: nn.Module, model_dir: Path) -> None:
     """Copy the weights of the ``save_pretrained`` directory ``model_dir`` (one file or shards) into
@@ -190,21 +190,17 @@ def save_checkpoint(
     return final
 
 
-def check_model_config(path: str | Path, config: RunConfig) -> None:
-    """Raise ``ConfigError`` naming every model field that differs between checkpoint and config."""
-    saved = asdict(load_config(str(Path(path) / "config.yaml"), saved_run=True).model)  # schema fills newer fields
+def load_checkpoint(path: str | Path, *, accelerator: Accelerator, loader: Any, config: RunConfig) -> dict:
+    """Restore model, optimizer, scheduler, RNG and this rank's data-loader state from ``path``
+    (after checking the model config matches: a ``ConfigError`` names every model field that differs); return
+    the saved ``trainer.json`` dict."""
+    path = Path(path)
+    saved = asdict(load_config(str(path / "config.yaml"), saved_run=True).model)  # schema fills newer fields
     current = asdict(config.model)
     diffs = [f"{k} (checkpoint {saved.get(k)!r}, config {current.get(k)!r})"
              for k in sorted(set(saved) | set(current)) if saved.get(k) != current.get(k)]
     if diffs:
         raise ConfigError("model", f"checkpoint {path} has a different model: {', '.join(diffs)}")
-
-
-def load_checkpoint(path: str | Path, *, accelerator: Accelerator, loader: Any, config: RunConfig) -> dict:
-    """Restore model, optimizer, scheduler, RNG and this rank's data-loader state from ``path``
-    (after checking the model config matches); return the saved ``trainer.json`` dict."""
-    path = Path(path)
-    check_model_config(path, config)
     saved_world = len(list((path / "state").glob("data_rank*.pt")))
     # every rank's loader state: a run resumed with another number of processes continues the global data
     # order from all of them (prepared tokens), or the loader refuses in one line (a streamed source)

@@ -30,7 +30,7 @@ from llm.train.distributed import gather_messages, is_main_process
 
 __all__ = [
     "MANIFEST", "MODEL_DIR", "POINTER", "CheckpointError", "CheckpointWarning", "checkpoint_name", "checkpoint_names",
-    "fsync_path", "has_checkpoints", "latest_checkpoint", "pointer_target", "prune",
+    "fsync_path", "latest_checkpoint", "pointer_target", "prune",
     "usable_checkpoints", "verify_checkpoint", "write_manifest", "write_pointer",
 ]
 
@@ -60,12 +60,6 @@ def fsync_path(path: Path) -> None:
         os.close(fd)
 
 
-def _fsync_dirs(root: Path) -> None:
-    """fsync every directory of ``root``, bottom-up (their files are fsynced as the manifest hashes them)."""
-    for dirpath, _, _ in os.walk(root, topdown=False):
-        fsync_path(Path(dirpath))
-
-
 def _checksum(path: Path, *, fsync: bool = False) -> str:
     """xxh3-128 of the file's bytes (several GB/s: a checkpoint is hashed about as fast as it is read);
     ``fsync``: also fsync the file through the same descriptor (one open and one pass per file on save)."""
@@ -87,7 +81,8 @@ def write_manifest(root: Path) -> None:
         f.write(json.dumps(files, indent=1, sort_keys=True))
         f.flush()
         os.fsync(f.fileno())
-    _fsync_dirs(root)
+    for dirpath, _, _ in os.walk(root, topdown=False):  # their files were fsynced as they were hashed
+        fsync_path(Path(dirpath))
 
 
 def write_pointer(ckpt_dir: Path, name: str) -> None:
@@ -107,10 +102,6 @@ def _complete_dirs(ckpt_dir: Path) -> list[Path]:
     dirs = [p for p in ckpt_dir.iterdir() if p.is_dir() and p.name[len(PREFIX):].isdigit()
             and p.name.startswith(PREFIX)]
     return sorted(dirs, key=lambda p: int(p.name[len(PREFIX):]), reverse=True)
-
-
-def has_checkpoints(ckpt_dir: str | Path) -> bool:
-    return bool(_complete_dirs(Path(ckpt_dir)))
 
 
 def checkpoint_names(ckpt_dir: str | Path) -> list[str]:
@@ -174,7 +165,7 @@ def verify_checkpoint(path: str | Path) -> None:
                 raise CheckpointError(f"{path}: {rel} is not a valid safetensors file ({err})") from None
 
 
-def usable_checkpoints(ckpt_dir: str | Path, *, warn: bool = True, all_ranks: bool = False) -> Iterator[Path]:
+def usable_checkpoints(ckpt_dir: str | Path, *, all_ranks: bool = False) -> Iterator[Path]:
     """The complete checkpoints that verify, the ``latest`` pointer's target first, then newest first; each
     that does not verify is skipped with a ``CheckpointWarning`` naming it and why.
 
@@ -183,7 +174,7 @@ def usable_checkpoints(ckpt_dir: str | Path, *, warn: bool = True, all_ranks: bo
     everywhere)."""
     ckpt_dir = Path(ckpt_dir)
     candidates = _complete_dirs(ckpt_dir)
-    target = pointer_target(ckpt_dir, warn=warn)
+    target = pointer_target(ckpt_dir, warn=True)
     if target is not None and ckpt_dir / target in candidates:
         candidates.remove(ckpt_dir / target)
         candidates.insert(0, ckpt_dir / target)
@@ -197,13 +188,12 @@ def usable_checkpoints(ckpt_dir: str | Path, *, warn: bool = True, all_ranks: bo
         if all_ranks:
             error = next(iter(gather_messages(error)), None)
         if error is not None:
-            if warn:
-                warnings.warn(f"skipping checkpoint {error}", CheckpointWarning, stacklevel=2)
+            warnings.warn(f"skipping checkpoint {error}", CheckpointWarning, stacklevel=2)
             continue
         yield candidate
 
 
-def latest_checkpoint(ckpt_dir: str | Path, *, warn: bool = True) -> Path | None:
+def latest_checkpoint(ckpt_dir: str | Path) -> Path | None:
     """The newest complete checkpoint: the ``latest`` pointer's target when it verifies, else the
     newest one that does (skipping, with a ``CheckpointWarning``, each that does not); None if none."""
-    return next(usable_checkpoints(ckpt_dir, warn=warn), None)
+    return next(usable_checkpoints(ckpt_dir), None)

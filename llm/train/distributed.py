@@ -58,12 +58,9 @@ def disagreement(values: dict[str, int]) -> str | None:
     """Where a rank's ``values`` differ from rank 0's, as one line naming the rank and the value (the same line on
     every rank), or None when every rank has the same. A rank that would run one step or micro-batch more than the
     others would wait in a collective that never comes: this is asked once before the first step."""
-    if not is_distributed():
-        return None
-    gathered: list[dict[str, int] | None] = [None] * dist.get_world_size()
-    dist.all_gather_object(gathered, values)
+    gathered = gather_messages(values)
     for rank, theirs in enumerate(gathered):
-        for key, value in (theirs or {}).items():
+        for key, value in theirs.items():
             if value != gathered[0][key]:
                 return (f"rank {rank} disagrees with rank 0 on {key} ({value} vs {gathered[0][key]}): every rank must "
                         f"run the same steps and micro-batches")

@@ -74,29 +74,25 @@ class RunLock:
         path.parent.mkdir(parents=True, exist_ok=True)
         record = {"pid": os.getpid(), "host": socket.gethostname(), "lease_s": lease_s}
         with _exclusive(path.parent):
-            return cls._acquire_guarded(path, record, created_dir)
-
-    @classmethod
-    def _acquire_guarded(cls, path: Path, record: dict, created_dir: bool) -> RunLock:
-        for _ in range(2):  # a stale lock is removed once, then created afresh
-            try:
-                fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
-            except FileExistsError:
-                holder = cls._holder(path)
-                if holder is not None and not cls._stale(holder):
-                    raise RunLockedError(
-                        f"{path.parent} is in use by pid {holder['pid']} on {holder['host']} ({path}); wait for "
-                        f"that run to end, or choose another name=") from None
-                path.unlink(missing_ok=True)
-                continue
-            try:
-                with os.fdopen(fd, "w") as f:
-                    json.dump({**record, "renewed": time.time()}, f)
-            except OSError:  # a full disk: leave no empty lock behind
-                path.unlink(missing_ok=True)
-                raise
-            return cls(path, record, created_dir)
-        raise RunLockedError(f"{path.parent}: another process took {path} while a stale lock was replaced")
+            for _ in range(2):  # a stale lock is removed once, then created afresh
+                try:
+                    fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
+                except FileExistsError:
+                    holder = cls._holder(path)
+                    if holder is not None and not cls._stale(holder):
+                        raise RunLockedError(
+                            f"{path.parent} is in use by pid {holder['pid']} on {holder['host']} ({path}); wait for "
+                            f"that run to end, or choose another name=") from None
+                    path.unlink(missing_ok=True)
+                    continue
+                try:
+                    with os.fdopen(fd, "w") as f:
+                        json.dump({**record, "renewed": time.time()}, f)
+                except OSError:  # a full disk: leave no empty lock behind
+                    path.unlink(missing_ok=True)
+                    raise
+                return cls(path, record, created_dir)
+            raise RunLockedError(f"{path.parent}: another process took {path} while a stale lock was replaced")
 
     @staticmethod
     def _holder(path: Path) -> dict | None:

@@ -38,10 +38,6 @@ MULTIPLIER_GROUPS = {"mixing_lr_mult": "mixing", "focus_mu_lr_mult": "focus_mu",
 """``ModelConfig`` multiplier field -> optimizer group name, in group order."""
 
 
-def _embedding_params(model: nn.Module) -> set[int]:
-    return {id(m.weight) for m in model.modules() if isinstance(m, nn.Embedding)}
-
-
 def multiplier_of(model: nn.Module) -> dict[int, str]:
     """``id(parameter)`` -> its multiplier field, for every parameter a module lists in ``LR_MULTIPLIERS``."""
     fields: dict[int, str] = {}
@@ -66,7 +62,7 @@ def param_groups(model: nn.Module, config: RunConfig) -> list[dict]:
     deduplicates).
     """
     train, model_cfg = config.train, config.model
-    embeddings = _embedding_params(model)
+    embeddings = {id(m.weight) for m in model.modules() if isinstance(m, nn.Embedding)}
     multipliers = multiplier_of(model)
     scaled = {id(p) for p in mup_scaled_parameters(model)} if model_cfg.parametrization == "mup" else set()
     buckets: dict[str, list[nn.Parameter]] = {"decay": [], "mup_hidden": [], "no_decay": [],
@@ -95,18 +91,6 @@ def param_groups(model: nn.Module, config: RunConfig) -> list[dict]:
     ]
 
 
-def _clip_after_step(modules: list[nn.Module]) -> Callable[..., None]:
-    """An optimizer step post-hook that calls ``clip_parameters_`` of each of ``modules`` (the focusing
-    neuron's Algorithm 3 clipping). The modules are found once; the method is looked up at call time, so
-    modules that DDP wraps or FSDP2 shards in place work."""
-
-    def hook(optimizer: torch.optim.Optimizer, args: object, kwargs: object) -> None:
-        for module in modules:
-            module.clip_parameters_()
-
-    return hook
-
-
 def build_optimizer(model: nn.Module, config: RunConfig) -> torch.optim.AdamW:
     """AdamW over ``param_groups`` (clipping the focus parameters after each step), fused: one kernel for
     all parameters, on CPU as on CUDA (4x faster than the default multi-tensor path on these CPUs;
@@ -115,9 +99,15 @@ def build_optimizer(model: nn.Module, config: RunConfig) -> torch.optim.AdamW:
     t = config.train
     optimizer = torch.optim.AdamW(param_groups(model, config), lr=t.lr, betas=(t.beta1, t.beta2), eps=t.eps,
                                   fused=True)
-    clipped = clipped_modules(model)
-    if clipped:  # not a walk over every module at every step
-        optimizer.register_step_post_hook(_clip_after_step(clipped))
+    clipped = clipped_modules(model)  # found once, not a walk over every module at every step
+
+    def clip_after_step(optimizer: torch.optim.Optimizer, args: object, kwargs: object) -> None:
+        # the method is looked up at call time, so modules that DDP wraps or FSDP2 shards in place work
+        for module in clipped:
+            module.clip_parameters_()
+
+    if clipped:
+        optimizer.register_step_post_hook(clip_after_step)
     return optimizer
 
 
@@ -144,12 +134,6 @@ def lr_lambda(warmup_steps: int, max_steps: int, min_lr_ratio: float) -> Callabl
     return multiplier
 
 
-def warmup_steps(config: RunConfig, max_steps: int) -> int:
-    """``train.warmup_steps``, clamped to the run's ``max_steps``: a longer warmup would end the run before the lr
-    reached ``train.lr`` (``schedule_warnings`` says so at start)."""
-    return min(config.train.warmup_steps, max_steps)
-
-
 def schedule_warnings(config: RunConfig, max_steps: int) -> list[str]:
     """One line for each schedule setting that cannot happen as written in a run of ``max_steps`` steps."""
     t, lines = config.train, []
@@ -163,4 +147,6 @@ def schedule_warnings(config: RunConfig, max_steps: int) -> list[str]:
 
 
 def build_scheduler(optimizer: torch.optim.Optimizer, config: RunConfig, max_steps: int) -> LambdaLR:
-    return LambdaLR(optimizer, lr_lambda(warmup_steps(config, max_steps), max_steps, config.train.min_lr_ratio))
+    # a warmup longer than the run is clamped to it, reaching train.lr at the last step (schedule_warnings says so)
+    warmup = min(config.train.warmup_steps, max_steps)
+    return LambdaLR(optimizer, lr_lambda(warmup, max_steps, config.train.min_lr_ratio))

@@ -30,7 +30,7 @@ from llm.metrics.layers import layer_report
 from llm.model import IsoLLMConfig, IsoLLMForCausalLM, param_counts
 from llm.model.config import ConfigError, ModelConfig
 from llm.train.checkpoint import resume_checkpoint, save_checkpoint
-from llm.train.checkpoint_files import checkpoint_names, has_checkpoints
+from llm.train.checkpoint_files import checkpoint_names
 from llm.train.distributed import disagreement, gather_messages, is_distributed, is_main_process, rank_and_world_size
 from llm.train.engine import engine_in_use, engine_mismatch, engine_requested, set_deepspeed_micro_batch
 from llm.train.evaluate import evaluate
@@ -113,7 +113,7 @@ def _resume(config: RunConfig, ckpt_dir: Path, accelerator: Accelerator,
                           if config.resume else (None, None))
     if saved is not None:
         main_print(f"resumed from {resume_from} at step {saved['state']['step']}")
-    elif config.resume is True and has_checkpoints(ckpt_dir):
+    elif config.resume is True and checkpoint_names(ckpt_dir):
         raise ConfigError("resume", f"no usable checkpoint in {ckpt_dir} (found {', '.join(checkpoint_names(ckpt_dir))}"
                                     f"; each skipped, see the warnings): not starting over them; repair or move "
                                     f"them, or pass resume=restart to start from step 0")
@@ -256,7 +256,7 @@ def setup_run(config: RunConfig, teardown: ExitStack) -> Run:
         teardown.callback(lock.release)
     # Looked at only under the lock: a run of this name ending between an earlier look and the lock would leave
     # checkpoints that this run, starting from step 0, would overwrite.
-    if not config.resume and has_checkpoints(ckpt_dir):
+    if not config.resume and checkpoint_names(ckpt_dir):
         raise ConfigError("resume", f"{run_dir} already holds checkpoints; pass resume=true to continue "
                                     f"that run or choose another name=")
     max_steps = resolve_max_steps(config)
