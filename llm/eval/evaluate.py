@@ -23,7 +23,7 @@ import contextlib
 import json
 import math
 import re
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -212,9 +212,6 @@ class EvalReport:
     layers: list[dict[str, float]] = field(default_factory=list)
     samples: list[dict[str, str]] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
-
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
 
 
 def _variant(model: nn.Module) -> str | None:

@@ -125,20 +125,16 @@ def _layer_panel(ax: Axes, members: Sequence[RunRecord], key: str, title: str) -
     ax.legend(fontsize="x-small", ncol=2)
 
 
-def _per_layer_over_training(rows: Rows, key: str, path: Path, title: str) -> Path:
-    """One panel per row that logged ``key``: ``key`` of each layer (colour = depth) against training tokens."""
-    logged = {label: members for label, members in rows.items() if _layers(members, key)}
+def plot_isotropy(rows: Rows, path: Path) -> Path:
+    """IsoScore of each layer's hidden states over training (layer 0 = embedding output), one panel per row that
+    logged it (colour = depth)."""
+    logged = {label: members for label, members in rows.items() if _layers(members, "isoscore")}
     fig, axes = plt.subplots(1, len(logged), figsize=(5 * len(logged), 4), squeeze=False, sharey=True)
     for ax, (label, members) in zip(axes[0], logged.items(), strict=True):
-        _layer_panel(ax, members, key, label)
-    axes[0][0].set_ylabel(key)
-    fig.suptitle(title)
+        _layer_panel(ax, members, "isoscore", label)
+    axes[0][0].set_ylabel("isoscore")
+    fig.suptitle("IsoScore per layer over training")
     return _save(fig, path)
-
-
-def plot_isotropy(rows: Rows, path: Path) -> Path:
-    """IsoScore of each layer's hidden states over training (layer 0 = embedding output)."""
-    return _per_layer_over_training(rows, "isoscore", path, "IsoScore per layer over training")
 
 
 def plot_alpha(rows: Rows, path: Path) -> Path | None:
