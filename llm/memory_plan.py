@@ -90,8 +90,6 @@ def activation_bytes(config: ModelConfig, micro_batch: int, seq_len: int, precis
 
 @dataclass(frozen=True)
 class MemoryPlan:
-    mode: str
-    gpus: int
     weights: float
     gradients: float
     optimizer: float
@@ -124,7 +122,7 @@ def plan_memory(config: ModelConfig, mode: str, gpus: int, micro_batch: int, seq
     }[mode]
     rows = max(MIN_CHUNK_ROWS, LOGITS_PER_CHUNK["cuda"] // config.vocab_size)
     logits = 2 * 4 * rows * config.vocab_size + 4 * config.vocab_size * config.hidden_size
-    return MemoryPlan(mode, gpus, weights, gradients, optimizer,
+    return MemoryPlan(weights, gradients, optimizer,
                       activation_bytes(config, micro_batch, seq_len, precision, checkpoint_every), logits)
 
 

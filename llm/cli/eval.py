@@ -15,6 +15,7 @@ import argparse
 import json
 import math
 import sys
+from dataclasses import asdict
 from typing import Any
 
 from llm.cli.arg_types import at_least
@@ -112,7 +113,7 @@ def _evaluate(argv: list[str]) -> int:
                                  temperature=args.temperature, seed=args.seed,
                                  trust_remote_code=args.trust_remote_code, device=args.device)
     if args.json:
-        print(json.dumps(_json_safe(report.to_dict()), indent=1))
+        print(json.dumps(_json_safe(asdict(report)), indent=1))
     else:
         print(format_report(report), end="")
     return 0

@@ -68,16 +68,12 @@ class VariantSummary:
     """The row's values of ``llm.eval.grouping.SIZE_KEYS``."""
 
     @property
-    def seeds(self) -> list[int]:
-        return [r.seed for r in self.runs]
-
-    @property
     def n(self) -> int:
         return len(self.runs)
 
     def as_csv_row(self) -> dict[str, Any]:
         return {
-            "variant": self.variant, **self.tuned, "n_seeds": self.n, "seeds": " ".join(map(str, self.seeds)),
+            "variant": self.variant, **self.tuned, "n_seeds": self.n, "seeds": " ".join(str(r.seed) for r in self.runs),
             "diverged": len(self.diverged), "incomplete": len(self.incomplete),
             "params_total": self.params_total, "params_non_embedding": self.params_non_embedding,
             "val_loss_mean": self.val_loss_mean, "val_loss_std": self.val_loss_std,

@@ -23,7 +23,7 @@ import contextlib
 import json
 import math
 import re
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -213,16 +213,6 @@ class EvalReport:
     samples: list[dict[str, str]] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
 
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
-
-
-def _variant(model: nn.Module) -> str | None:
-    cfg = model.config
-    if getattr(cfg, "model_type", None) != "isollm":
-        return None
-    return cfg.to_model_config().variant_name
-
 
 def _has_ffn_diagnostics(model: nn.Module) -> bool:
     layers = getattr(getattr(model, "model", None), "layers", None)
@@ -270,11 +260,12 @@ def evaluate_checkpoint(target: str, *, config_files: list[str] | None = None,
                               position_ids=batch.get("position_ids"))
     else:
         notes.append("no per-layer report: the model's FFNs have no diagnostics() (not an isollm model)")
+    model_type = str(getattr(model.config, "model_type", "unknown"))
     generated = generate_samples(model, tokenizer, list(DEFAULT_PROMPTS[:samples]), max_new_tokens,
                                  temperature, seed, eos_id(tokenizer)) if samples > 0 else []
     return EvalReport(
-        target=target, model_path=resolved.model_path, step=resolved.step,
-        model_type=str(getattr(model.config, "model_type", "unknown")), variant=_variant(model),
+        target=target, model_path=resolved.model_path, step=resolved.step, model_type=model_type,
+        variant=model.config.to_model_config().variant_name if model_type == "isollm" else None,
         data_source=config.data.source, val_windows=windows.shape[0], val_tokens=int(metrics["val_tokens"]),
         val_bytes=n_bytes, val_loss=metrics["val_loss"], val_ppl=metrics["val_ppl"], bits_per_byte=bpb,
         layers=layers, samples=generated, notes=notes,

@@ -33,10 +33,10 @@ Rows = Mapping[str, Sequence[RunRecord]]
 """Rows of the comparison: label -> the row's runs (its seeds), in table order."""
 
 
-def _seed_band(runs: Sequence[RunRecord], rows: Callable[[RunRecord], list[Row]], x_key: str,
-               y: Callable[[Row], float | None]) -> tuple[list[float], list[float], list[float], list[float]]:
-    """x, and the mean, smallest and largest value over seeds of ``y(row)`` at each x (the smallest and largest
-    NaN where fewer than 2 seeds logged it: no band)."""
+def _plot_seeds(ax: Axes, runs: Sequence[RunRecord], rows: Callable[[RunRecord], list[Row]], x_key: str,
+                y: Callable[[Row], float | None], label: str, **style: Any) -> None:
+    """The mean over seeds of ``y(row)`` at each x, and a band from the smallest to the largest value where at
+    least 2 seeds logged it."""
     points: dict[float, list[float]] = {}
     for run in runs:
         for row in rows(run):
@@ -44,15 +44,9 @@ def _seed_band(runs: Sequence[RunRecord], rows: Callable[[RunRecord], list[Row]]
             if value is not None and not math.isnan(value):
                 points.setdefault(float(row[x_key]), []).append(float(value))
     xs = sorted(points)
-    means = [statistics.fmean(points[x]) for x in xs]
+    (line,) = ax.plot(xs, [statistics.fmean(points[x]) for x in xs], label=label, **style)
     lower = [min(points[x]) if len(points[x]) > 1 else math.nan for x in xs]
     upper = [max(points[x]) if len(points[x]) > 1 else math.nan for x in xs]
-    return xs, means, lower, upper
-
-
-def _plot_band(ax: Axes, xs: list[float], means: list[float], lower: list[float], upper: list[float], label: str,
-               **style: Any) -> None:
-    (line,) = ax.plot(xs, means, label=label, **style)
     ax.fill_between(xs, lower, upper, color=line.get_color(), alpha=0.2, linewidth=0)
 
 
@@ -89,8 +83,8 @@ def plot_val_loss(rows: Rows, path: Path) -> Path:
     fig, ax = plt.subplots(figsize=(7, 4.5))
     colours = _row_colours(rows)
     for label, members in rows.items():
-        _plot_band(ax, *_seed_band(members, lambda r: r.evals, "tokens", lambda row: row.get("val_loss")),
-                   label=f"{label} (n={len(members)})", marker=".", color=colours[label])
+        _plot_seeds(ax, members, lambda r: r.evals, "tokens", lambda row: row.get("val_loss"),
+                    label=f"{label} (n={len(members)})", marker=".", color=colours[label])
     ax.set(xlabel="training tokens", ylabel="validation loss (nats/token)", title="Validation loss")
     ax.grid(alpha=0.3)
     ax.legend()
@@ -103,8 +97,8 @@ def plot_grad_norm(rows: Rows, path: Path) -> Path:
     colours = _row_colours(rows)
     for label, members in rows.items():
         for ax, key in ((top, "grad_norm"), (bottom, "grad_norm_var_rolling")):
-            _plot_band(ax, *_seed_band(members, lambda r: r.train, "step", lambda row, k=key: row.get(k)),
-                       label=label, color=colours[label])
+            _plot_seeds(ax, members, lambda r: r.train, "step", lambda row, k=key: row.get(k), label=label,
+                        color=colours[label])
     top.set(ylabel="grad norm (pre-clip)", title="Gradient norm")
     bottom.set(xlabel="step", ylabel="rolling variance", yscale="log")
     for ax in (top, bottom):
@@ -118,27 +112,23 @@ def _layer_panel(ax: Axes, members: Sequence[RunRecord], key: str, title: str) -
     layers = _layers(members, key)
     colours = plt.cm.viridis([i / max(len(layers) - 1, 1) for i in range(len(layers))])
     for layer, colour in zip(layers, colours, strict=True):
-        _plot_band(ax, *_seed_band(members, lambda r: r.evals, "tokens", _layer_value(layer, key)),
-                   label=f"layer {layer}", color=colour)
+        _plot_seeds(ax, members, lambda r: r.evals, "tokens", _layer_value(layer, key), label=f"layer {layer}",
+                    color=colour)
     ax.set(xlabel="training tokens", title=title)
     ax.grid(alpha=0.3)
     ax.legend(fontsize="x-small", ncol=2)
 
 
-def _per_layer_over_training(rows: Rows, key: str, path: Path, title: str) -> Path:
-    """One panel per row that logged ``key``: ``key`` of each layer (colour = depth) against training tokens."""
-    logged = {label: members for label, members in rows.items() if _layers(members, key)}
+def plot_isotropy(rows: Rows, path: Path) -> Path:
+    """IsoScore of each layer's hidden states over training (layer 0 = embedding output), one panel per row that
+    logged it (colour = depth)."""
+    logged = {label: members for label, members in rows.items() if _layers(members, "isoscore")}
     fig, axes = plt.subplots(1, len(logged), figsize=(5 * len(logged), 4), squeeze=False, sharey=True)
     for ax, (label, members) in zip(axes[0], logged.items(), strict=True):
-        _layer_panel(ax, members, key, label)
-    axes[0][0].set_ylabel(key)
-    fig.suptitle(title)
+        _layer_panel(ax, members, "isoscore", label)
+    axes[0][0].set_ylabel("isoscore")
+    fig.suptitle("IsoScore per layer over training")
     return _save(fig, path)
-
-
-def plot_isotropy(rows: Rows, path: Path) -> Path:
-    """IsoScore of each layer's hidden states over training (layer 0 = embedding output)."""
-    return _per_layer_over_training(rows, "isoscore", path, "IsoScore per layer over training")
 
 
 def plot_alpha(rows: Rows, path: Path) -> Path | None:
@@ -153,9 +143,8 @@ def plot_alpha(rows: Rows, path: Path) -> Path | None:
     fig, axes = plt.subplots(1, len(with_alpha) + 1, figsize=(5 * (len(with_alpha) + 1), 4), squeeze=False)
     final_ax = axes[0][0]
     for label, members in with_alpha.items():
-        _plot_band(final_ax, *_seed_band(members, lambda r: r.evals[-1]["layers"], "layer",
-                                         lambda entry: entry.get("alpha")),
-                   label=label, marker="o", color=colours[label])
+        _plot_seeds(final_ax, members, lambda r: r.evals[-1]["layers"], "layer", lambda entry: entry.get("alpha"),
+                    label=label, marker="o", color=colours[label])
     final_ax.set(xlabel="layer", ylabel="alpha", title="Final alpha per layer")
     final_ax.grid(alpha=0.3)
     final_ax.legend()
@@ -200,7 +189,8 @@ def plot_scaling(series: Sequence[ScalingSeries], path: Path) -> Path:
         ax.errorbar(params, [row.val_loss_mean for row in found.rows], marker="o", capsize=3, linestyle="none",
                     yerr=[0.0 if math.isnan(row.val_loss_std) else row.val_loss_std for row in found.rows],
                     color=colours[found.label], label=f"{found.label} (b = {found.exponent:.3f})")
-        ax.plot(params, [found.fitted(n) for n in params], linestyle="--", color=colours[found.label])
+        ax.plot(params, [found.coefficient * n ** found.exponent for n in params], linestyle="--",
+                color=colours[found.label])
     ax.set(xscale="log", yscale="log", xlabel="non-embedding parameters", ylabel="final validation loss (nats/token)",
            title="Scaling: loss = a · N^b per variant")
     for axis in (ax.yaxis.set_major_formatter, ax.yaxis.set_minor_formatter):  # 4.5, not 4.5 x 10^0

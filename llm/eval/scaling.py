@@ -26,9 +26,6 @@ class ScalingSeries:
     exponent: float
     """b of the fit L = a * N^b (negative when the loss falls with size)."""
 
-    def fitted(self, params: float) -> float:
-        return self.coefficient * params ** self.exponent
-
 
 def scaling_series(comparison: Comparison) -> list[ScalingSeries]:
     """The comparison's series whose rows with a loss come in two or more sizes (none when every row is one size)."""

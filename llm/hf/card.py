@@ -11,9 +11,16 @@ import json
 import math
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from llm.model import ModelConfig, param_counts
 from llm.model.ffn import resolve_intermediate_size
+from llm.train.model_dir import save_model_dir
+
+if TYPE_CHECKING:
+    from tokenizers import Tokenizer
+
+    from llm.model import IsoLLMForCausalLM
 
 FFN_EQUATIONS: dict[str, str] = {
     "swiglu": "FFN(x) = W_down( SiLU(W_g x) ⊙ (W_u x) )   (the Qwen3 baseline)",
@@ -212,3 +219,18 @@ def model_card(config: ModelConfig, *, repo_id: str, run: RunSummary | None = No
     lines += ["", _usage(qwen3, repo_id), "## Citation", ""]
     lines += [f"- {citation}" for citation in _citations(config)]
     return "\n".join(lines) + "\n"
+
+
+def save_for_hub(model: IsoLLMForCausalLM, directory: str | Path, tokenizer: Tokenizer | None = None,
+                 run: RunSummary | None = None, repo_id: str | None = None) -> Path:
+    """A hub-ready directory: ``save_model_dir`` (``llm.train.model_dir``, what every checkpoint's ``model/`` is)
+    plus the ``README.md`` model card, which reports ``run``'s training (tokens, final val loss, bits per byte,
+    config) when given and shows loading from ``repo_id`` (default: the directory itself).
+
+    ``AutoModelForCausalLM.from_pretrained(directory, trust_remote_code=True)`` then rebuilds the same
+    model in any process with torch and transformers.
+    """
+    directory = save_model_dir(model, directory, tokenizer)
+    card = model_card(model.config.to_model_config(), run=run, repo_id=repo_id or str(directory))
+    (directory / "README.md").write_text(card)
+    return directory

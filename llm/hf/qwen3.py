@@ -29,6 +29,9 @@ QWEN3_REQUIREMENTS: dict[str, object] = {
     "parametrization": "standard",  # muP's logit multiplier and attention scale have no Qwen3 field
 }
 """The fields stock Qwen3 can express, and the value each must have."""
+QWEN3_SHARED_FIELDS = ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads",
+                       "max_position_embeddings", "initializer_range", "rms_norm_eps", "tie_word_embeddings")
+"""The fields ``Qwen3Config`` takes under the same name and meaning."""
 
 
 def check_qwen3_exportable(config: ModelConfig) -> None:
@@ -45,21 +48,13 @@ def qwen3_config(model: IsoLLMForCausalLM) -> Qwen3Config:
     config = model.config
     check_qwen3_exportable(config)
     return Qwen3Config(
-        vocab_size=config.vocab_size,
-        hidden_size=config.hidden_size,
         intermediate_size=model.model.layers[0].mlp.intermediate_size,
-        num_hidden_layers=config.num_hidden_layers,
-        num_attention_heads=config.num_attention_heads,
-        num_key_value_heads=config.num_key_value_heads,
         head_dim=config.resolved_head_dim,
         hidden_act="silu",
-        max_position_embeddings=config.max_position_embeddings,
-        initializer_range=config.initializer_range,
-        rms_norm_eps=config.rms_norm_eps,
-        tie_word_embeddings=config.tie_word_embeddings,
         rope_parameters={"rope_type": "default", "rope_theta": config.rope_theta},
         attention_bias=False,
         use_sliding_window=False,
+        **{name: getattr(config, name) for name in QWEN3_SHARED_FIELDS},
         **{name: getattr(config, name, None) for name in ("bos_token_id", "eos_token_id", "pad_token_id")},
     )
 

@@ -3,7 +3,7 @@
 A directory written here loads with ``AutoTokenizer``, ``AutoModelForCausalLM`` and
 ``pipeline("text-generation")`` in a process where ``llm`` is absent (``trust_remote_code=True``
 for the model; tests/hf/test_hub.py checks it). Every checkpoint's ``model/`` is one; publishing
-(``llm.hf.hub``) adds a model card.
+(``llm.hf.save_for_hub``) adds a model card.
 """
 
 from __future__ import annotations
