@@ -22,14 +22,14 @@ OFFLINE_HINT = ("the hub is unreachable, so only local paths and the cache (HF_H
                 "to skip the check")
 
 
-def hub_unreachable(timeout_s: float = PROBE_TIMEOUT_S) -> str | None:
+def hub_unreachable() -> str | None:
     """Why the hub's endpoint (``HF_ENDPOINT``) cannot be reached, or None when a TCP connection opens."""
     from huggingface_hub import constants
 
     url = urlparse(constants.ENDPOINT)
     port = url.port or (443 if url.scheme == "https" else 80)
     try:
-        socket.create_connection((url.hostname or "", port), timeout=timeout_s).close()
+        socket.create_connection((url.hostname or "", port), timeout=PROBE_TIMEOUT_S).close()
     except OSError as err:
         return f"{url.hostname}:{port}: {err.strerror or err}"
     return None

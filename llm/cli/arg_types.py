@@ -1,4 +1,4 @@
-"""Argument types shared by the command-line tools (``eval.py``, ``launch/sweep.py``)."""
+"""Argument types shared by the command-line tools (``eval.py``, ``isollm-data``, ``launch/sweep.py``)."""
 
 from __future__ import annotations
 
