@@ -3,6 +3,7 @@
     python docs/results/replicate-cpu-tuned/run.py tune                # lr grid at width 64, seed 0
     python docs/results/replicate-cpu-tuned/run.py confirm 256 64 128  # seeds 1-3 at each variant's chosen lr
     python docs/results/replicate-cpu-tuned/run.py check 256 iso_ln=4e-3  # the confirm seeds at another lr
+    python docs/results/replicate-cpu-tuned/run.py fresh 256 iso_ln=4e-3  # seeds 4-6 at the lr chosen there
 
 Every run is configs/experiments/replicate-cpu.yaml under muP (base width 256, the replication's width) at
 the replication's budget (983,040 tokens, 120 steps). Only the width changes between sizes; depth, heads, the
@@ -42,6 +43,8 @@ VARIANTS = {
     "swiglu-iso_tanh": ["model.ffn=swiglu", "model.attn_scoring=iso_tanh"],
 }
 CONFIRM_SEEDS = (1, 2, 3)
+FRESH_SEEDS = (4, 5, 6)
+"""Seeds no lr was chosen on: the confirm seeds chose between the carried lr and half of it at width 256."""
 
 
 def width_overrides(hidden: int) -> list[str]:
@@ -121,13 +124,14 @@ def main(argv: list[str]) -> None:
         print("chosen lr:", lrs, flush=True)
         run_all(dict(train_run(f"tuned-w{w}-{v}-s{s}", s, int(w), lrs[v], v)
                      for w in args for s in CONFIRM_SEEDS for v in VARIANTS))
-    elif phase == "check":
+    elif phase in ("check", "fresh"):
         width, *choices = args
         lrs = dict(choice.split("=") for choice in choices)
-        run_all(dict(train_run(f"lrcheck-w{width}-{v}-lr{lr}-s{s}", s, int(width), lr, v)
-                     for s in CONFIRM_SEEDS for v, lr in lrs.items()))
+        prefix, seeds = ("lrcheck", CONFIRM_SEEDS) if phase == "check" else ("fresh", FRESH_SEEDS)
+        run_all(dict(train_run(f"{prefix}-w{width}-{v}-lr{lr}-s{s}", s, int(width), lr, v)
+                     for s in seeds for v, lr in lrs.items()))
     else:
-        raise SystemExit(f"run.py: unknown phase {phase!r}: expected tune, confirm or check")
+        raise SystemExit(f"run.py: unknown phase {phase!r}: expected tune, confirm, check or fresh")
 
 
 if __name__ == "__main__":
