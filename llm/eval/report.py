@@ -58,8 +58,8 @@ def _sensitivity(comparison: Comparison) -> list[str]:
 
 
 def _scaling(comparison: Comparison) -> list[str]:
-    """Each series' loss at every size, its gap to the baseline of that size with the p-value, and its fit; empty
-    when every variant comes in one size."""
+    """Each series' loss at every size with its gap to the baseline of that size and the p-value, then each
+    series' fit; empty when every variant comes in one size."""
     series = scaling_series(comparison)
     baseline_at = {row.size: row.val_loss_mean for row in comparison.rows if row.variant in comparison.baselines}
     rows = []
@@ -69,15 +69,16 @@ def _scaling(comparison: Comparison) -> list[str]:
             gap = row.val_loss_mean - baseline_at.get(row.size, math.nan)
             rows.append([found.label, f"{row.params_non_embedding:,}", _loss(row.val_loss_mean, row.val_loss_std),
                          row.n, "baseline" if is_baseline else _num(gap, "+.4f"),
-                         "" if is_baseline else _num(row.p_value, ".3g"),
-                         f"a = {found.coefficient:.4g}, b = {found.exponent:.4f}"])
+                         "" if is_baseline else _num(row.p_value, ".3g")])
     if not rows:
         return []
+    fits = [[found.label, len(found.rows), f"{found.coefficient:.4g}", f"{found.exponent:.4f}"] for found in series]
     return ["", f"Scaling: final validation loss against non-embedding parameters N, and the gap to "
-                f"{comparison.baseline} at the same size (its Welch p-value); fit L = a · N^b per variant "
-                "(scaling.png)", "",
-            *_table(["Variant", "Params (non-emb.)", "Val loss (mean ± std)", "n", "Gap to baseline", "p", "Fit"],
-                    rows)]
+                f"{comparison.baseline} at the same size (its Welch p-value)", "",
+            *_table(["Variant", "Params (non-emb.)", "Val loss (mean ± std)", "n", "Gap to baseline", "p"], rows),
+            "", "Fit L = a · N^b of each variant's mean loss over its sizes (scaling.png; b < 0: the loss falls with "
+                "size)", "",
+            *_table(["Variant", "Sizes", "a", "b"], fits)]
 
 
 def format_table(comparison: Comparison) -> str:
