@@ -153,5 +153,5 @@ def build_train_loader(data_cfg: DataConfig, tokenizer: Tokenizer, micro_batch_s
                        world_size: int) -> TrainLoader:
     """The training loader of one process; reads ``data_cfg.prepared`` shards when set, else streams."""
     data_cfg.validate()
-    source = PreparedTokens if data_cfg.prepared else StreamingTokens
-    return TrainLoader(source(data_cfg, tokenizer), data_cfg, micro_batch_size, rank, world_size)
+    source_class = PreparedTokens if data_cfg.prepared else StreamingTokens
+    return TrainLoader(source_class(data_cfg, tokenizer), data_cfg, micro_batch_size, rank, world_size)

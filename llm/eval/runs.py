@@ -165,8 +165,9 @@ class RunRecord:
             if step <= self.config.train.warmup_steps or not before or not math.isfinite(norm):
                 continue
             baseline = statistics.median(before)
-            if baseline > 0 and norm >= SPIKE_FACTOR * baseline and (worst is None or norm / baseline > worst[2]):
-                worst = (step, norm, norm / baseline)
+            ratio = norm / baseline if baseline > 0 else math.nan
+            if ratio >= SPIKE_FACTOR and (worst is None or ratio > worst[2]):
+                worst = (step, norm, ratio)
         return worst
 
     @property

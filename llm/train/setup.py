@@ -113,8 +113,8 @@ def _resume(config: RunConfig, ckpt_dir: Path, accelerator: Accelerator,
                           if config.resume else (None, None))
     if saved is not None:
         main_print(f"resumed from {resume_from} at step {saved['state']['step']}")
-    elif config.resume is True and checkpoint_names(ckpt_dir):
-        raise ConfigError("resume", f"no usable checkpoint in {ckpt_dir} (found {', '.join(checkpoint_names(ckpt_dir))}"
+    elif config.resume is True and (found := checkpoint_names(ckpt_dir)):
+        raise ConfigError("resume", f"no usable checkpoint in {ckpt_dir} (found {', '.join(found)}"
                                     f"; each skipped, see the warnings): not starting over them; repair or move "
                                     f"them, or pass resume=restart to start from step 0")
     elif config.resume:

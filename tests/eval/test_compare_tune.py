@@ -139,3 +139,23 @@ def test_values_chosen_on_one_seed_are_named_in_one_warning(tmp_path: Path,
     assert one_seed == ["warning: rows isogmlp+softmax, swiglu+softmax: the chosen train.lr rests on one seed; a "
                         "one-seed grid can choose a value at the edge of stability: confirm it and the next smaller "
                         "value on 2 or more seeds"]
+
+
+def test_a_norm_that_falls_after_warmup_is_no_spike(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Norms of 20 through step 8, then about 1: the run's peak after warmup is 20x its median there, but no norm
+    is 10x the ones logged before it (the norm falls as training goes on; a run-wide median would warn)."""
+    root = tmp_path / "runs"
+    for lr, losses in {1e-3: [4.90, 4.92], 2e-3: [4.80, 4.82], 4e-3: [5.0, 5.1]}.items():
+        for seed, loss in enumerate(losses):
+            run = write_run(root, "swiglu+softmax", seed, loss, train__lr=lr, train__warmup_steps=5,
+                            dirname=f"swiglu-lr{lr}-s{seed}")
+            for step in range(1, 9):
+                _set_grad_norm(run, step, 20.0)
+    from llm.eval.runs import load_run
+
+    chosen = load_run(root / "swiglu-lr0.002-s0")
+    after_warmup = [row["grad_norm"] for row in chosen.train if row["step"] > 5]
+    assert max(after_warmup) >= 10 * statistics.median(after_warmup)
+    assert chosen.grad_norm_spike is None
+    assert main(["compare", str(root / "*"), "--tune", "train.lr", "--out", str(tmp_path / "o"), "--no-plots"]) == 0
+    assert "spiked" not in capsys.readouterr().err
