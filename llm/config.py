@@ -126,7 +126,7 @@ class TrainConfig:
     precision: str = "auto"
     """auto (bf16 autocast on GPU, fp32 elsewhere) | fp32 | bf16 (bf16 autocast on any device)."""
     compile: bool = False
-    """torch.compile the model."""
+    """torch.compile each decoder layer (in place, one compiled graph shared by all layers)."""
     activation_checkpointing: int = 0
     """Recompute every n-th decoder layer in the backward pass instead of keeping its activations (non-reentrant
     ``torch.utils.checkpoint`` through transformers' ``activation_checkpointing_enable``): 0 off, 1 every layer,

@@ -44,13 +44,13 @@ def layer_report(model: nn.Module, input_ids: torch.Tensor, samples: int, seed: 
     masking) are passed to the model as training passes them; the FFN diagnostics see the whole window.
 
     ``model`` is an unwrapped ``IsoLLMForCausalLM`` (``accelerator.unwrap_model``); it is run in eval
-    mode and its training mode restored afterwards. A ``torch.compile`` wrapper (which
-    ``unwrap_model`` keeps by default) is bypassed: one eager forward is cheap, and hooks added to a
+    mode and its training mode restored afterwards. Compiled parts (``train.compile``'s layers, a
+    ``torch.compile`` wrapper) run eagerly here: one eager forward is cheap, and hooks added inside a
     compiled module would force a recompilation.
     """
     if samples <= 0:
         raise ValueError(f"samples: expected a positive integer, got {samples}")
-    model = getattr(model, "_orig_mod", model)
+    model = getattr(model, "_orig_mod", model)  # whose hooks the wrapper's own call would not see
     ffn_inputs: dict[int, torch.Tensor] = {}
 
     def capture(index: int) -> Any:
@@ -64,7 +64,8 @@ def layer_report(model: nn.Module, input_ids: torch.Tensor, samples: int, seed: 
     was_training = model.training
     model.eval()
     try:
-        hidden_states = model(input_ids, position_ids=position_ids, output_hidden_states=True).hidden_states
+        with torch.compiler.set_stance("force_eager"):
+            hidden_states = model(input_ids, position_ids=position_ids, output_hidden_states=True).hidden_states
     finally:
         model.train(was_training)
         for handle in handles:

@@ -1,7 +1,8 @@
 """Attention scoring: what turns rotary-embedded q, k, v into the attended values.
 
 ``ATTN_SCORING_REGISTRY`` maps ``ModelConfig.attn_scoring`` to a module built as ``cls(config)`` and
-called as ``forward(q, k, v, past=None, use_cache=False, padding_mask=None) -> (out, present)`` with
+called as ``forward(q, k, v, past=None, use_cache=False, padding_mask=None, documents=None) -> (out, present)``
+(its static ``document_mask(doc_starts)`` builds the mask ``documents`` carries) with
 
 - ``q``: ``[B, H, T, D]``, ``k`` and ``v``: ``[B, Hkv, T, D]`` (grouped-query: query head ``h`` reads
   KV head ``h // (H // Hkv)``, as ``scaled_dot_product_attention(enable_gqa=True)`` does);
@@ -11,14 +12,15 @@ called as ``forward(q, k, v, past=None, use_cache=False, padding_mask=None) -> (
 - ``padding_mask``: ``[B, T_past + T]`` bool, True at real tokens, or None when every token is real.
   A padded key is seen by no query, and a padded query's output is zero, so each row of a padded batch
   gives what its real tokens give alone (left or right padding).
-- ``doc_starts``: ``[B, T]`` bool, True at the first token of each packed document (layout.py), or None.
-  A query then sees the keys of its own document only, so each document gives what it gives alone. It
-  comes without a past or a padding mask (training and scoring packed windows).
+- ``documents``: the documents packed into each row (``layout.PackedDocuments``: their starts and the mask the
+  scoring's ``document_mask`` built from them once per forward), or None. A query then sees the keys of its own
+  document only, so each document gives what it gives alone. It comes without a past or a padding mask
+  (training and scoring packed windows).
 
 Variants (``ModelConfig.attn_scoring``):
 
-- ``softmax``: ``softmax(q k^T / sqrt(D)) v`` through ``F.scaled_dot_product_attention``; the state is
-  the KV cache ``(k, v)``.
+- ``softmax``: ``softmax(q k^T / sqrt(D)) v`` through ``F.scaled_dot_product_attention`` (flash on CUDA), packed
+  documents through FlexAttention's block-sparse kernel on CUDA; the state is the KV cache ``(k, v)``.
 - ``iso_tanh`` (isotropic-deep-learning eq. 28): the softmax replaced by the isotropic tanh of eq. 16
   over each query's visible scores; linear time through the running sums ``S = sum_j k_j v_j^T`` and
   ``G = sum_j k_j k_j^T`` (the forms are in iso_tanh.py). The state is ``(S, G)``, O(1) per layer.
@@ -26,12 +28,15 @@ Variants (``ModelConfig.attn_scoring``):
 
 from __future__ import annotations
 
+import functools
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 from torch.nn.attention import SDPBackend, sdpa_kernel
+from torch.nn.attention.flex_attention import BlockMask, create_block_mask, flex_attention
 
 from .iso_tanh import (
     IsoTanhState,
@@ -42,7 +47,7 @@ from .iso_tanh import (
     iso_tanh_recurrent,
     mask_padding,
 )
-from .layout import same_document
+from .layout import PackedDocuments, same_document
 
 if TYPE_CHECKING:
     from .config import ModelConfig
@@ -51,6 +56,30 @@ DECODE_SDPA_BACKENDS = [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTI
 """SDPA kernels for one-token decoding: every backend but cuDNN, which builds an execution plan for each new
 key length, i.e. for every generated token. Measured on one H100 (torch 2.11, 134m, bf16, 2k context):
 70-90 ms per token with the default choice, 22 ms with these (docs/performance.md, GPU results)."""
+
+
+FLA_MIN_LENGTH = 8192
+"""iso_tanh's form on CUDA outside ``torch.compile``: fla's kernel from this many positions on, the chunked form
+below (fla's launches and its expansion of k and v to every query head cost more than they save on short rows).
+Under ``torch.compile`` the chunked form always runs: fla's entry point is a graph break."""
+
+
+@functools.cache
+def compiled_flex_attention() -> Callable[..., torch.Tensor]:
+    """FlexAttention compiled into its fused kernel (uncompiled it materialises the scores); inside a compiled
+    model the compiler inlines it."""
+    return torch.compile(flex_attention, dynamic=False)
+
+
+def document_block_mask(doc_starts: torch.Tensor) -> BlockMask:
+    """FlexAttention's block-sparse form of the block-diagonal causal mask of ``doc_starts`` (``[B, T]``)."""
+    document = doc_starts.long().cumsum(-1)
+
+    def same_document_causal(b: torch.Tensor, h: torch.Tensor, q: torch.Tensor, kv: torch.Tensor) -> torch.Tensor:
+        return (document[b, q] == document[b, kv]) & (q >= kv)
+
+    b, t = doc_starts.shape
+    return create_block_mask(same_document_causal, b, None, t, t, device=doc_starts.device)
 
 
 def _check_padding_mask(mask: torch.Tensor, q: torch.Tensor, keys: int | None) -> torch.Tensor:
@@ -73,18 +102,28 @@ class SoftmaxScoring(nn.Module):
     def __init__(self, config: ModelConfig) -> None:
         super().__init__()
 
+    @staticmethod
+    def document_mask(doc_starts: torch.Tensor) -> BlockMask | torch.Tensor:
+        """The block-diagonal causal mask: FlexAttention's block mask on CUDA, which skips the blocks no query
+        sees; elsewhere a dense ``[B, 1, T, T]`` bool mask for SDPA."""
+        if doc_starts.is_cuda:
+            return document_block_mask(doc_starts)
+        return same_document(doc_starts).tril()[:, None]
+
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                 past: tuple[torch.Tensor, torch.Tensor] | None = None, use_cache: bool = False,
-                padding_mask: torch.Tensor | None = None, doc_starts: torch.Tensor | None = None,
+                padding_mask: torch.Tensor | None = None, documents: PackedDocuments | None = None,
                 ) -> tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor] | None]:
         check_qkv(q, k, v)
         if past is not None:
             k = torch.cat([past[0], k], dim=2)
             v = torch.cat([past[1], v], dim=2)
         tq, tk = q.shape[2], k.shape[2]
-        if doc_starts is not None:  # block-diagonal causal: a dense [B, 1, T, T] mask (no flash kernel)
-            visible = same_document(doc_starts).tril()[:, None]
-            out = F.scaled_dot_product_attention(q, k, v, attn_mask=visible, enable_gqa=True)
+        if documents is not None and isinstance(documents.attention_mask, BlockMask):
+            flex = compiled_flex_attention() if q.is_cuda else flex_attention
+            out = flex(q, k, v, block_mask=documents.attention_mask, enable_gqa=True)
+        elif documents is not None:
+            out = F.scaled_dot_product_attention(q, k, v, attn_mask=documents.attention_mask, enable_gqa=True)
         elif padding_mask is not None:
             out = self.padded(q, k, v, _check_padding_mask(padding_mask, q, tk))
         elif tq == tk:
@@ -116,9 +155,9 @@ class SoftmaxScoring(nn.Module):
 class IsoTanhScoring(nn.Module):
     """iso_tanh attention (isotropic-deep-learning eq. 28); ``past`` / ``present`` is ``(S, G)``.
 
-    Training and prefill: fla's chunked linear-attention kernel on CUDA when installed, else
-    ``iso_tanh_chunked`` with ``config.iso_tanh_chunk_size``. A single token after a past (generation):
-    ``iso_tanh_recurrent``.
+    Training and prefill: ``iso_tanh_chunked`` with ``config.iso_tanh_chunk_size``, or fla's chunked
+    linear-attention kernel on CUDA outside ``torch.compile`` from ``FLA_MIN_LENGTH`` positions on. A single token
+    after a past (generation): ``iso_tanh_recurrent``.
     """
 
     def __init__(self, config: ModelConfig) -> None:
@@ -129,14 +168,20 @@ class IsoTanhScoring(nn.Module):
     def extra_repr(self) -> str:
         return f"chunk_size={self.chunk_size}"
 
+    @staticmethod
+    def document_mask(doc_starts: torch.Tensor) -> None:
+        """None: iso_tanh restarts its sums at the document starts themselves."""
+        return None
+
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, past: IsoTanhState | None = None,
                 use_cache: bool = False, padding_mask: torch.Tensor | None = None,
-                doc_starts: torch.Tensor | None = None) -> tuple[torch.Tensor, IsoTanhState | None]:
-        kernel = self.linear_attn if q.is_cuda else None
-        if doc_starts is not None:  # packed documents: each form restarts its sums at every document start
+                documents: PackedDocuments | None = None) -> tuple[torch.Tensor, IsoTanhState | None]:
+        long_eager = q.is_cuda and q.shape[2] >= FLA_MIN_LENGTH and not torch.compiler.is_compiling()
+        kernel = self.linear_attn if long_eager else None
+        if documents is not None:  # packed documents: each form restarts its sums at every document start
             if kernel is not None and not use_cache:  # fla's varlen input (cu_seqlens); it returns no state
-                return iso_tanh_linear_attention(q, k, v, None, kernel, doc_starts)[0], None
-            out, state = iso_tanh_chunked(q, k, v, self.chunk_size, doc_starts=doc_starts)
+                return iso_tanh_linear_attention(q, k, v, None, kernel, documents.starts)[0], None
+            out, state = iso_tanh_chunked(q, k, v, self.chunk_size, doc_starts=documents.starts)
             return out, (state if use_cache else None)
         if padding_mask is not None:  # the past's sums hold no padded key: only the new columns matter
             padding_mask = _check_padding_mask(padding_mask, q, k.shape[2] if past is None else None)

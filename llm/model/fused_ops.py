@@ -24,7 +24,7 @@ class RMSNorm(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if torch.compiler.is_compiling():  # the composed ops, which the compiler fuses itself
-            x32 = x.float()
+            x32 = x.to(torch.promote_types(x.dtype, torch.float32))
             x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
             return self.weight * x32.to(x.dtype)
         return _RMSNorm.apply(x, self.weight, self.eps)

@@ -5,24 +5,37 @@ every document (``DataCollatorWithFlattening``'s convention, which transformers'
 ``masking_utils.find_packed_sequence_indices``): a position that does not continue the previous one by 1
 starts a document. Every block that mixes positions then keeps documents apart: softmax through a
 block-diagonal causal mask, iso_tanh by restarting its sums, isogmlp's causal mean by restarting its prefix.
+``PackedDocuments`` carries the starts and the attention's own form of the mask, built once per forward.
 
 Copied to the hub with the modelling code: torch only.
 """
 
 from __future__ import annotations
 
+from typing import Any, NamedTuple
+
 import torch
 import torch.nn.functional as F
+
+
+class PackedDocuments(NamedTuple):
+    """The documents packed into each row of a batch, as the decoder's blocks read them."""
+
+    starts: torch.Tensor
+    """``[B, T]`` bool, True at the first token of each document (the FFNs and iso_tanh read these)."""
+    attention_mask: Any = None
+    """The scoring's block-diagonal causal mask (``document_mask``), built once per forward for every layer."""
 
 
 def document_starts(position_ids: torch.Tensor, batch: int) -> torch.Tensor | None:
     """``[batch, T]`` bool, True at the first token of each document; None when every row is one sequence.
 
     Deciding "one sequence" reads one bool back from the device, once per forward: the unpacked fast path is
-    worth it (a plain ``arange`` is what ``generate()`` and most callers pass).
+    worth it (a plain ``arange`` is what ``generate()`` and most callers pass). Under ``torch.compile`` nothing
+    branches on data: the starts are returned as they are, a single document being a row with one start.
     """
     starts = F.pad(position_ids[..., 1:] != position_ids[..., :-1] + 1, (1, 0), value=True)
-    if not bool(starts[..., 1:].any()):
+    if not torch.compiler.is_compiling() and not bool(starts[..., 1:].any()):
         return None
     return starts.expand(batch, -1)
 
@@ -37,3 +50,12 @@ def same_document(doc_starts: torch.Tensor) -> torch.Tensor:
     """``[B, T, T]`` bool: query i and key j lie in the same document (block diagonal)."""
     document = doc_starts.long().cumsum(dim=-1)
     return document[:, :, None] == document[:, None, :]
+
+
+def restarts_between_real_tokens(position_ids: torch.Tensor, real: torch.Tensor | None) -> bool:
+    """Whether ``position_ids`` restart between two consecutive real tokens (``real`` ``[B, T]``, None: all
+    real), i.e. mark packed documents: padding may carry any position (transformers gives left padding 1)."""
+    restart = position_ids[..., 1:] != position_ids[..., :-1] + 1
+    if real is not None:
+        restart = restart & real[..., 1:] & real[..., :-1]
+    return bool(restart.any())

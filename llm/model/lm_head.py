@@ -1,19 +1,27 @@
 """The LM head, and its next-token cross-entropy fused so that the ``[N, V]`` logits are never held whole.
 
-Training spends a large share of a small model's step on the vocabulary: the logits (``N x V`` fp32,
-64 MiB for 2,048 tokens and a vocabulary of 8,192; 10 GiB for 16k tokens and Qwen3's 151,936), their
-log-softmax, and the gradient of both. ``linear_cross_entropy`` walks the tokens in chunks of
-``chunk_rows``: each chunk's logits, log-softmax and gradient ``softmax - onehot`` live only while that
-chunk's two gradient matmuls run, and the gradients of the hidden states and of the weight are
-accumulated during the forward pass (the fused linear cross-entropy of Liger-Kernel, Hsu et al. 2024).
-The backward pass then only scales them by the incoming gradient.
+Training spends a large share of a small model's step on the vocabulary: the logits (``N x V``, 10 GiB in fp32
+for 16k tokens and Qwen3's 151,936), their log-softmax, and the gradient of both. ``linear_cross_entropy`` walks
+the tokens in chunks of ``chunk_rows``: each chunk's logits, log-softmax and gradient ``softmax - onehot`` live
+only while that chunk's two gradient matmuls run, and the gradients of the hidden states and of the weight are
+accumulated during the forward pass (the fused linear cross-entropy of Liger-Kernel, Hsu et al. 2024). The
+backward pass then only scales them by the incoming gradient.
 
-The result equals ``F.cross_entropy((hidden @ weight.T).float(), targets, ignore_index=...)`` (the mean
-over targets != ``ignore_index``), in value and in gradient: tests/model/test_lm_head.py checks it in fp64.
+The chunk loop is a ``torch.library`` custom op: ``torch.compile`` takes the model's forward, loss and backward
+as one graph (``fullgraph=True``) with the op as one opaque node, instead of breaking the graph or unrolling the
+loop. On CUDA each chunk's softmax and gradient run as one compiled kernel that reads the half-precision logits
+and writes their half-precision gradient, with the softmax statistics in fp32 in registers: no fp32 copy of the
+chunk's logits is made.
+
+The result equals ``F.cross_entropy((hidden @ weight.T).float(), targets, ignore_index=...)`` (the mean over
+targets != ``ignore_index``), in value and in gradient: tests/model/test_lm_head.py checks it in fp64.
 """
 
 from __future__ import annotations
 
+import functools
+import re
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -23,10 +31,11 @@ from torch import Tensor, nn
 IGNORE_INDEX = -100
 """Targets equal to this are left out of the mean (transformers' convention)."""
 
-LOGITS_PER_CHUNK = {"cpu": 2**21, "cuda": 2**26}
-"""Logits computed at once, per device type. CPU: 8 MiB in fp32, a chunk that stays in cache while it is
-used. CUDA: 256 MiB, so that the weight-gradient matmul of each chunk (inner dimension = its tokens)
-stays large and the ``[V, d]`` gradient is read and written a few dozen times per step, not hundreds."""
+LOGITS_PER_CHUNK = {"cpu": 2**21, "cuda": 2**28}
+"""Logits computed at once, per device type. CPU: 8 MiB in fp32, a chunk that stays in cache while it is used.
+CUDA: 512 MiB in bf16 (1,769 tokens at Qwen3's vocabulary), so that the weight-gradient matmul of each chunk
+(inner dimension = its tokens) stays large and the ``[V, d]`` fp32 gradient is read and written about ten times
+per 16k-token step, not dozens."""
 
 MIN_CHUNK_ROWS = 128
 """Floor on the tokens per chunk, so that the chunk matmuls stay efficient for large vocabularies."""
@@ -37,52 +46,87 @@ def default_chunk_rows(vocab_size: int, device: torch.device) -> int:
     return max(MIN_CHUNK_ROWS, per_chunk // vocab_size)
 
 
-class _LinearCrossEntropy(torch.autograd.Function):
-    """Mean cross-entropy of ``hidden @ weight.T`` against ``targets``; gradients computed in the forward."""
-
-    @staticmethod
-    def forward(ctx: Any, hidden: Tensor, weight: Tensor, targets: Tensor, ignore_index: int,
-                chunk_rows: int, with_grad: bool) -> Tensor:
-        # Softmax statistics in at least fp32 (fp64 stays fp64), as F.cross_entropy(logits.float()) does.
-        stats_dtype = torch.promote_types(hidden.dtype, torch.float32)
-        valid = targets != ignore_index
-        safe_targets = torch.where(valid, targets, 0)[:, None]
-        total = hidden.new_zeros((), dtype=stats_dtype)
-        grad_hidden = torch.empty_like(hidden) if with_grad else None
-        grad_weight = torch.zeros_like(weight, dtype=torch.promote_types(weight.dtype, torch.float32)) \
-            if with_grad else None
-        for start in range(0, hidden.shape[0], chunk_rows):
-            rows = slice(start, start + chunk_rows)
-            h, target, keep = hidden[rows], safe_targets[rows], valid[rows, None]
-            log_probs = torch.log_softmax((h @ weight.T).to(stats_dtype), dim=-1)
-            total -= torch.where(keep, log_probs.gather(1, target), 0).sum()
-            if not with_grad:
-                continue
-            # d(-log p_target)/d logits = softmax - onehot; ignored rows are zeroed through h and grad_h,
-            # which are d wide, rather than through the V-wide logits.
-            grad_logits = log_probs.exp_().scatter_add_(1, target, torch.full_like(target, -1, dtype=stats_dtype))
-            grad_logits = grad_logits.to(weight.dtype)
-            torch.mul(grad_logits @ weight, keep, out=grad_hidden[rows])
-            h_kept = h * keep
-            if grad_weight.dtype == grad_logits.dtype:
-                grad_weight.addmm_(grad_logits.T, h_kept)
-            else:  # half-precision matmul, accumulated over chunks in fp32
-                grad_weight += grad_logits.T @ h_kept
-        count = valid.sum()
-        if with_grad:
-            ctx.save_for_backward(grad_hidden, grad_weight, count)
-        ctx.weight_dtype = weight.dtype
-        return total / count
-
-    @staticmethod
-    def backward(ctx: Any, grad_loss: Tensor) -> tuple[Tensor | None, ...]:
-        grad_hidden, grad_weight, count = ctx.saved_tensors
-        scale = grad_loss / count
-        return (grad_hidden * scale.to(grad_hidden.dtype), (grad_weight * scale).to(ctx.weight_dtype),
-                None, None, None, None)
+def chunk_loss_and_grad(logits: Tensor, target: Tensor, keep: Tensor) -> tuple[Tensor, Tensor]:
+    """One chunk's summed ``-log softmax(logits)[target]`` over the kept rows, and its gradient with respect to
+    the logits, ``softmax - onehot(target)`` (``[rows, V]`` in the logits' dtype; ignored rows are zeroed later,
+    through the ``d``-wide hidden states rather than the ``V``-wide logits). Statistics in at least fp32."""
+    x = logits.to(torch.promote_types(logits.dtype, torch.float32))
+    lse = x.logsumexp(-1, keepdim=True)
+    loss = torch.where(keep, lse - x.gather(1, target), 0).sum()
+    probs = (x - lse).exp()
+    if torch.compiler.is_compiling():  # fused by the compiler into the one pass that writes the gradient
+        columns = torch.arange(x.shape[-1], device=x.device)
+        return loss, torch.where(columns == target, probs - 1, probs).to(logits.dtype)
+    return loss, probs.scatter_add_(1, target, torch.full_like(target, -1, dtype=probs.dtype)).to(logits.dtype)
 
 
-@torch.compiler.disable  # runs eagerly under torch.compile: matmul-bound, and its loop would unroll
+@functools.cache
+def compiled_chunk_loss_and_grad() -> Callable[[Tensor, Tensor, Tensor], tuple[Tensor, Tensor]]:
+    """``chunk_loss_and_grad`` compiled (CUDA): compiled on first use, then reused by every step."""
+    return torch.compile(chunk_loss_and_grad, fullgraph=True)
+
+
+OP_NAMESPACE = re.sub(r"\W", "_", __name__)
+"""The custom op's namespace, from this module's name: the hub's copy of this file (``trust_remote_code``)
+registers its own op beside this package's in the same process."""
+
+
+@torch.library.custom_op(f"{OP_NAMESPACE}::linear_cross_entropy", mutates_args=())
+def _linear_cross_entropy(hidden: Tensor, weight: Tensor, targets: Tensor, ignore_index: int, chunk_rows: int,
+                          with_grad: bool) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """``(mean loss, d sum / d hidden, d sum / d weight (at least fp32), number of targets)``; the gradients are
+    empty without ``with_grad``. ``hidden`` ``[N, d]``, ``weight`` ``[V, d]`` and ``targets`` ``[N]``."""
+    valid = targets != ignore_index
+    safe_targets = torch.where(valid, targets, 0)[:, None]
+    stats_dtype = torch.promote_types(hidden.dtype, torch.float32)
+    total = hidden.new_zeros((), dtype=stats_dtype)
+    grad_hidden = torch.empty_like(hidden) if with_grad else hidden.new_empty(0)
+    grad_weight = torch.zeros_like(weight, dtype=torch.promote_types(weight.dtype, torch.float32)) \
+        if with_grad else weight.new_empty(0)
+    chunk_fn = compiled_chunk_loss_and_grad() if hidden.is_cuda else chunk_loss_and_grad
+    for start in range(0, hidden.shape[0], chunk_rows):
+        rows = slice(start, start + chunk_rows)
+        h, keep = hidden[rows], valid[rows, None]
+        loss, grad_logits = chunk_fn(h @ weight.T, safe_targets[rows], keep)
+        total += loss
+        if not with_grad:
+            continue
+        torch.mul(grad_logits @ weight, keep, out=grad_hidden[rows])
+        h_kept = h * keep
+        if grad_weight.dtype == grad_logits.dtype:
+            grad_weight.addmm_(grad_logits.T, h_kept)
+        else:  # half-precision matmul, accumulated over chunks in fp32
+            grad_weight += grad_logits.T @ h_kept
+    count = valid.sum()
+    return total / count, grad_hidden, grad_weight, count
+
+
+@_linear_cross_entropy.register_fake
+def _(hidden: Tensor, weight: Tensor, targets: Tensor, ignore_index: int, chunk_rows: int,
+      with_grad: bool) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    grad_weight_dtype = torch.promote_types(weight.dtype, torch.float32)
+    return (hidden.new_empty((), dtype=torch.promote_types(hidden.dtype, torch.float32)),
+            torch.empty_like(hidden) if with_grad else hidden.new_empty(0),
+            torch.empty_like(weight, dtype=grad_weight_dtype) if with_grad else weight.new_empty(0),
+            targets.new_empty((), dtype=torch.long))
+
+
+def _setup_context(ctx: Any, inputs: tuple[Any, ...], output: tuple[Tensor, ...]) -> None:
+    _, grad_hidden, grad_weight, count = output
+    ctx.save_for_backward(grad_hidden, grad_weight, count)
+    ctx.weight_dtype = inputs[1].dtype
+
+
+def _backward(ctx: Any, grad_loss: Tensor, *_: Tensor) -> tuple[Tensor | None, ...]:
+    grad_hidden, grad_weight, count = ctx.saved_tensors
+    scale = grad_loss / count
+    return (grad_hidden * scale.to(grad_hidden.dtype), (grad_weight * scale).to(ctx.weight_dtype),
+            None, None, None, None)
+
+
+_linear_cross_entropy.register_autograd(_backward, setup_context=_setup_context)
+
+
 def linear_cross_entropy(hidden: Tensor, weight: Tensor, targets: Tensor, ignore_index: int = IGNORE_INDEX,
                          chunk_rows: int | None = None) -> Tensor:
     """``F.cross_entropy((hidden @ weight.T).float(), targets, ignore_index)`` without the whole logits.
@@ -99,9 +143,10 @@ def linear_cross_entropy(hidden: Tensor, weight: Tensor, targets: Tensor, ignore
         hidden, weight = hidden.to(dtype), weight.to(dtype)
     with_grad = torch.is_grad_enabled() and (hidden.requires_grad or weight.requires_grad)
     with torch.autocast(device_type, enabled=False):
-        return _LinearCrossEntropy.apply(hidden.flatten(0, -2), weight, targets.flatten(), ignore_index,
+        loss, *_ = _linear_cross_entropy(hidden.flatten(0, -2), weight, targets.flatten(), ignore_index,
                                          chunk_rows or default_chunk_rows(weight.shape[0], hidden.device),
                                          with_grad)
+    return loss
 
 
 class LMHead(nn.Linear):

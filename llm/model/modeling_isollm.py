@@ -40,7 +40,7 @@ from .config import ModelConfig
 from .configuration_isollm import IsoLLMConfig
 from .ffn import FFN_REGISTRY
 from .fused_ops import RMSNorm, apply_rotary, rotary_cos_sin
-from .layout import document_starts
+from .layout import PackedDocuments, document_starts, restarts_between_real_tokens
 from .lm_head import IGNORE_INDEX, LMHead
 
 
@@ -58,6 +58,11 @@ def mup_scaled_parameters(model: nn.Module) -> list[nn.Parameter]:
 CACHE_ARG = "cache" if "cache" in {f.name for f in dataclasses.fields(CausalLMOutputWithPast)} else "past_key_values"
 """The name under which the installed transformers' ``generate()`` hands the state to ``forward`` and reads it
 back from the output: ``cache`` from 5.24 on, ``past_key_values`` before (read off its public output class)."""
+
+
+PACKED_WITH_STATE = (
+    "position_ids restart between real tokens (packed documents), which are kept apart only without a cache "
+    "(use_cache=False) and without padding in attention_mask; score or generate each document in a row of its own")
 
 
 class IsoLLMAttention(nn.Module):
@@ -81,7 +86,7 @@ class IsoLLMAttention(nn.Module):
         self.query_scale = config.query_scale  # muP's attention scale (1 under standard and at the base)
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, state: LayerState | None = None,
-                padding_mask: torch.Tensor | None = None, doc_starts: torch.Tensor | None = None) -> torch.Tensor:
+                padding_mask: torch.Tensor | None = None, documents: PackedDocuments | None = None) -> torch.Tensor:
         """``state``: the layer's generation state (None in training), whose scoring state this call advances."""
         b, t, _ = x.shape
         qkv = self.qkv_proj(x).view(b, t, self.num_heads + 2 * self.num_kv_heads, self.head_dim)
@@ -91,7 +96,7 @@ class IsoLLMAttention(nn.Module):
             q = q * self.query_scale
         k = apply_rotary(self.k_norm(k).transpose(1, 2), cos, sin)
         if state is None:
-            out, _ = self.scoring(q, k, v.transpose(1, 2), padding_mask=padding_mask, doc_starts=doc_starts)
+            out, _ = self.scoring(q, k, v.transpose(1, 2), padding_mask=padding_mask, documents=documents)
         else:
             out, state.attention = self.scoring(q, k, v.transpose(1, 2), past=state.attention, use_cache=True,
                                                 padding_mask=padding_mask)
@@ -114,14 +119,14 @@ class IsoLLMDecoderLayer(GradientCheckpointingLayer):
         self.mlp = FFN_REGISTRY[config.ffn](config)
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, state: LayerState | None = None,
-                padding_mask: torch.Tensor | None = None, doc_starts: torch.Tensor | None = None) -> torch.Tensor:
-        """``padding_mask``: ``[B, T_past + T]``, True at real tokens (None: all real); ``doc_starts``: ``[B, T]``,
-        True where a packed document starts (None: one per row); see attention.py."""
+                padding_mask: torch.Tensor | None = None, documents: PackedDocuments | None = None) -> torch.Tensor:
+        """``padding_mask``: ``[B, T_past + T]``, True at real tokens (None: all real); ``documents``: the packed
+        documents of each row (None: one per row); see attention.py."""
         ffn_cache = state.ffn if state is not None else None
         ffn_mask = padding_mask[:, -x.shape[1]:] if padding_mask is not None else None
-        x = x + self.self_attn(self.input_layernorm(x), cos, sin, state, padding_mask, doc_starts)
+        x = x + self.self_attn(self.input_layernorm(x), cos, sin, state, padding_mask, documents)
         return x + self.mlp(self.post_attention_layernorm(x), cache=ffn_cache, padding_mask=ffn_mask,
-                            doc_starts=doc_starts)
+                            doc_starts=documents.starts if documents is not None else None)
 
 
 class IsoLLMModel(nn.Module):
@@ -134,6 +139,7 @@ class IsoLLMModel(nn.Module):
         self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
         self.layers = nn.ModuleList(IsoLLMDecoderLayer(config) for _ in range(config.num_hidden_layers))
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.document_mask = ATTN_SCORING_REGISTRY[config.attn_scoring].document_mask
 
     def forward(self, input_ids: torch.Tensor, position_ids: torch.Tensor | None = None,
                 cache: IsoLLMCache | None = None, output_hidden_states: bool = False,
@@ -146,12 +152,18 @@ class IsoLLMModel(nn.Module):
         Without ``position_ids``, positions count each row's real tokens from 0, as transformers does
         (``cumsum(mask) - 1``), so a left-padded row is rotated as if it stood alone. ``position_ids`` that
         restart (not continuing the previous position by 1) mark packed documents, as transformers' own
-        models read them: without a cache or padding mask, each document is then scored as if alone.
+        models read them: each document is then scored as if alone. That holds without a cache or padding mask
+        only; with either, restarts between real tokens are refused rather than attended across.
         """
         x = self.embed_tokens(input_ids)
         t = input_ids.shape[1]
         packed = position_ids is not None and cache is None and padding_mask is None
+        if position_ids is not None and not packed and not torch.compiler.is_compiling():
+            real = padding_mask[:, -t:] if padding_mask is not None else None
+            if restarts_between_real_tokens(position_ids, real):
+                raise ValueError(PACKED_WITH_STATE)
         doc_starts = document_starts(position_ids, input_ids.shape[0]) if packed else None
+        documents = PackedDocuments(doc_starts, self.document_mask(doc_starts)) if doc_starts is not None else None
         if position_ids is None and padding_mask is not None:
             position_ids = (padding_mask.long().cumsum(-1) - 1).clamp_min(0)[:, -t:]
         elif position_ids is None:
@@ -160,7 +172,7 @@ class IsoLLMModel(nn.Module):
         cos, sin = rotary_cos_sin(position_ids, self.head_dim, self.rope_theta, x.dtype)
         hidden = [x] if output_hidden_states else None
         for i, layer in enumerate(self.layers):
-            x = layer(x, cos, sin, cache.layers[i] if cache is not None else None, padding_mask, doc_starts)
+            x = layer(x, cos, sin, cache.layers[i] if cache is not None else None, padding_mask, documents)
             if hidden is not None:
                 hidden.append(x)
         if cache is not None:
@@ -294,11 +306,17 @@ class IsoLLMForCausalLM(PreTrainedModel, GenerationMixin):
         - A step that continues after ``n`` tokens must find them in the cache: a cache that missed a step
           (say, a transformers release that renames the argument again) raises here instead of silently
           decoding every token without its past.
-        - Positions: ``forward`` counts each row's real tokens from the attention mask itself. transformers
+        - Positions: ``forward`` counts each row's real tokens from the attention mask itself; ``position_ids``
+          that restart inside a prompt (packed documents) are refused, not attended across. transformers
           continues each row from its last prompt position, which is 0 at a right-padded row's trailing
           padding; counting real tokens gives every row, left- or right-padded, the positions it has alone.
         """
         cache = self._generation_cache(input_ids, kwargs)
+        given = kwargs.get("position_ids")
+        if given is not None and (cache is None or cache.seen_tokens == 0):  # the prompt: packed documents?
+            mask = kwargs.get("attention_mask")
+            if restarts_between_real_tokens(given, mask[:, -given.shape[-1]:].bool() if mask is not None else None):
+                raise ValueError(f"generate(): {PACKED_WITH_STATE}")
         inputs = super().prepare_inputs_for_generation(input_ids, **kwargs, **{CACHE_ARG: cache})
         inputs.pop("position_ids", None)
         return inputs

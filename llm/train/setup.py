@@ -177,9 +177,8 @@ class Run:
     config: RunConfig
     accelerator: Accelerator
     model: nn.Module
-    """As prepared by Accelerate: what checkpoints save and the isotropy report reads."""
-    train_model: nn.Module
-    """``model``, compiled when ``train.compile``: what the steps and evaluations run."""
+    """As prepared by Accelerate, its decoder layers compiled when ``train.compile``: what the steps and
+    evaluations run, checkpoints save and the isotropy report reads."""
     optimizer: torch.optim.Optimizer
     scheduler: Any
     tokenizer: Tokenizer
@@ -224,13 +223,24 @@ class Run:
 
     def evaluate_and_log(self, progress: ProgressBar) -> None:
         train = self.config.train
-        metrics = evaluate(self.train_model, self.val_windows, train.micro_batch_size, self.document_eos)
+        metrics = evaluate(self.model, self.val_windows, train.micro_batch_size, self.document_eos)
         isotropy_batch = model_inputs(self.val_batch, self.document_eos)
         layers = layer_report(self.accelerator.unwrap_model(self.model), self.val_batch, train.isotropy_samples,
                               seed=self.config.data.seed, position_ids=isotropy_batch.get("position_ids"))
         self.log.log("eval", self.state.step, self.state.tokens, val_loss=metrics["val_loss"],
                      val_ppl=metrics["val_ppl"], layers=layers)
         progress.write(f"step {self.state.step}: val_loss {metrics['val_loss']:.4f}")
+
+
+def compile_decoder_layers(model: IsoLLMForCausalLM, **compile_kwargs: Any) -> None:
+    """``train.compile``: compile each decoder layer in place, as torchtitan compiles per block. The layers share
+    one compiled graph (same code, parameters passed as inputs), so compile time does not grow with depth, and in
+    place the wrappers' hooks (DDP, FSDP2, ZeRO-3) stay on the call path. The embedding, the document masks (built
+    once per forward) and the fused loss (a custom op) run around them. Not ``fullgraph``: a wrapper's hooks traced
+    with a layer may break its graph; the bare layer compiles whole (tests/model/test_compile.py).
+    ``compile_kwargs`` go to ``torch.compile``."""
+    for layer in model.model.layers:
+        layer.compile(**compile_kwargs)
 
 
 def setup_run(config: RunConfig, teardown: ExitStack) -> Run:
@@ -275,7 +285,8 @@ def setup_run(config: RunConfig, teardown: ExitStack) -> Run:
     loader, val_windows = build_data(config, tokenizer, accelerator, rank, world_size)
     set_deepspeed_micro_batch(accelerator, config.train.micro_batch_size)
     model, optimizer, scheduler = accelerator.prepare(model, optimizer, scheduler)
-    train_model = torch.compile(model) if config.train.compile else model
+    if config.train.compile:
+        compile_decoder_layers(accelerator.unwrap_model(model))
     engine, asked_engine = engine_in_use(model, accelerator), engine_requested()
     if (mismatch := engine_mismatch(asked_engine, engine)) is not None:
         main_print(mismatch)
@@ -317,7 +328,7 @@ def setup_run(config: RunConfig, teardown: ExitStack) -> Run:
 
     device = accelerator.device
     run = Run(
-        config=config, accelerator=accelerator, model=model, train_model=train_model, optimizer=optimizer,
+        config=config, accelerator=accelerator, model=model, optimizer=optimizer,
         scheduler=scheduler, tokenizer=tokenizer, loader=loader, val_windows=val_windows,
         val_batch=val_windows[: config.train.micro_batch_size, :-1].to(device), batches=iter(loader), log=log,
         document_eos=eos_id(tokenizer) if config.data.document_masking else None,

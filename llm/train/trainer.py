@@ -79,7 +79,7 @@ def _train(run: Run, teardown: ExitStack) -> bool:
         batches = [next(run.batches).to(device, non_blocking=True) for _ in range(run.accum)]
         data_wait += time.perf_counter() - started
         lr = run.optimizer.param_groups[0]["lr"]
-        result = train_step(run.train_model, batches, run.optimizer, run.scheduler, run.accelerator,
+        result = train_step(run.model, batches, run.optimizer, run.scheduler, run.accelerator,
                             config.train.grad_clip, stop_requested=stop.received,
                             grad_groups=run.group_grad_norms, write_failed=log.failure is not None,
                             document_eos=run.document_eos)

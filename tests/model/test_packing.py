@@ -11,7 +11,9 @@ from test_attention import torch_linear_attn
 from test_modeling import VARIANTS, VOCAB, build, tokens, variant_id
 from transformers import DataCollatorWithFlattening
 
+from llm.model.attention import ATTN_SCORING_REGISTRY, SoftmaxScoring, document_block_mask
 from llm.model.iso_tanh import iso_tanh_chunked, iso_tanh_linear_attention, iso_tanh_naive
+from llm.model.layout import PackedDocuments
 
 ROWS = [[5, 1, 9, 3, 6], [4, 8, 2, 10]]
 """Document lengths per row (24 tokens each). With iso_tanh's chunk of 4: starts inside a chunk, two in one
@@ -129,3 +131,43 @@ def test_a_flattened_batch_trains_on_each_document_alone(variant):
     (grad_alone,) = torch.autograd.grad(alone, model.model.embed_tokens.weight)
     torch.testing.assert_close(loss, alone, rtol=0, atol=1e-12)
     torch.testing.assert_close(grad, grad_alone, rtol=0, atol=1e-12)
+
+
+@pytest.mark.filterwarnings("ignore:flex_attention called without torch.compile")
+def test_flex_attention_keeps_each_document_alone():
+    """Softmax's CUDA path for packed documents (FlexAttention with the block mask built once per forward), run
+    here on CPU: each document's output is its causal attention alone, as the dense mask gives it (fp64, GQA)."""
+    q, k, v, starts = packed_qkv()
+    scoring = SoftmaxScoring(None)
+    flex, _ = scoring(q, k, v, documents=PackedDocuments(starts, document_block_mask(starts)))
+    dense, _ = scoring(q, k, v, documents=PackedDocuments(starts, SoftmaxScoring.document_mask(starts)))
+    for row, lengths in enumerate(ROWS):
+        start = 0
+        for n in lengths:
+            piece = slice(start, start + n)
+            alone = F.scaled_dot_product_attention(q[row:row + 1, :, piece], k[row:row + 1, :, piece],
+                                                   v[row:row + 1, :, piece], is_causal=True, enable_gqa=True)
+            torch.testing.assert_close(flex[row:row + 1, :, piece], alone, rtol=0, atol=1e-12)
+            torch.testing.assert_close(dense[row:row + 1, :, piece], alone, rtol=0, atol=1e-12)
+            start += n
+
+
+@pytest.mark.parametrize("attn_scoring", sorted(ATTN_SCORING_REGISTRY))
+def test_packed_documents_with_a_cache_or_padding_are_refused_not_attended_across(attn_scoring):
+    """Documents are kept apart only without a cache and without padding: with either, restarting position_ids
+    raise instead of silently attending across documents (forward and generate())."""
+    model = build(attn_scoring=attn_scoring)
+    ids, positions, _ = packed(ROWS)
+    with torch.no_grad(), pytest.raises(ValueError, match="packed documents"):
+        model(ids, position_ids=positions, use_cache=True)
+    mask = torch.ones_like(ids)
+    mask[0, -1] = 0
+    with torch.no_grad(), pytest.raises(ValueError, match="packed documents"):
+        model(ids, position_ids=positions, attention_mask=mask)
+    with pytest.raises(ValueError, match=r"generate\(\): position_ids restart"):
+        model.generate(ids, position_ids=positions, max_new_tokens=2, do_sample=False)
+    # transformers' positions for a left-padded row restart at the first real token: padding, not a document
+    left = torch.tensor([[0, 0, 1, 1, 1]])
+    hf_positions = (left.cumsum(-1) - 1).masked_fill(left == 0, 1)
+    with torch.no_grad():
+        model(ids[:1, :5], position_ids=hf_positions, attention_mask=left, use_cache=True)
