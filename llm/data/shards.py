@@ -71,7 +71,7 @@ def prepare(data_cfg: DataConfig, tokenizer: Tokenizer, out_dir: str | Path, max
         with (out / f"tokens_{k:05d}.bin").open("ab") as output:
             for _, texts in stream.piece_docs(index, 0, piece.size):
                 if texts:
-                    tokens, lengths = encode_documents(stream.tokenizer, texts, stream.eos)
+                    tokens, lengths = encode_documents(stream.tokenizer, texts, stream.eos, data_cfg.max_doc_chars)
                     if max_tokens is not None and total + len(tokens) > max_tokens:  # stop after the document
                         keep = int(np.searchsorted(np.cumsum(lengths), max_tokens - total)) + 1  # that reaches it
                         tokens, texts = tokens[: int(lengths[:keep].sum())], texts[:keep]
