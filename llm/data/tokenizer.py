@@ -142,8 +142,7 @@ def encode_documents(tok: Tokenizer, texts: list[str], eos: int, max_chars: int 
     only EOS ids in the stream are the document boundaries we add. A document longer than ``max_chars`` is
     encoded whole, in ``text_parts``, at most ``len(texts)`` parts per call: a call holds no more text than
     ``len(texts)`` documents of ``max_chars``, however long one document is."""
-    parts = [(k, part) for k, text in enumerate(texts)
-             for part in (text_parts(text, max_chars) if max_chars else [text])]
+    parts = [(k, part) for k, text in enumerate(texts) for part in text_parts(text, max_chars or len(text))]
     last_part = {k: i for i, (k, _) in enumerate(parts)}
     tokens: list[np.ndarray] = []
     lengths = np.ones(len(texts), dtype=np.int64)
