@@ -9,7 +9,7 @@ subprocess so its memory is measured alone. "saved MiB" is what autograd keeps a
 through saved-tensor hooks, the weights excluded: a deterministic count), "peak MiB" the measured increase of the
 peak over a forward + backward step (on CPU the process's peak resident set, which also holds the temporaries and
 the recomputed layer; on CUDA torch's peak allocated memory). Time is the best of ``--rounds`` steps after a
-warm-up. Ratios are against ``none``; the goal (issue 27) is activation memory at most 40% of ``none`` for at
+warm-up. Ratios are against ``none``; the goal is activation memory at most 40% of ``none`` for at
 most 35% more step time at the 134m preset.
 """
 

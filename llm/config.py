@@ -72,9 +72,10 @@ class DataConfig:
     """Source rows read per batched tokenizer call (validation rows dropped first); also the re-read
     granularity of a resume."""
     max_doc_chars: int = 1_000_000
-    """Documents are cut to their first ``max_doc_chars`` characters before tokenizing (about 250k Qwen3
-    tokens; FineWeb's documents average ~3k characters), so one huge document cannot multiply the loader's
-    memory (the record itself is still read whole once). Training and validation documents alike."""
+    """A longer document is tokenized in parts of at most ``max_doc_chars`` characters (about 250k Qwen3
+    tokens; FineWeb's documents average ~3k characters), cut before a word, so one huge document (a text file
+    without blank lines is one) costs a tokenizer call what a batch does; every part is kept, and the tokens
+    are the whole document's. Training and validation documents alike."""
     prepared: str | None = None
     """Directory of pre-tokenized uint32 tokens written by `isollm-data prepare`; overrides streaming, and a run
     reading it resumes with any number of processes and workers."""

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import shutil
 from pathlib import Path
 
 import pytest
@@ -41,6 +42,26 @@ def footer_caches_out_of_the_repo(monkeypatch: pytest.MonkeyPatch, tmp_path_fact
     scratch = str(tmp_path_factory.getbasetemp() / "data_cache")
     monkeypatch.setattr(footers, "footer_cache_path", lambda files, cache_dir: real(
         files, scratch if cache_dir == DataConfig.cache_dir else cache_dir))
+
+
+REPO_DATA_CACHE = Path(__file__).resolve().parents[1] / "data_cache"
+"""``data.cache_dir``'s default seen from the repository root, where the suite and its subprocesses run."""
+
+
+@pytest.fixture(scope="session")
+def repo_data_cache_existed() -> bool:
+    return REPO_DATA_CACHE.exists()
+
+
+@pytest.fixture(autouse=True)
+def nothing_cached_in_the_repo(repo_data_cache_existed: bool):
+    """A test that leaves the repository's ``data_cache/`` behind (a subprocess or worker given no
+    ``data.cache_dir``, which the footer fixture above cannot reach) fails, naming itself; the folder is removed.
+    Checked only where the folder did not exist before the session (a user's own runs may have made it)."""
+    yield
+    if not repo_data_cache_existed and REPO_DATA_CACHE.exists():
+        shutil.rmtree(REPO_DATA_CACHE, ignore_errors=True)
+        pytest.fail(f"this test wrote {REPO_DATA_CACHE}: give its runs data.cache_dir under tmp_path")
 
 
 @pytest.fixture(scope="session")

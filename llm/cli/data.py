@@ -1,6 +1,8 @@
-"""``isollm-data``: pre-tokenize a source, show how a source splits among nodes, or train a small BPE.
+"""``isollm-data``: pre-tokenize a source and verify what it wrote, show how a source splits among nodes, or
+train a small BPE.
 
     isollm-data prepare --config configs/demo.yaml data.val_bucket=50 --out data/prepared
+    isollm-data verify data/prepared
     isollm-data prepare --source /path/to/fineweb-sample --tokenizer tok/ --out data/prepared --max-tokens 1e8
     isollm-data plan HuggingFaceFW/fineweb --name sample-10BT --world-size 64 --workers 2
     isollm-data train-tokenizer --vocab-size 8192 --out tok/ /path/to/fineweb-sample
@@ -64,6 +66,17 @@ def _prepare(args: argparse.Namespace) -> int:
     return 0
 
 
+def _verify(args: argparse.Namespace) -> int:
+    from llm.data.prepared_index import verify
+
+    problems, summary = verify(Path(args.dir))
+    for problem in problems:
+        print(f"isollm-data verify: damaged: {problem}", file=sys.stderr)
+    if not problems:
+        print(f"OK {summary}")
+    return 1 if problems else 0
+
+
 def _plan(args: argparse.Namespace) -> int:
     from llm.data.plan import print_plan
 
@@ -100,6 +113,10 @@ def _parser() -> argparse.ArgumentParser:
                       "one document more; default: the whole source)")
     _data_arguments(prep)
     prep.set_defaults(run=_prepare)
+    check = commands.add_parser("verify", help="check a prepared directory's token files against the sizes and "
+                                "checksums its index.json records (one line per damaged file, exit 1)")
+    check.add_argument("dir", help="the prepared directory (isollm-data prepare --out)")
+    check.set_defaults(run=_verify)
     plan = commands.add_parser("plan", help="how one epoch of a source splits among ranks x workers")
     plan.add_argument("source", help="hub dataset id, local repository directory, or files (data.source)")
     plan.add_argument("--world-size", type=at_least(1), required=True)

@@ -3,8 +3,9 @@
 Layout of a prepared directory (one token file per source file; the index records each piece's token range,
 so the pieces can be visited in the streaming reader's epoch order)::
 
-    index.json            format, source identity, tokenizer fingerprint, val_bucket, max_doc_chars, files,
-                          pieces (written last)
+    index.json            format, source identity, tokenizer fingerprint, val_bucket, max_doc_chars, files
+                          (each with its token count and checksum: ``llm.data.prepared_index``), pieces
+                          (written last)
     tokens_00000.bin      uint32 tokens of file 0's training documents, each followed by EOS
 
 ``PreparedTokens`` reads by global window index: the global token stream is the pieces' tokens in each
@@ -26,11 +27,13 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import xxhash
 from tokenizers import Tokenizer
 
 from llm.config import DataConfig
 from llm.data.cache_io import write_atomically
 from llm.data.errors import DataError
+from llm.data.prepared_index import CHECKSUM, FORMAT, INDEX_FILE, file_problems, read_index
 from llm.data.sources import data_source
 from llm.data.split import epoch_order
 from llm.data.streaming import StreamingTokens
@@ -41,9 +44,6 @@ __all__ = ["FORMAT", "INDEX_FILE", "START", "PreparedTokens", "continue_position
 
 START: State = {"from": 0, "skip": [], "taken": 0}
 """A node's state before its first window."""
-INDEX_FILE = "index.json"
-FORMAT = 2
-"""Layout version written to the index; the reader refuses any other."""
 
 
 def prepare(data_cfg: DataConfig, tokenizer: Tokenizer, out_dir: str | Path, max_tokens: int | None = None
@@ -57,6 +57,7 @@ def prepare(data_cfg: DataConfig, tokenizer: Tokenizer, out_dir: str | Path, max
     stream = StreamingTokens(data_cfg, tokenizer)
     files = {file: k for k, file in enumerate(dict.fromkeys(p.file for p in stream.pieces))}
     written = [0] * len(files)
+    digests = [xxhash.xxh3_64() for _ in files]  # of each file's bytes as written (prepared_index.file_checksum)
     total = 0  # sum(written)
     pieces = []
     for k in range(len(files)):  # every file's tokens, empty for one that max_tokens leaves unread
@@ -71,11 +72,12 @@ def prepare(data_cfg: DataConfig, tokenizer: Tokenizer, out_dir: str | Path, max
         with (out / f"tokens_{k:05d}.bin").open("ab") as output:
             for _, texts in stream.piece_docs(index, 0, piece.size):
                 if texts:
-                    tokens, lengths = encode_documents(stream.tokenizer, texts, stream.eos)
+                    tokens, lengths = encode_documents(stream.tokenizer, texts, stream.eos, data_cfg.max_doc_chars)
                     if max_tokens is not None and total + len(tokens) > max_tokens:  # stop after the document
                         keep = int(np.searchsorted(np.cumsum(lengths), max_tokens - total)) + 1  # that reaches it
                         tokens, texts = tokens[: int(lengths[:keep].sum())], texts[:keep]
-                    output.write(tokens.tobytes())
+                    output.write(data := tokens.tobytes())
+                    digests[k].update(data)
                     written[k] += len(tokens)
                     total += len(tokens)
                     docs += len(texts)
@@ -85,7 +87,8 @@ def prepare(data_cfg: DataConfig, tokenizer: Tokenizer, out_dir: str | Path, max
     index = {"format": FORMAT, "source": stream.source.identity(), "tokenizer": tokenizer_identity(tokenizer),
              "val_bucket": data_cfg.val_bucket, "max_doc_chars": data_cfg.max_doc_chars,
              "max_tokens": max_tokens,
-             "files": [{"tokens": f"tokens_{k:05d}.bin", "num_tokens": n} for k, n in enumerate(written)],
+             "files": [{"tokens": f"tokens_{k:05d}.bin", "num_tokens": n, CHECKSUM: digest.hexdigest()}
+                       for k, (n, digest) in enumerate(zip(written, digests, strict=True))],
              "pieces": pieces}
     write_atomically(out / INDEX_FILE, lambda tmp: tmp.write_text(json.dumps(index, indent=1)))
     return index
@@ -131,14 +134,11 @@ class PreparedTokens(TokenSource):
     def __init__(self, data_cfg: DataConfig, tokenizer: Tokenizer) -> None:
         assert data_cfg.prepared is not None
         self.root = Path(data_cfg.prepared)
-        index_path = self.root / INDEX_FILE
-        if not index_path.is_file():
-            raise FileNotFoundError(f"data.prepared: no {INDEX_FILE} in {self.root} "
-                                    "(write it with `isollm-data prepare`)")
-        self.index = json.loads(index_path.read_text())
-        if self.index.get("format") != FORMAT:
-            raise DataError(f"data.prepared: {index_path} has format {self.index.get('format')!r}, this reader "
-                            f"reads format {FORMAT}; prepare again")
+        self.index = read_index(self.root)
+        # a token file cut short would fail only when the loader reaches its missing part, hundreds of steps in
+        if (problem := next(file_problems(self.root, self.index), None)) is not None:
+            raise DataError(f"data.prepared: {problem}; prepare again (`isollm-data verify {self.root}` checks "
+                            "every file)")
         if self.index["tokenizer"] != tokenizer_identity(tokenizer):
             raise DataError(f"data.prepared: {self.root} was tokenized with another tokenizer "
                              "than data.tokenizer")

@@ -3,8 +3,8 @@
 1. Epoch split (``llm.data.split``): every epoch orders the source's pieces (parquet row groups, or whole
    jsonl/txt files) by ``(seed, epoch)`` and gives each node a contiguous ``1/num_nodes`` of the epoch's rows
    (bytes for jsonl/txt): one global epoch, whatever the number of files.
-2. Validation documents are dropped (``validation.is_validation``), documents are cut to
-   ``max_doc_chars`` characters, every document gets EOS appended, and the node's token stream is cut into
+2. Validation documents are dropped (``validation.is_validation``), every document is tokenized whole (in
+   parts of at most ``max_doc_chars`` characters) with EOS appended, and the node's token stream is cut into
    windows of ``seq_len + 1`` tokens: window k = tokens [k(L+1), (k+1)(L+1)). Windows continue across
    epoch boundaries, so no token is dropped or repeated.
 3. Window shuffle: windows are permuted within consecutive blocks of ``shuffle_block`` windows by a
@@ -52,10 +52,10 @@ class StreamingTokens(TokenSource):
         """(position before the batch, training texts of the batch) of a piece's range: validation documents
         dropped, a failed read retried (``PieceReader.batches``)."""
         for before, rows, _ in self.reader.batches(piece, start, hi):
-            yield before, split_batch(rows, self.source, self.cfg.val_bucket, self.cfg.max_doc_chars)[0]
+            yield before, split_batch(rows, self.source, self.cfg.val_bucket)[0]
 
     def tokens(self, docs: list[str]) -> np.ndarray:
-        return encode_documents(self.tokenizer, docs, self.eos)[0]
+        return encode_documents(self.tokenizer, docs, self.eos, self.cfg.max_doc_chars)[0]
 
     def chunks(self, epoch: int, node: int, num_nodes: int, start: State | None
                ) -> Iterator[tuple[State, np.ndarray]]:

@@ -28,6 +28,7 @@ __all__ = [
     "eos_id",
     "load_tokenizer",
     "padded_vocab_size",
+    "text_parts",
     "tokenizer_identity",
     "train_tokenizer",
 ]
@@ -113,24 +114,52 @@ def tokenizer_identity(tok: Tokenizer) -> str:
     return hashlib.blake2b(tok.to_str().encode(), digest_size=8).hexdigest()
 
 
-def encode_documents(tok: Tokenizer, texts: list[str], eos: int) -> tuple[np.ndarray, np.ndarray]:
+def text_parts(text: str, max_chars: int) -> list[str]:
+    """``text`` as consecutive parts of at most ``max_chars`` characters that join back to it. A part ends before
+    the last space of its span that precedes a non-space character, where the pre-tokenizers of the GPT-2 and
+    Qwen family start a word, so the parts' tokens are the whole text's; a span without one is cut at
+    ``max_chars``."""
+    parts, start = [], 0
+    while len(text) - start > max_chars:
+        end = start + max_chars
+        cut = text.rfind(" ", start + 1, end + 1)
+        while cut > start and text[cut + 1 : cut + 2].isspace():
+            cut = text.rfind(" ", start + 1, cut)
+        cut = cut if cut > start else end
+        parts.append(text[start:cut])
+        start = cut
+    parts.append(text[start:])
+    return parts
+
+
+def encode_documents(tok: Tokenizer, texts: list[str], eos: int, max_chars: int | None = None
+                     ) -> tuple[np.ndarray, np.ndarray]:
     """(token ids of ``texts`` concatenated, each document followed by ``eos``; per-document lengths).
 
     uint32 tokens (vocabularies < 2**32, half the memory of int64).
-    One batched call (Rust threads, GIL released). Documents are plain text: no post-processor tokens, and a
+    Batched calls (Rust threads, GIL released). Documents are plain text: no post-processor tokens, and a
     literal "<|endoftext|>" inside a web page is encoded as characters (``encode_special_tokens``), so the
-    only EOS ids in the stream are the document boundaries we add."""
+    only EOS ids in the stream are the document boundaries we add. A document longer than ``max_chars`` is
+    encoded whole, in ``text_parts``, at most ``len(texts)`` parts per call: a call holds no more text than
+    ``len(texts)`` documents of ``max_chars``, however long one document is."""
+    parts = [(k, part) for k, text in enumerate(texts) for part in text_parts(text, max_chars or len(text))]
+    last_part = {k: i for i, (k, _) in enumerate(parts)}
+    tokens: list[np.ndarray] = []
+    lengths = np.ones(len(texts), dtype=np.int64)
+    step = max(len(texts), 1)
     previous, tok.encode_special_tokens = tok.encode_special_tokens, True
     try:
-        encodings = tok.encode_batch_fast(texts, add_special_tokens=False)
+        for lo in range(0, len(parts), step):
+            group = parts[lo : lo + step]
+            encodings = tok.encode_batch_fast([part for _, part in group], add_special_tokens=False)
+            for i, ((k, _), encoding) in enumerate(zip(group, encodings, strict=True), start=lo):
+                tokens.append(np.asarray(encoding.ids, dtype=np.uint32))
+                lengths[k] += len(encoding.ids)
+                if last_part[k] == i:
+                    tokens.append(np.array([eos], dtype=np.uint32))
     finally:
         tok.encode_special_tokens = previous
-    lengths = np.fromiter((len(e.ids) + 1 for e in encodings), dtype=np.int64, count=len(encodings))
-    out = np.full(int(lengths.sum()), eos, dtype=np.uint32)
-    ends = np.cumsum(lengths)
-    for encoding, end, length in zip(encodings, ends, lengths, strict=True):
-        out[end - length : end - 1] = encoding.ids
-    return out, lengths
+    return (np.concatenate(tokens) if tokens else np.zeros(0, dtype=np.uint32)), lengths
 
 
 def train_tokenizer(

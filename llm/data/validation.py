@@ -34,10 +34,8 @@ def is_validation(key: str, bucket: int) -> bool:
     return int.from_bytes(digest, "little") % bucket == 0
 
 
-def split_batch(batch: dict[str, list], source: Source, bucket: int, max_chars: int
-                ) -> tuple[list[str], list[str]]:
-    """(training texts, validation texts) of a batch of rows, in order, each cut to ``max_chars``
-    characters; empty documents belong to neither. The bucket hashes the whole document."""
+def split_batch(batch: dict[str, list], source: Source, bucket: int) -> tuple[list[str], list[str]]:
+    """(training texts, validation texts) of a batch of rows, in order; empty documents belong to neither."""
     if source.text_column not in batch:
         raise DataError(f"data.source: {source.path} has no column {source.text_column!r} "
                          f"(columns: {', '.join(batch)}); set data.text_column")
@@ -47,7 +45,7 @@ def split_batch(batch: dict[str, list], source: Source, bucket: int, max_chars: 
     val: list[str] = []
     for text, key in zip(texts, keys, strict=True):
         if text:
-            (val if is_validation(str(key if key is not None else text), bucket) else train).append(text[:max_chars])
+            (val if is_validation(str(key if key is not None else text), bucket) else train).append(text)
     return train, val
 
 
@@ -66,7 +64,7 @@ def _val_texts(data_cfg: DataConfig) -> Iterator[list[str]]:
     reader = PieceReader(data_source(data_cfg), data_cfg)
     for index, piece in enumerate(reader.pieces):
         for _, batch, _ in reader.batches(index, 0, piece.size):
-            yield split_batch(batch, reader.source, data_cfg.val_bucket, data_cfg.max_doc_chars)[1]
+            yield split_batch(batch, reader.source, data_cfg.val_bucket)[1]
 
 
 def _windows_digest(windows: torch.Tensor) -> str:
@@ -106,7 +104,7 @@ def build_val_windows(data_cfg: DataConfig, tokenizer: Tokenizer) -> torch.Tenso
     parts, have, docs = [], 0, 0
     for texts in _val_texts(data_cfg):
         if texts:
-            parts.append(encode_documents(tokenizer, texts, eos)[0])
+            parts.append(encode_documents(tokenizer, texts, eos, data_cfg.max_doc_chars)[0])
             have += len(parts[-1])
             docs += len(texts)
         if have >= need:

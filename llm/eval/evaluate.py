@@ -20,6 +20,7 @@ UTF-8 length of ``decode([id])``, an approximation where a token holds part of a
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import json
 import math
 import re
@@ -180,12 +181,14 @@ def bits_per_byte(val_loss: float, val_windows: torch.Tensor,
 @torch.no_grad()
 def generate_samples(model: nn.Module, tokenizer: Tokenizer, prompts: list[str], max_new_tokens: int,
                      temperature: float = 0.0, seed: int = 0, eos: int | None = None) -> list[dict[str, str]]:
-    """Continue each prompt: greedy when ``temperature`` is 0, else sampling seeded with ``seed``."""
+    """Continue each prompt: greedy when ``temperature`` is 0, else sampling seeded by ``seed`` and the prompt, so
+    each prompt has its own draw (one seed for all gave a weak model's prompts the same continuation), the same
+    whatever the other prompts."""
     device = next(model.parameters()).device
     samples = []
     for prompt in prompts:
         ids = torch.tensor([tokenizer.encode(prompt, add_special_tokens=False).ids], device=device)
-        torch.manual_seed(seed)
+        torch.manual_seed(int.from_bytes(hashlib.blake2b(f"{seed}\0{prompt}".encode(), digest_size=8).digest()))
         sampling = {"do_sample": True, "temperature": temperature, "top_k": 0} if temperature > 0 else {
             "do_sample": False}
         out = model.generate(ids, max_new_tokens=max_new_tokens, eos_token_id=eos, pad_token_id=eos,

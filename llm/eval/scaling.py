@@ -1,4 +1,4 @@
-"""The scaling view of a comparison (issue 26): a variant's rows at several model sizes (a *series*,
+"""The scaling view of a comparison: a variant's rows at several model sizes (a *series*,
 ``llm.eval.grouping``) and a power-law fit L = a * N^b of their final validation loss against non-embedding
 parameters N (least squares on log L against log N). Rows with no complete run are left out. Each row's gap to the
 baseline and its p-value are against the baseline row of the same size (``llm.eval.report``, ``scaling.png``)."""

@@ -1,4 +1,4 @@
-"""``compare --tune KEY``: each variant at its best value of KEY (issue 26's protocol).
+"""``compare --tune KEY``: each variant at its own best value of KEY, not at one value for all.
 
 The runs of one variant (a row of ``llm.eval.grouping.group_runs`` with KEY left out of the grouping) fall into
 points, one per value of the tuned keys. A point's loss is the mean final validation loss of its complete runs

@@ -272,7 +272,7 @@ def test_rank_1_reads_no_footers(cfg: DataConfig, corpus: list[str], bpe: Tokeni
 
 
 def test_data_warnings_print_as_one_line() -> None:
-    """Issue 31: the footer cache's warnings (a DataWarning) print as one ``warning:`` line in the command lines,
+    """The footer cache's warnings (a DataWarning) print as one ``warning:`` line in the command lines,
     not Python's file:line plus the source line."""
     import warnings
 

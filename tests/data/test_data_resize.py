@@ -37,7 +37,7 @@ def test_prepared_run_resumes_on_fewer_processes(tmp_path: Path) -> None:
 
 @pytest.mark.slow
 def test_prepared_run_resumes_on_more_and_then_fewer_processes(tmp_path: Path) -> None:
-    """Issue 31: 2 processes to step 4, 3 processes to step 8, 2 again to step 10 (12 windows a step: 2 x 2 x 3
+    """2 processes to step 4, 3 processes to step 8, 2 again to step 10 (12 windows a step: 2 x 2 x 3
     micro-batches or 3 x 2 x 2). Each step takes the same 12 windows of the global order whatever the number of
     processes, so the losses are those of an uninterrupted 2-process run up to the reduction order, and the last
     loader state accounts for every window once."""

@@ -117,34 +117,58 @@ def test_failed_read_resumes_inside_a_range_exactly(kind: str, tmp_path: Path,
     assert reads["n"] > 31
 
 
-def test_long_document_is_cut_before_tokenizing(tmp_path: Path, bpe: Tokenizer) -> None:
-    """A 2M-character single-line document reaches the tokenizer as its first max_doc_chars characters
-    (so tokenizing it costs what a normal batch costs); the validation set cuts the same way."""
+def wikitext_like(lines: int) -> str:
+    """Lines like WikiText's raw files (a title, sentences with spaced punctuation and numbers, " \n" line ends,
+    runs of spaces), with no blank line: the whole text is one paragraph, one document of data.format=text."""
+    rng = random.Random(7)
+    words = ["the", "game", "was", "released", "in", "1998", ",", "and", "@-@", "its", "sequel", "(", ")", "."]
+    out = []
+    for i in range(lines):
+        sentence = " ".join(rng.choice(words) for _ in range(rng.randint(3, 40)))
+        out.append(f" = Section {i} = " if i % 9 == 0 else sentence)
+        out[-1] += "  " * (i % 3 == 1) + " \n"
+    return "".join(out)
+
+
+def test_text_without_blank_lines_keeps_every_token(tmp_path: Path, bpe: Tokenizer) -> None:
+    """A text file without blank lines is one document of ~20 x max_doc_chars: streaming, prepare and the
+    validation set (what eval.py evaluates) each yield exactly the tokens of the whole text, then EOS. Before,
+    every path kept the first max_doc_chars characters and dropped the rest without a word."""
     from llm.data.streaming import StreamingTokens
     from llm.data.tokenizer import eos_id
-
-    path = tmp_path / "long.jsonl"
-    long_text = "abc " * 500_000
-    path.write_text(json.dumps({"text": long_text, "id": "long"}) + "\n" + json.dumps({"text": "short one"}) + "\n")
-    cfg = DataConfig(source=str(path), max_doc_chars=1000, val_bucket=10**9, id_column=None, seq_len=16)
-    tokens = [t for _, t in StreamingTokens(cfg, bpe).chunks(0, 0, 1, None)]
-    expected = [*bpe.encode(long_text[:1000], add_special_tokens=False).ids, eos_id(bpe),
-                *bpe.encode("short one", add_special_tokens=False).ids, eos_id(bpe)]
-    assert torch.equal(torch.from_numpy(tokens[0].astype("int64")), torch.tensor(expected))
-    # every document held out: the validation windows are the same cut document, its EOS, then the next one
     from llm.data.validation import build_val_windows
 
-    held = tmp_path / "held" / "long.jsonl"
-    held.parent.mkdir()
-    held.write_text(json.dumps({"text": long_text}) + "\n" + json.dumps({"text": "short one " * 20}) + "\n")
-    width, cut = cfg.seq_len + 1, expected.index(eos_id(bpe)) + 1  # the cut document and its EOS
-    val_cfg = replace(cfg, source=str(held), val_bucket=1, val_tokens=(cut // width + 1) * width,
-                      cache_dir=str(tmp_path / "cache"))
-    windows = build_val_windows(val_cfg, bpe).flatten().tolist()
-    short = bpe.encode("short one " * 20, add_special_tokens=False).ids
-    assert windows[:cut] == expected[:cut] and windows[cut:] == short[: len(windows) - cut]
+    text = wikitext_like(400)
+    path = tmp_path / "wiki.test.raw"
+    path.write_text(text)
+    cfg = DataConfig(source=str(path), format="text", max_doc_chars=1000, val_bucket=10**9, seq_len=16,
+                     cache_dir=str(tmp_path / "cache"))
+    assert len(text) > 20 * cfg.max_doc_chars and "\n\n" not in text
+    expected = [*bpe.encode(text.strip(), add_special_tokens=False).ids, eos_id(bpe)]
+    streamed = [int(t) for _, chunk in StreamingTokens(cfg, bpe).chunks(0, 0, 1, None) for t in chunk]
+    assert streamed == expected
+    index = prepare(cfg, bpe, tmp_path / "prepared")
+    assert sum(p["num_tokens"] for p in index["pieces"]) == len(expected)
+    assert (tmp_path / "prepared" / "tokens_00000.bin").read_bytes() == torch.tensor(expected).numpy().astype(
+        "uint32").tobytes()
+    width = cfg.seq_len + 1
+    held = replace(cfg, val_bucket=1, val_tokens=len(expected) // width * width)
+    assert build_val_windows(held, bpe).flatten().tolist() == expected[: held.val_tokens]
+
+
+def test_a_word_longer_than_max_doc_chars_is_cut_and_kept(bpe: Tokenizer) -> None:
+    from llm.data.tokenizer import encode_documents, eos_id, text_parts
+
+    text = wikitext_like(400).strip()
+    parts = text_parts(text, 1000)
+    assert "".join(parts) == text and max(map(len, parts)) <= 1000 and len(parts) > 20
+    assert text_parts("x" * 25, 10) == ["x" * 10] * 2 + ["x" * 5]
+    assert text_parts("ab cd  ef", 5) == ["ab", " cd ", " ef"]  # before the space that precedes a word
+    tokens, lengths = encode_documents(bpe, ["x" * 2500, "short one"], eos_id(bpe), max_chars=1000)
+    assert bpe.decode(tokens.tolist()) == "x" * 2500 + "short one"
+    assert tokens.tolist().count(eos_id(bpe)) == 2 and lengths.sum() == len(tokens)
     with pytest.raises(ValueError, match=r"max_doc_chars.*expected a positive integer"):
-        replace(cfg, max_doc_chars=0).validate()
+        DataConfig(max_doc_chars=0).validate()
 
 
 def test_integer_text_column_is_one_line_naming_file_and_column(tmp_path: Path,

@@ -1,4 +1,4 @@
-"""compare on what broken runs leave behind (issue 31): a NaN final eval, a metrics file cut off mid-line, an empty
+"""compare on what broken runs leave behind: a NaN final eval, a metrics file cut off mid-line, an empty
 file, a run with only one eval. Each is listed and left out of the statistics; the good runs are still compared."""
 
 from __future__ import annotations

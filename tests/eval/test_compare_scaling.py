@@ -1,4 +1,4 @@
-"""compare's scaling view (issue 26) and which config keys split rows: a variant at several model sizes is a series
+"""compare's scaling view and which config keys split rows: a variant at several model sizes is a series
 whose rows are each tested against the baseline of their size; losses follow a known power law."""
 
 from __future__ import annotations

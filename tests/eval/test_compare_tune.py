@@ -1,4 +1,4 @@
-"""``compare --tune train.lr``: each variant at its own best lr (issue 26), on synthetic runs whose losses are known."""
+"""``compare --tune train.lr``: each variant at its own best lr, on synthetic runs whose losses are known."""
 
 from __future__ import annotations
 

@@ -104,6 +104,30 @@ def test_samples_are_deterministic(trained_run: Path) -> None:
     assert sample(1.0, 5)[0]["prompt"] == prompts[0]
 
 
+class PromptBlind(torch.nn.Module):
+    """Draws every new token uniformly whatever the prompt: a weak model's samples, where only the random draw
+    tells two prompts' continuations apart."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.anchor = torch.nn.Parameter(torch.zeros(1))
+
+    def generate(self, ids: torch.Tensor, max_new_tokens: int, **_: object) -> torch.Tensor:
+        return torch.cat([ids, torch.randint(0, 256, (1, max_new_tokens))], dim=1)
+
+
+def test_each_prompt_has_its_own_draw(bpe: Path) -> None:
+    """``make demo`` samples two prompts at temperature 0.8: one seed for every prompt gave a weak model's two
+    prompts the same continuation. Each prompt's draw is its own, and the same whatever the other prompts."""
+    from llm.data import load_tokenizer
+
+    tokenizer, prompts = load_tokenizer(str(bpe)), ["The capital of France is", "Once upon a time,"]
+    both = generate_samples(PromptBlind(), tokenizer, prompts, 12, 0.8, seed=0)
+    assert both[0]["completion"] != both[1]["completion"]
+    assert generate_samples(PromptBlind(), tokenizer, prompts[1:], 12, 0.8, seed=0) == both[1:]
+    assert generate_samples(PromptBlind(), tokenizer, prompts, 12, 0.8, seed=1) != both
+
+
 def test_resolve_checkpoint(trained_run: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     latest = trained_run / "checkpoints" / "step_00000004"
     assert resolve_checkpoint(str(trained_run)).checkpoint_dir == latest

@@ -1,4 +1,4 @@
-"""A failed or stuck rank ends the whole run within a bounded time, with one line (issue 31): ranks that disagree on
+"""A failed or stuck rank ends the whole run within a bounded time, with one line: ranks that disagree on
 the steps or micro-batches stop before the first step, ranks that fall out of step stop at the collective timeout,
 SIGTERM ends a rank blocked in a collective after the grace time, and a tracker failure on rank 0 is a warning."""
 

@@ -75,7 +75,7 @@ def test_every_run_resolves_with_the_same_data_and_its_own_variant(sweep_file) -
 
 
 def test_document_masking_is_the_one_data_axis(sweep_file) -> None:
-    """Masked and unmasked runs score the same windows: a sweep may compare them (issue 27's result)."""
+    """Masked and unmasked runs score the same windows: a sweep may compare them."""
     from llm.cli.sweep_spec import check_comparable
 
     grid = {"model.ffn": ["swiglu", "isogmlp"], "data.document_masking": [True, False], "seed": [0]}

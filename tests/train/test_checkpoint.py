@@ -148,7 +148,7 @@ def test_a_run_config_written_before_ffn_init_existed_reads_as_it_trained(
 
 
 def test_a_file_missing_from_a_checkpoint_is_named(tmp_path) -> None:
-    """Issue 31: a file the manifest lists but the directory lacks (a deleted tokenizer) is named as missing."""
+    """A file the manifest lists but the directory lacks (a deleted tokenizer) is named as missing."""
     from llm.train.checkpoint_files import write_manifest
 
     (tmp_path / "model").mkdir()

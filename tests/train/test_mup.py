@@ -167,9 +167,12 @@ def test_coordinate_check_is_flat_under_mup_and_grows_under_standard() -> None:
 
 
 @pytest.mark.slow
-def test_the_best_learning_rate_transfers_across_widths_under_mup_only() -> None:
-    """lr grid in steps of sqrt(2), widths 64, 128, 256 (4x), 40 steps each: under muP the best lr is within
-    one grid step of the base width's at every width; under standard it falls by two steps or more."""
+def test_mup_moves_the_best_lr_at_most_one_grid_step_across_widths_standard_two_or_more() -> None:
+    """lr grid in steps of sqrt(2), widths 64, 128, 256 (4x), 40 steps each on the Markov chain. What muP
+    guarantees here is a bound, not exact transfer: the best lr moves by at most one grid step between widths
+    (measured: one step up, 8e-3 at 64 and 1.1e-2 at 128 and 256), while under standard it falls by two steps or
+    more (measured: three, 8e-3 to 2.8e-3). One step is a factor sqrt(2) in lr, and it matters: on FineWeb
+    (docs/results/replicate-cpu-tuned) the lr carried from width 64 was one step or more too high at 256."""
     grid = [1e-3 * 2 ** (k / 2) for k in range(2, 11)]
 
     def best_step(width: int, parametrization: str) -> int:
@@ -179,7 +182,7 @@ def test_the_best_learning_rate_transfers_across_widths_under_mup_only() -> None
 
     mup = [best_step(width, "mup") for width in (64, 128, 256)]
     standard = [best_step(width, "standard") for width in (64, 256)]
-    assert max(mup) - min(mup) <= 1, [grid[i] for i in mup]
+    assert max(mup) - min(mup) <= 1, [grid[i] for i in mup]  # at most one step apart, not the same lr
     assert standard[0] - standard[1] >= 2, [grid[i] for i in standard]
 
 

@@ -171,7 +171,7 @@ def test_focus_parameters_are_clipped_after_every_optimizer_step(config_of) -> N
 
 
 def test_a_warmup_longer_than_the_run_is_clamped_and_said(config_of) -> None:
-    """Issue 31: warmup_steps > max_steps would end the run before the lr reached train.lr."""
+    """warmup_steps > max_steps would end the run before the lr reached train.lr: clamped, with a warning."""
     from llm.train.optim import schedule_warnings
 
     config = config_of("train.warmup_steps=10", "train.max_steps=4", "train.eval_every=3")

@@ -1,4 +1,4 @@
-"""The tuned replication (issue 26), resumable: a run whose last checkpoint exists is not run again.
+"""The tuned replication, resumable: a run whose last checkpoint exists is not run again.
 
     python docs/results/replicate-cpu-tuned/run.py tune                # lr grid at width 64, seed 0
     python docs/results/replicate-cpu-tuned/run.py confirm 256 64 128  # seeds 1-3 at each variant's chosen lr
