@@ -4,27 +4,30 @@
     .venv/bin/python bench/bench_train_step.py --quick         # fewer timed steps
     .venv/bin/python bench/bench_train_step.py --device cuda --dtype bf16 --compile --preset 134m --seq 2048
     .venv/bin/python bench/bench_train_step.py --variants swiglu+softmax swiglu+iso_tanh   # named pairs only
+    .venv/bin/python bench/bench_train_step.py --packed-docs 700   # also swiglu's step on packed documents
 
 A step is what the trainer does per micro-batch: forward, fp32 cross-entropy, backward, AdamW. All
 models are built first and then timed round-robin (one step of each, repeated), so that a change in
 machine load hits every variant alike. tokens/s is the best round (on a shared machine the spread comes
-from other processes, which only ever slow a step down); the ratios are medians of the ratios measured
-within each round, which cancel slower swings of the machine's speed. The non-SwiGLU FFNs are
-parameter-matched (``ffn_param_match``), as in a fair comparison.
+from other processes, which only ever slow a step down), and every ratio is the ratio of those best
+tokens/s, so that it agrees with the columns beside it. The non-SwiGLU FFNs are parameter-matched
+(``ffn_param_match``), as in a fair comparison. ``--compile`` compiles our models as ``train.compile`` does
+(each decoder layer in place, one graph for all layers) and transformers' Qwen3 whole.
 
 Columns: tokens/s; ``vs qwen3``: our tokens/s over transformers' ``Qwen3ForCausalLM`` at the identical
-shape (same layers, heads, widths, vocab, tied embeddings, qk-norm); ``roofline``: the machine's measured
+shape (same layers, heads, widths, vocab, tied embeddings, qk-norm); ``vs swiglu``: tokens/s over that of
+swiglu with the same attention scoring (and the same packing); ``roofline``: the machine's measured
 matmul FLOP/s divided by the variant's training FLOPs per token (``llm.metrics.flops``), the tokens/s a
 step would reach if it ran at matmul speed; ``of roofline``: tokens/s over that, i.e. the MFU against the
-measured matmul rate; ``vs swiglu``: tokens/s over that of swiglu with the same attention scoring. On CUDA it
-also prints MFU against the GPU's dense datasheet peak.
+measured matmul rate; on CUDA ``MFU``, against the GPU's dense datasheet peak; ``first s``: the first step's
+seconds (compilation, allocator, optimizer state). Rows ending in ``packed`` feed the trainer's inputs for
+document masking: ``position_ids`` restarting at documents of ``--packed-docs`` tokens on average.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import statistics
 import time
 from collections.abc import Callable
 from dataclasses import replace
@@ -40,6 +43,7 @@ from llm.metrics.flops import flops_per_token, measure_matmul_flops, mfu, peak_f
 from llm.model import IsoLLMConfig, IsoLLMForCausalLM, ModelConfig
 from llm.model.attention import ATTN_SCORING_REGISTRY
 from llm.model.ffn import FFN_REGISTRY
+from llm.train.setup import compile_decoder_layers
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
 
@@ -57,7 +61,17 @@ def qwen3_twin(config: ModelConfig) -> Qwen3ForCausalLM:
     return Qwen3ForCausalLM(hf)
 
 
-def make_step(model: nn.Module, batch: torch.Tensor, dtype: torch.dtype) -> Callable[[], None]:
+def packed_positions(seq: int, mean_length: int, device: torch.device) -> torch.Tensor:
+    """``[1, seq]`` position ids restarting at documents of ``mean_length`` tokens on average (exponential
+    lengths, fixed seed), as the trainer's document masking gives them."""
+    generator = torch.Generator().manual_seed(0)
+    lengths = (torch.empty(seq).exponential_(1 / mean_length, generator=generator).long() + 1).tolist()
+    positions = torch.cat([torch.arange(n) for n in lengths])[:seq]
+    return positions[None].to(device)
+
+
+def make_step(model: nn.Module, batch: torch.Tensor, dtype: torch.dtype,
+              position_ids: torch.Tensor | None = None) -> Callable[[], None]:
     """One training micro-step as each model trains: forward, loss, backward, fused AdamW (the trainer's
     ``build_optimizer``). Ours computes its loss itself, fused with the LM head (``shift_labels``, as the
     trainer calls it); transformers' Qwen3 computes fp32 cross-entropy from its logits, as its
@@ -66,11 +80,12 @@ def make_step(model: nn.Module, batch: torch.Tensor, dtype: torch.dtype) -> Call
     inputs, targets = batch[:, :-1], batch[:, 1:]
     autocast = torch.autocast(batch.device.type, dtype=dtype, enabled=dtype != torch.float32)
     fused_loss = isinstance(getattr(model, "_orig_mod", model), IsoLLMForCausalLM)
+    packing = {} if position_ids is None else {"position_ids": position_ids.expand_as(inputs)}
 
     def step() -> None:
         with autocast:
             if fused_loss:
-                loss = model(inputs, shift_labels=targets).loss
+                loss = model(inputs, shift_labels=targets, **packing).loss
             else:
                 logits = model(inputs).logits
                 loss = F.cross_entropy(logits.flatten(0, 1).float(), targets.flatten())
@@ -85,12 +100,9 @@ ROOFLINE_MATMUL_N = {"cpu": 1024, "cuda": 8192}
 """The roofline's matmul: ``[n, n] @ [n, n]`` in the step's dtype, timed in every round (best kept); on a GPU
 large enough to reach the tensor cores' rate."""
 
-MATMUL_OPS = {"aten::mm", "aten::addmm", "aten::addmm_", "aten::bmm", "aten::baddbmm"}
-
-
-def time_breakdown(step: Callable[[], None], device: torch.device, steps: int = 3) -> str:
-    """Where a step's time goes, from torch.profiler's self times: matmuls, attention kernels, the rest
-    (with its three largest ops). Explains the distance to the roofline, which only matmuls can reach."""
+def top_kernels(step: Callable[[], None], device: torch.device, steps: int = 3, count: int = 10) -> list[str]:
+    """The ``count`` kernels (CUDA) or ops (CPU) with the most self time over ``steps`` steps, torch.profiler's
+    figures: where a step's time goes, and so what keeps it from the roofline."""
     activities = [torch.profiler.ProfilerActivity.CPU]
     if device.type == "cuda":
         activities.append(torch.profiler.ProfilerActivity.CUDA)
@@ -99,21 +111,9 @@ def time_breakdown(step: Callable[[], None], device: torch.device, steps: int = 
             step()
         synchronize(device)
     attr = "self_device_time_total" if device.type == "cuda" else "self_cpu_time_total"
-    times = {e.key: getattr(e, attr) for e in prof.key_averages() if getattr(e, attr) > 0}
-    total = sum(times.values())
-    matmul = sum(t for k, t in times.items() if k in MATMUL_OPS)
-    attention = sum(t for k, t in times.items() if "scaled_dot_product" in k)
-    rest = sorted(((t, k) for k, t in times.items() if k not in MATMUL_OPS and "scaled_dot_product" not in k),
-                  reverse=True)[:3]
-    top = ", ".join(f"{k.removeprefix('aten::')} {t / total:.0%}" for t, k in rest)
-    return (f"matmul {matmul / total:.0%}, attention kernels {attention / total:.0%}, "
-            f"other {(total - matmul - attention) / total:.0%} (largest: {top})")
-
-
-def paired_speedup(times: list[float], reference: list[float]) -> float:
-    """Median over rounds of ``reference time / time`` within the same round: a slow spell of the
-    machine hits both steps of a round alike and cancels out of the ratio."""
-    return statistics.median(ref / t for t, ref in zip(times, reference, strict=True))
+    times = sorted(((getattr(e, attr), e.key) for e in prof.key_averages() if getattr(e, attr) > 0), reverse=True)
+    total = sum(t for t, _ in times)
+    return [f"{t / total:6.1%} {t / steps / 1e3:8.2f} ms  {name[:110]}" for t, name in times[:count]]
 
 
 def synchronize(device: torch.device) -> None:
@@ -158,8 +158,10 @@ def main() -> None:
                         help="time exactly these ffn+scoring pairs instead of --ffn x --attn-scoring (swiglu with "
                              "each named scoring is added: the ratios need it)")
     parser.add_argument("--json", metavar="PATH", help="also write the table's figures to PATH as JSON")
+    parser.add_argument("--packed-docs", type=int, default=0, metavar="MEAN",
+                        help="also time swiglu with each scoring on packed documents of MEAN tokens on average")
     parser.add_argument("--profile", action="store_true",
-                        help="also print where swiglu+softmax's and Qwen3's step time goes (torch.profiler)")
+                        help="also print the 10 kernels with the most time in swiglu+softmax's step (torch.profiler)")
     args = parser.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -178,14 +180,22 @@ def main() -> None:
     }
     models["transformers Qwen3"] = qwen3_twin(base)
     batch = torch.randint(0, base.vocab_size, (args.batch, args.seq + 1), device=device)
-    steps = {}
+    positions = packed_positions(args.seq, args.packed_docs, device) if args.packed_docs else None
+    steps, first_step = {}, {}
     for name, model in models.items():
         model.to(device).train()
-        if args.compile:
+        if args.compile and isinstance(model, IsoLLMForCausalLM):
+            compile_decoder_layers(model)
+        elif args.compile:
             model = torch.compile(model)
-        steps[name] = make_step(model, batch, dtype)
-        steps[name]()  # warm-up: allocator, AdamW state, compilation
-    synchronize(device)
+        packed_rows = [f"{name} packed"] if positions is not None and name.startswith("swiglu+") else []
+        for row in [name, *packed_rows]:
+            steps[row] = make_step(model, batch, dtype, positions if row in packed_rows else None)
+            synchronize(device)
+            start = time.perf_counter()
+            steps[row]()  # warm-up: allocator, AdamW state, compilation
+            synchronize(device)
+            first_step[row] = time.perf_counter() - start
 
     times: dict[str, list[float]] = {name: [] for name in steps}
     matmul_rates: list[float] = []
@@ -209,27 +219,33 @@ def main() -> None:
           f"vocab {base.vocab_size}), batch {args.batch} x {args.seq}, {args.dtype}, {device.type}"
           f"{', compiled' if args.compile else ''}, best of {rounds} steps")
     print(f"# measured {args.dtype} matmul ({matmul_n}^3, best of {rounds}): {matmul / 1e9:.1f} GFLOP/s")
-    header = f"{'variant':<26}{'tokens/s':>10}{'vs qwen3':>10}{'vs swiglu':>10}{'roofline':>10}{'of roofline':>12}"
-    print(header + (f"{'MFU':>8}" if gpu_peak else ""))
+    header = f"{'variant':<30}{'tokens/s':>10}{'vs qwen3':>10}{'vs swiglu':>10}{'roofline':>10}{'of roofline':>12}"
+    print(header + (f"{'MFU':>8}" if gpu_peak else "") + f"{'first s':>9}")
     figures = {}
     for name, value in tps.items():
-        cfg = variants.get(name, base)
+        variant, packed = name.removesuffix(" packed"), name.endswith(" packed")
+        cfg = variants.get(variant, base)
         fpt = flops_per_token(cfg, args.seq, training=True)
+        swiglu = f"swiglu+{cfg.attn_scoring}" + (" packed" if packed else "")  # same attention, same packing
         figures[name] = f = {
             "tokens_per_s": value,
-            "vs_qwen3": paired_speedup(times[name], times["transformers Qwen3"]),
-            "vs_swiglu": paired_speedup(times[name], times[f"swiglu+{cfg.attn_scoring}"]),  # same attention
+            "vs_qwen3": value / tps["transformers Qwen3"],
+            "vs_swiglu": value / tps[swiglu],
             "of_roofline": mfu(value, fpt, matmul),
             "mfu_datasheet": mfu(value, fpt, gpu_peak) if gpu_peak else None,
+            "first_step_s": first_step[name],
         }
-        row = (f"{name:<26}{value:>10.0f}{f['vs_qwen3']:>9.2f}x{f['vs_swiglu']:>9.2f}x{matmul / fpt:>10.0f}"
+        row = (f"{name:<30}{value:>10.0f}{f['vs_qwen3']:>9.2f}x{f['vs_swiglu']:>9.2f}x{matmul / fpt:>10.0f}"
                f"{f['of_roofline']:>11.0%} ")
-        print(row + (f"{f['mfu_datasheet']:>8.1%}" if gpu_peak else ""))
+        print(row + (f"{f['mfu_datasheet']:>8.1%}" if gpu_peak else "") + f"{first_step[name]:>9.1f}")
+    kernels = top_kernels(steps["swiglu+softmax"], device) if args.profile else []
+    if kernels:
+        print(f"# the 10 {'kernels' if device.type == 'cuda' else 'ops'} with the most self time in swiglu+softmax's "
+              f"step (share, ms per step, name):")
+        print("\n".join(f"#   {line}" for line in kernels))
     if args.json:
-        Path(args.json).write_text(json.dumps({"matmul_flops": matmul, "variants": figures}, indent=1))
-    if args.profile:
-        for name in ("swiglu+softmax", "transformers Qwen3"):
-            print(f"# {name}: {time_breakdown(steps[name], device)}")
+        Path(args.json).write_text(json.dumps({"matmul_flops": matmul, "variants": figures, "top_kernels": kernels},
+                                              indent=1))
 
 
 if __name__ == "__main__":

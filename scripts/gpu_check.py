@@ -3,18 +3,20 @@
     python scripts/gpu_check.py --part 1 OUTDIR     # on one CUDA GPU: part 1 of 3 (each one device call)
     python scripts/gpu_check.py --dry-run OUTDIR    # every stage at tiny size on CPU (fp32, no fla)
 
-On a GPU the stages come in three parts, each within one device call of 10 minutes (``PARTS``): 1 = pytest and
-step, 2 = train, 3 = attention and generate; env runs in each. The boxes are set from the first GPU check
-(2026-11-25, one H100 whose host took ~18 s to import torch and the package and ~70 s to compile each 134m
-model), the attention box from the second (fla autotunes in each length's process, ~40 s a length). The whole
-check no longer fits one call; the three parts with their start-ups fit the 30 minutes a session is lent.
+On a GPU the stages come in three parts, each within one device call of 10 minutes (``PARTS``): 1 = step, the
+headline figures, first and short (at most 6 minutes with the machine's start-up); 2 = train; 3 = pytest,
+attention and generate; env runs in each. The boxes are set from the GPU checks (2026-11-25, one H100 whose host
+took ~18 s to import torch and the package; 2026-11-26, one H200), the attention box from the second (fla
+autotunes in each length's process, ~40 s a length).
 
 Stages, in order (a stage that fails or runs out of time is recorded and the next one starts):
   env        versions, the GPU, and whether every carried wheel's requirements are met
   pytest     ``pytest -m gpu``
-  step       bench/bench_train_step.py: the 134m preset at seq 2048, bf16, torch.compile, tokens/s and MFU
-             against the measured bf16 matmul rate, for swiglu/isogmlp+softmax, swiglu+iso_tanh (fla)
-             and transformers' Qwen3ForCausalLM, timed in the same rounds
+  step       bench/bench_train_step.py: the 134m preset at seq 2048, bf16, compiled as train.compile does,
+             tokens/s, MFU against the measured bf16 matmul rate and the datasheet, and the first step's seconds
+             (compilation) for swiglu/isogmlp/iso_ln/iso_mlp+softmax, swiglu+iso_tanh, swiglu with each scoring
+             on packed documents, and transformers' Qwen3ForCausalLM compiled, timed in the same rounds; the 10
+             kernels with the most time in swiglu+softmax's step
   train      train.py, 100 steps (dry run: 20) on the FineWeb sample with the offline Qwen3 tokenizer, through each
              launch/accelerate/*.yaml with one process (DDP, FSDP2 and ZeRO-3 first), then a resume from the
              DDP run's half-way checkpoint; checks that DDP, FSDP2 and ZeRO-3 losses agree, that each run used
@@ -83,7 +85,7 @@ class Mode:
     env: dict[str, str] = field(default_factory=dict)
 
 
-PARTS = {1: ("env", "pytest", "step"), 2: ("env", "train"), 3: ("env", "attention", "generate")}
+PARTS = {1: ("env", "step"), 2: ("env", "train"), 3: ("env", "pytest", "attention", "generate")}
 """The GPU check's stages by device call (``--part``); the dry run takes every stage in one."""
 
 
@@ -98,9 +100,9 @@ def _train_overrides(*model: str, steps: int, seq: int, micro: int, val_tokens: 
 GPU = Mode(
     name="gpu",
     budget_s=555,
-    boxes={"env": 30, "pytest": 110, "step": 360, "train": 470, "attention": 380, "generate": 80},
+    boxes={"env": 30, "pytest": 110, "step": 330, "train": 470, "attention": 300, "generate": 80},
     step_args=["--device", "cuda", "--dtype", "bf16", "--compile", "--preset", "134m", "--seq", "2048",
-               "--batch", "8", "--rounds", "6"],
+               "--batch", "8", "--rounds", "5", "--packed-docs", "700", "--profile"],
     train_steps=100,
     train_overrides=_train_overrides("--config", "configs/sizes/134m.yaml", steps=100, seq=1024, micro=8,
                                      val_tokens=16384),
@@ -120,7 +122,7 @@ DRY = Mode(
     budget_s=400,
     boxes={"env": 30, "pytest": 90, "step": 90, "train": 200, "attention": 60, "generate": 40},
     step_args=["--device", "cpu", "--dtype", "fp32", "--preset", "tiny", "--seq", "32", "--batch", "2",
-               "--rounds", "2", "--threads", "1"],
+               "--rounds", "2", "--threads", "1", "--packed-docs", "8", "--profile"],
     train_steps=20,
     train_overrides=_train_overrides(
         "model.hidden_size=32", "model.intermediate_size=64", "model.num_hidden_layers=2",
@@ -212,7 +214,7 @@ class Check:
         argv = [PY, "bench/bench_train_step.py", *self.mode.step_args, "--variants", *VARIANTS,
                 "--json", str(self.logs / "step.json")]
         self.run(result, "step", argv, end)
-        result.notes += _tail_block(result.logs[-1], 12)
+        result.notes += _tail_block(result.logs[-1], 24)
 
     def stage_attention(self, result: Result, end: float) -> None:
         argv = [PY, "bench/bench_attention.py", *self.mode.attention_args, "--json", str(self.logs / "attention.json")]

@@ -86,3 +86,27 @@ def test_the_loss_kernel_compiled_equals_eager():
     torch.testing.assert_close(eager[0], -(probs.log().gather(1, target) * keep).sum(), rtol=1e-14, atol=0)
     torch.testing.assert_close(eager[1], probs - torch.nn.functional.one_hot(target[:, 0], 50), rtol=1e-14,
                                atol=1e-16)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("attn_scoring", sorted(ATTN_SCORING_REGISTRY))
+def test_cuda_compiled_step_matches_eager_in_bf16(attn_scoring):
+    """The CUDA paths CPU tests cannot reach: inductor's kernels for the layers and the loss's chunk kernel,
+    FlexAttention's packed documents. bf16 autocast, so eager and compiled agree to bf16's rounding."""
+    shape = dict(attn_scoring=attn_scoring, dtype=torch.float32, vocab_size=4096, hidden_size=128,
+                 intermediate_size=256, num_attention_heads=4, num_key_value_heads=2)
+    eager_model, compiled_model = (build(**shape).cuda().train() for _ in range(2))  # same seed: same weights
+    torch._dynamo.reset()
+    compile_decoder_layers(compiled_model)
+    ids = torch.randint(0, 4096, (2, 513), device="cuda", generator=torch.Generator("cuda").manual_seed(0))
+    positions = torch.cat([torch.arange(n) for n in (100, 300, 112)])[None].cuda()
+    for inputs in ({}, {"position_ids": positions}):  # one document per row; packed documents
+        step = {"input_ids": ids[:, :-1], "shift_labels": ids[:, 1:], **inputs}
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            eager = loss_and_grads(eager_model, eager_model, **step)
+            compiled = loss_and_grads(compiled_model, compiled_model, **step)
+        torch.testing.assert_close(compiled[0], eager[0], rtol=2e-2, atol=0)
+        worst = max(((c - e).norm() / e.norm()).item() for c, e in zip(compiled[1], eager[1], strict=True)
+                    if e.norm() > 0)
+        assert worst < 5e-2, worst
