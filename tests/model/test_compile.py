@@ -95,7 +95,7 @@ def test_cuda_compiled_step_matches_eager_in_bf16(attn_scoring):
     """The CUDA paths CPU tests cannot reach: inductor's kernels for the layers and the loss's chunk kernel,
     FlexAttention's packed documents. bf16 autocast, so eager and compiled agree to bf16's rounding."""
     shape = dict(attn_scoring=attn_scoring, dtype=torch.float32, vocab_size=4096, hidden_size=128,
-                 intermediate_size=256, num_attention_heads=4, num_key_value_heads=2)
+                 intermediate_size=256, num_attention_heads=4, num_key_value_heads=2, iso_tanh_chunk_size=64)
     eager_model, compiled_model = (build(**shape).cuda().train() for _ in range(2))  # same seed: same weights
     torch._dynamo.reset()
     compile_decoder_layers(compiled_model)
