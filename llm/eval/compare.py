@@ -31,7 +31,7 @@ from scipy import stats
 from llm.eval.errors import EvalError
 from llm.eval.grouping import group_runs, model_size, resolve_baseline, series_labels
 from llm.eval.runs import RunRecord
-from llm.eval.tune import TunePoint, choose, edge_warning, one_seed_warning, spike_warnings, tune_points
+from llm.eval.tune import TunePoint, at_values, choice_warnings, choose, one_seed_warning, tune_points, values_of
 
 DEFAULT_BASELINE = "swiglu+softmax"
 ROW_INVARIANTS = ("params_total", "params_non_embedding", "mixed_precision")
@@ -139,9 +139,7 @@ def _at_chosen_values(groups: dict[str, list[RunRecord]], tune: Sequence[str], w
             continue
         sensitivity[label] = points = tune_points(members, tune)
         bests[label] = best = choose(points)
-        if (edge := edge_warning(label, points, best, tune)) is not None:
-            warnings.append(edge)
-        warnings.extend(spike_warnings(label, best, tune))
+        warnings += choice_warnings(label, points, best, tune)
         chosen[label] = ([r for r in members if not r.complete], {}) if best is None else \
             (best.runs, dict(zip(tune, best.values, strict=True)))  # no value to choose: its runs are listed
     if (one_seed := one_seed_warning(bests, tune)) is not None:
@@ -166,6 +164,9 @@ def compare_runs(runs: Sequence[RunRecord], baseline: str | None = None, tune: S
     series = series_labels(groups, tune)
     sizes = {label: model_size(members[0]) for label, members in groups.items()}
     warnings = [problem for run in runs for problem in run.problems]
+    if shared := [key for key in tune if len({values_of(run, [key]) for run in runs}) == 1]:
+        warnings.append(f"--tune {', '.join(shared)}: every run has {at_values(shared, values_of(runs[0], shared))}: "
+                        "one value is no choice; the rows are reported at it, untuned")
     baselines = resolve_baseline(groups, baseline or DEFAULT_BASELINE, series)
     if not baselines and baseline is not None:
         raise EvalError(f"--baseline {baseline} names no row; the rows are: {', '.join(map(repr, groups))}")
@@ -188,12 +189,13 @@ def compare_runs(runs: Sequence[RunRecord], baseline: str | None = None, tune: S
         seeds = [r.seed for r in done]
         if len(set(seeds)) < len(seeds):
             warnings.append(f"row {label}: repeated seeds {seeds}; repeats are not independent samples")
-        broken = [r for r in (members if tune else groups[label]) if not r.complete]
-        warnings += [f"row {label}: {r.path.name} {r.status} (final eval at step "
-                     f"{r.evals[-1]['step'] if r.evals else 'none'} of {r.last_step}, val loss "
-                     f"{r.final_val_loss:.4g}); left out of the statistics" for r in broken]
-        if not done:
-            warnings.append(f"row {label}: no complete run{' at any value' if tune else ''}; compared without it")
+        broken = [r for r in members if not r.complete]  # with tune: at the chosen value; all are named below
+        warnings += [f"row {label}: {r.path.name} {r.status} ({at_values(tune, values_of(r, tune)) if tune else ''}"
+                     f"{', ' if tune else ''}final eval at step {r.evals[-1]['step'] if r.evals else 'none'} of "
+                     f"{r.last_step}, val loss {r.final_val_loss:.4g}); left out of the statistics"
+                     for r in groups[label] if not r.complete]
+        if not done and not tune:  # with tune, _at_chosen_values says why no value was chosen
+            warnings.append(f"row {label}: no complete run; compared without it")
         losses = [r.final_val_loss for r in done]
         rows.append(VariantSummary(
             variant=label, runs=done,

@@ -44,17 +44,19 @@ def _table(header: Sequence[str], rows: Sequence[Sequence[object]]) -> list[str]
 
 
 def _sensitivity(comparison: Comparison) -> list[str]:
-    """Each row's loss at every value of the tuned keys, with its complete seeds and diverged runs."""
+    """Each row's loss at every value of the tuned keys, with its complete seeds and broken runs."""
     rows = []
     for row in comparison.rows:
         chosen = tuple(row.tuned.get(key) for key in comparison.tune)
-        for point in comparison.sensitivity.get(row.variant, []):
+        points = comparison.sensitivity.get(row.variant, [])
+        for point in points:
             loss = "diverged" if not point.losses and point.diverged else _loss(point.mean, point.std)
-            rows.append([row.variant, *point.values, loss + (" *" if point.values == chosen else ""),
-                         len(point.losses), point.diverged])
+            star = " *" if point.values == chosen and len(points) > 1 else ""
+            rows.append([row.variant, *point.values, loss + star, len(point.losses),
+                         f"{point.diverged} / {point.incomplete}"])
     return ["", f"Sensitivity to {', '.join(comparison.tune)}: final validation loss at every value "
-                "(mean ± std over complete seeds; * the chosen value)", "",
-            *_table(["Variant", *comparison.tune, "Val loss (mean ± std)", "n", "Diverged"], rows)]
+                "(mean ± std over complete seeds; * the chosen value, where a row ran at more than one)", "",
+            *_table(["Variant", *comparison.tune, "Val loss (mean ± std)", "n", "Diverged / incomplete"], rows)]
 
 
 def _scaling(comparison: Comparison) -> list[str]:
@@ -85,9 +87,10 @@ def format_table(comparison: Comparison) -> str:
     """The comparison as a Markdown table with footnotes (also readable as plain text), then, with ``tune``,
     the sensitivity table, and, when a variant comes in several sizes, the scaling table."""
     rows = [[row.variant, *(row.tuned.get(key, "n/a") for key in comparison.tune), _params(row.params_total),
-             _params(row.params_non_embedding),
-             "all diverged" if not row.runs and row.diverged else _loss(row.val_loss_mean, row.val_loss_std),
-             row.n, f"{len(row.diverged)} / {len(row.incomplete)}",
+             _params(row.params_non_embedding), _loss(row.val_loss_mean, row.val_loss_std) if row.runs else
+             "no value stable in every seed" if any(p.losses for p in comparison.sensitivity.get(row.variant, []))
+             else "all diverged" if row.diverged else "n/a", row.n,
+             f"{len(row.diverged)} / {len(row.incomplete)}",
              "baseline" if row.variant in comparison.baselines else _num(row.p_value, ".3g"),
              _num(row.training_stability, ".3g"), _num(row.tokens_per_s, ",.0f")] for row in comparison.rows]
     lines = _table(["Variant", *comparison.tune, "Params (total)", "Params (non-emb.)", "Val loss (mean ± std)", "n",
