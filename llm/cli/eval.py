@@ -135,7 +135,8 @@ def _compare(argv: list[str]) -> int:
     if not runs:
         raise EvalError("; ".join(unreadable))
     comparison = compare_runs(runs, args.baseline, args.tune)
-    for warning in [*(f"{message}; left out" for message in unreadable), *comparison.warnings]:
+    comparison.warnings[:0] = [f"{message}; left out" for message in unreadable]  # comparison.md names them too
+    for warning in comparison.warnings:
         print(f"warning: {warning}", file=sys.stderr)
     written = list(write_comparison(comparison, args.out))
     if not args.no_plots:

@@ -7,9 +7,11 @@ counts, precision, final token count): a disagreement is an error.
 Only a row's complete runs (``llm.eval.runs.RunRecord.status``) enter its statistics: a diverged run (a
 non-finite final validation loss) or an incomplete one (ended before its last eval) is counted in its own
 column and named in a warning, never averaged, tested or chosen. Each row's complete seeds give the final
-validation loss as mean ± sample std (ddof=1) and a Welch t-test (unequal variances) against the baseline row
-of the same model size. "Training stability" is the variance of the pre-clip global gradient norm over the run
-after warmup (``grad_norm_var_run`` of the last train row), as in isogmlp section 4.3; lower is more stable.
+validation loss as mean ± sample std (ddof=1) and its gap to the baseline row of the same model size with a Welch
+t-test (unequal variances), its interval, the smallest gap the seeds resolve and the seeds the gap would need
+(``llm.eval.stats``); where both rows ran the same seeds on the same data, also the paired t-test. "Training
+stability" is the variance of the pre-clip global gradient norm over the run after warmup (``grad_norm_var_run``
+of the last train row), as in isogmlp section 4.3; lower is more stable.
 
 ``tune`` keys (``eval.py compare --tune train.lr``): runs that differ only in those keys and the seed are one
 variant, and its row is the value with the lowest mean final validation loss over its complete seeds
@@ -26,14 +28,15 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from scipy import stats
-
 from llm.eval.errors import EvalError
 from llm.eval.grouping import group_runs, model_size, resolve_baseline, series_labels
 from llm.eval.runs import RunRecord
-from llm.eval.tune import TunePoint, choose, edge_warning, one_seed_warning, spike_warnings, tune_points
+from llm.eval.stats import Gap, Summary, gap_to_baseline, paired_p_value
+from llm.eval.tune import TunePoint, at_values, choice_warnings, choose, one_seed_warning, tune_points, values_of
 
 DEFAULT_BASELINE = "swiglu+softmax"
+GAP_COLUMNS = {"gap": "gap", "gap_ci_low": "ci_low", "gap_ci_high": "ci_high", "p_value_paired": "p_paired",
+               "mde": "mde", "seeds_needed": "seeds_needed"}  # comparison.csv column -> Gap field
 ROW_INVARIANTS = ("params_total", "params_non_embedding", "mixed_precision")
 """Meta-row fields every seed of a row must agree on (besides the final token count). The meta row's
 ``variant`` is not among them: a run written with older option defaults may carry another name for the
@@ -53,8 +56,6 @@ class VariantSummary:
     """NaN when no run of the row is complete."""
     val_loss_std: float
     """Sample standard deviation (ddof=1) over seeds; NaN with a single seed."""
-    p_value: float
-    """Welch t-test of the final val losses against the baseline's; NaN when not computable."""
     training_stability: float
     tokens_per_s: float
     final_tokens: int
@@ -66,6 +67,13 @@ class VariantSummary:
     """The label of the row's series: the rows that differ from it only in model size (``llm.eval.grouping``)."""
     size: tuple[Any, ...] = ()
     """The row's values of ``llm.eval.grouping.SIZE_KEYS``."""
+    gap: Gap | None = None
+    """Its gap to the baseline row of its size; None on a baseline row and when there is none."""
+
+    @property
+    def p_value(self) -> float:
+        """Welch t-test of the final val losses against the baseline's; NaN when not computable."""
+        return self.gap.p_value if self.gap else math.nan
 
     @property
     def n(self) -> int:
@@ -79,6 +87,8 @@ class VariantSummary:
             "val_loss_mean": self.val_loss_mean, "val_loss_std": self.val_loss_std,
             "p_value": self.p_value, "training_stability": self.training_stability,
             "tokens_per_s": self.tokens_per_s, "final_tokens": self.final_tokens,
+            **{column: "" if self.gap is None or math.isnan(value := getattr(self.gap, field_)) else value
+               for column, field_ in GAP_COLUMNS.items()},
         }
 
 
@@ -101,11 +111,15 @@ class Comparison:
         return {row.variant: row.runs for row in self.rows}
 
 
-def welch_p_value(sample: Sequence[float], baseline: Sequence[float]) -> float:
-    """Two-sided Welch t-test p-value; NaN when either group has fewer than 2 values."""
-    if len(sample) < 2 or len(baseline) < 2:
-        return math.nan
-    return float(stats.ttest_ind(sample, baseline, equal_var=False).pvalue)
+def _gap(done: Sequence[RunRecord], baseline: Sequence[RunRecord]) -> Gap:
+    """The gap of complete runs ``done`` to the baseline's, paired by seed where both ran the same seeds once each
+    on one data order and validation set (the whole ``data`` section, and the world size)."""
+    mine, theirs = ({run.seed: run.final_val_loss for run in runs} for runs in (done, baseline))
+    data = {json.dumps([{k: v for k, v in run.setup.items() if k.startswith("data.")}, run.meta.get("world_size")],
+                       sort_keys=True) for run in [*done, *baseline]}
+    paired = len(mine) == len(done) == len(baseline) and mine.keys() == theirs.keys() and len(data) == 1
+    return gap_to_baseline(*(Summary.of([run.final_val_loss for run in runs]) for runs in (done, baseline)),
+                           paired_p_value([mine[s] for s in mine], [theirs[s] for s in mine]) if paired else math.nan)
 
 
 def _mean(values: Sequence[float]) -> float:
@@ -139,9 +153,7 @@ def _at_chosen_values(groups: dict[str, list[RunRecord]], tune: Sequence[str], w
             continue
         sensitivity[label] = points = tune_points(members, tune)
         bests[label] = best = choose(points)
-        if (edge := edge_warning(label, points, best, tune)) is not None:
-            warnings.append(edge)
-        warnings.extend(spike_warnings(label, best, tune))
+        warnings += choice_warnings(label, points, best, tune)
         chosen[label] = ([r for r in members if not r.complete], {}) if best is None else \
             (best.runs, dict(zip(tune, best.values, strict=True)))  # no value to choose: its runs are listed
     if (one_seed := one_seed_warning(bests, tune)) is not None:
@@ -166,6 +178,9 @@ def compare_runs(runs: Sequence[RunRecord], baseline: str | None = None, tune: S
     series = series_labels(groups, tune)
     sizes = {label: model_size(members[0]) for label, members in groups.items()}
     warnings = [problem for run in runs for problem in run.problems]
+    if shared := [key for key in tune if len({values_of(run, [key]) for run in runs}) == 1]:
+        warnings.append(f"--tune {', '.join(shared)}: every run has {at_values(shared, values_of(runs[0], shared))}: "
+                        "one value is no choice; the rows are reported at it, untuned")
     baselines = resolve_baseline(groups, baseline or DEFAULT_BASELINE, series)
     if not baselines and baseline is not None:
         raise EvalError(f"--baseline {baseline} names no row; the rows are: {', '.join(map(repr, groups))}")
@@ -179,7 +194,7 @@ def compare_runs(runs: Sequence[RunRecord], baseline: str | None = None, tune: S
         if len({run.final_tokens for run in complete}) > 1:
             ends = ", ".join(f"{run.path.name}={run.final_tokens}" for run in complete)
             warnings.append(f"runs end at different token counts ({ends}): not a fair comparison")
-    baseline_losses = {sizes[label]: [r.final_val_loss for r in chosen[label][0] if r.complete] for label in baselines}
+    baseline_runs = {sizes[label]: [r for r in chosen[label][0] if r.complete] for label in baselines}
     rows = []
     for label in sorted(chosen, key=lambda v: (v not in baselines, series[v], groups[v][0].meta.get(
             "params_non_embedding") or 0, v)):
@@ -188,12 +203,13 @@ def compare_runs(runs: Sequence[RunRecord], baseline: str | None = None, tune: S
         seeds = [r.seed for r in done]
         if len(set(seeds)) < len(seeds):
             warnings.append(f"row {label}: repeated seeds {seeds}; repeats are not independent samples")
-        broken = [r for r in (members if tune else groups[label]) if not r.complete]
-        warnings += [f"row {label}: {r.path.name} {r.status} (final eval at step "
-                     f"{r.evals[-1]['step'] if r.evals else 'none'} of {r.last_step}, val loss "
-                     f"{r.final_val_loss:.4g}); left out of the statistics" for r in broken]
-        if not done:
-            warnings.append(f"row {label}: no complete run{' at any value' if tune else ''}; compared without it")
+        broken = [r for r in members if not r.complete]  # with tune: at the chosen value; all are named below
+        warnings += [f"row {label}: {r.path.name} {r.status} ({at_values(tune, values_of(r, tune)) if tune else ''}"
+                     f"{', ' if tune else ''}final eval at step {r.evals[-1]['step'] if r.evals else 'none'} of "
+                     f"{r.last_step}, val loss {r.final_val_loss:.4g}); left out of the statistics"
+                     for r in groups[label] if not r.complete]
+        if not done and not tune:  # with tune, _at_chosen_values says why no value was chosen
+            warnings.append(f"row {label}: no complete run; compared without it")
         losses = [r.final_val_loss for r in done]
         rows.append(VariantSummary(
             variant=label, runs=done,
@@ -201,12 +217,13 @@ def compare_runs(runs: Sequence[RunRecord], baseline: str | None = None, tune: S
             params_non_embedding=groups[label][0].meta.get("params_non_embedding"),
             val_loss_mean=statistics.fmean(losses) if losses else math.nan,
             val_loss_std=statistics.stdev(losses) if len(losses) > 1 else math.nan,
-            p_value=math.nan if label in baselines else welch_p_value(losses, baseline_losses.get(sizes[label], [])),
             training_stability=_mean([r.stability for r in done]),
             tokens_per_s=_mean([r.tokens_per_s for r in done]),
             final_tokens=_shared(done, "final token count", lambda r: r.final_tokens, label) or 0,
             diverged=[r for r in broken if r.diverged], incomplete=[r for r in broken if not r.diverged],
             tuned=tuned, series=series[label], size=sizes[label],
+            gap=_gap(done, base) if done and (base := baseline_runs.get(sizes[label])) and label not in baselines
+            else None,
         ))
     shown = series[baselines[0]] if len(baselines) > 1 else baselines[0] if baselines else DEFAULT_BASELINE
     return Comparison(baseline=shown, rows=rows, warnings=warnings, tune=tuple(tune),

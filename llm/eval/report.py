@@ -1,5 +1,6 @@
-"""A comparison written out: ``comparison.md`` (the table in the style of isogmlp Table 1 with its footnotes, and,
-where they apply, the sensitivity to the tuned keys and the scaling view) and ``comparison.csv``."""
+"""A comparison written out: ``comparison.md`` (the table in the style of isogmlp Table 1 with its footnotes and a
+line on what it can conclude, and, where they apply, the sensitivity to the tuned keys and the scaling view) and
+``comparison.csv``."""
 
 from __future__ import annotations
 
@@ -8,14 +9,16 @@ import math
 from collections.abc import Sequence
 from pathlib import Path
 
-from llm.eval.compare import Comparison
+from llm.eval.compare import Comparison, VariantSummary
 from llm.eval.scaling import scaling_series
+from llm.eval.stats import ALPHA, MAX_SEEDS, POWER, Gap
 
 __all__ = ["CSV_COLUMNS", "OPTIMISM_NOTE", "format_table", "write_comparison"]
 
 CSV_COLUMNS = (
     "variant", "n_seeds", "seeds", "diverged", "incomplete", "params_total", "params_non_embedding",
-    "val_loss_mean", "val_loss_std", "p_value", "training_stability", "tokens_per_s", "final_tokens",
+    "val_loss_mean", "val_loss_std", "gap", "gap_ci_low", "gap_ci_high", "p_value", "p_value_paired", "mde",
+    "seeds_needed", "training_stability", "tokens_per_s", "final_tokens",
 )
 OPTIMISM_NOTE = ("Choosing each variant's value and reporting its loss on the same validation set is optimistic "
                  "(the minimum of noisy means is biased low, more so on a finer grid). The honest protocol: choose "
@@ -38,73 +41,126 @@ def _loss(mean: float, std: float) -> str:
     return _num(mean, ".4f") + ("" if math.isnan(std) else f" ± {std:.4f}")
 
 
+def _gap(gap: Gap) -> str:
+    return f"{gap.gap:+.4f}" + ("" if math.isnan(gap.ci_low) else f" [{gap.ci_low:+.4f}, {gap.ci_high:+.4f}]")
+
+
+def _seeds(gap: Gap) -> str:
+    if gap.se == 0 or gap.seeds_needed != math.inf:  # NaN: n/a
+        return "zero spread" if gap.se == 0 else _num(gap.seeds_needed, ",.0f")
+    return f"> {MAX_SEEDS:,}" if gap.gap else "none: the gap is 0"
+
+
+def _gap_cells(row: VariantSummary, comparison: Comparison) -> list[str]:
+    """Gap (95% CI), p, p paired, MDE and seeds needed (``llm.eval.stats``)."""
+    if (gap := row.gap) is None:
+        return ["baseline" if row.variant in comparison.baselines else "n/a", "", "", "", ""]
+    return [_gap(gap), _num(gap.p_value, ".3g"), _num(gap.p_paired, ".3g"),
+            "zero spread" if gap.se == 0 else _num(gap.mde, ".4f"), _seeds(gap)]
+
+
+def _span(values: Sequence[str]) -> str:
+    return values[0] if values[0] == values[-1] else f"{values[0]}-{values[-1]}"
+
+
+def _conclusion(comparison: Comparison) -> list[str]:
+    """One line under the table on what the comparison can and cannot conclude; none without a baseline."""
+    tested = {row.variant: row.gap for row in comparison.rows if row.gap is not None and row.gap.se > 0}
+    if not tested:
+        return ["", "Conclusion: no gap can be tested: that needs 2 or more complete seeds in a row and its baseline, "
+                    "and losses that vary."] if comparison.baselines else []
+    resolved = [f"{label} {_gap(gap)}" for label, gap in tested.items() if gap.p_value < ALPHA]
+    open_ = {label: gap for label, gap in tested.items() if gap.p_value >= ALPHA}
+    paired = [f"{label} (p {gap.p_paired:.3g})" for label, gap in open_.items() if gap.p_paired < ALPHA]
+    seeds = sorted({row.n for row in comparison.rows if row.variant in tested or row.variant in comparison.baselines})
+    parts = [f"gaps resolved at p < {ALPHA} (Welch): {', '.join(resolved)}" if resolved
+             else f"no gap is resolved at p < {ALPHA} (Welch)"]
+    if paired:
+        parts.append(f"paired by seed, also {', '.join(paired)}")
+    parts.append(f"with {_span([str(n) for n in seeds])} seeds per variant this comparison resolves gaps above "
+                 f"{_span([f'{mde:.3g}' for mde in sorted(gap.mde for gap in tested.values())])} nats with "
+                 f"{POWER:.0%} power, and a smaller true gap can go unseen")
+    if open_ and (largest := max(open_.items(), key=lambda item: abs(item[1].gap)))[1].gap:
+        parts.append(f"the largest unresolved gap ({largest[0]}, {largest[1].gap:+.4f}) would need "
+                     f"{_seeds(largest[1])} seeds per variant")
+    if untested := [row.variant for row in comparison.rows if row.gap is not None and row.variant not in tested]:
+        parts.append(f"not testable (fewer than 2 seeds, or no spread): {', '.join(untested)}")
+    return ["", f"Conclusion: {'; '.join(parts)}."]
+
+
 def _table(header: Sequence[str], rows: Sequence[Sequence[object]]) -> list[str]:
     return ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|",
             *("| " + " | ".join(map(str, cells)) + " |" for cells in rows)]
 
 
 def _sensitivity(comparison: Comparison) -> list[str]:
-    """Each row's loss at every value of the tuned keys, with its complete seeds and diverged runs."""
+    """Each row's loss at every value of the tuned keys, with its complete seeds and broken runs."""
     rows = []
     for row in comparison.rows:
         chosen = tuple(row.tuned.get(key) for key in comparison.tune)
-        for point in comparison.sensitivity.get(row.variant, []):
+        points = comparison.sensitivity.get(row.variant, [])
+        for point in points:
             loss = "diverged" if not point.losses and point.diverged else _loss(point.mean, point.std)
-            rows.append([row.variant, *point.values, loss + (" *" if point.values == chosen else ""),
-                         len(point.losses), point.diverged])
+            star = " *" if point.values == chosen and len(points) > 1 else ""
+            rows.append([row.variant, *point.values, loss + star, len(point.losses),
+                         f"{point.diverged} / {point.incomplete}"])
     return ["", f"Sensitivity to {', '.join(comparison.tune)}: final validation loss at every value "
-                "(mean ± std over complete seeds; * the chosen value)", "",
-            *_table(["Variant", *comparison.tune, "Val loss (mean ± std)", "n", "Diverged"], rows)]
+                "(mean ± std over complete seeds; * the chosen value, where a row ran at more than one)", "",
+            *_table(["Variant", *comparison.tune, "Val loss (mean ± std)", "n", "Diverged / incomplete"], rows)]
 
 
 def _scaling(comparison: Comparison) -> list[str]:
-    """Each series' loss at every size with its gap to the baseline of that size and the p-value, then each
-    series' fit; empty when every variant comes in one size."""
+    """Each series' loss at every size with its gap to the baseline of that size and what the seeds resolve of it
+    (as in the main table), then each series' fit; empty when every variant comes in one size."""
     series = scaling_series(comparison)
-    baseline_at = {row.size: row.val_loss_mean for row in comparison.rows if row.variant in comparison.baselines}
-    rows = []
-    for found in series:
-        for row in found.rows:
-            is_baseline = row.variant in comparison.baselines
-            gap = row.val_loss_mean - baseline_at.get(row.size, math.nan)
-            rows.append([found.label, f"{row.params_non_embedding:,}", _loss(row.val_loss_mean, row.val_loss_std),
-                         row.n, "baseline" if is_baseline else _num(gap, "+.4f"),
-                         "" if is_baseline else _num(row.p_value, ".3g")])
+    rows = [[found.label, f"{row.params_non_embedding:,}", _loss(row.val_loss_mean, row.val_loss_std), row.n,
+             *_gap_cells(row, comparison)] for found in series for row in found.rows]
     if not rows:
         return []
     fits = [[found.label, len(found.rows), f"{found.coefficient:.4g}", f"{found.exponent:.4f}"] for found in series]
     return ["", f"Scaling: final validation loss against non-embedding parameters N, and the gap to "
-                f"{comparison.baseline} at the same size (its Welch p-value)", "",
-            *_table(["Variant", "Params (non-emb.)", "Val loss (mean ± std)", "n", "Gap to baseline", "p"], rows),
+                f"{comparison.baseline} at the same size (¹ ⁵ ⁶ as above)", "",
+            *_table(["Variant", "Params (non-emb.)", "Val loss (mean ± std)", "n",
+                     *(cell.rstrip(" ¹⁵⁶") for cell in _gap_header(comparison))], rows),
             "", "Fit L = a · N^b of each variant's mean loss over its sizes (scaling.png; b < 0: the loss falls with "
                 "size)", "",
             *_table(["Variant", "Sizes", "a", "b"], fits)]
+
+
+def _gap_header(comparison: Comparison) -> list[str]:
+    return ["Gap (95% CI) ¹", f"p vs {comparison.baseline} ¹", "p paired ⁵", "MDE ⁶", "Seeds needed ⁶"]
 
 
 def format_table(comparison: Comparison) -> str:
     """The comparison as a Markdown table with footnotes (also readable as plain text), then, with ``tune``,
     the sensitivity table, and, when a variant comes in several sizes, the scaling table."""
     rows = [[row.variant, *(row.tuned.get(key, "n/a") for key in comparison.tune), _params(row.params_total),
-             _params(row.params_non_embedding),
-             "all diverged" if not row.runs and row.diverged else _loss(row.val_loss_mean, row.val_loss_std),
-             row.n, f"{len(row.diverged)} / {len(row.incomplete)}",
-             "baseline" if row.variant in comparison.baselines else _num(row.p_value, ".3g"),
+             _params(row.params_non_embedding), _loss(row.val_loss_mean, row.val_loss_std) if row.runs else
+             "no value stable in every seed" if any(p.losses for p in comparison.sensitivity.get(row.variant, []))
+             else "all diverged" if row.diverged else "n/a", row.n,
+             f"{len(row.diverged)} / {len(row.incomplete)}", *_gap_cells(row, comparison),
              _num(row.training_stability, ".3g"), _num(row.tokens_per_s, ",.0f")] for row in comparison.rows]
     lines = _table(["Variant", *comparison.tune, "Params (total)", "Params (non-emb.)", "Val loss (mean ± std)", "n",
-                    "Diverged / incomplete ⁴", f"p vs {comparison.baseline} ¹", "Training stability ²",
+                    "Diverged / incomplete ⁴", *_gap_header(comparison), "Training stability ²",
                     "Tokens/s ³"], rows)
-    lines += ["", *(f"- {note}" for note in (
+    lines += [*_conclusion(comparison), "", *(f"- {note}" for note in (
         "Final validation loss: mean ± sample std (ddof=1) over the n complete seeds; no std with one seed."
         + (f" Each row at the value of {', '.join(comparison.tune)} with the lowest mean." if comparison.tune
            else ""),
-        f"¹ Two-sided Welch t-test (unequal variances) of the final val losses against "
-        f"{comparison.baseline}{' at the same model size' if len(comparison.baselines) > 1 else ''}; n/a when "
-        "either group has fewer than 2 seeds.",
+        f"¹ The row's mean final val loss minus {comparison.baseline}'s"
+        f"{' at the same model size' if len(comparison.baselines) > 1 else ''}, with its 95% confidence interval, and "
+        "the two-sided Welch t-test (unequal variances) that the interval and ⁶ use too; n/a with fewer than 2 seeds "
+        "in either row.",
         "² Variance of the pre-clip global gradient norm over the run after warmup (last train row's "
         "grad_norm_var_run), mean over seeds; lower is more stable.",
         "³ Median training throughput of each run, mean over seeds.",
         "⁴ Runs left out of the statistics: a non-finite final validation loss (diverged), or no eval at the "
         "run's last step (incomplete: stopped, killed or its metrics file cut off).",
+        "⁵ Two-sided paired t-test, where the row ran the baseline's seeds on its data order and validation set "
+        "(n/a otherwise): what the runs of one seed share cancels in each pair. The p column is Welch's either way.",
+        f"⁶ The smallest true gap the two rows' seeds resolve (p < {ALPHA}) with {POWER:.0%} probability, taking "
+        f"their spreads as the true ones (minimum detectable effect); the seeds per variant that would so resolve the "
+        f"observed gap (> {MAX_SEEDS:,}: too small to resolve).",
         *([OPTIMISM_NOTE] if comparison.tune else []),
         *(f"Warning: {w}" for w in comparison.warnings),
     ))]

@@ -8,6 +8,7 @@ other seeds reached). A best value at the edge of the grid (its smallest or larg
 value) is only a bound, and is warned about. So is a best value that may sit at the edge of stability: one chosen
 on a single seed, or one where a run spiked after warmup (``RunRecord.grad_norm_spike``). In the tuned replication
 (docs/results/replicate-cpu-tuned) a one-seed grid chose lrs whose fresh seeds spiked, one grid step too high.
+A key at one value in every run is no choice, and is warned about too.
 """
 
 from __future__ import annotations
@@ -21,7 +22,8 @@ from typing import Any
 
 from llm.eval.runs import RunRecord
 
-__all__ = ["TunePoint", "choose", "edge_warning", "one_seed_warning", "spike_warnings", "tune_points"]
+__all__ = ["TunePoint", "at_values", "choice_warnings", "choose", "edge_warning", "one_seed_warning",
+           "spike_warnings", "tune_points", "values_of"]
 
 
 @dataclass
@@ -47,13 +49,26 @@ class TunePoint:
     def diverged(self) -> int:
         return sum(run.diverged for run in self.runs)
 
+    @property
+    def incomplete(self) -> int:
+        return sum(run.status == "incomplete" for run in self.runs)
+
+
+def values_of(run: RunRecord, keys: Sequence[str]) -> tuple[Any, ...]:
+    """The run's values of ``keys`` (a key that is no config field is an AttributeError)."""
+    return tuple(attrgetter(key)(run.config) for key in keys)
+
+
+def at_values(keys: Sequence[str], values: Sequence[Any]) -> str:
+    """``key = value, ...`` for a warning."""
+    return ", ".join(f"{key} = {value}" for key, value in zip(keys, values, strict=True))
+
 
 def tune_points(runs: Sequence[RunRecord], keys: Sequence[str]) -> list[TunePoint]:
-    """``runs`` split by their values of ``keys`` (a key that is no config field is an AttributeError), in
-    value order."""
+    """``runs`` split by their values of ``keys``, in value order."""
     points: dict[tuple[Any, ...], list[RunRecord]] = {}
     for run in runs:
-        points.setdefault(tuple(attrgetter(key)(run.config) for key in keys), []).append(run)
+        points.setdefault(values_of(run, keys), []).append(run)
     return [TunePoint(values, points[values]) for values in sorted(points)]
 
 
@@ -63,10 +78,20 @@ def choose(points: Sequence[TunePoint]) -> TunePoint | None:
     return min(scored, key=lambda point: point.mean) if scored else None
 
 
-def edge_warning(label: str, points: Sequence[TunePoint], best: TunePoint | None, keys: Sequence[str]) -> str | None:
+def choice_warnings(label: str, points: Sequence[TunePoint], best: TunePoint | None, keys: Sequence[str]
+                    ) -> list[str]:
+    """``edge_warning`` and ``spike_warnings`` about row ``label``'s choice ``best``; without one, why: no complete
+    run at any value, or a diverged run beside the complete ones at each."""
+    if best is not None:
+        return [*filter(None, [edge_warning(label, points, best, keys)]), *spike_warnings(label, best, keys)]
+    complete = "; ".join(at_values(keys, point.values) for point in points if point.losses)
+    return [f"row {label}: " + (f"no {', '.join(keys)} tried was stable in every seed: each value with a complete run "
+                                f"({complete}) has a diverged one too; no value chosen" if complete else
+                                "no complete run at any value") + "; compared without it"]
+
+
+def edge_warning(label: str, points: Sequence[TunePoint], best: TunePoint, keys: Sequence[str]) -> str | None:
     """A warning when ``best`` takes the smallest or largest tried value of a key with 3 or more values."""
-    if best is None:
-        return None
     for i, key in enumerate(keys):
         grid = sorted({point.values[i] for point in points})
         if len(grid) >= 3 and best.values[i] in (grid[0], grid[-1]):
@@ -86,12 +111,10 @@ def one_seed_warning(chosen: dict[str, TunePoint | None], keys: Sequence[str]) -
             f"value on 2 or more seeds")
 
 
-def spike_warnings(label: str, best: TunePoint | None, keys: Sequence[str]) -> list[str]:
+def spike_warnings(label: str, best: TunePoint, keys: Sequence[str]) -> list[str]:
     """A warning for each run of ``best`` that spiked after warmup (``RunRecord.grad_norm_spike``): its value may
     be at the edge of stability, and its loss a draw that fresh seeds do not repeat."""
-    if best is None:
-        return []
-    at = ", ".join(f"{key} = {value}" for key, value in zip(keys, best.values, strict=True))
+    at = at_values(keys, best.values)
     warnings = []
     for run in best.runs:
         if (spike := run.grad_norm_spike) is not None:

@@ -134,8 +134,9 @@ def test_means_stds_and_welch_p_values(runs_root: Path) -> None:
 def test_table_and_csv(runs_root: Path, tmp_path: Path) -> None:
     comparison = compare_runs([load_run(d) for d in sorted(runs_root.iterdir())])
     table = format_table(comparison)
-    assert "| swiglu+softmax | 83.0M | 12.5M | 4.9267 ± 0.0015 | 3 | 0 / 0 | baseline | 0.021 | 2,010 |" in table
-    assert "| iso_ln+softmax | 83.0M | 12.6M | 4.9000 | 1 | 0 / 0 | n/a |" in table
+    assert "| swiglu+softmax | 83.0M | 12.5M | 4.9267 ± 0.0015 | 3 | 0 / 0 | baseline |  |  |  |  | 0.021 | 2,010 |" \
+        in table
+    assert "| iso_ln+softmax | 83.0M | 12.6M | 4.9000 | 1 | 0 / 0 | -0.0267 | n/a | n/a | n/a | n/a |" in table
     assert "fewer than 2 seeds" in table
     md, csv_path = write_comparison(comparison, tmp_path / "out")
     assert md.read_text() == table

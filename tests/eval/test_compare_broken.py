@@ -55,6 +55,9 @@ def test_broken_runs_are_listed_and_left_out(broken_root, tmp_path: Path, capsys
     captured = capsys.readouterr()
     assert f"isogmlp_softmax_s4/metrics.jsonl:{cut_line}: skipped a line that is not a metrics row" in captured.err
     assert "empty/metrics.jsonl: no meta row" in captured.err and "(the file is empty); left out" in captured.err
+    table = (tmp_path / "out" / "comparison.md").read_text()  # every run left out is named there too
+    assert "empty/metrics.jsonl: no meta row" in table and "(the file is empty); left out" in table
+    assert "isogmlp_softmax_s3 diverged" in table and "isogmlp_softmax_s4 incomplete" in table
     assert "isogmlp_softmax_s3 diverged" in captured.err
     assert "isogmlp_softmax_s4 incomplete (final eval at step 15 of 20" in captured.err
     assert "one_eval incomplete (final eval at step 5 of 20" in captured.err

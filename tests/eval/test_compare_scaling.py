@@ -10,6 +10,7 @@ import statistics
 from pathlib import Path
 
 import pytest
+from scipy import stats
 from test_compare import welch_by_hand, write_run
 
 from llm.cli.eval import main
@@ -74,12 +75,18 @@ def test_scaling_table_and_plot(sizes_root: Path, tmp_path: Path, capsys: pytest
     table = capsys.readouterr().out
     gap = 10.5 * 4e6**-0.054 - 10.0 * 4e6**-0.05
     p = welch_by_hand(_losses("isogmlp+softmax", 4_000_000), _losses("swiglu+softmax", 4_000_000))
-    assert f"| isogmlp+softmax | 4,000,000 | {10.5 * 4e6**-0.054:.4f} ± 0.0030 | 3 | {gap:+.4f} | {p:.3g} |\n" in table
-    assert "| swiglu+softmax | 1,000,000 | " in table and "| 3 | baseline |  |\n" in table
+    iso, base = _losses("isogmlp+softmax", 4_000_000), _losses("swiglu+softmax", 4_000_000)
+    ci = stats.ttest_ind(iso, base, equal_var=False).confidence_interval(0.95)
+    cells = f"| {gap:+.4f} [{ci.low:+.4f}, {ci.high:+.4f}] | {p:.3g} | {stats.ttest_rel(iso, base).pvalue:.3g} | "
+    assert f"| isogmlp+softmax | 4,000,000 | {10.5 * 4e6**-0.054:.4f} ± 0.0030 | 3 {cells}" in table
+    scaling_row = next(line for line in table.splitlines() if line.startswith("| isogmlp+softmax | 4,000,000 |"))
+    main_row = next(line for line in table.splitlines() if line.startswith(f"| {label('isogmlp+softmax', 128, 4)} |"))
+    assert scaling_row.endswith(main_row.split(cells)[1].rsplit(" | ", 2)[0] + " |")  # the same MDE and seeds needed
+    assert "| swiglu+softmax | 1,000,000 | " in table and "| 3 | baseline |  |  |  |  |\n" in table
     # the fit once per series, not on each of its rows
     assert "| isogmlp+softmax | 3 | 10.5 | -0.0540 |\n" in table and "| swiglu+softmax | 3 | 10 | -0.0500 |\n" in table
     assert table.count("10.5") == 1
-    assert "against swiglu+softmax at the same model size" in table
+    assert "minus swiglu+softmax's at the same model size" in table
     png = (out / "scaling.png").read_bytes()
     assert png[:8] == b"\x89PNG\r\n\x1a\n" and len(png) > 10_000
     with (out / "comparison.csv").open() as f:
@@ -94,7 +101,7 @@ def test_a_size_the_baseline_lacks_has_no_gap(sizes_root: Path) -> None:
     assert math.isnan(rows[label("isogmlp+softmax", 512, 16)].p_value)
     from llm.eval.report import format_table
 
-    assert "| isogmlp+softmax | 80,000,000 | 3.0000 | 1 | n/a | n/a |" in format_table(comparison)
+    assert "| isogmlp+softmax | 80,000,000 | 3.0000 | 1 | n/a |  |  |  |  |" in format_table(comparison)
 
 
 def test_one_size_has_no_scaling_view(sizes_root: Path) -> None:

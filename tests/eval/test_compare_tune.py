@@ -9,7 +9,7 @@ import statistics
 from pathlib import Path
 
 import pytest
-from test_compare import welch_by_hand, write_run
+from test_compare import FINAL_LOSSES, welch_by_hand, write_run
 from test_compare_broken import _diverge
 
 from llm.cli.eval import main
@@ -52,8 +52,8 @@ def test_each_variant_at_its_best_lr(lr_sweep: Path, tmp_path: Path, capsys: pyt
     assert "spiked" not in captured.err and "rests on one seed" not in captured.err  # 2 seeds each, no spike
     table = (out / "comparison.md").read_text()
     assert "optimistic" in table and "fresh seeds" in table
-    assert "| isogmlp+softmax | 0.002 | 4.8700 ± 0.0141 * | 2 | 0 |" in table  # sensitivity, the chosen value
-    assert "| isogmlp+softmax | 0.004 | 4.7000 | 1 | 1 |" in table
+    assert "| isogmlp+softmax | 0.002 | 4.8700 ± 0.0141 * | 2 | 0 / 0 |" in table  # sensitivity, the chosen value
+    assert "| isogmlp+softmax | 0.004 | 4.7000 | 1 | 1 / 0 |" in table
     png = (out / "lr_sensitivity.png").read_bytes()
     assert png[:8] == b"\x89PNG\r\n\x1a\n" and len(png) > 10_000
 
@@ -63,7 +63,7 @@ def test_a_value_where_every_run_diverged_is_marked(lr_sweep: Path, tmp_path: Pa
         _diverge(run)
     out = tmp_path / "out"
     assert main(["compare", str(lr_sweep / "*"), "--tune", "train.lr", "--out", str(out)]) == 0
-    assert "| isogmlp+softmax | 0.004 | diverged | 0 | 2 |" in (out / "comparison.md").read_text()
+    assert "| isogmlp+softmax | 0.004 | diverged | 0 | 2 / 0 |" in (out / "comparison.md").read_text()
     assert (out / "lr_sensitivity.png").is_file()
 
 
@@ -159,3 +159,50 @@ def test_a_norm_that_falls_after_warmup_is_no_spike(tmp_path: Path, capsys: pyte
     assert chosen.grad_norm_spike is None
     assert main(["compare", str(root / "*"), "--tune", "train.lr", "--out", str(tmp_path / "o"), "--no-plots"]) == 0
     assert "spiked" not in capsys.readouterr().err
+
+
+def test_a_run_cut_off_at_a_value_not_chosen_is_named_with_its_value(lr_sweep: Path, tmp_path: Path) -> None:
+    """isogmlp's best lr is 2e-3; its seed 1 at 1e-3 is cut off mid-line: comparison.md names the run, its lr and why
+    it is left out, and counts it at its lr, not only as a skipped line."""
+    from test_compare_broken import _cut_off
+
+    _cut_off(lr_sweep / "isogmlp-lr0.001-s1")
+    out = tmp_path / "out"
+    assert main(["compare", str(lr_sweep / "*"), "--tune", "train.lr", "--out", str(out), "--no-plots"]) == 0
+    table = (out / "comparison.md").read_text()
+    assert ("Warning: row isogmlp+softmax: isogmlp-lr0.001-s1 incomplete (train.lr = 0.001, final eval at step 15 "
+            "of 20, val loss 5.47); left out of the statistics") in table
+    assert "| isogmlp+softmax | 0.001 | 4.9900 | 1 | 0 / 1 |" in table  # the sensitivity counts it at its lr
+    assert "| isogmlp+softmax | 0.002 | 83.1M | 12.6M | 4.8700 ± 0.0141 | 2 | 0 / 0 |" in table
+
+
+def test_no_value_stable_in_every_seed_says_so(lr_sweep: Path, tmp_path: Path,
+                                               capsys: pytest.CaptureFixture[str]) -> None:
+    """isogmlp's seed 1 diverges at every lr while seed 0 completes at each: no lr is chosen, and the row says that
+    no value was stable in every seed, not that every run diverged or none completed."""
+    for run in lr_sweep.glob("isogmlp-lr*-s1"):
+        _diverge(run)
+    out = tmp_path / "out"
+    assert main(["compare", str(lr_sweep / "*"), "--tune", "train.lr", "--out", str(out), "--no-plots"]) == 0
+    table = (out / "comparison.md").read_text()
+    assert "| isogmlp+softmax | n/a | 83.1M | 12.6M | no value stable in every seed | 0 | 3 / 0 | n/a |" in table
+    assert ("row isogmlp+softmax: no train.lr tried was stable in every seed: each value with a complete run "
+            "(train.lr = 0.001; train.lr = 0.002; train.lr = 0.004) has a diverged one too; no value chosen; "
+            "compared without it") in table
+    assert "all diverged" not in table and "no complete run" not in table + capsys.readouterr().err
+
+
+def test_a_tuned_key_every_run_shares_is_no_choice(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    root = tmp_path / "runs"
+    for variant in ("swiglu+softmax", "isogmlp+softmax"):
+        for seed, loss in enumerate(FINAL_LOSSES[variant]):
+            write_run(root, variant, seed, loss)
+    out = tmp_path / "out"
+    assert main(["compare", str(root / "*"), "--tune", "train.lr", "--out", str(out), "--no-plots"]) == 0
+    warning = ("--tune train.lr: every run has train.lr = 0.003: one value is no choice; the rows are reported at "
+               "it, untuned")
+    assert f"warning: {warning}" in capsys.readouterr().err
+    table = (out / "comparison.md").read_text()
+    assert f"Warning: {warning}" in table
+    assert "| swiglu+softmax | 0.003 | 4.9267 ± 0.0015 | 3 | 0 / 0 |" in table  # not starred as chosen
+    assert " * |" not in table

@@ -1,0 +1,151 @@
+"""What a comparison can resolve: each gap's interval, the minimum detectable effect (MDE), the seeds a gap needs and
+the paired test, on synthetic runs whose answers are known from scipy, a simulation and published power tables."""
+
+from __future__ import annotations
+
+import csv
+import math
+from pathlib import Path
+
+import numpy as np
+import pytest
+from scipy import stats
+from test_compare import write_run
+
+from llm.cli.eval import main
+from llm.eval.compare import compare_runs
+from llm.eval.report import format_table
+from llm.eval.runs import load_run
+from llm.eval.stats import Summary, gap_to_baseline, minimum_detectable_effect, seeds_needed
+
+BASE = [4.90, 4.92, 4.94]  # std 0.02
+ROW = [4.91, 4.93, 4.95]  # std 0.02; a gap of +0.01 = 0.5 std
+UNEQUAL = [4.86, 4.89, 4.95, 4.99]  # a fourth seed, another spread
+
+
+def _runs(root: Path, losses: dict[str, list[float]], **changes: object) -> Path:
+    for variant, values in losses.items():
+        for seed, loss in enumerate(values):
+            write_run(root, variant, seed, loss, **changes)
+    return root
+
+
+def _csv(out: Path) -> dict[str, dict[str, str]]:
+    with (out / "comparison.csv").open() as f:
+        return {row["variant"]: row for row in csv.DictReader(f)}
+
+
+def test_interval_and_p_are_scipys_welch_test(tmp_path: Path) -> None:
+    root = _runs(tmp_path / "runs", {"swiglu+softmax": BASE, "isogmlp+softmax": UNEQUAL})
+    out = tmp_path / "out"
+    assert main(["compare", str(root / "*"), "--out", str(out), "--no-plots"]) == 0
+    row, base = _csv(out)["isogmlp+softmax"], _csv(out)["swiglu+softmax"]
+    welch = stats.ttest_ind(UNEQUAL, BASE, equal_var=False)
+    interval = welch.confidence_interval(0.95)
+    assert float(row["gap"]) == pytest.approx(np.mean(UNEQUAL) - np.mean(BASE), abs=1e-12)
+    assert float(row["gap_ci_low"]) == pytest.approx(interval.low, rel=1e-9)
+    assert float(row["gap_ci_high"]) == pytest.approx(interval.high, rel=1e-9)
+    assert float(row["p_value"]) == pytest.approx(welch.pvalue, rel=1e-9)
+    assert row["p_value_paired"] == ""  # 4 seeds against 3: no pairs
+    assert [base[c] for c in ("gap", "gap_ci_low", "gap_ci_high", "p_value_paired", "mde", "seeds_needed")] == [""] * 6
+    table = (out / "comparison.md").read_text()
+    assert f"| {np.mean(UNEQUAL) - np.mean(BASE):+.4f} [{interval.low:+.4f}, {interval.high:+.4f}] | " \
+           f"{welch.pvalue:.3g} | n/a | " in table  # no paired test
+
+
+def test_mde_and_seeds_needed_match_power_tables(tmp_path: Path) -> None:
+    """Equal spreads and seeds: Welch's degrees of freedom are the pooled test's, 2n - 2, so the answers are the
+    two-sample t-test's power tables (Cohen 1988; statsmodels' TTestIndPower gives the same): at 3 seeds a row
+    resolves d = 3.0709 standard deviations; a gap of d = 0.5 needs 64 seeds per group, 0.8 needs 26, 0.2 needs 394."""
+    root = _runs(tmp_path / "runs", {"swiglu+softmax": BASE, "isogmlp+softmax": ROW})
+    (gap,) = [row.gap for row in compare_runs([load_run(run) for run in sorted(root.iterdir())]).rows if row.gap]
+    assert gap.mde == pytest.approx(3.0708923 * 0.02, rel=1e-6)
+    assert gap.seeds_needed == 64
+    assert seeds_needed(0.8, 1.0, 1.0) == 26 and seeds_needed(-0.2, 1.0, 1.0) == 394
+    # unequal spreads: the seeds needed grow with the summed variance, as the normal approximation says at large n,
+    # plus the few seeds that t's heavier tails cost (about z_0.975^2 / 4 = 1 with equal spreads)
+    normal = (stats.norm.isf(0.025) + stats.norm.isf(0.2)) ** 2 * (0.02**2 + 0.04**2) / 0.01**2
+    assert normal < seeds_needed(0.01, 0.02, 0.04) <= normal + 3
+
+
+def test_the_mde_has_80_percent_power_in_simulation() -> None:
+    """100,000 simulated comparisons of 3 seeds against 3 at a true gap of the MDE (normal seeds of known spread):
+    the t-test resolves 80% of them (standard error of the rate 0.0013)."""
+    sigma, n = 0.05, 3
+    se = sigma * math.sqrt(2 / n)
+    mde = minimum_detectable_effect(se, 2 * n - 2)
+    rng = np.random.default_rng(0)
+    sample = rng.normal(mde, sigma, (100_000, n))
+    baseline = rng.normal(0.0, sigma, (100_000, n))
+    rate = np.mean(stats.ttest_ind(sample, baseline, axis=1).pvalue < 0.05)
+    assert rate == pytest.approx(0.8, abs=0.005)
+    # a normal approximation would claim the same power at a gap a quarter smaller
+    assert (stats.norm.isf(0.025) + stats.norm.isf(0.2)) * se < 0.76 * mde
+
+
+def test_paired_test_is_scipys_on_the_seeds_both_rows_ran(tmp_path: Path) -> None:
+    """Seeds 0-2 of both rows on the same data: the paired test of the per-seed differences (0.010, 0.012, 0.009)
+    resolves what Welch's does not."""
+    row = [4.91, 4.932, 4.949]
+    root = _runs(tmp_path / "runs", {"swiglu+softmax": BASE, "isogmlp+softmax": row})
+    out = tmp_path / "out"
+    assert main(["compare", str(root / "*"), "--out", str(out), "--no-plots"]) == 0
+    found = _csv(out)["isogmlp+softmax"]
+    paired, welch = stats.ttest_rel(row, BASE).pvalue, stats.ttest_ind(row, BASE, equal_var=False).pvalue
+    assert float(found["p_value_paired"]) == pytest.approx(paired, rel=1e-9)
+    assert paired < 0.05 < welch == pytest.approx(float(found["p_value"]), rel=1e-9)
+    table = (out / "comparison.md").read_text()
+    assert f"| {welch:.3g} | {paired:.3g} |" in table and "p paired ⁵" in table
+    assert "The p column is Welch's either way" in table
+    assert f"no gap is resolved at p < 0.05 (Welch); paired by seed, also isogmlp+softmax (p {paired:.3g})" in table
+
+
+def test_no_pairs_across_data_orders(tmp_path: Path) -> None:
+    """The same seeds on another data order are no pairs: the paired test is left out."""
+    root = _runs(tmp_path / "runs", {"swiglu+softmax": BASE})
+    for seed, loss in enumerate(ROW):
+        write_run(root, "isogmlp+softmax", seed, loss, data__seed=1)
+    rows = compare_runs([load_run(run) for run in sorted(root.iterdir())], baseline="swiglu+softmax").rows
+    assert [math.isnan(row.gap.p_paired) for row in rows if row.gap] == [True]
+
+
+def test_the_line_under_the_table_says_what_can_be_concluded(tmp_path: Path) -> None:
+    root = _runs(tmp_path / "runs", {"swiglu+softmax": BASE, "isogmlp+softmax": ROW,
+                                     "iso_ln+softmax": [4.95, 4.97, 4.99], "iso_mlp+softmax": [4.9]})
+    comparison = compare_runs([load_run(run) for run in sorted(root.iterdir())])
+    table = format_table(comparison)
+    gaps = {row.variant: row.gap for row in comparison.rows if row.gap}
+    mde = gaps["isogmlp+softmax"].mde
+    assert gaps["iso_ln+softmax"].mde == pytest.approx(mde, rel=1e-12)  # both spreads 0.02
+    ci = stats.ttest_ind([4.95, 4.97, 4.99], BASE, equal_var=False).confidence_interval(0.95)
+    assert (f"\n\nConclusion: gaps resolved at p < 0.05 (Welch): iso_ln+softmax +0.0500 [{ci.low:+.4f}, "
+            f"{ci.high:+.4f}]; with 3 seeds per variant this comparison resolves gaps above {mde:.3g} nats with 80% "
+            "power, and a smaller true gap can go unseen; the largest unresolved gap (isogmlp+softmax, +0.0100) "
+            "would need 64 seeds per variant; not testable (fewer than 2 seeds, or no spread): iso_mlp+softmax.\n\n"
+            ) in table
+
+
+def test_a_gap_of_zero_and_a_zero_spread_say_so(tmp_path: Path) -> None:
+    root = _runs(tmp_path / "runs", {"swiglu+softmax": BASE, "isogmlp+softmax": BASE})
+    _runs(tmp_path / "runs", {"iso_ln+softmax": [5.0, 5.0]})
+    (tmp_path / "flat").mkdir()
+    flat = _runs(tmp_path / "flat", {"swiglu+softmax": [4.9, 4.9], "isogmlp+softmax": [5.0, 5.0]})
+    out = tmp_path / "out"
+    assert main(["compare", str(root / "*"), "--out", str(out), "--no-plots"]) == 0
+    table, rows = (out / "comparison.md").read_text(), _csv(out)
+    assert "| +0.0000 [" in table and "| none: the gap is 0 |" in table
+    assert rows["isogmlp+softmax"]["seeds_needed"] == "inf"
+    assert float(rows["iso_ln+softmax"]["gap"]) == pytest.approx(0.08, abs=1e-12)  # the baseline's spread alone
+    assert main(["compare", str(flat / "*"), "--out", str(out), "--no-plots"]) == 0
+    table, rows = (out / "comparison.md").read_text(), _csv(out)
+    assert "| +0.1000 | n/a | n/a | zero spread | zero spread |" in table
+    assert "Conclusion: no gap can be tested" in table and rows["isogmlp+softmax"]["mde"] == ""
+
+
+def test_summaries_alone_give_the_welch_figures() -> None:
+    """The stored mean, std and n of two rows give the interval, p, MDE and seeds needed (no raw losses)."""
+    gap = gap_to_baseline(Summary.of(UNEQUAL), Summary.of(BASE))
+    welch = stats.ttest_ind(UNEQUAL, BASE, equal_var=False)
+    assert (gap.ci_low, gap.ci_high, gap.p_value) == pytest.approx(
+        (welch.confidence_interval().low, welch.confidence_interval().high, welch.pvalue), rel=1e-9)
+    assert math.isnan(gap.p_paired) and gap.p_value > 0.05
