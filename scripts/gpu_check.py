@@ -22,6 +22,8 @@ Stages, in order (a stage that fails or runs out of time is recorded and the nex
              DDP run's half-way checkpoint; checks that DDP, FSDP2 and ZeRO-3 losses agree, that each run used
              the engine its config asked for, and that the resumed steps repeat the original ones; each run's
              measured peak memory stands beside ``isollm-params --plan``'s estimate for it
+  compile    train.py with train.compile=true through DDP, FSDP2 and ZeRO-3 (one process, 20 steps; dry run: 4),
+             each run's losses against an eager DDP run's
   attention  bench/bench_attention.py: fwd+bwd time and memory, iso_tanh via fla against SDPA (flash), T=2k-32k
   generate   bench/bench_generate.py: decode tokens/s and state, softmax KV cache against the iso_tanh state,
              context 4k-32k
@@ -85,7 +87,7 @@ class Mode:
     env: dict[str, str] = field(default_factory=dict)
 
 
-PARTS = {1: ("env", "step"), 2: ("env", "train"), 3: ("env", "pytest", "attention", "generate")}
+PARTS = {1: ("env", "step"), 2: ("env", "train"), 3: ("env", "pytest", "compile", "attention", "generate")}
 """The GPU check's stages by device call (``--part``); the dry run takes every stage in one."""
 
 
@@ -100,7 +102,7 @@ def _train_overrides(*model: str, steps: int, seq: int, micro: int, val_tokens: 
 GPU = Mode(
     name="gpu",
     budget_s=555,
-    boxes={"env": 30, "pytest": 110, "step": 330, "train": 470, "attention": 300, "generate": 80},
+    boxes={"env": 30, "pytest": 110, "step": 330, "train": 470, "compile": 200, "attention": 200, "generate": 80},
     step_args=["--device", "cuda", "--dtype", "bf16", "--compile", "--preset", "134m", "--seq", "2048",
                "--batch", "8", "--rounds", "5", "--packed-docs", "700", "--profile"],
     train_steps=100,
@@ -120,7 +122,7 @@ GPU = Mode(
 DRY = Mode(
     name="dry-run",
     budget_s=400,
-    boxes={"env": 30, "pytest": 90, "step": 90, "train": 200, "attention": 60, "generate": 40},
+    boxes={"env": 30, "pytest": 90, "step": 90, "train": 200, "compile": 150, "attention": 60, "generate": 40},
     step_args=["--device", "cpu", "--dtype", "fp32", "--preset", "tiny", "--seq", "32", "--batch", "2",
                "--rounds", "2", "--threads", "1", "--packed-docs", "8", "--profile"],
     train_steps=20,
@@ -225,19 +227,47 @@ class Check:
         self.run(result, "generate", [PY, "bench/bench_generate.py", *self.mode.generate_args], end)
         result.notes += _tail_block(result.logs[-1], 12)
 
+    def launcher(self, result: Result, end: float, runs: Path, label: str, *overrides: str) -> Callable[..., bool]:
+        """``launch(config, "name=...", *more)``: train.py through ``launch/accelerate/<config>.yaml``, one
+        process, on the FineWeb sample, into ``runs``, logged as ``<label>-<name>.log``."""
+        base = [*self.mode.train_overrides, f"data.source={self.data}", f"data.cache_dir={self.work / 'cache'}",
+                f"out_dir={runs}", *overrides]
+
+        def launch(config: str, *extra: str) -> bool:
+            argv = [PY, "-m", "accelerate.commands.launch", "--config_file", f"launch/accelerate/{config}.yaml",
+                    "--num_processes", "1", "train.py", *base, *extra]
+            return self.run(result, f"{label}-{extra[0].removeprefix('name=')}", argv, end)
+
+        return launch
+
+    def stage_compile(self, result: Result, end: float) -> None:
+        if self.data is None:
+            result.status = "skipped"
+            result.notes.append("- no FineWeb sample (.whl/fineweb-sample or ../shared/data/fineweb-sample)")
+            return
+        runs = self.work / "compile"
+        steps = self.mode.train_steps // 5
+        launch = self.launcher(result, end, runs, "compile", f"train.max_steps={steps}",
+                               f"train.checkpoint_every={steps}", f"train.eval_every={steps}")
+        ran = ["ddp"] if launch("ddp", "name=ddp") else []
+        ran += [name for config, name in (("ddp", "ddp_compiled"), *((c, c) for c in COMPARED[1:]))
+                if launch(config, f"name={name}", "train.compile=true")]
+        done = {name: read_run(runs / name) for name in ran}
+        result.notes += ["Eager DDP against each engine compiled (`train.compile=true`):", "",
+                         *engine_table(done), "", "| check | result | detail |", "| --- | --- | --- |"]
+        checks = loss_checks(done, self.mode.loss_tolerance)
+        result.notes += [f"| {what} (compiled) | {'pass' if ok else 'FAIL'} | {detail} |"
+                         for what, ok, detail in checks]
+        if result.status == "ok" and not all(ok for _, ok, _ in checks):
+            result.status = "failed"
+
     def stage_train(self, result: Result, end: float) -> None:
         if self.data is None:
             result.status = "skipped"
             result.notes.append("- no FineWeb sample (.whl/fineweb-sample or ../shared/data/fineweb-sample)")
             return
         runs = self.work / "runs"
-        base = [*self.mode.train_overrides, f"data.source={self.data}", f"data.cache_dir={self.work / 'cache'}",
-                f"out_dir={runs}"]
-
-        def launch(config: str, *extra: str) -> bool:
-            argv = [PY, "-m", "accelerate.commands.launch", "--config_file", f"launch/accelerate/{config}.yaml",
-                    "--num_processes", "1", "train.py", *base, *extra]
-            return self.run(result, f"train-{extra[0].removeprefix('name=')}", argv, end)
+        launch = self.launcher(result, end, runs, "train")
 
         ran = [c for c in COMPARED if launch(c, f"name={c}")]
         half = self.mode.train_steps // 2
@@ -266,7 +296,7 @@ class Check:
 
     STAGES: ClassVar[dict[str, Callable[[Check, Result, float], None]]] = {
         "env": stage_env, "pytest": stage_pytest, "step": stage_step, "train": stage_train,
-        "attention": stage_attention, "generate": stage_generate,
+        "compile": stage_compile, "attention": stage_attention, "generate": stage_generate,
     }
 
     def run_all(self, stages: tuple[str, ...]) -> list[Result]:
@@ -354,6 +384,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--dry-run", action="store_true", help="tiny sizes on CPU, fp32, no fla")
     parser.add_argument("--part", type=int, choices=sorted(PARTS), default=None,
                         help="on a GPU (required there): which device call's stages to run (see PARTS)")
+    parser.add_argument("--stage", action="append", choices=list(Check.STAGES), default=None,
+                        help="run these stages instead of a part's (repeatable; env is not added)")
     parser.add_argument("--data", type=Path, default=None,
                         help="FineWeb sample folder (default: .whl/fineweb-sample, else ../shared/data/fineweb-sample)")
     parser.add_argument("--work", type=Path, default=None, help="scratch folder (default: a fresh one in /tmp)")
@@ -367,9 +399,9 @@ def main(argv: list[str] | None = None) -> int:
 
         if not torch.cuda.is_available():
             parser.exit(2, "gpu_check: error: no CUDA device; use --dry-run on a CPU machine\n")
-        if args.part is None:
+        if args.part is None and args.stage is None:
             parser.exit(2, f"gpu_check: error: --part: give one of {sorted(PARTS)} (one device call each)\n")
-    stages = PARTS[args.part] if args.part else tuple(Check.STAGES)
+    stages = tuple(args.stage) if args.stage else PARTS[args.part] if args.part else tuple(Check.STAGES)
     candidates = [args.data] if args.data else [REPO / ".whl" / "fineweb-sample", REPO.parent / "shared" / "data" /
                                                 "fineweb-sample"]
     data = next((d.resolve() for d in candidates if d.is_dir() and any(d.glob("*.parquet"))), None)
