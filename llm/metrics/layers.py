@@ -8,6 +8,7 @@ forward pass gathers parameters); only the main process needs to log the result.
 from __future__ import annotations
 
 import math
+import warnings
 from typing import Any
 
 import torch
@@ -64,7 +65,8 @@ def layer_report(model: nn.Module, input_ids: torch.Tensor, samples: int, seed: 
     was_training = model.training
     model.eval()
     try:
-        with torch.compiler.set_stance("force_eager"):
+        with torch.compiler.set_stance("force_eager"), warnings.catch_warnings():
+            warnings.filterwarnings("ignore", "flex_attention called without torch.compile")  # one batch: no matter
             hidden_states = model(input_ids, position_ids=position_ids, output_hidden_states=True).hidden_states
     finally:
         model.train(was_training)

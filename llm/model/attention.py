@@ -120,7 +120,8 @@ class SoftmaxScoring(nn.Module):
             v = torch.cat([past[1], v], dim=2)
         tq, tk = q.shape[2], k.shape[2]
         if documents is not None and isinstance(documents.attention_mask, BlockMask):
-            flex = compiled_flex_attention() if q.is_cuda else flex_attention
+            fused = q.is_cuda and not torch.compiler.is_compiling()  # inside a compiled model it is fused anyway
+            flex = compiled_flex_attention() if fused else flex_attention
             out = flex(q, k, v, block_mask=documents.attention_mask, enable_gqa=True)
         elif documents is not None:
             out = F.scaled_dot_product_attention(q, k, v, attn_mask=documents.attention_mask, enable_gqa=True)
