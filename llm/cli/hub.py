@@ -48,7 +48,7 @@ def _parser() -> argparse.ArgumentParser:
 def stage(target: str, repo_id: str, directory: Path, qwen3: bool = False) -> Path:
     """Write into ``directory`` exactly what ``push`` uploads: the model directory and its ``README.md``."""
     from llm.data import load_tokenizer
-    from llm.eval.evaluate import resolve_checkpoint
+    from llm.eval.evaluate import check_weights_fit, resolve_checkpoint
     from llm.hf.card import model_card, run_summary, val_bits_per_byte
     from llm.hf.qwen3 import export_qwen3
     from llm.model import IsoLLMConfig, IsoLLMForCausalLM
@@ -61,6 +61,7 @@ def stage(target: str, repo_id: str, directory: Path, qwen3: bool = False) -> Pa
     if model_type != IsoLLMConfig.model_type:
         raise EvalError(f"{model_dir}: not an isollm model directory (model_type {model_type!r})")
     config = IsoLLMConfig.from_pretrained(model_dir)
+    check_weights_fit(model_dir, config)  # nothing uploaded or exported that would not load
     if qwen3:
         model = IsoLLMForCausalLM.from_pretrained(model_dir, dtype="auto")
         export_qwen3(model, directory, load_tokenizer(str(model_dir)))

@@ -20,6 +20,7 @@ UTF-8 length of ``decode([id])``, an approximation where a token holds part of a
 from __future__ import annotations
 
 import contextlib
+import copy
 import hashlib
 import json
 import math
@@ -120,7 +121,7 @@ def load_model(resolved: ResolvedModel, trust_remote_code: bool = False,
                device: str | torch.device = "cpu") -> nn.Module:
     """Load fp32 weights with ``AutoModelForCausalLM``: ``import llm`` registers our class, so local
     checkpoints need no remote code; a hub model's own code runs only with ``trust_remote_code``."""
-    from transformers import AutoModelForCausalLM
+    from transformers import AutoConfig, AutoModelForCausalLM
 
     import llm  # noqa: F401  (registers the isollm Auto classes)
     from llm.hub_access import OFFLINE_HINT, offline_unless_reachable
@@ -128,14 +129,66 @@ def load_model(resolved: ResolvedModel, trust_remote_code: bool = False,
 
     unreachable = None if resolved.is_local else offline_unless_reachable()
     try:
+        if resolved.is_local:
+            config = AutoConfig.from_pretrained(resolved.model_path, trust_remote_code=trust_remote_code)
+            check_weights_fit(Path(resolved.model_path), config, trust_remote_code)
         with quiet_progress_bars():  # "Loading weights" bars say nothing here
             model = AutoModelForCausalLM.from_pretrained(resolved.model_path, dtype=torch.float32,
                                                          trust_remote_code=trust_remote_code)
+    except EvalError:
+        raise
     except (OSError, ValueError) as err:
         first_line = str(err).splitlines()[0] if str(err) else type(err).__name__
         hint = f"; {OFFLINE_HINT} ({unreachable})" if unreachable else ""
         raise EvalError(f"{resolved.model_path}: cannot load the model ({first_line}){hint}") from None
     return model.to(device).eval()
+
+
+def check_weights_fit(model_dir: Path, config: Any, trust_remote_code: bool = False) -> None:
+    """Refuse (``EvalError``) a model directory whose config.json implies other tensors than its safetensors hold,
+    before any weight is allocated: the model is built on the meta device and compared with the files' headers.
+    Named: the fields whose change reshapes only tensors that do not fit (of those, the ones whose value is a
+    dimension that does not fit, if any). An isollm model must also have every tensor, and no other."""
+    from safetensors import safe_open
+    from transformers import AutoModelForCausalLM
+
+    def shapes_of(cfg: Any) -> dict[str, tuple[int, ...]]:
+        with torch.device("meta"):
+            model = AutoModelForCausalLM.from_config(cfg, trust_remote_code=trust_remote_code)
+        tensors = {id(t): (key, tuple(t.shape)) for key, t in reversed(model.state_dict(keep_vars=True).items())}
+        return dict(tensors.values())  # a tied tensor under its first name, the one saved
+
+    def reshaped(field: str) -> set[str]:
+        changed = copy.deepcopy(config)
+        setattr(changed, field, fields[field] * 2)
+        with contextlib.suppress(Exception):  # a value the config refuses: no answer
+            shapes = shapes_of(changed)
+            return {k for k in saved.keys() & expected.keys() if shapes.get(k) != expected[k]}
+        return set()
+
+    fields = {k: v for k, v in config.to_dict().items() if type(v) is int}
+    try:
+        expected = shapes_of(config)
+    except RuntimeError as err:  # "Storage size calculation overflowed", even on the meta device
+        named = [f"{k}={v}" for k, v in fields.items() if str(v) in re.findall(r"\d+", str(err))] or ["sizes"]
+        raise EvalError(f"{model_dir}: config.json's {' or '.join(named)} is too large to build a model "
+                        f"({str(err).splitlines()[0]})") from None
+    saved: dict[str, tuple[int, ...]] = {}
+    for path in sorted(model_dir.glob("*.safetensors")):
+        with contextlib.suppress(Exception), safe_open(path, "pt") as file:  # unreadable: from_pretrained says so
+            saved.update({key: tuple(file.get_slice(key).get_shape()) for key in file.keys()})  # noqa: SIM118
+    wrong = [k for k in saved if k in expected and saved[k] != expected[k]]
+    named = [f for f in fields if wrong and (keys := reshaped(f)) and keys <= set(wrong)]
+    named = [f"{f}={fields[f]}" for f in [f for f in named if any(
+        fields[f] in expected[k] and fields[f] not in saved[k] for k in wrong)] or named]
+    problems = [f"{k} is {list(saved[k])} in the safetensors, {list(expected[k])} by config.json" for k in wrong]
+    if saved and config.model_type == "isollm":  # names as saved (transformers renames none of ours)
+        problems += [f"{k} is missing from the safetensors" for k in sorted(expected.keys() - saved.keys())]
+        problems += [f"{k} in the safetensors is not in config.json's model" for k in sorted(saved.keys() - expected)]
+    if problems:
+        field = "config.json's " + " or ".join(named) if named else "config.json"
+        more = f"; {len(problems) - 1} more" if len(problems) > 1 else ""
+        raise EvalError(f"{model_dir}: {field} does not fit its weights ({problems[0]}{more})")
 
 
 def eval_config(resolved: ResolvedModel, config_files: list[str] | None = None,

@@ -149,6 +149,10 @@ class ProgressBar:
                               tok_s=f"{tokens_per_s:,.0f}", refresh=False)
         self._bar.update(1)
 
+    def drawn(self) -> bool:
+        """Whether the bar is on the screen (the main process's, until ``close``)."""
+        return not self._bar.disable
+
     def write(self, message: str) -> None:
         if self._main:  # tqdm.write prints even when the bar is disabled
             self._bar.write(message)

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
+from typing import Any
 
 import torch
 from torch import nn
@@ -31,7 +32,7 @@ from torch.optim.lr_scheduler import LambdaLR
 from llm.config import RunConfig
 from llm.model.modeling_isollm import mup_scaled_parameters
 
-__all__ = ["build_optimizer", "build_scheduler", "lr_lambda", "multiplier_of", "param_groups"]
+__all__ = ["build_optimizer", "build_scheduler", "lr_lambda", "multiplier_of", "param_groups", "restart_schedule"]
 
 MULTIPLIER_GROUPS = {"mixing_lr_mult": "mixing", "focus_mu_lr_mult": "focus_mu",
                      "focus_sigma_lr_mult": "focus_sigma"}
@@ -61,7 +62,7 @@ def param_groups(model: nn.Module, config: RunConfig) -> list[dict]:
     ``lr * multiplier / m``. Empty groups are dropped. Tied parameters appear once (``parameters``
     deduplicates).
     """
-    train, model_cfg = config.train, config.model
+    model_cfg = config.model
     embeddings = {id(m.weight) for m in model.modules() if isinstance(m, nn.Embedding)}
     multipliers = multiplier_of(model)
     scaled = {id(p) for p in mup_scaled_parameters(model)} if model_cfg.parametrization == "mup" else set()
@@ -79,16 +80,22 @@ def param_groups(model: nn.Module, config: RunConfig) -> list[dict]:
             buckets["decay"].append(p)
         else:
             buckets["no_decay"].append(p)
-    settings = {"decay": (train.lr, train.weight_decay), "no_decay": (train.lr, 0.0),
-                "mup_hidden": (train.lr / model_cfg.width_multiplier, train.weight_decay),
-                **{group: (train.lr * getattr(model_cfg, field), 0.0) for field, group in MULTIPLIER_GROUPS.items()},
-                **{f"{group}_mup": (train.lr * getattr(model_cfg, field) / model_cfg.width_multiplier, 0.0)
-                   for field, group in MULTIPLIER_GROUPS.items()}}
+    settings = group_settings(config)
     return [
         {"name": key, "params": params, "lr": settings[key][0], "weight_decay": settings[key][1]}
         for key, params in buckets.items()
         if params
     ]
+
+
+def group_settings(config: RunConfig) -> dict[str, tuple[float, float]]:
+    """Group name (``param_groups``) -> its peak lr and weight decay under ``config``."""
+    train, model_cfg = config.train, config.model
+    return {"decay": (train.lr, train.weight_decay), "no_decay": (train.lr, 0.0),
+            "mup_hidden": (train.lr / model_cfg.width_multiplier, train.weight_decay),
+            **{group: (train.lr * getattr(model_cfg, field), 0.0) for field, group in MULTIPLIER_GROUPS.items()},
+            **{f"{group}_mup": (train.lr * getattr(model_cfg, field) / model_cfg.width_multiplier, 0.0)
+               for field, group in MULTIPLIER_GROUPS.items()}}
 
 
 def build_optimizer(model: nn.Module, config: RunConfig) -> torch.optim.AdamW:
@@ -150,3 +157,19 @@ def build_scheduler(optimizer: torch.optim.Optimizer, config: RunConfig, max_ste
     # a warmup longer than the run is clamped to it, reaching train.lr at the last step (schedule_warnings says so)
     warmup = min(config.train.warmup_steps, max_steps)
     return LambdaLR(optimizer, lr_lambda(warmup, max_steps, config.train.min_lr_ratio))
+
+
+def restart_schedule(scheduler: Any, config: RunConfig, applied_steps: int) -> None:
+    """After a resume: put every group at the lr that ``config``'s schedule gives after ``applied_steps`` updates.
+
+    The loaded optimizer and scheduler state hold the saved run's lrs (the lr of its next step, its peak lrs): on
+    a resume with a longer ``max_steps`` or another ``train.lr`` the first step would train at the old schedule's
+    lr. Here each group's lr, peak lr and weight decay come from ``config`` alone."""
+    schedule = getattr(scheduler, "scheduler", scheduler)  # Accelerate wraps the LambdaLR
+    settings = group_settings(config)
+    schedule.last_epoch = applied_steps
+    for group, multiplier in zip(schedule.optimizer.param_groups, schedule.lr_lambdas, strict=True):
+        group["initial_lr"], group["weight_decay"] = settings[group["name"]]
+        group["lr"] = group["initial_lr"] * multiplier(applied_steps)
+    schedule.base_lrs = [group["initial_lr"] for group in schedule.optimizer.param_groups]
+    schedule._last_lr = [group["lr"] for group in schedule.optimizer.param_groups]

@@ -23,6 +23,7 @@ from torch import nn
 from llm.config import RunConfig, flatten, save_config
 from llm.data import TrainLoader, build_train_loader, build_val_windows, eos_id, load_tokenizer
 from llm.data.packing import model_inputs
+from llm.data.tokenizer import EOS_TOKEN
 from llm.errors import one_line
 from llm.metrics.flops import flops_per_token, peak_flops
 from llm.metrics.gradnorm import GradNormTracker, GroupGradNorms, grad_norm_groups
@@ -36,7 +37,7 @@ from llm.train.engine import engine_in_use, engine_mismatch, engine_requested, s
 from llm.train.evaluate import evaluate
 from llm.train.lock import RunLock, RunLockedError
 from llm.train.logging import MetricsLog, ProgressBar, drop_tracker, main_print, main_warning, truncate_metrics
-from llm.train.optim import build_optimizer, build_scheduler, multiplier_of, schedule_warnings
+from llm.train.optim import build_optimizer, build_scheduler, multiplier_of, restart_schedule, schedule_warnings
 from llm.train.step import TrainingError, gradient_accumulation_steps
 
 __all__ = ["Run", "TrainerState", "build_data", "build_model", "resolve_max_steps", "setup_run"]
@@ -271,10 +272,12 @@ def setup_run(config: RunConfig, teardown: ExitStack) -> Run:
                                     f"that run or choose another name=")
     max_steps = resolve_max_steps(config)
     tokenizer = load_tokenizer(config.data.tokenizer)
-    vocab = tokenizer.get_vocab_size(with_added_tokens=True)
-    if config.model.vocab_size < vocab:
-        raise ConfigError("model.vocab_size", f"{config.model.vocab_size} is smaller than the tokenizer's "
-                                              f"{vocab} tokens")
+    # a row for every id the data can hold: the ids of a tokenizer need not run 0..count-1, so its count is not enough
+    top, eos = max(tokenizer.get_vocab(with_added_tokens=True).values()), eos_id(tokenizer)
+    if config.model.vocab_size <= top:
+        note = f" ({EOS_TOKEN}, appended after every document, is id {eos})" if eos >= config.model.vocab_size else ""
+        raise ConfigError("model.vocab_size", f"{config.model.vocab_size} is too small for tokenizer "
+                                              f"{config.data.tokenizer or 'Qwen3'}, whose ids reach {top}{note}")
 
     set_seed(config.seed)
     model = build_model(config.model)
@@ -303,6 +306,7 @@ def setup_run(config: RunConfig, teardown: ExitStack) -> Run:
         # processes the micro-batches per step differ, and the counter would put the gradient sync (and so the
         # optimizer step) off the step boundary, ranks updating on unsynchronised gradients
         accelerator.step = state.step * accum
+        restart_schedule(scheduler, config, state.step - state.skipped_steps)  # skipped steps did not step it
         grad_norms.load_state_dict(saved["grad_norm_tracker"])
         group_grad_norms.load_state_dict(saved.get("group_grad_norms", {}))
     _prepare_run_dir(config, state.step)

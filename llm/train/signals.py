@@ -7,6 +7,7 @@ import os
 import signal
 import socket
 import threading
+from collections.abc import Callable
 from types import FrameType
 
 from llm.errors import stderr_line
@@ -27,11 +28,12 @@ class StopRequest:
     So the signal also reaches a watchdog thread through ``signal.set_wakeup_fd`` (written by the C-level handler
     at once): if the process is still running ``grace_s`` seconds later, it prints one line and exits 1
     (``os._exit``: the main thread cannot be interrupted; checkpoints are written atomically, so none is torn).
+    That line starts a line of its own while ``bar_drawn()`` (a progress bar, which ends no line, is on the screen).
     """
 
     SIGNALS = (signal.SIGTERM, signal.SIGINT)
 
-    def __init__(self, grace_s: float | None = None) -> None:
+    def __init__(self, grace_s: float | None = None, bar_drawn: Callable[[], bool] = lambda: False) -> None:
         self.signum: int | None = None
         self._previous: dict[int, object] = {}
         self._wakeup: tuple[socket.socket, socket.socket] | None = None
@@ -41,9 +43,9 @@ class StopRequest:
             for signum in self.SIGNALS:
                 self._previous[signum] = signal.signal(signum, self._handle)
             if grace_s is not None:
-                self._start_watchdog(grace_s)
+                self._start_watchdog(grace_s, bar_drawn)
 
-    def _start_watchdog(self, grace_s: float) -> None:
+    def _start_watchdog(self, grace_s: float, bar_drawn: Callable[[], bool]) -> None:
         reader, writer = socket.socketpair()
         writer.setblocking(False)
         self._wakeup = reader, writer
@@ -61,9 +63,10 @@ class StopRequest:
                     break
             if self._ended.wait(grace_s):
                 return
-            stderr_line(f"error: still running {grace_s:g} s after signal {data[0]} (train.stop_grace_s): blocked "
-                        "in a collective whose peer stopped or is stuck; exiting. Checkpoints written before are "
-                        "intact.")
+            start = "\n" if bar_drawn() else ""  # a bar's line ends in its last refresh, with no newline
+            stderr_line(f"{start}error: still running {grace_s:g} s after signal {data[0]} (train.stop_grace_s): "
+                        "blocked in a collective whose peer stopped or is stuck; exiting. Checkpoints written before "
+                        "are intact.")
             os._exit(1)
 
         threading.Thread(target=watch, name="stop-watchdog", daemon=True).start()

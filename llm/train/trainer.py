@@ -69,10 +69,10 @@ def _train(run: Run, teardown: ExitStack) -> bool:
     config, state, log = run.config, run.state, run.log
     device = run.accelerator.device
     tokens_per_step = config.train.global_batch_tokens
-    stop = StopRequest(config.train.stop_grace_s)
-    teardown.callback(stop.restore)
     progress = ProgressBar(state.step, run.max_steps)
     teardown.callback(progress.close)
+    stop = StopRequest(config.train.stop_grace_s, bar_drawn=progress.drawn)
+    teardown.callback(stop.restore)
     interval_tokens, interval_time, data_wait = 0, 0.0, 0.0
     while state.step < run.max_steps:
         started = time.perf_counter()

@@ -235,3 +235,20 @@ def test_bare_model_directory_with_data_overrides(trained_run: Path, fineweb: Pa
     report = evaluate_checkpoint(str(model_dir), overrides=data, samples=0)
     assert report.step is None
     assert report.val_loss == eval_rows(trained_run)[4]["val_loss"]
+
+
+@pytest.mark.parametrize(("field", "value"), [("intermediate_size", 128), ("hidden_size", 32_768),
+                                              ("hidden_size", 2**40)])
+def test_a_model_directory_whose_config_disagrees_with_its_weights_is_one_line(
+        trained_run: Path, tmp_path: Path, field: str, value: int, capsys: pytest.CaptureFixture[str]) -> None:
+    """Refused from the files' headers, before a model is built: 2**40 would overflow, 32,768 allocate GBs."""
+    import shutil
+
+    model_dir = tmp_path / "hub_model"
+    shutil.copytree(trained_run / "checkpoints" / "step_00000004" / "model", model_dir)
+    config = json.loads((model_dir / "config.json").read_text())
+    (model_dir / "config.json").write_text(json.dumps({**config, field: value}))
+    assert main([str(model_dir), "--samples", "0"]) == 2
+    (line,) = capsys.readouterr().err.strip().splitlines()
+    assert line.startswith(f"error: {model_dir}: config.json's {field}={value} does not fit ") or \
+        line.startswith(f"error: {model_dir}: config.json's {field}={value} is too large"), line

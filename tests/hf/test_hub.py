@@ -7,6 +7,7 @@ import json
 import os
 import subprocess
 import sys
+import textwrap
 from pathlib import Path
 
 import pytest
@@ -248,3 +249,23 @@ def test_a_config_written_before_ffn_init_existed_loads_with_the_options_of_its_
     assert loaded.config.ffn_init == ("paper" if variant else "matched")
     with torch.no_grad():
         torch.testing.assert_close(loaded(PROMPT).logits, model.eval()(PROMPT).logits, rtol=0, atol=0)
+
+
+def test_the_model_package_needs_torch_and_transformers_only(tmp_path: Path) -> None:
+    """With accelerate and DeepSpeed not installed (a hub user), ``import llm`` registers the Auto classes and a
+    model builds, runs and generates. Where both are installed, transformers' own generation code imports
+    accelerate (``transformers.generation.utils``, ``transformers.integrations.deepspeed``): nothing of ours."""
+    script = """
+        import sys
+        sys.modules["accelerate"] = sys.modules["deepspeed"] = None  # not installed, for find_spec and import
+        import torch
+        from transformers import AutoConfig, AutoModelForCausalLM
+        import llm
+
+        model = AutoModelForCausalLM.from_config(AutoConfig.for_model("isollm", **json.loads(sys.argv[1])))
+        out = model.generate(torch.arange(6).view(1, 6), max_new_tokens=3, do_sample=False)
+        assert out.shape == (1, 9) and not any(name.startswith(("accelerate.", "deepspeed.")) for name in sys.modules)
+    """
+    done = subprocess.run([sys.executable, "-c", "import json\n" + textwrap.dedent(script), json.dumps(TINY)],
+                          cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]

@@ -148,6 +148,19 @@ def test_stage_keeps_the_upload_and_refuses_a_used_directory(run_dir: Path, hub:
     assert capsys.readouterr().err == f"error: --stage {stage}: not empty (everything in it would be uploaded)\n"
 
 
+@pytest.mark.parametrize("qwen3", [False, True])
+def test_a_model_directory_whose_config_disagrees_with_its_weights_is_refused_before_upload(
+        run_dir: Path, hub: dict, tmp_path: Path, qwen3: bool, capsys: pytest.CaptureFixture[str]) -> None:
+    model_dir = tmp_path / "model"
+    shutil.copytree(run_dir / "checkpoints" / "step_00000002" / "model", model_dir)
+    config = json.loads((model_dir / "config.json").read_text())
+    (model_dir / "config.json").write_text(json.dumps({**config, "intermediate_size": 128}))
+    assert main(["push", str(model_dir), REPO_ID, *(["--qwen3"] if qwen3 else [])]) == 2
+    assert capsys.readouterr().err.startswith(f"error: {model_dir}: config.json's intermediate_size=128 does not "
+                                              "fit its weights (model.layers.0.mlp.")
+    assert "upload_folder" not in hub
+
+
 def test_a_refused_upload_is_one_line_and_exit_1(run_dir: Path, hub: dict, monkeypatch: pytest.MonkeyPatch,
                                                   capsys: pytest.CaptureFixture[str]) -> None:
     def refuse(self, *args, **kwargs):

@@ -6,7 +6,9 @@ import json
 import math
 import os
 import signal
+import time
 from collections import Counter
+from pathlib import Path
 
 import pytest
 import torch
@@ -15,10 +17,12 @@ from tiny import assert_same_weights, checkpoint_weights, metrics_rows, trajecto
 
 import llm.model.lm_head as lm_head
 import llm.train.setup as setup
+import llm.train.signals as signals
 import llm.train.trainer as trainer
 from llm.model.config import ConfigError
 from llm.train.lock import RunLock
 from llm.train.logging import MetricsLog, ProgressBar
+from llm.train.signals import StopRequest
 from llm.train.step import TrainingError
 from llm.train.trainer import fit
 
@@ -166,6 +170,22 @@ def test_resume_rejects_a_different_model(tiny_config) -> None:
         fit(tiny_config("train.max_steps=4", "resume=true", "model.hidden_size=64"))
 
 
+def test_a_tokenizer_whose_eos_id_is_past_the_embedding_is_refused_before_the_first_step(
+        run_overrides: list[str], bpe: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """512 tokens, so the count fits a 512-row model, but <|endoftext|> is id 700 (id 0 unused)."""
+    from llm.cli.train import main
+
+    tokenizer = json.loads(bpe.read_text())
+    (eos,) = tokenizer["added_tokens"]
+    tokenizer["model"]["vocab"][eos["content"]] = eos["id"] = 700
+    (tmp_path / "eos700.json").write_text(json.dumps(tokenizer))
+    assert main([*run_overrides, f"data.tokenizer={tmp_path / 'eos700.json'}", "train.max_steps=2"]) == 2
+    assert capsys.readouterr().err.splitlines() == [
+        f"error: model.vocab_size: 512 is too small for tokenizer {tmp_path / 'eos700.json'}, whose ids reach 700 "
+        "(<|endoftext|>, appended after every document, is id 700)"]
+    assert not (tmp_path / "runs" / "tiny").exists()
+
+
 RELEASES = {"RunLock.release": 1, "TensorBoardTracker.finish": 1, "MetricsLog.close": 1}
 
 
@@ -221,3 +241,34 @@ def test_tracker_failure_warns_on_stderr_and_training_goes_on(tiny_config, monke
     assert "train.eval_every=5 is longer than the run (2 steps)" in captured.err
     assert "warning:" not in captured.out
     assert result.step == 2 and len(metrics_rows(result.run_dir, "train")) == 2
+
+
+def test_a_longer_max_steps_on_resume_trains_on_the_longer_schedule_from_its_first_step(tiny_config) -> None:
+    # warmup 3: a 4-step run and an 8-step run share the lrs of steps 1-4, so the weights at step 4 agree, and the
+    # 4-step schedule ends (0.1x) where the 8-step one is at 0.914x: step 5 tells them apart
+    overrides = ("train.warmup_steps=3", "train.checkpoint_every=100", "train.eval_every=100")
+    whole = fit(tiny_config(*overrides, "train.max_steps=8", "name=whole"))
+    assert fit(tiny_config(*overrides, "train.max_steps=4", "name=extended")).step == 4
+    extended = fit(tiny_config(*overrides, "train.max_steps=8", "name=extended", "resume=true"))
+    assert extended.step == 8
+    assert trajectory(extended.run_dir) == trajectory(whole.run_dir)  # every step's loss, norm and lr, bitwise
+    assert_same_weights(whole.last_checkpoint, extended.last_checkpoint)
+
+
+def test_the_stop_watchdog_line_starts_a_line_of_its_own_below_the_progress_bar(monkeypatch, capsys) -> None:
+    exits: list[int] = []
+    monkeypatch.setattr(signals.os, "_exit", exits.append)  # the watchdog's exit, recorded
+    progress = ProgressBar(0, 10)
+    progress.update(6.25, 20_079.0)
+    stop = StopRequest(0.05, bar_drawn=progress.drawn)
+    try:
+        os.kill(os.getpid(), signal.SIGTERM)
+        deadline = time.monotonic() + 30
+        while not exits and time.monotonic() < deadline:
+            time.sleep(0.01)
+    finally:
+        stop.restore()
+        progress.close()
+    assert exits == [1]
+    (line,) = [line for line in capsys.readouterr().err.split("\n") if "error:" in line]  # the bar ends in \r only
+    assert line.startswith("error: still running 0.05 s after signal 15 (train.stop_grace_s)"), line
