@@ -17,11 +17,12 @@ divided by the implementation's: above 1 means faster (smaller) than SDPA.
 Implementations:
   sdpa        softmax through F.scaled_dot_product_attention (``SoftmaxScoring``)
   naive       iso_tanh_naive, the O(T^2) reference (skipped above ``--naive-max-t``)
-  chunked     iso_tanh_chunked, all chunks at once (what ``IsoTanhScoring`` runs on CPU)
+  chunked     iso_tanh_chunked, all chunks at once (what ``IsoTanhScoring`` runs eagerly below ``FLA_MIN_LENGTH``)
+  chunked_compiled  the same under ``torch.compile`` (what ``train.compile`` runs at every length)
   chunk_loop  iso_tanh_chunked called once per chunk with the carried state: the Python-loop
               alternative to the vectorised form, for comparison
   fla         iso_tanh through flash-linear-attention's chunked Triton kernel (what ``IsoTanhScoring``
-              runs on CUDA; needs fla-core and a GPU)
+              runs eagerly on CUDA from ``FLA_MIN_LENGTH`` on; needs fla-core and a GPU)
 """
 
 from __future__ import annotations
@@ -46,7 +47,7 @@ from llm.model.iso_tanh import (
     iso_tanh_naive,
 )
 
-IMPLS = ("sdpa", "naive", "chunked", "chunk_loop", "fla")
+IMPLS = ("sdpa", "naive", "chunked", "chunked_compiled", "chunk_loop", "fla")
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
 Attention = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
 
@@ -69,10 +70,15 @@ def fla_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Te
 
 def attention_fn(impl: str, chunk_size: int) -> Attention:
     softmax = SoftmaxScoring(ModelConfig())
+
+    def chunked(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        return iso_tanh_chunked(q, k, v, chunk_size)[0]
+
     return {
         "sdpa": lambda q, k, v: softmax(q, k, v)[0],
         "naive": iso_tanh_naive,
-        "chunked": lambda q, k, v: iso_tanh_chunked(q, k, v, chunk_size)[0],
+        "chunked": chunked,
+        "chunked_compiled": torch.compile(chunked, fullgraph=True),
         "chunk_loop": lambda q, k, v: chunk_loop(q, k, v, chunk_size),
         "fla": fla_attention,
     }[impl]
@@ -169,8 +175,10 @@ def main() -> None:
     parser.add_argument("--lengths", type=lambda s: [int(x) for x in s.split(",")],
                         default=[512, 1024, 2048, 4096, 8192])
     parser.add_argument("--quick", action="store_true", help="only T <= 2048")
-    parser.add_argument("--impls", type=lambda s: s.split(","), default=[i for i in IMPLS if i != "fla"],
-                        help=f"comma-separated, from {','.join(IMPLS)} (default: all but fla, which needs a GPU)")
+    parser.add_argument("--impls", type=lambda s: s.split(","), default=[i for i in IMPLS if "fla" not in i
+                                                                          and "compiled" not in i],
+                        help=f"comma-separated, from {','.join(IMPLS)} (default: all but fla, which needs a GPU, "
+                             f"and chunked_compiled, which compiles for minutes on CPU)")
     parser.add_argument("--device", default="cpu", help="cpu or cuda")
     parser.add_argument("--batch", type=int, default=1)
     parser.add_argument("--heads", type=int, default=6)

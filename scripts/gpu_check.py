@@ -24,7 +24,8 @@ Stages, in order (a stage that fails or runs out of time is recorded and the nex
              measured peak memory stands beside ``isollm-params --plan``'s estimate for it
   compile    train.py with train.compile=true through DDP, FSDP2 and ZeRO-3 (one process, 20 steps; dry run: 4),
              each run's losses against an eager DDP run's
-  attention  bench/bench_attention.py: fwd+bwd time and memory, iso_tanh via fla against SDPA (flash), T=2k-32k
+  attention  bench/bench_attention.py: fwd+bwd time and memory, iso_tanh compiled (chunked) and via fla against
+             SDPA (flash), T=2k-32k
   generate   bench/bench_generate.py: decode tokens/s and state, softmax KV cache against the iso_tanh state,
              context 4k-32k
 
@@ -109,8 +110,8 @@ GPU = Mode(
     train_overrides=_train_overrides("--config", "configs/sizes/134m.yaml", steps=100, seq=1024, micro=8,
                                      val_tokens=16384),
     train_configs=(*COMPARED, "single_gpu", "deepspeed_zero2"),
-    attention_args=["--device", "cuda", "--dtype", "bf16", "--impls", "sdpa,fla", "--batch", "4", "--heads", "8",
-                    "--head-dim", "64", "--lengths", "2048,4096,8192,16384,32768"],
+    attention_args=["--device", "cuda", "--dtype", "bf16", "--impls", "sdpa,chunked_compiled,fla", "--batch", "4",
+                    "--heads", "8", "--head-dim", "64", "--lengths", "2048,4096,8192,16384,32768"],
     generate_args=["--device", "cuda", "--dtype", "bf16", "--preset", "134m", "--contexts", "4096", "8192", "16384",
                    "32768", "--new-tokens", "32"],
     loss_tolerance=(0.02, 0.02),
@@ -227,6 +228,13 @@ class Check:
         self.run(result, "generate", [PY, "bench/bench_generate.py", *self.mode.generate_args], end)
         result.notes += _tail_block(result.logs[-1], 12)
 
+    def has_data(self, result: Result) -> bool:
+        """Whether the FineWeb sample is there to train on; the stage is marked skipped when not."""
+        if self.data is None:
+            result.status = "skipped"
+            result.notes.append("- no FineWeb sample (.whl/fineweb-sample or ../shared/data/fineweb-sample)")
+        return self.data is not None
+
     def launcher(self, result: Result, end: float, runs: Path, label: str, *overrides: str) -> Callable[..., bool]:
         """``launch(config, "name=...", *more)``: train.py through ``launch/accelerate/<config>.yaml``, one
         process, on the FineWeb sample, into ``runs``, logged as ``<label>-<name>.log``."""
@@ -241,9 +249,7 @@ class Check:
         return launch
 
     def stage_compile(self, result: Result, end: float) -> None:
-        if self.data is None:
-            result.status = "skipped"
-            result.notes.append("- no FineWeb sample (.whl/fineweb-sample or ../shared/data/fineweb-sample)")
+        if not self.has_data(result):
             return
         runs = self.work / "compile"
         steps = self.mode.train_steps // 5
@@ -262,9 +268,7 @@ class Check:
             result.status = "failed"
 
     def stage_train(self, result: Result, end: float) -> None:
-        if self.data is None:
-            result.status = "skipped"
-            result.notes.append("- no FineWeb sample (.whl/fineweb-sample or ../shared/data/fineweb-sample)")
+        if not self.has_data(result):
             return
         runs = self.work / "runs"
         launch = self.launcher(result, end, runs, "train")

@@ -83,12 +83,17 @@ def test_the_sensitivity_plot_colours_rows_as_the_other_plots(lr_sweep: Path) ->
     assert list(comparison.sensitivity) == list(comparison.groups) == ["swiglu+softmax", "isogmlp+softmax"]
 
 
+def tuned_table(lr_sweep: Path, tmp_path: Path) -> str:
+    """comparison.md of ``compare --tune train.lr`` over the sweep."""
+    out = tmp_path / "out"
+    assert main(["compare", str(lr_sweep / "*"), "--tune", "train.lr", "--out", str(out), "--no-plots"]) == 0
+    return (out / "comparison.md").read_text()
+
+
 def test_a_variant_diverged_at_every_value_says_so(lr_sweep: Path, tmp_path: Path) -> None:
     for run in lr_sweep.glob("isogmlp-*"):
         _diverge(run)
-    out = tmp_path / "out"
-    assert main(["compare", str(lr_sweep / "*"), "--tune", "train.lr", "--out", str(out), "--no-plots"]) == 0
-    table = (out / "comparison.md").read_text()
+    table = tuned_table(lr_sweep, tmp_path)
     assert "| isogmlp+softmax | n/a | 83.1M | 12.6M | all diverged | 0 | 6 / 0 | n/a |" in table
     assert "| swiglu+softmax | 0.001 | 83.0M | 12.5M | 4.9100 ± 0.0141 | 2 | 0 / 0 | baseline |" in table
 
@@ -167,9 +172,7 @@ def test_a_run_cut_off_at_a_value_not_chosen_is_named_with_its_value(lr_sweep: P
     from test_compare_broken import _cut_off
 
     _cut_off(lr_sweep / "isogmlp-lr0.001-s1")
-    out = tmp_path / "out"
-    assert main(["compare", str(lr_sweep / "*"), "--tune", "train.lr", "--out", str(out), "--no-plots"]) == 0
-    table = (out / "comparison.md").read_text()
+    table = tuned_table(lr_sweep, tmp_path)
     assert ("Warning: row isogmlp+softmax: isogmlp-lr0.001-s1 incomplete (train.lr = 0.001, final eval at step 15 "
             "of 20, val loss 5.47); left out of the statistics") in table
     assert "| isogmlp+softmax | 0.001 | 4.9900 | 1 | 0 / 1 |" in table  # the sensitivity counts it at its lr
@@ -182,9 +185,7 @@ def test_no_value_stable_in_every_seed_says_so(lr_sweep: Path, tmp_path: Path,
     no value was stable in every seed, not that every run diverged or none completed."""
     for run in lr_sweep.glob("isogmlp-lr*-s1"):
         _diverge(run)
-    out = tmp_path / "out"
-    assert main(["compare", str(lr_sweep / "*"), "--tune", "train.lr", "--out", str(out), "--no-plots"]) == 0
-    table = (out / "comparison.md").read_text()
+    table = tuned_table(lr_sweep, tmp_path)
     assert "| isogmlp+softmax | n/a | 83.1M | 12.6M | no value stable in every seed | 0 | 3 / 0 | n/a |" in table
     assert ("row isogmlp+softmax: no train.lr tried was stable in every seed: each value with a complete run "
             "(train.lr = 0.001; train.lr = 0.002; train.lr = 0.004) has a diverged one too; no value chosen; "
