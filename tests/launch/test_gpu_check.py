@@ -15,7 +15,7 @@ import pytest
 from tiny import FINEWEB, REPO
 
 SCRIPT = REPO / "scripts" / "gpu_check.sh"
-STAGES = ("env", "pytest", "step", "train", "attention", "generate")
+STAGES = ("env", "step", "pytest", "train", "compile", "attention", "generate")
 
 
 def sample_present() -> bool:
@@ -34,12 +34,15 @@ def test_dry_run_passes_every_stage_and_records_the_engines(tmp_path: Path) -> N
     assert done.returncode == 0, f"{done.stdout[-3000:]}\n{done.stderr[-3000:]}\n{report}"
     for stage in STAGES:
         assert f"| {stage} | ok |" in report
-    assert report.count("| pass |") == 3 and "FAIL" not in report  # fsdp2 and zero3 vs ddp, resume
+    # fsdp2 and zero3 vs ddp, the resume, and train.compile's run vs eager ddp
+    assert report.count("| pass |") == 4 and "FAIL" not in report
+    assert "| ddp_compiled losses agree with ddp (compiled) | pass |" in report
     assert sorted(p.name for p in out.iterdir()) == ["logs.tar.gz", "report.md"]
 
     with tarfile.open(out / "logs.tar.gz") as tar:
         names = set(tar.getnames())
         assert {f"logs/{stage}.log" for stage in ("env", "pytest", "step", "attention", "generate")} <= names
+        assert {"logs/compile-ddp.log", "logs/compile-ddp_compiled.log"} <= names
         metas = {name: json.loads(tar.extractfile(f"logs/metrics-{name}.jsonl").read().decode().splitlines()[0])
                  for name in ("ddp", "fsdp2", "deepspeed_zero3")}
     assert {name: (m["engine_requested"], m["engine"]) for name, m in metas.items()} == {
