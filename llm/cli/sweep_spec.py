@@ -116,13 +116,7 @@ def find_checkout(start: Path) -> Path:
 def format_value(value: Any) -> str:
     """A YAML scalar as an OmegaConf dotlist value (``true``, ``null``, ``[1, 2]``; a float as Python writes it:
     ``3e-4`` in the file is ``0.0003``, in overrides and in a ``{train.lr}`` run name alike)."""
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    if value is None:
-        return "null"
-    if isinstance(value, list | dict):
-        return json.dumps(value, separators=(",", ":"))
-    return str(value)
+    return str(value) if isinstance(value, str | float) else json.dumps(value, separators=(",", ":"))
 
 
 def _fail(path: Path, key: str, message: str) -> ValueError:
