@@ -12,17 +12,7 @@ same one-line ``CheckpointError`` on every rank. On resume a checkpoint whose fi
 manifest (truncated, missing, altered bytes) or that fails to load is skipped with a
 ``CheckpointWarning`` and the previous complete one is used.
 
-Contents::
-
-    model/          HF save_pretrained (safetensors + config + tokenizer, ``llm.train.model_dir``):
-                    loads with AutoTokenizer, AutoModelForCausalLM and pipeline("text-generation")
-    state/          accelerator.save_state: optimizer, scheduler, RNG (torch/numpy/python/cuda)
-                    + data_rank<r>.pt, the data-loader state of each rank
-    trainer.json    step, tokens, bad-step counters, grad-norm tracker
-    config.yaml     the resolved run config
-    manifest.json   relative path -> {"size": bytes, "xxh3_128": hex digest} of every other file
-
-The weights are written once. Single-process and DDP runs keep them in ``model/`` only:
+The weights are written once. Single-process and DDP runs keep them in ``model/`` (``llm.train.model_dir``) only:
 ``save_state`` skips its copy and ``load_state`` reads them back from ``model/`` (bitwise: the export
 is a safetensors file of the same tensors, in their training dtype). FSDP2 and DeepSpeed save their
 sharded model state into ``state/`` themselves, beside their sharded optimizer state (Accelerate offers
