@@ -31,14 +31,7 @@ from llm.config import FORMAT_NAMES, DataConfig
 from llm.data.errors import DataError, DataWarning
 from llm.data.footers import Footer, footers
 
-__all__ = [
-    "FORMATS",
-    "FORMAT_NAMES",
-    "Source",
-    "data_source",
-    "resolve_source",
-    "source_files",
-]
+__all__ = ["FORMATS", "FORMAT_NAMES", "Source", "data_source", "resolve_source", "source_files"]
 
 FORMATS = {".parquet": "parquet", ".jsonl": "json", ".json": "json", ".txt": "text"}
 """File suffix -> how its documents are read."""

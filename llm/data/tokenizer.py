@@ -20,18 +20,8 @@ from llm.data.errors import DataError
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerFast
 
-__all__ = [
-    "DEFAULT_HUB_TOKENIZER",
-    "EOS_TOKEN",
-    "as_transformers_tokenizer",
-    "encode_documents",
-    "eos_id",
-    "load_tokenizer",
-    "padded_vocab_size",
-    "text_parts",
-    "tokenizer_identity",
-    "train_tokenizer",
-]
+__all__ = ["DEFAULT_HUB_TOKENIZER", "EOS_TOKEN", "as_transformers_tokenizer", "encode_documents", "eos_id",
+           "load_tokenizer", "padded_vocab_size", "text_parts", "tokenizer_identity", "train_tokenizer"]
 
 EOS_TOKEN = "<|endoftext|>"
 """End-of-document token: Qwen3's, and the one special token our trained BPE gets (same name, so eos_id is
@@ -176,12 +166,8 @@ def train_tokenizer(
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(
-        vocab_size=vocab_size,
-        special_tokens=[EOS_TOKEN],
-        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
-        show_progress=False,
-    )
+    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=[EOS_TOKEN],
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
     tok.train_from_iterator(iter_local_texts(files, text_column), trainer)
     out = Path(out_path)
     if out.is_dir() or out.suffix != ".json":
