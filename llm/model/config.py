@@ -224,13 +224,10 @@ class ModelConfig:
         return "+".join(parts)
 
     def option_owners(self) -> dict[str, str]:
-        """The variant options in use: each option field owned by a selected registry entry -> the
-        top-level selector (``ffn``, ``attn_scoring`` or ``ffn_linear``) whose choice brings it.
-
-        Every registry entry lists the fields it reads in ``OPTIONS`` (its learning-rate multipliers' fields,
-        named in ``LR_MULTIPLIERS``, count too); an option that is itself a choice
-        (iso_mlp's ``iso_activation``) brings the options of the entry it selects.
-        """
+        """The variant options in use: each field a selected registry entry reads (its ``OPTIONS`` and the fields
+        of its ``LR_MULTIPLIERS``) -> the top-level selector (``ffn``, ``attn_scoring`` or ``ffn_linear``) whose
+        choice brings it. An option that is itself a choice (iso_mlp's ``iso_activation``) brings the options of
+        the entry it selects."""
         registries = _variant_registries()
         owners: dict[str, str] = {}
 
