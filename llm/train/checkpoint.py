@@ -63,6 +63,7 @@ from llm.train.model_dir import save_model_dir
 
 __all__ = ["load_checkpoint", "resume_checkpoint", "save_checkpoint"]
 
+
 def _load_exported_weights(model: nn.Module, model_dir: Path) -> None:
     """Copy the weights of the ``save_pretrained`` directory ``model_dir`` (one file or shards) into
     ``model`` in place; every parameter must be restored, tied ones (saved once) by their twin."""
@@ -105,18 +106,9 @@ def _weights_in_model_dir(accelerator: Accelerator) -> Iterator[None]:
             handle.remove()
 
 
-def save_checkpoint(
-    ckpt_dir: str | Path,
-    step: int,
-    *,
-    accelerator: Accelerator,
-    model: nn.Module,
-    tokenizer: Tokenizer,
-    config: RunConfig,
-    trainer_state: dict[str, Any],
-    loader: Any,
-    keep: int,
-) -> Path:
+def save_checkpoint(ckpt_dir: str | Path, step: int, *, accelerator: Accelerator, model: nn.Module,
+                    tokenizer: Tokenizer, config: RunConfig, trainer_state: dict[str, Any], loader: Any,
+                    keep: int) -> Path:
     """Write checkpoint ``step`` atomically on every rank together; return its final path.
 
     Raises ``CheckpointError`` (on every rank) when any rank fails to write its part, after removing

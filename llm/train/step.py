@@ -88,18 +88,10 @@ def _parameters_finite(model: nn.Module) -> bool:
     return all_ranks_agree(finite, any_rank=False) if sharded else finite
 
 
-def train_step(
-    model: nn.Module,
-    batches: list[torch.Tensor],
-    optimizer: torch.optim.Optimizer,
-    scheduler: Any,
-    accelerator: Accelerator,
-    grad_clip: float,
-    stop_requested: Callable[[], bool] | None = None,
-    grad_groups: GroupGradNorms | None = None,
-    write_failed: bool = False,
-    document_eos: int | None = None,
-) -> StepResult:
+def train_step(model: nn.Module, batches: list[torch.Tensor], optimizer: torch.optim.Optimizer, scheduler: Any,
+               accelerator: Accelerator, grad_clip: float, stop_requested: Callable[[], bool] | None = None,
+               grad_groups: GroupGradNorms | None = None, write_failed: bool = False,
+               document_eos: int | None = None) -> StepResult:
     """One optimizer step over ``len(batches)`` micro-batches (``accelerator.gradient_accumulation_steps``
     of them), each ``LongTensor[B, seq_len + 1]`` on the model's device.
 
