@@ -189,10 +189,8 @@ class GroupGradNorms:
         self._measured = dict(zip(self.groups, values, strict=True)) if values is not None else {}
 
     def update(self, step: int) -> dict[str, float]:
-        fields: dict[str, float] = {}
-        for name, tracker in self.trackers.items():
-            fields.update(tracker.update(step, self._measured.get(name, math.nan)))
-        return fields
+        return {key: value for name, tracker in self.trackers.items()
+                for key, value in tracker.update(step, self._measured.get(name, math.nan)).items()}
 
     def state_dict(self) -> dict[str, Any]:
         return {name: tracker.state_dict() for name, tracker in self.trackers.items()}

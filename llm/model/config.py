@@ -264,7 +264,7 @@ class ModelConfig:
         """Raise ``ConfigError`` naming the first bad field; return self so calls chain."""
         for name in ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers",
                      "num_attention_heads", "num_key_value_heads", "max_position_embeddings",
-                     "iso_tanh_chunk_size"):
+                     "iso_tanh_chunk_size", "mup_base_hidden_size", "mup_base_head_dim"):
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
                 raise ConfigError(name, f"expected a positive integer, got {value!r}")
@@ -288,9 +288,6 @@ class ModelConfig:
         check_choice("isogmlp_gate", self.isogmlp_gate, ISOGMLP_GATES)
         check_choice("ffn_init", self.ffn_init, FFN_INITS)
         check_choice("parametrization", self.parametrization, PARAMETRIZATIONS)
-        for name in ("mup_base_hidden_size", "mup_base_head_dim"):
-            if not isinstance(getattr(self, name), int) or getattr(self, name) <= 0:
-                raise ConfigError(name, f"expected a positive integer, got {getattr(self, name)!r}")
         self._check_unused_options()
         owned = self.option_owners()
         if self.iso_ln_alpha and not 0.5 <= self.iso_ln_alpha <= 2.0:
