@@ -51,15 +51,9 @@ COMPARISON_INVARIANTS = ("train.global_batch_tokens", "train.max_tokens", "train
 DATA_AXES = ("data.document_masking",)
 """``data`` fields a sweep may vary: they change how the same windows are scored, not which windows."""
 SWEEP_KEYS = ("name", "configs", "files", "grid", "overrides", "run_name", "command", "slurm")
-SLURM_DEFAULTS: dict[str, Any] = {
-    "nodes": 1,
-    "gpus_per_node": 8,
-    "cpus_per_task": 64,
-    "time": "24:00:00",
-    "partition": None,
-    "max_parallel": 0,
-    "accelerate_config": "launch/accelerate/ddp.yaml",
-}
+SLURM_DEFAULTS: dict[str, Any] = {"nodes": 1, "gpus_per_node": 8, "cpus_per_task": 64, "time": "24:00:00",
+                                  "partition": None, "max_parallel": 0,
+                                  "accelerate_config": "launch/accelerate/ddp.yaml"}
 """``slurm:`` keys; ``max_parallel`` 0 means no limit on array tasks running at once."""
 PLACEHOLDER = re.compile(r"\{([A-Za-z_][A-Za-z0-9_.]*)\}")
 

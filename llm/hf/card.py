@@ -129,14 +129,8 @@ def _front_matter(config: ModelConfig, qwen3: bool) -> str:
     tags = ["isollm", "qwen3" if qwen3 else "custom_code", config.ffn, config.attn_scoring]
     if config.ffn_linear != "linear":
         tags.append(config.ffn_linear)
-    meta = {
-        "library_name": "transformers",
-        "license": "apache-2.0",
-        "language": ["en"],
-        "pipeline_tag": "text-generation",
-        "datasets": ["HuggingFaceFW/fineweb"],
-        "tags": tags,
-    }
+    meta = {"library_name": "transformers", "license": "apache-2.0", "language": ["en"],
+            "pipeline_tag": "text-generation", "datasets": ["HuggingFaceFW/fineweb"], "tags": tags}
     # JSON values are YAML: the hub reads this block as its metadata
     return "---\n" + "".join(f"{key}: {json.dumps(value)}\n" for key, value in meta.items()) + "---\n"
 
