@@ -109,11 +109,8 @@ def _weights_in_model_dir(accelerator: Accelerator) -> Iterator[None]:
 def save_checkpoint(ckpt_dir: str | Path, step: int, *, accelerator: Accelerator, model: nn.Module,
                     tokenizer: Tokenizer, config: RunConfig, trainer_state: dict[str, Any], loader: Any,
                     keep: int) -> Path:
-    """Write checkpoint ``step`` atomically on every rank together; return its final path.
-
-    Raises ``CheckpointError`` (on every rank) when any rank fails to write its part, after removing
-    the partial ``.tmp`` directory; the previous checkpoint and the ``latest`` pointer are untouched.
-    """
+    """Write checkpoint ``step`` atomically on every rank together; return its final path. A failed save on any
+    rank is the same ``CheckpointError`` on every rank (module docstring)."""
     ckpt_dir = Path(ckpt_dir)
     name = checkpoint_name(step)
     tmp, final = ckpt_dir / f"{name}.tmp", ckpt_dir / name
