@@ -2,10 +2,8 @@
 
 Four views of "how uniformly do the representations use their space":
 
-- ``isoscore``: spread of variance over the principal axes (1 = every direction used equally), of the
-  distribution the points are drawn from: a finite-sample correction removes the bias that makes a
-  sample of N points from an isotropic Gaussian score about 1 / (1 + d/N) (0.73 at d = 768, N = 2048),
-  so scores are comparable across widths and sample sizes.
+- ``isoscore``: spread of variance over the principal axes (1 = every direction used equally), of the distribution
+  the points are drawn from (uncorrected, a sample of 2048 isotropic Gaussian points in d = 768 scores 0.73).
 - ``mean_cosine_similarity``: do the vectors share a common direction (0 = no, 1 = all the same)?
 - ``effective_rank``: how many principal axes carry the spread, from the singular values of the
   centred point matrix (Roy & Vetterli 2007; d = all, 1 = a single one).
