@@ -7,23 +7,20 @@ HF Accelerate is the engine: DDP, FSDP2 or DeepSpeed come from the launch config
 
 Conventions:
 
-- ``step`` counts optimizer steps *attempted*, each consuming ``global_batch_tokens`` of data;
-  ``tokens`` counts training tokens consumed. A step whose loss or gradient norm is not finite
-  is skipped (gradients zeroed, no optimizer or scheduler step) but still advances ``step``,
-  ``tokens`` and the data stream, so a run's token budget and data order do not depend on how
-  many steps were skipped, and a resumed run does not retry the bad batch. The lr schedule
-  therefore lags by the number of skipped steps (logged as ``skipped_steps``). A train row is
-  logged every ``log_every`` steps, at the last step and for every skipped step. The parameters are
-  checked after every applied update: an update that made any of them non-finite (a finite loss and
-  gradient norm with a huge lr) stops the run at once, before any eval or checkpoint, so no checkpoint
-  ever holds non-finite weights.
+- ``step`` counts optimizer steps *attempted*, each consuming ``global_batch_tokens`` of data; ``tokens`` counts
+  training tokens consumed. A step whose loss or gradient norm is not finite is skipped (gradients zeroed, no
+  optimizer or scheduler step) but still advances ``step``, ``tokens`` and the data stream, so a run's token
+  budget and data order do not depend on how many steps were skipped, and a resumed run does not retry the bad
+  batch. The lr schedule therefore lags by the number of skipped steps (``skipped_steps``, in a train row logged at
+  every skipped step). The parameters are checked after every applied update: an update that made any of them
+  non-finite (a finite loss and gradient norm with a huge lr) stops the run at once, before any eval or
+  checkpoint, so no checkpoint ever holds non-finite weights.
 - Every resource ``fit`` acquires (process group, run-directory lock, trackers, metrics.jsonl, signal handlers,
   progress bar) is released exactly once, in reverse order, whether setup fails, the loop fails or the run ends.
 - A metrics row that rank 0 cannot write (a full disk) stops every rank with the same ``TrainingError`` at the
   next step (``Run.stop_on_log_failure``), before any checkpoint past the lost row.
-- The model is initialised from ``seed`` (``accelerate.utils.set_seed``: python, numpy, torch,
-  cuda); the data order depends only on ``data.seed``, so variants compared under one
-  ``data.seed`` see identical batches.
+- The model is initialised from ``seed`` (``accelerate.utils.set_seed``: python, numpy, torch, cuda); the data
+  order depends only on ``data.seed``, so variants compared under one ``data.seed`` see identical batches.
 """
 
 from __future__ import annotations
