@@ -217,13 +217,9 @@ def model_card(config: ModelConfig, *, repo_id: str, run: RunSummary | None = No
 
 def save_for_hub(model: IsoLLMForCausalLM, directory: str | Path, tokenizer: Tokenizer | None = None,
                  run: RunSummary | None = None, repo_id: str | None = None) -> Path:
-    """A hub-ready directory: ``save_model_dir`` (``llm.train.model_dir``, what every checkpoint's ``model/`` is)
-    plus the ``README.md`` model card, which reports ``run``'s training (tokens, final val loss, bits per byte,
-    config) when given and shows loading from ``repo_id`` (default: the directory itself).
-
-    ``AutoModelForCausalLM.from_pretrained(directory, trust_remote_code=True)`` then rebuilds the same
-    model in any process with torch and transformers.
-    """
+    """A hub-ready directory: ``save_model_dir`` (``llm.train.model_dir``, what every checkpoint's ``model/`` is,
+    loadable where ``llm`` is absent) plus the ``README.md`` model card, which reports ``run``'s training (tokens,
+    final val loss, bits per byte, config) when given and shows loading from ``repo_id`` (default: the directory)."""
     directory = save_model_dir(model, directory, tokenizer)
     card = model_card(model.config.to_model_config(), run=run, repo_id=repo_id or str(directory))
     (directory / "README.md").write_text(card)
