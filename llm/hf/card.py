@@ -76,11 +76,8 @@ class RunSummary:
 
 
 def run_summary(checkpoint_dir: str | Path) -> RunSummary:
-    """The summary of checkpoint ``checkpoint_dir`` (``runs/NAME/checkpoints/step_X``) from its run's files.
-
-    Bits per byte are not in ``metrics.jsonl`` (they need the validation text): ``val_bits_per_byte``
-    gives them for the val loss read here.
-    """
+    """The summary of checkpoint ``checkpoint_dir`` (``runs/NAME/checkpoints/step_X``) from its run's files; bits
+    per byte are not in ``metrics.jsonl`` (they need the validation text): ``val_bits_per_byte`` gives them."""
     from llm.eval.errors import EvalError
     from llm.eval.runs import eval_rows, read_metrics
 
