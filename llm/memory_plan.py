@@ -76,12 +76,8 @@ def recompute_bytes(config: ModelConfig, micro_batch: int, seq_len: int, precisi
 
 def activation_bytes(config: ModelConfig, micro_batch: int, seq_len: int, precision: str = "bf16",
                      checkpoint_every: int = 0) -> float:
-    """Bytes autograd holds for one micro batch at its peak (without the weights themselves).
-
-    Without checkpointing, that is what the forward pass keeps. With checkpointing every ``checkpoint_every``-th
-    layer, a checkpointed layer keeps only its input (``hidden_size`` per token), and the backward pass
-    recomputes one such layer at a time, whose activations add to the peak (``recompute_bytes``).
-    """
+    """Bytes autograd holds for one micro batch at its peak (without the weights): what the forward pass keeps, a
+    checkpointed layer only its input, and with checkpointing one recomputed layer (``recompute_bytes``)."""
     layers, checkpointed = config.num_hidden_layers, checkpointed_layers(config.num_hidden_layers, checkpoint_every)
     per_token = (layers - checkpointed) * _layer_elements(config, seq_len) + (2 + checkpointed) * config.hidden_size
     kept = micro_batch * seq_len * per_token * ACTIVATION_BYTES[precision]

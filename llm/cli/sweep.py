@@ -1,11 +1,8 @@
 """Sweep launcher: expand a sweep file (format: ``llm.cli.sweep_spec``) into named runs, then print, run or submit
 them.
 
-    python launch/sweep.py launch/sweeps/ffn_attn.yaml --mode print|local|slurm [--dry-run]
-        [--only NAME ...]    # just these runs of the grid
-        [-j N]               # --mode local: at most N runs at once (default 1: one after another);
-                             # with N > 1 each output line is prefixed with its run's name
-        [--root DIR]         # the checkout to run in (default: launch/sweep.py's, else the current one's)
+    python launch/sweep.py launch/sweeps/ffn_attn.yaml --mode print|local|slurm [--dry-run] [--only NAME ...]
+        [-j N] [--root DIR]
 """
 
 from __future__ import annotations

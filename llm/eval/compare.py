@@ -1,22 +1,16 @@
 """Compare training runs: the rows of a table in the style of isogmlp Table 1, from each run's ``metrics.jsonl``.
 
 Runs are grouped into rows of one configuration over seeds, and rows of one variant at several model sizes into
-series (``llm.eval.grouping``). Inside a row the seeds must agree on what the configuration implies (parameter
-counts, precision, final token count): a disagreement is an error.
-
-Only a row's complete runs (``llm.eval.runs.RunRecord.status``) enter its statistics: a diverged run (a
-non-finite final validation loss) or an incomplete one (ended before its last eval) is counted in its own
+series (``llm.eval.grouping``); inside a row the seeds must agree on what the configuration implies
+(``ROW_INVARIANTS``, the final token count), or it is an error. Only a row's complete runs
+(``llm.eval.runs.RunRecord.status``) enter its statistics: a diverged or incomplete run is counted in its own
 column and named in a warning, never averaged, tested or chosen. Each row's complete seeds give the final
-validation loss as mean ± sample std (ddof=1) and its gap to the baseline row of the same model size with a Welch
-t-test (unequal variances), its interval, the smallest gap the seeds resolve and the seeds the gap would need
-(``llm.eval.stats``); where both rows ran the same seeds on the same data, also the paired t-test. "Training
-stability" is the variance of the pre-clip global gradient norm over the run after warmup (``grad_norm_var_run``
-of the last train row), as in isogmlp section 4.3; lower is more stable.
-
-``tune`` keys (``eval.py compare --tune train.lr``): runs that differ only in those keys and the seed are one
-variant, and its row is the value with the lowest mean final validation loss over its complete seeds
-(``llm.eval.tune``). Every variant of a fair comparison sees the same token budget; rows of one size that end at
-different token counts are still tabulated but produce a warning. The table itself: ``llm.eval.report``.
+validation loss as mean ± sample std (ddof=1) and its gap to the baseline row of the same model size
+(``llm.eval.stats``: Welch's test, and the paired one where both rows ran the same seeds on the same data).
+"Training stability" is ``RunRecord.stability``, as in isogmlp section 4.3; lower is more stable. With ``tune``
+keys (``eval.py compare --tune train.lr``) a row is its variant at its best value (``llm.eval.tune``). Rows of one
+size that end at different token counts are still tabulated but produce a warning. The table:
+``llm.eval.report``.
 """
 
 from __future__ import annotations

@@ -193,11 +193,9 @@ def check_weights_fit(model_dir: Path, config: Any, trust_remote_code: bool = Fa
 
 def eval_config(resolved: ResolvedModel, config_files: list[str] | None = None,
                 overrides: list[str] | None = None) -> RunConfig:
-    """The checkpoint's ``config.yaml`` (if any), then ``config_files``, then ``overrides``.
-
-    Without a checkpoint config (hub ids, bare model directories) the defaults apply: FineWeb's
-    held-out documents; ``train.max_steps`` is set only to pass validation (nothing is trained).
-    """
+    """The checkpoint's ``config.yaml`` (if any), then ``config_files``, then ``overrides``. Without a checkpoint
+    config (hub ids, bare model directories) the defaults apply: FineWeb's held-out documents; ``train.max_steps``
+    is set only to pass validation (nothing is trained)."""
     files = [str(resolved.config_file)] if resolved.config_file else []
     base = [] if files else ["train.max_steps=1"]
     return load_config([*files, *(config_files or [])], [*base, *(overrides or [])], saved_run=bool(files))

@@ -5,17 +5,7 @@ The loaded model object (our registered HF class, no remote code) and the checkp
 are handed to lm_eval's ``HFLM`` and evaluated with ``lm_eval.simple_evaluate``; batches are padded
 (the model gives each row what it gives alone, so ``generate_until`` tasks batch too). Hub tasks
 download their datasets (offline, a task that cannot is named in one error line);
-``--include-path DIR`` adds task YAMLs of your own, e.g. a local jsonl::
-
-    task: my_task
-    dataset_path: json
-    dataset_kwargs: {data_files: {test: /path/data.jsonl}}
-    test_split: test
-    output_type: multiple_choice
-    doc_to_text: "{{question}}"
-    doc_to_choice: "{{choices}}"
-    doc_to_target: answer
-    metric_list: [{metric: acc}]
+``--include-path DIR`` adds task YAMLs of your own, e.g. over a local jsonl (README, "Evaluation and comparison").
 """
 
 from __future__ import annotations

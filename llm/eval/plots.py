@@ -51,12 +51,8 @@ def _plot_seeds(ax: Axes, runs: Sequence[RunRecord], rows: Callable[[RunRecord],
 
 
 def _layer_value(layer: int, key: str) -> Callable[[Row], float | None]:
-    def value(row: Row) -> float | None:
-        for entry in row.get("layers") or []:
-            if entry.get("layer") == layer:
-                return entry.get(key)
-        return None
-    return value
+    """An eval row's ``key`` of ``layer`` (None when the row has no such layer)."""
+    return lambda row: next((entry.get(key) for entry in row.get("layers") or [] if entry.get("layer") == layer), None)
 
 
 def _layers(runs: Sequence[RunRecord], key: str) -> list[int]:

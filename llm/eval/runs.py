@@ -34,11 +34,9 @@ RESULT_NEUTRAL = frozenset({
     "train.log_every", "train.checkpoint_every", "train.keep_checkpoints", "model.iso_tanh_chunk_size",
     "train.activation_checkpointing", "train.collective_timeout_s", "train.stop_grace_s",
 })
-"""Bookkeeping that cannot change a run's numbers (where caches live, how often a row or a checkpoint is
-written, how failed reads are retried, how long a stuck collective or a stopping run is waited for, the chunk
-length of iso_tanh's chunked form, whose results equal the other forms' up to rounding, and recomputing
-activations, which gives bit-identical gradients): seeds that differ only there are one row.
-``data.num_workers`` is not among them: ranks x workers sets the data order."""
+"""Fields that cannot change a run's numbers, so that seeds differing only there are one row: bookkeeping, the
+chunk length of iso_tanh's chunked form (its forms agree up to rounding) and recomputing activations (bit-identical
+gradients). ``data.num_workers`` is not among them: ranks x workers sets the data order."""
 
 SPIKE_FACTOR = 10.0
 SPIKE_WINDOW = 10

@@ -76,11 +76,8 @@ class RunSummary:
 
 
 def run_summary(checkpoint_dir: str | Path) -> RunSummary:
-    """The summary of checkpoint ``checkpoint_dir`` (``runs/NAME/checkpoints/step_X``) from its run's files.
-
-    Bits per byte are not in ``metrics.jsonl`` (they need the validation text): ``val_bits_per_byte``
-    gives them for the val loss read here.
-    """
+    """The summary of checkpoint ``checkpoint_dir`` (``runs/NAME/checkpoints/step_X``) from its run's files; bits
+    per byte are not in ``metrics.jsonl`` (they need the validation text): ``val_bits_per_byte`` gives them."""
     from llm.eval.errors import EvalError
     from llm.eval.runs import eval_rows, read_metrics
 
@@ -129,14 +126,8 @@ def _front_matter(config: ModelConfig, qwen3: bool) -> str:
     tags = ["isollm", "qwen3" if qwen3 else "custom_code", config.ffn, config.attn_scoring]
     if config.ffn_linear != "linear":
         tags.append(config.ffn_linear)
-    meta = {
-        "library_name": "transformers",
-        "license": "apache-2.0",
-        "language": ["en"],
-        "pipeline_tag": "text-generation",
-        "datasets": ["HuggingFaceFW/fineweb"],
-        "tags": tags,
-    }
+    meta = {"library_name": "transformers", "license": "apache-2.0", "language": ["en"],
+            "pipeline_tag": "text-generation", "datasets": ["HuggingFaceFW/fineweb"], "tags": tags}
     # JSON values are YAML: the hub reads this block as its metadata
     return "---\n" + "".join(f"{key}: {json.dumps(value)}\n" for key, value in meta.items()) + "---\n"
 
@@ -223,13 +214,9 @@ def model_card(config: ModelConfig, *, repo_id: str, run: RunSummary | None = No
 
 def save_for_hub(model: IsoLLMForCausalLM, directory: str | Path, tokenizer: Tokenizer | None = None,
                  run: RunSummary | None = None, repo_id: str | None = None) -> Path:
-    """A hub-ready directory: ``save_model_dir`` (``llm.train.model_dir``, what every checkpoint's ``model/`` is)
-    plus the ``README.md`` model card, which reports ``run``'s training (tokens, final val loss, bits per byte,
-    config) when given and shows loading from ``repo_id`` (default: the directory itself).
-
-    ``AutoModelForCausalLM.from_pretrained(directory, trust_remote_code=True)`` then rebuilds the same
-    model in any process with torch and transformers.
-    """
+    """A hub-ready directory: ``save_model_dir`` (``llm.train.model_dir``, what every checkpoint's ``model/`` is,
+    loadable where ``llm`` is absent) plus the ``README.md`` model card, which reports ``run``'s training (tokens,
+    final val loss, bits per byte, config) when given and shows loading from ``repo_id`` (default: the directory)."""
     directory = save_model_dir(model, directory, tokenizer)
     card = model_card(model.config.to_model_config(), run=run, repo_id=repo_id or str(directory))
     (directory / "README.md").write_text(card)

@@ -84,9 +84,7 @@ def export_qwen3(model: IsoLLMForCausalLM, directory: str | Path, tokenizer: Tok
     """Write ``directory`` as a stock Qwen3 checkpoint: ``AutoModelForCausalLM.from_pretrained(directory)``
     loads it with transformers alone (no ``trust_remote_code``) and gives ``model``'s logits; with
     ``tokenizer``, ``AutoTokenizer`` and ``pipeline("text-generation")`` load it too (``save_model_dir``).
-
-    Raises ``ConfigError`` naming the field for variants Qwen3 cannot express (see ``QWEN3_REQUIREMENTS``).
-    """
+    A variant Qwen3 cannot express is a ``ConfigError`` (``check_qwen3_exportable``)."""
     qwen3 = Qwen3ForCausalLM(qwen3_config(model)).to(model.dtype)
     # strict: every Qwen3 tensor is written and nothing of ours is dropped (a tied lm_head appears in
     # both state dicts under its own name and as the embedding's alias).

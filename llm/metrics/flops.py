@@ -83,11 +83,8 @@ def flops_per_token(config: ModelConfig, seq_len: int, training: bool = True) ->
 
 
 def mfu(tokens_per_s: float, flops_per_token: float, peak_flops: float) -> float:
-    """Model FLOPs utilisation: ``tokens_per_s * flops_per_token / peak_flops``.
-
-    ``tokens_per_s`` and ``peak_flops`` must cover the same devices (e.g. global throughput and
-    the peak of one device times the number of processes).
-    """
+    """Model FLOPs utilisation, ``tokens_per_s * flops_per_token / peak_flops``, with ``tokens_per_s`` and
+    ``peak_flops`` over the same devices (global throughput, and one device's peak times the processes)."""
     if not peak_flops > 0:
         raise ValueError(f"peak_flops: expected a positive number, got {peak_flops}")
     return tokens_per_s * flops_per_token / peak_flops
@@ -137,11 +134,8 @@ def _measured_peak(device: str, dtype: torch.dtype) -> float:
 
 
 def peak_flops(device: str | torch.device, dtype: torch.dtype) -> float:
-    """Peak matmul FLOP/s of one ``device`` computing in ``dtype``.
-
-    Known GPUs come from ``GPU_PEAK_FLOPS``; anything else (CPU, other GPUs) is measured once per
-    process with ``measure_matmul_flops``, a practical peak rather than a datasheet one.
-    """
+    """Peak matmul FLOP/s of one ``device`` computing in ``dtype``: a known GPU's from ``GPU_PEAK_FLOPS``, anything
+    else's (CPU, other GPUs) measured once per process (``measure_matmul_flops``), a practical, not datasheet, peak."""
     device = torch.device(device)
     if dtype not in _DTYPE_KEYS:
         raise ValueError(f"dtype: expected one of {list(_DTYPE_KEYS)}, got {dtype}")

@@ -40,10 +40,12 @@ GRAD_NORM_GROUPS = ("embedding", "attention", "ffn", "ffn_mixing", "norm")
 """Parameter groups with their own gradient-norm statistics (``grad_norm_groups``)."""
 
 
-def _variance_and_cv(mean: float, variance: float) -> tuple[float, float]:
-    variance = max(variance, 0.0)  # rounding can leave -1e-18 for a constant series
-    cv = math.sqrt(variance) / mean if mean != 0 else math.nan
-    return variance, cv
+def _variance_and_cv(mean: float, squared_deviations: float, n: int) -> tuple[float, float]:
+    """Population variance and CV of ``n`` values of this mean and sum of squared deviations; NaN for none."""
+    if n == 0:
+        return math.nan, math.nan
+    variance = max(squared_deviations / n, 0.0)  # rounding can leave -1e-18 for a constant series
+    return variance, math.sqrt(variance) / mean if mean != 0 else math.nan
 
 
 class GradNormTracker:
@@ -71,13 +73,8 @@ class GradNormTracker:
         """Number of non-finite norms seen (skipped updates)."""
 
     def update(self, step: int, norm: float) -> dict[str, float]:
-        """Record the norm of optimizer step ``step`` (1-based: steps done including this one).
-
-        Returns the metrics row fields ``grad_norm``, ``grad_norm_var_rolling``,
-        ``grad_norm_cv_rolling``, ``grad_norm_var_run``, ``grad_norm_cv_run`` and
-        ``grad_norm_nonfinite`` (the count of skipped, non-finite norms so far), with ``prefix`` in
-        place of ``grad_norm``.
-        """
+        """Record the norm of optimizer step ``step`` (1-based: steps done including this one); return the
+        metrics row fields: the norm under ``prefix``, then ``stats()``."""
         norm = float(norm)
         if not math.isfinite(norm):
             self.nonfinite += 1
@@ -91,37 +88,20 @@ class GradNormTracker:
         return {self.prefix: norm, **self.stats()}
 
     def stats(self) -> dict[str, float]:
-        """The current statistics without recording a new norm."""
-        if self._recent:
-            n = len(self._recent)
-            mean = math.fsum(self._recent) / n
-            var_rolling, cv_rolling = _variance_and_cv(
-                mean, math.fsum((x - mean) ** 2 for x in self._recent) / n)
-        else:
-            var_rolling = cv_rolling = math.nan
-        if self._count:
-            var_run, cv_run = _variance_and_cv(self._mean, self._m2 / self._count)
-        else:
-            var_run = cv_run = math.nan
-        return {
-            f"{self.prefix}_var_rolling": var_rolling,
-            f"{self.prefix}_cv_rolling": cv_rolling,
-            f"{self.prefix}_var_run": var_run,
-            f"{self.prefix}_cv_run": cv_run,
-            f"{self.prefix}_nonfinite": float(self.nonfinite),
-        }
+        """The current statistics without recording a new norm (``_nonfinite``: the count of skipped, non-finite
+        norms so far)."""
+        n = len(self._recent)
+        mean = math.fsum(self._recent) / n if n else 0.0
+        var_rolling, cv_rolling = _variance_and_cv(mean, math.fsum((x - mean) ** 2 for x in self._recent), n)
+        var_run, cv_run = _variance_and_cv(self._mean, self._m2, self._count)
+        p = self.prefix
+        return {f"{p}_var_rolling": var_rolling, f"{p}_cv_rolling": cv_rolling, f"{p}_var_run": var_run,
+                f"{p}_cv_run": cv_run, f"{p}_nonfinite": float(self.nonfinite)}
 
     def state_dict(self) -> dict[str, Any]:
         """JSON-serialisable state; floats round-trip exactly through ``json`` (shortest repr)."""
-        return {
-            "window": self.window,
-            "warmup_steps": self.warmup_steps,
-            "recent": list(self._recent),
-            "count": self._count,
-            "mean": self._mean,
-            "m2": self._m2,
-            "nonfinite": self.nonfinite,
-        }
+        return {"window": self.window, "warmup_steps": self.warmup_steps, "recent": list(self._recent),
+                "count": self._count, "mean": self._mean, "m2": self._m2, "nonfinite": self.nonfinite}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Continue the statistics of a saved tracker exactly.
@@ -209,10 +189,8 @@ class GroupGradNorms:
         self._measured = dict(zip(self.groups, values, strict=True)) if values is not None else {}
 
     def update(self, step: int) -> dict[str, float]:
-        fields: dict[str, float] = {}
-        for name, tracker in self.trackers.items():
-            fields.update(tracker.update(step, self._measured.get(name, math.nan)))
-        return fields
+        return {key: value for name, tracker in self.trackers.items()
+                for key, value in tracker.update(step, self._measured.get(name, math.nan)).items()}
 
     def state_dict(self) -> dict[str, Any]:
         return {name: tracker.state_dict() for name, tracker in self.trackers.items()}

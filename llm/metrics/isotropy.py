@@ -2,10 +2,8 @@
 
 Four views of "how uniformly do the representations use their space":
 
-- ``isoscore``: spread of variance over the principal axes (1 = every direction used equally), of the
-  distribution the points are drawn from: a finite-sample correction removes the bias that makes a
-  sample of N points from an isotropic Gaussian score about 1 / (1 + d/N) (0.73 at d = 768, N = 2048),
-  so scores are comparable across widths and sample sizes.
+- ``isoscore``: spread of variance over the principal axes (1 = every direction used equally), of the distribution
+  the points are drawn from (uncorrected, a sample of 2048 isotropic Gaussian points in d = 768 scores 0.73).
 - ``mean_cosine_similarity``: do the vectors share a common direction (0 = no, 1 = all the same)?
 - ``effective_rank``: how many principal axes carry the spread, from the singular values of the
   centred point matrix (Roy & Vetterli 2007; d = all, 1 = a single one).
@@ -84,16 +82,9 @@ def _effective_rank_from_spectrum(variances: torch.Tensor) -> float:
 
 
 def isoscore(X: torch.Tensor, finite_sample_correction: bool = True) -> float:
-    """IsoScore of the point cloud ``X [N, d]`` in [0, 1].
-
-    Rudman, Gillman, Rayne, Eickhoff, "IsoScore: Measuring the Uniformity of Embedding Space
-    Utilization", Findings of ACL 2022, Algorithm 1:
-
-    1. reorient by PCA and take the variance vector ``Sigma_D`` (the covariance eigenvalues);
-    2. normalise it to ``hat Sigma_D = sqrt(d) Sigma_D / |Sigma_D|``;
-    3. isotropy defect ``delta = |hat Sigma_D - 1| / sqrt(2 (d - sqrt(d)))``;
-    4. dimensions used ``k = (d - delta^2 (d - sqrt(d)))^2 / d``;
-    5. ``IsoScore = (k - 1) / (d - 1)``.
+    """IsoScore of the point cloud ``X [N, d]`` in [0, 1]: Rudman, Gillman, Rayne, Eickhoff, "IsoScore: Measuring
+    the Uniformity of Embedding Space Utilization", Findings of ACL 2022, Algorithm 1 (its steps in closed form:
+    ``_isoscore_from_spectrum``).
 
     1 for an isotropic cloud, 0 when all variance lies on one axis; exactly ``(k - 1) / (d - 1)``
     when the variance is spread equally over k of the d principal axes. Invariant to rotation,

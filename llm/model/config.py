@@ -224,13 +224,10 @@ class ModelConfig:
         return "+".join(parts)
 
     def option_owners(self) -> dict[str, str]:
-        """The variant options in use: each option field owned by a selected registry entry -> the
-        top-level selector (``ffn``, ``attn_scoring`` or ``ffn_linear``) whose choice brings it.
-
-        Every registry entry lists the fields it reads in ``OPTIONS`` (its learning-rate multipliers' fields,
-        named in ``LR_MULTIPLIERS``, count too); an option that is itself a choice
-        (iso_mlp's ``iso_activation``) brings the options of the entry it selects.
-        """
+        """The variant options in use: each field a selected registry entry reads (its ``OPTIONS`` and the fields
+        of its ``LR_MULTIPLIERS``) -> the top-level selector (``ffn``, ``attn_scoring`` or ``ffn_linear``) whose
+        choice brings it. An option that is itself a choice (iso_mlp's ``iso_activation``) brings the options of
+        the entry it selects."""
         registries = _variant_registries()
         owners: dict[str, str] = {}
 
@@ -267,7 +264,7 @@ class ModelConfig:
         """Raise ``ConfigError`` naming the first bad field; return self so calls chain."""
         for name in ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers",
                      "num_attention_heads", "num_key_value_heads", "max_position_embeddings",
-                     "iso_tanh_chunk_size"):
+                     "iso_tanh_chunk_size", "mup_base_hidden_size", "mup_base_head_dim"):
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
                 raise ConfigError(name, f"expected a positive integer, got {value!r}")
@@ -291,9 +288,6 @@ class ModelConfig:
         check_choice("isogmlp_gate", self.isogmlp_gate, ISOGMLP_GATES)
         check_choice("ffn_init", self.ffn_init, FFN_INITS)
         check_choice("parametrization", self.parametrization, PARAMETRIZATIONS)
-        for name in ("mup_base_hidden_size", "mup_base_head_dim"):
-            if not isinstance(getattr(self, name), int) or getattr(self, name) <= 0:
-                raise ConfigError(name, f"expected a positive integer, got {getattr(self, name)!r}")
         self._check_unused_options()
         owned = self.option_owners()
         if self.iso_ln_alpha and not 0.5 <= self.iso_ln_alpha <= 2.0:

@@ -13,8 +13,7 @@ Qwen3 export (``llm/hf``) splits them back.
 
 Generation keeps an ``IsoLLMCache`` (cache.py, a transformers ``Cache``): per layer, the scoring's state (the
 KV cache for softmax, the O(1) ``(S, G)`` sums for iso_tanh) and a dict the FFN may keep running statistics in.
-``generate()`` reaches the model through public hooks only (``prepare_inputs_for_generation``, ``forward``), under
-the argument name of the installed transformers (``CACHE_ARG``: ``cache`` from 5.24, ``past_key_values`` before).
+``generate()`` reaches the model through public hooks only (``prepare_inputs_for_generation``, ``forward``).
 Siblings: attention.py (scoring registry; iso_tanh's forms in iso_tanh.py), ffn.py (FFN registry),
 fused_ops.py (RMSNorm and rotary kernels), lm_head.py (the LM head and its fused cross-entropy).
 
@@ -47,11 +46,8 @@ from .lm_head import IGNORE_INDEX, LMHead
 def mup_scaled_parameters(model: nn.Module) -> list[nn.Parameter]:
     """The parameters whose init std and Adam lr muP scales by 1/sqrt(m) and 1/m: those each module of ``model``
     lists in ``MUP_SCALED`` (names relative to the module). Two kinds (Tensor Programs V, Table 3): hidden
-    matrices, both of whose dimensions grow with width (attention's ``qkv_proj`` and ``o_proj``, every FFN's
-    fused ``in_proj`` and ``down_proj``), and readouts of the hidden state to a fixed size (isogmlp's token and
-    causal_mean alpha gates). Not width-scaled: the embedding (tied to the head, whose output carries the 1/m
-    multiplier instead), norms, isogmlp's gamma and beta, iso_ln's alpha, beta and LayerNorm, focus centres and
-    apertures, biases, the feature_mean gate."""
+    matrices, both of whose dimensions grow with width, and readouts of the hidden state to a fixed size
+    (isogmlp's token and causal_mean alpha gates). What is not scaled: ``ModelConfig.parametrization``."""
     return [module.get_parameter(name) for module in model.modules() for name in getattr(module, "MUP_SCALED", ())]
 
 

@@ -12,17 +12,7 @@ same one-line ``CheckpointError`` on every rank. On resume a checkpoint whose fi
 manifest (truncated, missing, altered bytes) or that fails to load is skipped with a
 ``CheckpointWarning`` and the previous complete one is used.
 
-Contents::
-
-    model/          HF save_pretrained (safetensors + config + tokenizer, ``llm.train.model_dir``):
-                    loads with AutoTokenizer, AutoModelForCausalLM and pipeline("text-generation")
-    state/          accelerator.save_state: optimizer, scheduler, RNG (torch/numpy/python/cuda)
-                    + data_rank<r>.pt, the data-loader state of each rank
-    trainer.json    step, tokens, bad-step counters, grad-norm tracker
-    config.yaml     the resolved run config
-    manifest.json   relative path -> {"size": bytes, "xxh3_128": hex digest} of every other file
-
-The weights are written once. Single-process and DDP runs keep them in ``model/`` only:
+The weights are written once. Single-process and DDP runs keep them in ``model/`` (``llm.train.model_dir``) only:
 ``save_state`` skips its copy and ``load_state`` reads them back from ``model/`` (bitwise: the export
 is a safetensors file of the same tensors, in their training dtype). FSDP2 and DeepSpeed save their
 sharded model state into ``state/`` themselves, beside their sharded optimizer state (Accelerate offers
@@ -73,6 +63,7 @@ from llm.train.model_dir import save_model_dir
 
 __all__ = ["load_checkpoint", "resume_checkpoint", "save_checkpoint"]
 
+
 def _load_exported_weights(model: nn.Module, model_dir: Path) -> None:
     """Copy the weights of the ``save_pretrained`` directory ``model_dir`` (one file or shards) into
     ``model`` in place; every parameter must be restored, tied ones (saved once) by their twin."""
@@ -115,23 +106,11 @@ def _weights_in_model_dir(accelerator: Accelerator) -> Iterator[None]:
             handle.remove()
 
 
-def save_checkpoint(
-    ckpt_dir: str | Path,
-    step: int,
-    *,
-    accelerator: Accelerator,
-    model: nn.Module,
-    tokenizer: Tokenizer,
-    config: RunConfig,
-    trainer_state: dict[str, Any],
-    loader: Any,
-    keep: int,
-) -> Path:
-    """Write checkpoint ``step`` atomically on every rank together; return its final path.
-
-    Raises ``CheckpointError`` (on every rank) when any rank fails to write its part, after removing
-    the partial ``.tmp`` directory; the previous checkpoint and the ``latest`` pointer are untouched.
-    """
+def save_checkpoint(ckpt_dir: str | Path, step: int, *, accelerator: Accelerator, model: nn.Module,
+                    tokenizer: Tokenizer, config: RunConfig, trainer_state: dict[str, Any], loader: Any,
+                    keep: int) -> Path:
+    """Write checkpoint ``step`` atomically on every rank together; return its final path. A failed save on any
+    rank is the same ``CheckpointError`` on every rank (module docstring)."""
     ckpt_dir = Path(ckpt_dir)
     name = checkpoint_name(step)
     tmp, final = ckpt_dir / f"{name}.tmp", ckpt_dir / name

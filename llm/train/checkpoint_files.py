@@ -8,9 +8,6 @@ The reading side is what eval.py and publishing share with the trainer (``latest
       step_XXXXXXXX/      a complete checkpoint (``llm.train.checkpoint`` lists its contents)
         manifest.json     relative path -> {"size": bytes, "xxh3_128": hex digest} of every other file
       step_XXXXXXXX.tmp/  a save in progress, or one a crash interrupted (removed by the next save)
-
-A checkpoint directory appears under its final name only after every file and its manifest were fsynced, and
-the pointer is replaced after that, so a crash leaves the previous checkpoint and pointer intact.
 """
 
 from __future__ import annotations

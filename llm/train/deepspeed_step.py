@@ -66,10 +66,9 @@ def clip_focus_(model: nn.Module) -> None:
 def deepspeed_backward(engine: nn.Module, loss: torch.Tensor, boundary: bool,
                        grad_groups: GroupGradNorms | None) -> torch.Tensor | None:
     """One micro-batch's backward through ``engine``, as Accelerate's ``DeepSpeedEngineWrapper.backward`` does it
-    (the accumulation boundary set from ``boundary``, the engine's step taken on it), with the per-group
-    gradient norms measured before that step and the focus parameters clipped after it.
-
-    Returns ``grad_groups.norms()`` on the boundary (see ``GroupGradNorms.norms``), else None."""
+    (the accumulation boundary set from ``boundary``, the engine's step taken on it), with the per-group gradient
+    norms measured before that step (returned on the boundary: ``grad_groups.norms()``, else None) and the focus
+    parameters clipped after it."""
     from deepspeed.utils import safe_get_full_grad
 
     engine.set_gradient_accumulation_boundary(is_boundary=boundary)

@@ -20,6 +20,8 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+import psutil
+
 __all__ = ["LEASE_S", "RunLock", "RunLockedError"]
 
 LOCK_FILE = "run.lock"
@@ -43,16 +45,6 @@ def _exclusive(run_dir: Path) -> Iterator[None]:
         yield
     finally:
         os.close(guard)  # closing drops the flock
-
-
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:  # alive, owned by another user
-        return True
-    return True
 
 
 class RunLock:
@@ -109,7 +101,7 @@ class RunLock:
             return True
         if holder["host"] == socket.gethostname():
             # our own pid: a lock an earlier run in this process could not release (a crash before the loop)
-            return holder["pid"] == os.getpid() or not _pid_alive(int(holder["pid"]))
+            return holder["pid"] == os.getpid() or not psutil.pid_exists(int(holder["pid"]))
         return False
 
     def _held(self) -> bool:

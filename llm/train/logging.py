@@ -80,12 +80,9 @@ def drop_tracker(accelerator: Accelerator, tracker: Any, reason: str) -> None:
 
 
 class MetricsLog:
-    """Append rows to metrics.jsonl (flushed per row) and to the Accelerate trackers (main process).
-
-    An ``OSError`` while opening the file or writing a row is kept in ``failure`` (one line naming the file and
-    the row) instead of raised, and the file is closed: only the main process writes, so raising there would
-    stop that rank alone and leave the others waiting in their next collective. The trainer agrees on
-    ``failure`` over ranks and stops all of them with it; the rows written before stay in the file."""
+    """Append rows to metrics.jsonl (flushed per row) and to the Accelerate trackers (main process). An ``OSError``
+    while opening the file or writing a row closes it and is kept in ``failure`` (one line naming the file and the
+    row) instead of raised: raising on the main process alone would leave the other ranks waiting."""
 
     def __init__(self, path: str | Path, accelerator: Accelerator) -> None:
         self.path = Path(path)
@@ -112,9 +109,8 @@ class MetricsLog:
         return row
 
     def log_to_trackers(self, values: dict[str, float], step: int) -> None:
-        """Each tracker's ``log``; one that fails (a full disk under TensorBoard, W&B's connection) is dropped with a
-        warning for the rest of the run, on the main process alone, with no collective: raising there would stop
-        rank 0 and leave the others waiting. metrics.jsonl keeps every row."""
+        """Each tracker's ``log``; one that fails is dropped with a warning, on the main process alone, with no
+        collective (module docstring)."""
         for tracker in list(self.accelerator.trackers):
             try:
                 tracker.log(values, step=step)

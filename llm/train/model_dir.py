@@ -19,7 +19,7 @@ from transformers.utils import logging as hf_logging
 
 from llm.data.tokenizer import EOS_TOKEN, as_transformers_tokenizer, eos_id
 
-__all__ = ["quiet_progress_bars", "save_model_dir", "save_tokenizer", "set_special_tokens"]
+__all__ = ["quiet_progress_bars", "save_model_dir"]
 
 TOKENIZER_CLASS = "PreTrainedTokenizerFast"
 """The class written to ``tokenizer_config.json``: transformers 4 and 5 both know it (5 writes its own
@@ -39,39 +39,27 @@ def quiet_progress_bars() -> Iterator[None]:
             hf_logging.enable_progress_bar()
 
 
-def save_tokenizer(tokenizer: Tokenizer, directory: str | Path, model_max_length: int) -> int:
-    """Write ``tokenizer.json`` and a ``tokenizer_config.json`` for a stock fast tokenizer; return its EOS id.
-
-    EOS ``<|endoftext|>`` doubles as the padding token (the model has no other), and padding goes on
-    the left, as batched generation wants (the model also accepts right padding).
-    """
-    as_transformers_tokenizer(tokenizer).save_pretrained(directory)
-    config_file = Path(directory) / "tokenizer_config.json"
-    config = json.loads(config_file.read_text())
-    config.update(tokenizer_class=TOKENIZER_CLASS, pad_token=EOS_TOKEN, padding_side="left",
-                  model_max_length=model_max_length)
-    config_file.write_text(json.dumps(config, indent=2, ensure_ascii=False) + "\n")
-    return eos_id(tokenizer)
-
-
-def set_special_tokens(model: PreTrainedModel, eos: int) -> None:
-    """``eos_token_id`` and ``pad_token_id`` in the config and generation config, so ``generate()`` and
-    pipelines stop at the end of a document and pad batches without being told."""
-    for config in (model.config, model.generation_config):
-        config.eos_token_id = eos
-        config.pad_token_id = eos
-
-
 def save_model_dir(model: PreTrainedModel, directory: str | Path, tokenizer: Tokenizer | None = None,
                    state_dict: dict | None = None) -> Path:
     """``model.save_pretrained(directory)`` quietly (weights; for isollm the config with ``auto_map``
-    and the modelling code) and, given a tokenizer, its files and the special-token ids.
+    and the modelling code) and, given a tokenizer, its ``tokenizer.json`` and a ``tokenizer_config.json`` for
+    a stock fast tokenizer. EOS ``<|endoftext|>`` doubles as the padding token (the model has no other), padding
+    goes on the left, as batched generation wants (the model also accepts right padding), and both ids are set in
+    the config and generation config, so ``generate()`` and pipelines stop at the end of a document and pad
+    batches without being told.
 
     ``state_dict``: the weights to write instead of ``model``'s own (a distributed run's gathered ones).
     """
     directory = Path(directory)
     if tokenizer is not None:
-        set_special_tokens(model, save_tokenizer(tokenizer, directory, model.config.max_position_embeddings))
+        as_transformers_tokenizer(tokenizer).save_pretrained(directory)
+        config_file = directory / "tokenizer_config.json"
+        tokenizer_config = json.loads(config_file.read_text())
+        tokenizer_config.update(tokenizer_class=TOKENIZER_CLASS, pad_token=EOS_TOKEN, padding_side="left",
+                                model_max_length=model.config.max_position_embeddings)
+        config_file.write_text(json.dumps(tokenizer_config, indent=2, ensure_ascii=False) + "\n")
+        for config in (model.config, model.generation_config):
+            config.eos_token_id = config.pad_token_id = eos_id(tokenizer)
     with quiet_progress_bars():
         model.save_pretrained(directory, state_dict=state_dict)
     return directory

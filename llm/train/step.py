@@ -88,35 +88,22 @@ def _parameters_finite(model: nn.Module) -> bool:
     return all_ranks_agree(finite, any_rank=False) if sharded else finite
 
 
-def train_step(
-    model: nn.Module,
-    batches: list[torch.Tensor],
-    optimizer: torch.optim.Optimizer,
-    scheduler: Any,
-    accelerator: Accelerator,
-    grad_clip: float,
-    stop_requested: Callable[[], bool] | None = None,
-    grad_groups: GroupGradNorms | None = None,
-    write_failed: bool = False,
-    document_eos: int | None = None,
-) -> StepResult:
+def train_step(model: nn.Module, batches: list[torch.Tensor], optimizer: torch.optim.Optimizer, scheduler: Any,
+               accelerator: Accelerator, grad_clip: float, stop_requested: Callable[[], bool] | None = None,
+               grad_groups: GroupGradNorms | None = None, write_failed: bool = False,
+               document_eos: int | None = None) -> StepResult:
     """One optimizer step over ``len(batches)`` micro-batches (``accelerator.gradient_accumulation_steps``
     of them), each ``LongTensor[B, seq_len + 1]`` on the model's device.
 
-    Works with any model ``accelerator.prepare`` returned (DDP, FSDP, DeepSpeed): ``accumulate``
-    skips the gradient all-reduce on all but the last micro-batch and ``backward`` divides each
-    micro-batch loss by the number of micro-batches, so the gradient is that of the mean loss over
-    the whole global batch (all micro-batches hold the same number of tokens). The model computes the
-    loss itself (in training mode: fused with the LM head, softmax in fp32, no ``[B, T, V]`` logits).
-    The norm is the global pre-clip norm (``grad_clip = 0``: no clipping).
-    The decision to skip uses rank-averaged loss and the all-reduced gradient norm, so every rank
-    takes the same branch. ``stop_requested()`` (this rank was asked to stop) is polled once, after the
-    backward passes, and agreed over ranks in the loss's all-reduce as ``StepResult.stop``, so all ranks
-    stop after the same step. ``write_failed`` (this rank could not write a run-directory file) rides on the
-    same all-reduce (``StepResult.write_failed``). ``grad_groups`` measures its per-group norms once the gradients
-    are complete, before clipping. The loss, the flags and every norm reach the host in one copy (a
-    synchronisation drains a GPU's queue); after an applied update the parameters are checked
-    (``params_finite``, the step's second and last synchronisation). ``document_eos``: the EOS id when the
+    ``accumulate`` skips the gradient all-reduce on all but the last micro-batch and ``backward`` divides each
+    micro-batch loss by their number, so the gradient is that of the mean loss over the global batch (all
+    micro-batches hold the same number of tokens). The model computes the loss itself (in training mode fused with
+    the LM head, softmax in fp32, no ``[B, T, V]`` logits). The skip decision uses the rank-averaged loss and the
+    all-reduced norm, so every rank takes the same branch; ``stop_requested()`` (polled once, after the backward
+    passes) and ``write_failed`` (this rank could not write a run-directory file) ride on the loss's all-reduce.
+    ``grad_groups`` measures its norms once the gradients are complete, before clipping (``grad_clip = 0``: none).
+    The loss, the flags and every norm reach the host in one copy (a synchronisation drains a GPU's queue); the
+    parameter check after an applied update is the step's second and last. ``document_eos``: the EOS id when the
     documents packed into a window are masked from each other (``data.document_masking``), else None.
     """
     model.train()

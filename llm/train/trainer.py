@@ -7,29 +7,20 @@ HF Accelerate is the engine: DDP, FSDP2 or DeepSpeed come from the launch config
 
 Conventions:
 
-- ``step`` counts optimizer steps *attempted*, each consuming ``global_batch_tokens`` of data;
-  ``tokens`` counts training tokens consumed. A step whose loss or gradient norm is not finite
-  is skipped (gradients zeroed, no optimizer or scheduler step) but still advances ``step``,
-  ``tokens`` and the data stream, so a run's token budget and data order do not depend on how
-  many steps were skipped, and a resumed run does not retry the bad batch. The lr schedule
-  therefore lags by the number of skipped steps (logged as ``skipped_steps``). A train row is
-  logged every ``log_every`` steps, at the last step and for every skipped step. The parameters are
-  checked after every applied update: an update that made any of them non-finite (a finite loss and
-  gradient norm with a huge lr) stops the run at once, before any eval or checkpoint, so no checkpoint
-  ever holds non-finite weights.
-- The main process holds the run directory's lock (``llm.train.lock``) before reading or writing there; it is
-  taken as soon as the process group exists, before the tokenizer, model, data and validation set are built,
-  so a second launch on a run in use is refused at once.
-- Every resource ``fit`` acquires (process group, lock, trackers, metrics.jsonl, signal handlers, progress
-  bar) is released exactly once, in reverse order, whether setup fails, the loop fails or the run ends.
-- A metrics row that rank 0 cannot write (a full disk) stops every rank with the same ``TrainingError``: the
-  failure rides on the loss's all-reduce of the next step, and every checkpoint (the last step's included)
-  first agrees on it, so no checkpoint is written past a lost row and nothing written before is touched.
-- On resume, metrics.jsonl rows past the checkpoint's step (logged after it by the interrupted
-  run) are dropped before the resumed run logs them again, so each step appears once.
-- The model is initialised from ``seed`` (``accelerate.utils.set_seed``: python, numpy, torch,
-  cuda); the data order depends only on ``data.seed``, so variants compared under one
-  ``data.seed`` see identical batches.
+- ``step`` counts optimizer steps *attempted*, each consuming ``global_batch_tokens`` of data; ``tokens`` counts
+  training tokens consumed. A step whose loss or gradient norm is not finite is skipped (gradients zeroed, no
+  optimizer or scheduler step) but still advances ``step``, ``tokens`` and the data stream, so a run's token
+  budget and data order do not depend on how many steps were skipped, and a resumed run does not retry the bad
+  batch. The lr schedule therefore lags by the number of skipped steps (``skipped_steps``, in a train row logged at
+  every skipped step). The parameters are checked after every applied update: an update that made any of them
+  non-finite (a finite loss and gradient norm with a huge lr) stops the run at once, before any eval or
+  checkpoint, so no checkpoint ever holds non-finite weights.
+- Every resource ``fit`` acquires (process group, run-directory lock, trackers, metrics.jsonl, signal handlers,
+  progress bar) is released exactly once, in reverse order, whether setup fails, the loop fails or the run ends.
+- A metrics row that rank 0 cannot write (a full disk) stops every rank with the same ``TrainingError`` at the
+  next step (``Run.stop_on_log_failure``), before any checkpoint past the lost row.
+- The model is initialised from ``seed`` (``accelerate.utils.set_seed``: python, numpy, torch, cuda); the data
+  order depends only on ``data.seed``, so variants compared under one ``data.seed`` see identical batches.
 """
 
 from __future__ import annotations
@@ -136,8 +127,7 @@ def fit(config: RunConfig) -> FitResult:
     docs/ARCHITECTURE.md. Configuration problems found without reading anything (``config.validate``, the batch
     split over the processes) raise ``ConfigError`` before any file is written; the others (a run of this name
     in use or holding checkpoints, the tokenizer's vocabulary, data inputs, a checkpoint that does not fit) once
-    the run directory's lock is taken, which is then released. Everything acquired is released on every way out
-    (``setup_run``, ``_train``)."""
+    the run directory's lock is taken, which is then released."""
     config.validate()
     try:
         with ExitStack() as teardown:
