@@ -22,8 +22,8 @@ Stages, in order (a stage that fails or runs out of time is recorded and the nex
              DDP run's half-way checkpoint; checks that DDP, FSDP2 and ZeRO-3 losses agree, that each run used
              the engine its config asked for, and that the resumed steps repeat the original ones; each run's
              measured peak memory stands beside ``isollm-params --plan``'s estimate for it
-  compile    train.py with train.compile=true through DDP, FSDP2 and ZeRO-3 (one process, 20 steps; dry run: DDP alone, 4 steps),
-             each run's losses against an eager DDP run's
+  compile    train.py with train.compile=true through DDP, FSDP2 and ZeRO-3 (one process, 20 steps; dry run: DDP
+             alone, 4 steps), each run's losses against an eager DDP run's
   attention  bench/bench_attention.py: fwd+bwd time and memory, iso_tanh compiled (chunked) and via fla against
              SDPA (flash), T=2k-32k
   generate   bench/bench_generate.py: decode tokens/s and state, softmax KV cache against the iso_tanh state,
