@@ -172,4 +172,3 @@ def restart_schedule(scheduler: Any, config: RunConfig, applied_steps: int) -> N
         group["initial_lr"], group["weight_decay"] = settings[group["name"]]
         group["lr"] = group["initial_lr"] * multiplier(applied_steps)
     schedule.base_lrs = [group["initial_lr"] for group in schedule.optimizer.param_groups]
-    schedule._last_lr = [group["lr"] for group in schedule.optimizer.param_groups]
