@@ -178,9 +178,9 @@ def check_weights_fit(model_dir: Path, config: Any, trust_remote_code: bool = Fa
         with contextlib.suppress(Exception), safe_open(path, "pt") as file:  # unreadable: from_pretrained says so
             saved.update({key: tuple(file.get_slice(key).get_shape()) for key in file.keys()})  # noqa: SIM118
     wrong = [k for k in saved if k in expected and saved[k] != expected[k]]
-    named = [f for f in fields if wrong and (keys := reshaped(f)) and keys <= set(wrong)]
-    named = [f"{f}={fields[f]}" for f in [f for f in named if any(
-        fields[f] in expected[k] and fields[f] not in saved[k] for k in wrong)] or named]
+    suspects = [f for f in fields if (keys := reshaped(f)) and keys <= set(wrong)] if wrong else []
+    dimensions = [f for f in suspects if any(fields[f] in expected[k] and fields[f] not in saved[k] for k in wrong)]
+    named = [f"{f}={fields[f]}" for f in dimensions or suspects]
     problems = [f"{k} is {list(saved[k])} in the safetensors, {list(expected[k])} by config.json" for k in wrong]
     if saved and config.model_type == "isollm":  # names as saved (transformers renames none of ours)
         problems += [f"{k} is missing from the safetensors" for k in sorted(expected.keys() - saved.keys())]

@@ -46,9 +46,11 @@ def _gap(gap: Gap) -> str:
 
 
 def _seeds(gap: Gap) -> str:
-    if gap.se == 0 or gap.seeds_needed != math.inf:  # NaN: n/a
-        return "zero spread" if gap.se == 0 else _num(gap.seeds_needed, ",.0f")
-    return f"> {MAX_SEEDS:,}" if gap.gap else "none: the gap is 0"
+    if gap.se == 0:
+        return "zero spread"
+    if gap.seeds_needed == math.inf:
+        return f"> {MAX_SEEDS:,}" if gap.gap else "none: the gap is 0"
+    return _num(gap.seeds_needed, ",.0f")  # NaN: n/a
 
 
 def _gap_cells(row: VariantSummary, comparison: Comparison) -> list[str]:

@@ -60,8 +60,9 @@ key length, i.e. for every generated token. Measured on one H100 (torch 2.11, 13
 
 FLA_MIN_LENGTH = 8192
 """iso_tanh's form on CUDA outside ``torch.compile``: fla's kernel from this many positions on, the chunked form
-below (fla's launches and its expansion of k and v to every query head cost more than they save on short rows).
-Under ``torch.compile`` the chunked form always runs: fla's entry point is a graph break."""
+below. 8,192 is where fla's kernel overtook flash attention on an H100 (docs/performance.md, second GPU check), not
+a measured crossover against the chunked form. Under ``torch.compile`` the chunked form always runs: fla's entry
+point is a graph break."""
 
 
 @functools.cache

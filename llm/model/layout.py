@@ -34,10 +34,15 @@ def document_starts(position_ids: torch.Tensor, batch: int) -> torch.Tensor | No
     worth it (a plain ``arange`` is what ``generate()`` and most callers pass). Under ``torch.compile`` nothing
     branches on data: the starts are returned as they are, a single document being a row with one start.
     """
-    starts = F.pad(position_ids[..., 1:] != position_ids[..., :-1] + 1, (1, 0), value=True)
-    if not torch.compiler.is_compiling() and not bool(starts[..., 1:].any()):
+    restarts = _restarts(position_ids)
+    if not torch.compiler.is_compiling() and not bool(restarts.any()):
         return None
-    return starts.expand(batch, -1)
+    return F.pad(restarts, (1, 0), value=True).expand(batch, -1)
+
+
+def _restarts(position_ids: torch.Tensor) -> torch.Tensor:
+    """``[..., T - 1]``: True where a position does not continue the previous one by 1."""
+    return position_ids[..., 1:] != position_ids[..., :-1] + 1
 
 
 def document_start_index(doc_starts: torch.Tensor) -> torch.Tensor:
@@ -55,7 +60,7 @@ def same_document(doc_starts: torch.Tensor) -> torch.Tensor:
 def restarts_between_real_tokens(position_ids: torch.Tensor, real: torch.Tensor | None) -> bool:
     """Whether ``position_ids`` restart between two consecutive real tokens (``real`` ``[B, T]``, None: all
     real), i.e. mark packed documents: padding may carry any position (transformers gives left padding 1)."""
-    restart = position_ids[..., 1:] != position_ids[..., :-1] + 1
+    restart = _restarts(position_ids)
     if real is not None:
         restart = restart & real[..., 1:] & real[..., :-1]
     return bool(restart.any())

@@ -46,13 +46,16 @@ def default_chunk_rows(vocab_size: int, device: torch.device) -> int:
     return max(MIN_CHUNK_ROWS, per_chunk // vocab_size)
 
 
-def chunk_loss_and_grad(logits: Tensor, target: Tensor, keep: Tensor) -> tuple[Tensor, Tensor]:
-    """One chunk's summed ``-log softmax(logits)[target]`` over the kept rows, and its gradient with respect to
-    the logits, ``softmax - onehot(target)`` (``[rows, V]`` in the logits' dtype; ignored rows are zeroed later,
-    through the ``d``-wide hidden states rather than the ``V``-wide logits). Statistics in at least fp32."""
+def chunk_loss_and_grad(logits: Tensor, target: Tensor, keep: Tensor, with_grad: bool = True
+                        ) -> tuple[Tensor, Tensor | None]:
+    """One chunk's summed ``-log softmax(logits)[target]`` over the kept rows, and (``with_grad``) its gradient with
+    respect to the logits, ``softmax - onehot(target)`` (``[rows, V]`` in the logits' dtype; ignored rows are zeroed
+    later, through the ``d``-wide hidden states rather than the ``V``-wide logits). Statistics in at least fp32."""
     x = logits.to(torch.promote_types(logits.dtype, torch.float32))
     lse = x.logsumexp(-1, keepdim=True)
     loss = torch.where(keep, lse - x.gather(1, target), 0).sum()
+    if not with_grad:
+        return loss, None
     probs = (x - lse).exp()
     if torch.compiler.is_compiling():  # fused by the compiler into the one pass that writes the gradient
         columns = torch.arange(x.shape[-1], device=x.device)
@@ -61,7 +64,7 @@ def chunk_loss_and_grad(logits: Tensor, target: Tensor, keep: Tensor) -> tuple[T
 
 
 @functools.cache
-def compiled_chunk_loss_and_grad() -> Callable[[Tensor, Tensor, Tensor], tuple[Tensor, Tensor]]:
+def compiled_chunk_loss_and_grad() -> Callable[..., tuple[Tensor, Tensor | None]]:
     """``chunk_loss_and_grad`` compiled (CUDA): compiled on first use, then reused by every step."""
     return torch.compile(chunk_loss_and_grad, fullgraph=True)
 
@@ -87,9 +90,9 @@ def _linear_cross_entropy(hidden: Tensor, weight: Tensor, targets: Tensor, ignor
     for start in range(0, hidden.shape[0], chunk_rows):
         rows = slice(start, start + chunk_rows)
         h, keep = hidden[rows], valid[rows, None]
-        loss, grad_logits = chunk_fn(h @ weight.T, safe_targets[rows], keep)
+        loss, grad_logits = chunk_fn(h @ weight.T, safe_targets[rows], keep, with_grad)
         total += loss
-        if not with_grad:
+        if grad_logits is None:
             continue
         torch.mul(grad_logits @ weight, keep, out=grad_hidden[rows])
         h_kept = h * keep

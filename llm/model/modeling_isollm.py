@@ -154,7 +154,7 @@ class IsoLLMModel(nn.Module):
         x = self.embed_tokens(input_ids)
         t = input_ids.shape[1]
         packed = position_ids is not None and cache is None and padding_mask is None
-        if position_ids is not None and not packed and not torch.compiler.is_compiling():
+        if position_ids is not None and not packed and t > 1 and not torch.compiler.is_compiling():  # not per token
             real = padding_mask[:, -t:] if padding_mask is not None else None
             if restarts_between_real_tokens(position_ids, real):
                 raise ValueError(PACKED_WITH_STATE)
