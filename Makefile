@@ -69,7 +69,7 @@ bench-gpu:
 	$(PY) bench/bench_attention.py --device cuda --dtype bf16 --impls sdpa,chunked,fla --lengths 1024,2048,4096,8192,16384
 
 # For a lent GPU machine that reaches no registry: the wheels its image lacks and the FineWeb sample, in .whl/
-# (git-ignored; carry it). There: scripts/gpu_check.sh --part 1, 2 and 3, each writing report.md (docs/performance.md).
+# (git-ignored; carry it). There: scripts/gpu_check.sh --part 1, 2, 3 and 4, each writing report.md (docs/performance.md).
 gpu-wheels: $(STAMP)
 	scripts/gpu_wheels.sh $(BIN)/python
 

@@ -3,11 +3,11 @@
     python scripts/gpu_check.py --part 1 OUTDIR     # on one CUDA GPU: part 1 of 3 (each one device call)
     python scripts/gpu_check.py --dry-run OUTDIR    # every stage at tiny size on CPU (fp32, no fla)
 
-On a GPU the stages come in three parts, each within one device call of 10 minutes (``PARTS``): 1 = step (the
-headline figures, first) and pytest, about 4 minutes with the machine's start-up; 2 = train; 3 = compile,
-attention and generate; env runs in each. The boxes are set from the GPU checks (2026-11-25, one H100 whose host
-took ~18 s to import torch and the package; 2026-11-26, one H200), the attention box from the second (fla
-autotunes in each length's process, ~40 s a length).
+On a GPU the stages come in four parts, each within one device call of 10 minutes (``PARTS``, gpu_modes.py): 1 =
+step (the headline figures, first) and pytest, about 4 minutes with the machine's start-up; 2 = train; 3 = compile
+and attention; 4 = scale and generate; env runs in each. The boxes are set from the GPU checks (2026-11-25, one
+H100 whose host took ~18 s to import torch and the package; 2026-11-26, one H200), the attention box from the
+second (fla autotunes in each length's process, ~40 s a length); scale's and generate's are estimates.
 
 Stages, in order (a stage that fails or runs out of time is recorded and the next one starts):
   env        versions, the GPU, and whether every carried wheel's requirements are met
@@ -22,12 +22,16 @@ Stages, in order (a stage that fails or runs out of time is recorded and the nex
              DDP run's half-way checkpoint; checks that DDP, FSDP2 and ZeRO-3 losses agree, that each run used
              the engine its config asked for, and that the resumed steps repeat the original ones; each run's
              measured peak memory stands beside ``isollm-params --plan``'s estimate for it
+  scale      bench/bench_train_step.py compiled at 134m with the experiments' micro batch (32 x 2048, which
+             configs/experiments/fineweb-83m.yaml runs per GPU, within what ``isollm-params --plan`` allows on
+             80 GiB; without transformers' Qwen3, whose fp32 logits would not fit) and at 250m (8 x 2048): tokens/s,
+             MFU and the compile time ("first s") of each
   compile    train.py with train.compile=true through DDP, FSDP2 and ZeRO-3 (one process, 20 steps; dry run: DDP
              alone, 4 steps), each run's losses against an eager DDP run's
   attention  bench/bench_attention.py: fwd+bwd time and memory, iso_tanh compiled (chunked) and via fla against
              SDPA (flash), T=2k-32k
   generate   bench/bench_generate.py: decode tokens/s and state, softmax KV cache against the iso_tanh state,
-             context 4k-32k
+             each with the growing cache and a static one (one CUDA graph per token), context 4k-32k
 
 OUTDIR receives report.md and logs.tar.gz (every stage's output and the training runs' metrics.jsonl): two
 files, within what a lent machine sends back.
@@ -50,6 +54,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import ClassVar
 
+from gpu_modes import COMPARED, DRY, GPU, PARTS, Mode
 from gpu_runs import (
     VARIANTS,
     engine_lines,
@@ -63,82 +68,6 @@ from gpu_runs import (
 
 REPO = Path(__file__).resolve().parents[1]
 PY = sys.executable
-COMPARED = ("ddp", "fsdp2", "deepspeed_zero3")
-"""Launch configs whose losses must agree; they run first, the other single-GPU configs after the resume."""
-
-
-@dataclass
-class Mode:
-    """What differs between the GPU check and its CPU dry run: sizes, precision, kernels and time boxes."""
-
-    name: str
-    budget_s: float
-    boxes: dict[str, float]
-    """Seconds each stage may take at most (also bounded by what is left of ``budget_s``)."""
-    step_args: list[str]
-    train_steps: int
-    """Optimizer steps of each train.py run; a checkpoint half-way is where the resume starts."""
-    train_overrides: list[str]
-    train_configs: tuple[str, ...]
-    attention_args: list[str]
-    generate_args: list[str]
-    loss_tolerance: tuple[float, float]
-    """(|loss difference| allowed at step 1, relative difference of the mean loss over the last 10 steps)."""
-    resume_tolerance: float
-    env: dict[str, str] = field(default_factory=dict)
-
-
-PARTS = {1: ("env", "step", "pytest"), 2: ("env", "train"), 3: ("env", "compile", "attention", "generate")}
-"""The GPU check's stages by device call (``--part``); the dry run takes every stage in one."""
-
-
-def _train_overrides(*model: str, steps: int, seq: int, micro: int, val_tokens: int) -> list[str]:
-    return [*model, f"data.seq_len={seq}", f"train.micro_batch_size={micro}",
-            f"train.global_batch_tokens={seq * micro}", f"train.max_steps={steps}",
-            f"train.checkpoint_every={steps // 2}", "train.keep_checkpoints=2", f"train.warmup_steps={steps // 10}",
-            "train.lr=1e-3", "train.log_every=1", f"train.eval_every={steps}",
-            "train.isotropy_samples=128", "data.val_bucket=50", f"data.val_tokens={val_tokens}", "trackers=[]"]
-
-
-GPU = Mode(
-    name="gpu",
-    budget_s=555,
-    boxes={"env": 30, "pytest": 110, "step": 330, "train": 470, "compile": 200, "attention": 200, "generate": 80},
-    step_args=["--device", "cuda", "--dtype", "bf16", "--compile", "--preset", "134m", "--seq", "2048",
-               "--batch", "8", "--rounds", "5", "--packed-docs", "700", "--profile"],
-    train_steps=100,
-    train_overrides=_train_overrides("--config", "configs/sizes/134m.yaml", steps=100, seq=1024, micro=8,
-                                     val_tokens=16384),
-    train_configs=(*COMPARED, "single_gpu", "deepspeed_zero2"),
-    attention_args=["--device", "cuda", "--dtype", "bf16", "--impls", "sdpa,chunked_compiled,fla", "--batch", "4",
-                    "--heads", "8", "--head-dim", "64", "--lengths", "2048,4096,8192,16384,32768"],
-    generate_args=["--device", "cuda", "--dtype", "bf16", "--preset", "134m", "--contexts", "4096", "8192", "16384",
-                   "32768", "--new-tokens", "32"],
-    loss_tolerance=(0.02, 0.02),
-    resume_tolerance=0.05,
-    # fla autotunes each kernel on first use (~50 s on the first check); bench_attention runs each length in
-    # its own process, which then reuses the tuned configs from triton's on-disk cache
-    env={"TRITON_CACHE_AUTOTUNING": "1"},
-)
-DRY = Mode(
-    name="dry-run",
-    budget_s=400,
-    boxes={"env": 30, "pytest": 90, "step": 90, "train": 200, "compile": 150, "attention": 60, "generate": 40},
-    step_args=["--device", "cpu", "--dtype", "fp32", "--preset", "tiny", "--seq", "32", "--batch", "2",
-               "--rounds", "2", "--threads", "1", "--packed-docs", "8", "--profile"],
-    train_steps=20,
-    train_overrides=_train_overrides(
-        "model.hidden_size=32", "model.intermediate_size=64", "model.num_hidden_layers=2",
-        "model.num_attention_heads=2", "model.num_key_value_heads=1", "model.max_position_embeddings=64",
-        "train.precision=fp32", steps=20, seq=32, micro=2, val_tokens=1024),
-    train_configs=COMPARED,
-    attention_args=["--device", "cpu", "--dtype", "fp32", "--impls", "sdpa,chunked", "--lengths", "128",
-                    "--repeats", "1", "--threads", "1"],
-    generate_args=["--preset", "tiny", "--contexts", "64", "128", "--new-tokens", "4", "--threads", "1"],
-    loss_tolerance=(1e-5, 1e-5),
-    resume_tolerance=1e-5,
-    env={"ACCELERATE_USE_CPU": "1", "OMP_NUM_THREADS": "1"},
-)
 
 
 @dataclass
@@ -224,8 +153,15 @@ class Check:
         self.run(result, "attention", argv, end)
         result.notes += _tail_block(result.logs[-1], 10)
 
+    def stage_scale(self, result: Result, end: float) -> None:
+        for i, args in enumerate(self.mode.scale_args):
+            argv = [PY, "bench/bench_train_step.py", *args, "--json", str(self.logs / f"scale-{i}.json")]
+            self.run(result, f"scale-{i}", argv, end)
+            result.notes += _tail_block(result.logs[-1], 8)
+
     def stage_generate(self, result: Result, end: float) -> None:
-        self.run(result, "generate", [PY, "bench/bench_generate.py", *self.mode.generate_args], end)
+        argv = [PY, "bench/bench_generate.py", *self.mode.generate_args, "--json", str(self.logs / "generate.json")]
+        self.run(result, "generate", argv, end)
         result.notes += _tail_block(result.logs[-1], 12)
 
     def has_data(self, result: Result) -> bool:
@@ -301,7 +237,7 @@ class Check:
 
     STAGES: ClassVar[dict[str, Callable[[Check, Result, float], None]]] = {
         "env": stage_env, "step": stage_step, "pytest": stage_pytest, "train": stage_train,
-        "compile": stage_compile, "attention": stage_attention, "generate": stage_generate,
+        "compile": stage_compile, "attention": stage_attention, "scale": stage_scale, "generate": stage_generate,
     }
 
     def run_all(self, stages: tuple[str, ...]) -> list[Result]:

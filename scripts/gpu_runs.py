@@ -8,6 +8,8 @@ import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
+from llm.model.attention import FLA_MIN_LENGTH
+
 VARIANTS = ("swiglu+softmax", "isogmlp+softmax", "iso_ln+softmax", "iso_mlp+softmax", "swiglu+iso_tanh")
 """Timed in the step stage with transformers' Qwen3, each compiled as ``train.compile`` does (one decoder layer's
 graph for all layers); swiglu with each scoring also on packed documents (the trainer's document masking)."""
@@ -120,10 +122,10 @@ def resume_check(original: Run, resumed: Run, step: int, tolerance: float) -> tu
             f"max abs. loss diff {worst:.2e} (<= {tolerance}); resumed from {source}")
 
 
-TARGETS = {"mfu": 0.40, "vs_swiglu": 0.95, "vs_qwen3": 1.1, "linear_from_t": 8192}
+TARGETS = {"mfu": 0.40, "vs_swiglu": 0.95, "vs_qwen3": 1.1, "linear_from_t": 8192, "decode_from_t": 16384}
 """The performance targets: swiglu+softmax MFU (of the measured matmul rate), every variant's tokens/s over
-swiglu+softmax's, swiglu+softmax's step over transformers' Qwen3, and the length from which iso_tanh's
-attention must beat SDPA's."""
+swiglu+softmax's, swiglu+softmax's step over transformers' Qwen3, the length from which iso_tanh's attention
+must beat SDPA's, and the context from which iso_tanh must decode at least as fast as softmax."""
 
 
 def targets(logs: Path) -> list[str]:
@@ -150,8 +152,25 @@ def targets(logs: Path) -> list[str]:
             for linear in [impl for impl in impls if impl != "sdpa" and int(t) >= TARGETS["linear_from_t"]]:
                 speedup = impls["sdpa"]["ms"] / impls[linear]["ms"]
                 rows.append((f"iso_tanh ({linear}) faster than SDPA at T={t}", f"{speedup:.2f}x", speedup > 1))
+                memory = impls[linear]["mib"] / max(impls["sdpa"]["mib"], 1e-9)
+                rows.append((f"iso_tanh ({linear}) memory <= SDPA's at T={t}", f"{memory:.2f}x", memory <= 1))
+            forms = {impl: f["ms"] for impl, f in impls.items() if impl in ("chunked_compiled", "fla")}
+            if len(forms) == 2:  # eager CUDA picks fla from FLA_MIN_LENGTH on (attention.py): the measured choice?
+                picked = "fla" if int(t) >= FLA_MIN_LENGTH else "chunked_compiled"
+                rows.append((f"iso_tanh's form at T={t}: FLA_MIN_LENGTH={FLA_MIN_LENGTH} picks {picked}; fastest",
+                             min(forms, key=forms.get), picked == min(forms, key=forms.get)))
         if not any(int(t) >= TARGETS["linear_from_t"] for t in json.loads(attention.read_text())):
             rows.append((f"iso_tanh faster than SDPA from T={TARGETS['linear_from_t']}", "no such T measured", None))
+    generate = logs / "generate.json"
+    for context, scorings in (json.loads(generate.read_text()) if generate.exists() else {}).items():
+        for cache in [c for c in scorings["iso_tanh"] if int(context) >= TARGETS["decode_from_t"]]:
+            ratio = scorings["iso_tanh"][cache]["tokens_per_s"] / scorings["softmax"][cache]["tokens_per_s"]
+            rows.append((f"iso_tanh decodes >= softmax's tokens/s at context {context} ({cache} cache)",
+                         f"{ratio:.2f}x", ratio >= 1))
+    for scale in sorted(logs.glob("scale-*.json")):  # the experiments' micro batch, 250m: no target of their own
+        run = json.loads(scale.read_text())
+        rows += [(f"{name} at {run['setup']}: MFU of the measured matmul rate, compile s",
+                  f"{f['of_roofline']:.1%}, {f['first_step_s']:.0f} s", None) for name, f in run["variants"].items()]
     verdict = {True: "met", False: "NOT met", None: "-"}
     return ["| target | measured | |", "| --- | --- | --- |",
             *[f"| {what} | {value} | {verdict[met]} |" for what, value, met in rows]]

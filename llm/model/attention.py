@@ -2,7 +2,8 @@
 
 ``ATTN_SCORING_REGISTRY`` maps ``ModelConfig.attn_scoring`` to a module built as ``cls(config)`` and
 called as ``forward(q, k, v, past=None, use_cache=False, padding_mask=None, documents=None) -> (out, present)``
-(its static ``document_mask(doc_starts)`` builds the mask ``documents`` carries) with
+(its static ``document_mask(doc_starts)`` builds the mask ``documents`` carries; ``static_state(present,
+decoding)`` turns a prompt's state into a static cache's, which ``forward`` then advances in place) with
 
 - ``q``: ``[B, H, T, D]``, ``k`` and ``v``: ``[B, Hkv, T, D]`` (grouped-query: query head ``h`` reads
   KV head ``h // (H // Hkv)``, as ``scaled_dot_product_attention(enable_gqa=True)`` does);
@@ -30,7 +31,7 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Callable
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NamedTuple
 
 import torch
 import torch.nn.functional as F
@@ -38,6 +39,7 @@ from torch import nn
 from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.nn.attention.flex_attention import BlockMask, create_block_mask, flex_attention
 
+from .cache import StaticDecoding
 from .iso_tanh import (
     IsoTanhState,
     check_qkv,
@@ -83,6 +85,20 @@ def document_block_mask(doc_starts: torch.Tensor) -> BlockMask:
     return create_block_mask(same_document_causal, b, None, t, t, device=doc_starts.device)
 
 
+class StaticKV(NamedTuple):
+    """Softmax's state in a static cache (cache.py): key and value buffers ``[B, Hkv, capacity, D]``, written in
+    place at the slot of each new token, and the cache's shared step bookkeeping."""
+
+    keys: torch.Tensor
+    values: torch.Tensor
+    decoding: StaticDecoding
+
+
+STATIC_ALIGNMENT = 16
+"""A static cache's slots are a multiple of this: the masked (memory-efficient) SDPA kernel pads a key mask whose
+length is not, with a copy on every call."""
+
+
 def _check_padding_mask(mask: torch.Tensor, q: torch.Tensor, keys: int | None) -> torch.Tensor:
     """Validate a ``[B, T_past + T]`` padding mask for queries ``q`` and ``keys`` keys (None: any past)."""
     b, _, t, _ = q.shape
@@ -116,6 +132,8 @@ class SoftmaxScoring(nn.Module):
                 padding_mask: torch.Tensor | None = None, documents: PackedDocuments | None = None,
                 ) -> tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor] | None]:
         check_qkv(q, k, v)
+        if isinstance(past, StaticKV):
+            return self.static_step(q, k, v, past), past
         if past is not None:
             k = torch.cat([past[0], k], dim=2)
             v = torch.cat([past[1], v], dim=2)
@@ -137,6 +155,28 @@ class SoftmaxScoring(nn.Module):
             visible = torch.ones(tq, tk, dtype=torch.bool, device=q.device).tril(diagonal=tk - tq)
             out = F.scaled_dot_product_attention(q, k, v, attn_mask=visible, enable_gqa=True)
         return out, ((k, v) if use_cache else None)
+
+    @staticmethod
+    def static_state(present: tuple[torch.Tensor, torch.Tensor], decoding: StaticDecoding) -> StaticKV:
+        """The prompt's ``(k, v)`` moved into buffers with the static cache's slots."""
+        free = decoding.real_keys.shape[1] - present[0].shape[2]
+        return StaticKV(*(F.pad(x, (0, 0, 0, free)) for x in present), decoding)
+
+    @staticmethod
+    def static_step(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, past: StaticKV) -> torch.Tensor:
+        """One new token per row written into the buffers at the slot, in place; it sees every real slot and its
+        own (so that a padded one is not 0/0). The query heads of a KV head attend as one row of queries: the
+        masked kernels have no ``enable_gqa``."""
+        slot = past.decoding.slot
+        past.keys.index_copy_(2, slot, k)
+        past.values.index_copy_(2, slot, v)
+        own = torch.arange(past.keys.shape[2], device=q.device) == slot
+        visible = (past.decoding.real_keys | own)[:, None, None]
+        b, h, _, d = q.shape
+        with sdpa_kernel(DECODE_SDPA_BACKENDS):
+            out = F.scaled_dot_product_attention(q.reshape(b, k.shape[1], -1, d), past.keys, past.values,
+                                                 attn_mask=visible)
+        return out.reshape(b, h, 1, d)
 
     @staticmethod
     def padded(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, padding_mask: torch.Tensor) -> torch.Tensor:
@@ -174,6 +214,11 @@ class IsoTanhScoring(nn.Module):
     def document_mask(doc_starts: torch.Tensor) -> None:
         """None: iso_tanh restarts its sums at the document starts themselves."""
         return None
+
+    @staticmethod
+    def static_state(present: IsoTanhState, decoding: StaticDecoding) -> IsoTanhState:
+        """``(S, G)`` as they are: their size does not grow, and a step without autograd advances them in place."""
+        return present
 
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, past: IsoTanhState | None = None,
                 use_cache: bool = False, padding_mask: torch.Tensor | None = None,

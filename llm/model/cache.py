@@ -18,35 +18,66 @@ class LayerState:
     """The FFN's own running state (isogmlp's causal_mean gate keeps its prefix sum here)."""
 
 
+@dataclass
+class StaticDecoding:
+    """A static cache's bookkeeping for one-token steps, on the device: no step reads a number back to the host,
+    so the step can be captured once as a CUDA graph and replayed for every token."""
+
+    slot: torch.Tensor
+    """``[1]`` long: where the next token's key and value go in the softmax buffers (the tokens seen so far)."""
+    real_keys: torch.Tensor
+    """``[B, capacity]`` bool: the slots that hold a real (not padding) token's key."""
+    real_seen: torch.Tensor
+    """``[B, 1]`` long: real tokens per row so far; the next real token's position."""
+    graph: tuple | None = None
+    """The captured step on CUDA (``IsoLLMModel.decode_step``): the graph, its input buffers and its output."""
+
+
 class IsoLLMCache(Cache):
     """Generation state of all layers plus the number of tokens seen (the next token's position).
 
     A ``transformers.cache_utils.Cache`` (what ``generate()`` expects of a state), whose layers are
     ``LayerState``s rather than key/value layers: iso_tanh has no keys or values to cache, and an FFN may keep
     state of its own. It serves greedy decoding, sampling and beam search (``get_seq_length``,
-    ``reorder_cache``). It is neither compileable nor croppable: the (S, G) sums cannot forget a token, so
-    assisted decoding, which rolls rejected drafts back, is refused.
+    ``reorder_cache``). It is not croppable: the (S, G) sums cannot forget a token, so assisted decoding, which
+    rolls rejected drafts back, is refused.
+
+    With ``max_length`` it is static: after the prompt, softmax's keys and values move into buffers of that many
+    positions and every state is then updated in place, so that each one-token step has the same shapes and
+    memory and runs as one CUDA graph replay, without a kernel launch per operation (``IsoLLMModel.decode_step``).
+    ``is_compileable`` stays False all the same: that flag makes transformers' ``generate()`` compile the whole
+    forward and build 4-d masks this model does not read.
     """
 
     is_compileable = False
     is_croppable = False
 
-    def __init__(self, num_layers: int) -> None:
+    def __init__(self, num_layers: int, max_length: int | None = None) -> None:
         super().__init__(layers=[LayerState() for _ in range(num_layers)])
         self.seen_tokens = 0
+        self.max_length = max_length
+        self.decoding: StaticDecoding | None = None
+        """Set after the prompt of a static cache (``max_length``)."""
 
     def get_seq_length(self, layer_idx: int = 0) -> int:
         return self.seen_tokens
 
-    def reorder_cache(self, beam_idx: torch.LongTensor) -> None:
-        """Beam search: keep the rows of the surviving beams (every state tensor is batch-first)."""
-        def select(state: torch.Tensor) -> torch.Tensor:
-            return state.index_select(0, beam_idx.to(state.device))
+    def get_max_length(self, layer_idx: int | None = None) -> int:
+        return self.max_length if self.max_length is not None else -1  # -1: transformers' "no maximum"
 
-        for layer in self.layers:
-            if layer.attention is not None:
-                layer.attention = tuple(select(state) for state in layer.attention)
-            layer.ffn = {name: select(state) for name, state in layer.ffn.items()}
+    def tensors(self) -> list[torch.Tensor]:
+        """Every tensor the cache holds, each once: the layers' states and a static cache's step bookkeeping."""
+        held = [state for layer in self.layers for state in (*(layer.attention or ()), *layer.ffn.values())
+                if isinstance(state, torch.Tensor)]  # a static softmax state also holds the shared StaticDecoding
+        if self.decoding is not None:
+            held += [self.decoding.slot, self.decoding.real_keys, self.decoding.real_seen]
+        return held
+
+    def reorder_cache(self, beam_idx: torch.LongTensor) -> None:
+        """Beam search: keep the rows of the surviving beams, in place (a captured step reads the same memory)."""
+        for state in self.tensors():
+            if self.decoding is None or state is not self.decoding.slot:  # every other state is batch-first
+                state.copy_(state.index_select(0, beam_idx.to(state.device)))
 
     def crop(self, tokens_to_remove: int) -> None:
         """Refused: assisted decoding rolls rejected draft tokens back, and the sums cannot forget a token."""

@@ -216,8 +216,12 @@ class CausalMeanGate(TokenGate):
             if self.SUM_KEY in cache:
                 running_sum = running_sum + cache[self.SUM_KEY]
                 positions = positions + cache[self.COUNT_KEY]
-            cache[self.SUM_KEY] = running_sum[:, -1:]
-            cache[self.COUNT_KEY] = positions.expand_as(running_sum)[:, -1:]  # per row (beam search reorders it)
+            kept = {self.SUM_KEY: running_sum[:, -1:], self.COUNT_KEY: positions.expand_as(running_sum)[:, -1:]}
+            for key, value in kept.items():  # per row (beam search reorders it); in place once kept, as a static
+                if key in cache:  # cache's captured step reads the same memory
+                    cache[key].copy_(value)
+                else:
+                    cache[key] = value.clone(memory_format=torch.contiguous_format)
         return running_sum / positions.clamp_min(1)  # a row's leading padding has seen nothing: 0/1
 
 

@@ -12,7 +12,8 @@ Qwen3 export (``llm/hf``) splits them back.
     logits = lm_head(norm(x))                                         # lm_head tied to embed_tokens
 
 Generation keeps an ``IsoLLMCache`` (cache.py, a transformers ``Cache``): per layer, the scoring's state (the
-KV cache for softmax, the O(1) ``(S, G)`` sums for iso_tanh) and a dict the FFN may keep running statistics in.
+KV cache for softmax, the O(1) ``(S, G)`` sums for iso_tanh) and a dict the FFN may keep running statistics in;
+a static one (``max_length``) decodes each token after the prompt as one CUDA graph replay (``decode_step``).
 ``generate()`` reaches the model through public hooks only (``prepare_inputs_for_generation``, ``forward``).
 Siblings: attention.py (scoring registry; iso_tanh's forms in iso_tanh.py), ffn.py (FFN registry),
 fused_ops.py (RMSNorm and rotary kernels), lm_head.py (the LM head and its fused cross-entropy).
@@ -23,6 +24,8 @@ Copied to the hub with its relative imports: torch and transformers only.
 from __future__ import annotations
 
 import dataclasses
+import functools
+from collections.abc import Callable
 from typing import Any, ClassVar
 
 import torch
@@ -33,8 +36,8 @@ from transformers import GenerationMixin, PreTrainedModel
 from transformers.modeling_layers import GradientCheckpointingLayer
 from transformers.modeling_outputs import CausalLMOutputWithPast
 
-from .attention import ATTN_SCORING_REGISTRY
-from .cache import IsoLLMCache, LayerState
+from .attention import ATTN_SCORING_REGISTRY, STATIC_ALIGNMENT
+from .cache import IsoLLMCache, LayerState, StaticDecoding
 from .config import ModelConfig
 from .configuration_isollm import IsoLLMConfig
 from .ffn import FFN_REGISTRY
@@ -151,6 +154,8 @@ class IsoLLMModel(nn.Module):
         models read them: each document is then scored as if alone. That holds without a cache or padding mask
         only; with either, restarts between real tokens are refused rather than attended across.
         """
+        if cache is not None and cache.decoding is not None:
+            return self.norm(self._static_step(input_ids, padding_mask, cache, output_hidden_states)), None
         x = self.embed_tokens(input_ids)
         t = input_ids.shape[1]
         packed = position_ids is not None and cache is None and padding_mask is None
@@ -173,9 +178,83 @@ class IsoLLMModel(nn.Module):
                 hidden.append(x)
         if cache is not None:
             cache.seen_tokens += input_ids.shape[1]
+            if cache.max_length is not None:
+                self._begin_static_decoding(cache, padding_mask, input_ids)
         if padding_mask is not None and t > 1:  # one token (a generation step) is its own source: nothing to do
             x = _from_last_real_token(x, padding_mask[:, -t:])
         return self.norm(x), (tuple(hidden) if hidden is not None else None)
+
+    def _begin_static_decoding(self, cache: IsoLLMCache, padding_mask: torch.Tensor | None,
+                               input_ids: torch.Tensor) -> None:
+        """After a static cache's prompt: its slots (``max_length`` rounded up to ``STATIC_ALIGNMENT``) and the
+        softmax states moved into buffers of that many."""
+        if cache.seen_tokens > cache.max_length:
+            raise ValueError(f"the prompt has {cache.seen_tokens} tokens, more than the static cache's max_length "
+                             f"{cache.max_length}")
+        slots = -(-cache.max_length // STATIC_ALIGNMENT) * STATIC_ALIGNMENT
+        real = padding_mask if padding_mask is not None else torch.ones_like(input_ids, dtype=torch.bool)
+        cache.decoding = StaticDecoding(slot=input_ids.new_full((1,), cache.seen_tokens),
+                                        real_keys=F.pad(real, (0, slots - real.shape[1])),
+                                        real_seen=real.sum(-1, keepdim=True))
+        for layer, state in zip(self.layers, cache.layers, strict=True):
+            state.attention = layer.self_attn.scoring.static_state(state.attention, cache.decoding)
+
+    def _static_step(self, input_ids: torch.Tensor, padding_mask: torch.Tensor | None, cache: IsoLLMCache,
+                     output_hidden_states: bool) -> torch.Tensor:
+        """``decode_step`` for one token after a static cache's prompt: replayed as a CUDA graph, captured on the
+        first step, on CUDA; called as it is elsewhere (where it is what the tests check)."""
+        if input_ids.shape[1] != 1 or torch.is_grad_enabled() or output_hidden_states:
+            raise ValueError(f"a static cache takes one token per call after its prompt, under torch.no_grad(), "
+                             f"without output_hidden_states; got {input_ids.shape[1]} tokens, autograd "
+                             f"{'on' if torch.is_grad_enabled() else 'off'}, {output_hidden_states=}")
+        if cache.seen_tokens >= cache.max_length:
+            raise ValueError(f"the static cache is full: it holds max_length={cache.max_length} tokens")
+        cache.seen_tokens += 1
+        real = padding_mask[:, -1:].contiguous() if padding_mask is not None else torch.ones_like(input_ids).bool()
+        if not input_ids.is_cuda:
+            return self.decode_step(input_ids, real, cache)
+        if cache.decoding.graph is None:
+            cache.decoding.graph = _captured(functools.partial(self.decode_step, cache=cache), (input_ids, real),
+                                             cache.tensors())
+        graph, inputs, output = cache.decoding.graph
+        for buffer, value in zip(inputs, (input_ids, real), strict=True):
+            buffer.copy_(value)
+        graph.replay()
+        return output
+
+    def decode_step(self, input_ids: torch.Tensor, real: torch.Tensor, cache: IsoLLMCache) -> torch.Tensor:
+        """One token per row (``input_ids`` ``[B, 1]``; ``real`` ``[B, 1]``, False at padding) through a static
+        cache, before the final norm. Every state is updated in place and no value is read back to the host, so
+        each step has the same shapes, memory and kernels: ``forward`` captures it once as a CUDA graph."""
+        step = cache.decoding
+        step.real_keys.index_copy_(1, step.slot, real)
+        position = (step.real_seen + real.long() - 1).clamp_min(0)  # as forward counts real tokens
+        step.real_seen.add_(real.long())
+        x = self.embed_tokens(input_ids)
+        cos, sin = rotary_cos_sin(position, self.head_dim, self.rope_theta, x.dtype)
+        for layer, state in zip(self.layers, cache.layers, strict=True):
+            x = layer(x, cos, sin, state, real)
+        step.slot.add_(1)
+        return x
+
+
+def _captured(step: Callable[..., torch.Tensor], inputs: tuple[torch.Tensor, ...], state: list[torch.Tensor],
+              ) -> tuple[torch.cuda.CUDAGraph, tuple[torch.Tensor, ...], torch.Tensor]:
+    """``step(*inputs)`` captured as a CUDA graph, with copies of ``inputs`` as its input buffers, after one run on
+    a side stream (torch.cuda.graphs' warm-up) whose changes to ``state`` are then undone."""
+    inputs = tuple(x.clone() for x in inputs)
+    saved = [x.clone() for x in state]
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        step(*inputs)
+    torch.cuda.current_stream().wait_stream(stream)
+    for x, before in zip(state, saved, strict=True):
+        x.copy_(before)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        output = step(*inputs)
+    return graph, inputs, output
 
 
 def _from_last_real_token(x: torch.Tensor, real: torch.Tensor) -> torch.Tensor:
@@ -292,6 +371,13 @@ class IsoLLMForCausalLM(PreTrainedModel, GenerationMixin):
                              f"got {list(attention_mask.shape)}")
         return attention_mask.bool()
 
+    def generate(self, *args: Any, **kwargs: Any) -> Any:
+        """transformers' ``generate()``, without the ``torch.compile`` of the whole forward it starts for a static
+        cache (``disable_compile``): the static ``IsoLLMCache`` replays its own captured step instead, which
+        ``cache_implementation="static"`` also gets, sized as transformers sizes its own."""
+        kwargs.setdefault("disable_compile", True)
+        return super().generate(*args, **kwargs)
+
     def prepare_inputs_for_generation(self, input_ids: torch.LongTensor, **kwargs: Any) -> dict[str, Any]:
         """``generate()``'s inputs for one step (the public hook models override): transformers' own, with
         this model's ``IsoLLMCache`` as the state and without transformers' ``position_ids``.
@@ -334,7 +420,8 @@ class IsoLLMForCausalLM(PreTrainedModel, GenerationMixin):
                                 f"got a {type(cache).__name__} holding {cache.get_seq_length()} tokens")
             if kwargs.get("use_cache") is False:
                 return None
-            cache = IsoLLMCache(self.config.num_hidden_layers)
+            max_length = cache.get_max_length() if cache is not None else -1  # cache_implementation="static"
+            cache = IsoLLMCache(self.config.num_hidden_layers, max_length=max_length if max_length > 0 else None)
         if past is not None and cache.seen_tokens != past:
             raise RuntimeError(
                 f"generate() continues after {past} tokens but the model's cache holds {cache.seen_tokens}: the "

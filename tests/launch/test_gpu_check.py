@@ -15,7 +15,7 @@ import pytest
 from tiny import FINEWEB, REPO
 
 SCRIPT = REPO / "scripts" / "gpu_check.sh"
-STAGES = ("env", "step", "pytest", "train", "compile", "attention", "generate")
+STAGES = ("env", "step", "pytest", "train", "compile", "attention", "scale", "generate")
 
 
 def sample_present() -> bool:
@@ -41,7 +41,8 @@ def test_dry_run_passes_every_stage_and_records_the_engines(tmp_path: Path) -> N
 
     with tarfile.open(out / "logs.tar.gz") as tar:
         names = set(tar.getnames())
-        assert {f"logs/{stage}.log" for stage in ("env", "pytest", "step", "attention", "generate")} <= names
+        assert {f"logs/{stage}.log" for stage in ("env", "pytest", "step", "attention", "scale-0", "generate")} <= names
+        assert {"logs/generate.json", "logs/scale-0.json"} <= names
         assert {"logs/compile-ddp.log", "logs/compile-ddp_compiled.log"} <= names
         metas = {name: json.loads(tar.extractfile(f"logs/metrics-{name}.jsonl").read().decode().splitlines()[0])
                  for name in ("ddp", "fsdp2", "deepspeed_zero3")}
@@ -65,7 +66,7 @@ def test_gpu_mode_needs_a_part(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) 
     """The whole GPU check does not fit one 10-minute device call: each call names its part."""
     done = subprocess.run(["bash", str(SCRIPT), str(tmp_path)], cwd=REPO, capture_output=True, text=True,
                           timeout=60, check=False)
-    assert done.returncode == 2 and "--part 1|2|3" in done.stderr
+    assert done.returncode == 2 and "--part 1|2|3|4" in done.stderr
     monkeypatch.syspath_prepend(str(REPO / "scripts"))  # gpu_check imports gpu_runs as a sibling
     module = script_module("gpu_check")
     assert [s for part in module.PARTS.values() for s in part if s != "env"] == [
@@ -115,3 +116,24 @@ def test_loss_checks_fail_an_engine_whose_losses_drift() -> None:
     del runs["fsdp2"]
     assert check.loss_checks(runs, (0.02, 0.02))[0] == ("fsdp2 losses agree with ddp", False,
                                                          "the run did not finish")
+
+
+def test_targets_read_the_form_choice_decoding_and_scale_figures(tmp_path: Path) -> None:
+    """The report's targets from the attention, generate and scale stages' JSON: whether ``FLA_MIN_LENGTH`` picks
+    the faster iso_tanh form at each length, iso_tanh's decoding against softmax's from 16k, the scale runs."""
+    check = script_module("gpu_runs")
+    form = {"sdpa": {"ms": 4.0, "mib": 100.0}, "chunked_compiled": {"ms": 3.0, "mib": 90.0}}
+    (tmp_path / "attention.json").write_text(json.dumps({
+        "2048": {**form, "fla": {"ms": 5.0, "mib": 80.0}}, "16384": {**form, "fla": {"ms": 2.0, "mib": 120.0}}}))
+    decode = {"softmax": {"static": {"tokens_per_s": 100.0}}, "iso_tanh": {"static": {"tokens_per_s": 90.0}}}
+    (tmp_path / "generate.json").write_text(json.dumps({"4096": decode, "16384": decode}))
+    (tmp_path / "scale-1.json").write_text(json.dumps({"setup": "250m, 8 x 2048", "variants": {
+        "swiglu+softmax": {"of_roofline": 0.41, "first_step_s": 31.0}}}))
+    rows = "\n".join(check.targets(tmp_path))
+    picks = f"FLA_MIN_LENGTH={check.FLA_MIN_LENGTH} picks"
+    assert f"| iso_tanh's form at T=2048: {picks} chunked_compiled; fastest | chunked_compiled | met |" in rows
+    assert f"| iso_tanh's form at T=16384: {picks} fla; fastest | fla | met |" in rows
+    assert "| iso_tanh (fla) memory <= SDPA's at T=16384 | 1.20x | NOT met |" in rows
+    assert "| iso_tanh decodes >= softmax's tokens/s at context 16384 (static cache) | 0.90x | NOT met |" in rows
+    assert "context 4096" not in rows
+    assert "| swiglu+softmax at 250m, 8 x 2048: MFU of the measured matmul rate, compile s | 41.0%, 31 s | - |" in rows

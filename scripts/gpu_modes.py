@@ -1,0 +1,93 @@
+"""What differs between the GPU check (scripts/gpu_check.py) and its CPU dry run: sizes, precision, kernels,
+time boxes, and which stages each device call runs."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+COMPARED = ("ddp", "fsdp2", "deepspeed_zero3")
+"""Launch configs whose losses must agree; they run first, the other single-GPU configs after the resume."""
+
+
+@dataclass
+class Mode:
+    """What differs between the GPU check and its CPU dry run: sizes, precision, kernels and time boxes."""
+
+    name: str
+    budget_s: float
+    boxes: dict[str, float]
+    """Seconds each stage may take at most (also bounded by what is left of ``budget_s``)."""
+    step_args: list[str]
+    train_steps: int
+    """Optimizer steps of each train.py run; a checkpoint half-way is where the resume starts."""
+    train_overrides: list[str]
+    train_configs: tuple[str, ...]
+    attention_args: list[str]
+    generate_args: list[str]
+    scale_args: tuple[list[str], ...]
+    """bench_train_step runs beside the headline step: the experiments' micro batch, the largest size."""
+    loss_tolerance: tuple[float, float]
+    """(|loss difference| allowed at step 1, relative difference of the mean loss over the last 10 steps)."""
+    resume_tolerance: float
+    env: dict[str, str] = field(default_factory=dict)
+
+
+PARTS = {1: ("env", "step", "pytest"), 2: ("env", "train"), 3: ("env", "compile", "attention"),
+         4: ("env", "scale", "generate")}
+"""The GPU check's stages by device call (``--part``); the dry run takes every stage in one."""
+
+
+def _train_overrides(*model: str, steps: int, seq: int, micro: int, val_tokens: int) -> list[str]:
+    return [*model, f"data.seq_len={seq}", f"train.micro_batch_size={micro}",
+            f"train.global_batch_tokens={seq * micro}", f"train.max_steps={steps}",
+            f"train.checkpoint_every={steps // 2}", "train.keep_checkpoints=2", f"train.warmup_steps={steps // 10}",
+            "train.lr=1e-3", "train.log_every=1", f"train.eval_every={steps}",
+            "train.isotropy_samples=128", "data.val_bucket=50", f"data.val_tokens={val_tokens}", "trackers=[]"]
+
+
+GPU = Mode(
+    name="gpu",
+    budget_s=555,
+    boxes={"env": 30, "pytest": 110, "step": 330, "train": 470, "compile": 200, "attention": 200, "scale": 330,
+           "generate": 150},
+    step_args=["--device", "cuda", "--dtype", "bf16", "--compile", "--preset", "134m", "--seq", "2048",
+               "--batch", "8", "--rounds", "5", "--packed-docs", "700", "--profile"],
+    train_steps=100,
+    train_overrides=_train_overrides("--config", "configs/sizes/134m.yaml", steps=100, seq=1024, micro=8,
+                                     val_tokens=16384),
+    train_configs=(*COMPARED, "single_gpu", "deepspeed_zero2"),
+    attention_args=["--device", "cuda", "--dtype", "bf16", "--impls", "sdpa,chunked_compiled,fla", "--batch", "4",
+                    "--heads", "8", "--head-dim", "64", "--lengths", "2048,4096,8192,16384,32768"],
+    generate_args=["--device", "cuda", "--dtype", "bf16", "--preset", "134m", "--contexts", "4096", "8192", "16384",
+                   "32768", "--new-tokens", "32"],
+    scale_args=tuple(["--device", "cuda", "--dtype", "bf16", "--compile", "--seq", "2048", "--rounds", "3", *args]
+                     for args in (["--preset", "134m", "--batch", "32", "--variants", "swiglu+iso_tanh", "--no-qwen3"],
+                                  ["--preset", "250m", "--batch", "8", "--variants", "swiglu+softmax"])),
+    loss_tolerance=(0.02, 0.02),
+    resume_tolerance=0.05,
+    # fla autotunes each kernel on first use (~50 s on the first check); bench_attention runs each length in
+    # its own process, which then reuses the tuned configs from triton's on-disk cache
+    env={"TRITON_CACHE_AUTOTUNING": "1"},
+)
+DRY = Mode(
+    name="dry-run",
+    budget_s=400,
+    boxes={"env": 30, "pytest": 90, "step": 90, "train": 200, "compile": 150, "attention": 60, "scale": 60,
+           "generate": 40},
+    step_args=["--device", "cpu", "--dtype", "fp32", "--preset", "tiny", "--seq", "32", "--batch", "2",
+               "--rounds", "2", "--threads", "1", "--packed-docs", "8", "--profile"],
+    train_steps=20,
+    train_overrides=_train_overrides(
+        "model.hidden_size=32", "model.intermediate_size=64", "model.num_hidden_layers=2",
+        "model.num_attention_heads=2", "model.num_key_value_heads=1", "model.max_position_embeddings=64",
+        "train.precision=fp32", steps=20, seq=32, micro=2, val_tokens=1024),
+    train_configs=COMPARED,
+    attention_args=["--device", "cpu", "--dtype", "fp32", "--impls", "sdpa,chunked", "--lengths", "128",
+                    "--repeats", "1", "--threads", "1"],
+    generate_args=["--preset", "tiny", "--contexts", "64", "128", "--new-tokens", "4", "--threads", "1"],
+    scale_args=(["--device", "cpu", "--dtype", "fp32", "--preset", "tiny", "--seq", "32", "--batch", "4", "--rounds",
+                 "2", "--threads", "1", "--variants", "swiglu+softmax"],),
+    loss_tolerance=(1e-5, 1e-5),
+    resume_tolerance=1e-5,
+    env={"ACCELERATE_USE_CPU": "1", "OMP_NUM_THREADS": "1"},
+)
