@@ -21,15 +21,25 @@ from omegaconf.errors import OmegaConfBaseException
 from llm.model.config import ConfigError, ModelConfig, check_choice, upgrade_saved
 
 __all__ = [
-    "FORMAT_NAMES", "ConfigError", "DataConfig", "ModelConfig", "RunConfig", "TrainConfig", "flatten", "load_config",
-    "read_saved", "read_yaml", "save_config",
+    "FORMAT_NAMES", "PLACEHOLDER_BUDGET", "ConfigError", "DataConfig", "ModelConfig", "RunConfig", "TrainConfig",
+    "load_config", "read_saved", "read_yaml", "save_config",
 ]
 
 
+PLACEHOLDER_BUDGET = "train.max_steps=1"
+"""An override giving ``TrainConfig.validate`` the training budget it requires where nothing is trained (a size
+preset is only a ``model:`` section; a hub model has no run config); files or overrides that set one win."""
 FORMAT_NAMES = {"text": "text", "parquet": "parquet", "jsonl": "json", "json": "json"}
 """``data.format`` -> how its documents are read (llm.data.sources), for local files whatever their suffix
 (WikiText-2's ``wiki.test.raw`` is text). Here, so that the config validates it without importing the data
 layer."""
+
+
+def _check_at_least(section: object, low: int, *names: str) -> None:
+    """A ``ConfigError`` naming the first of the fields ``names`` below ``low`` (1: a positive integer, or 0)."""
+    for name in names:
+        if (value := getattr(section, name)) < low:
+            raise ConfigError(name, f"expected {'a positive integer' if low else '>= 0'}, got {value}")
 
 
 @dataclass
@@ -93,12 +103,9 @@ class DataConfig:
     def validate(self) -> DataConfig:
         if self.format is not None:
             check_choice("format", self.format, FORMAT_NAMES)
-        for name in ("seq_len", "shuffle_block", "val_bucket", "val_tokens", "tokenize_batch", "max_doc_chars"):
-            if getattr(self, name) <= 0:
-                raise ConfigError(name, f"expected a positive integer, got {getattr(self, name)}")
-        for name in ("num_workers", "read_retries", "retry_backoff_s"):
-            if getattr(self, name) < 0:
-                raise ConfigError(name, f"expected >= 0, got {getattr(self, name)}")
+        _check_at_least(self, 1, "seq_len", "shuffle_block", "val_bucket", "val_tokens", "tokenize_batch",
+                        "max_doc_chars")
+        _check_at_least(self, 0, "num_workers", "read_retries", "retry_backoff_s")
         return self
 
 
@@ -162,16 +169,11 @@ class TrainConfig:
                                         f"got {value}")
         if not 0 <= self.min_lr_ratio <= 1:
             raise ConfigError("min_lr_ratio", f"expected a value in [0, 1], got {self.min_lr_ratio}")
-        for name in ("warmup_steps", "max_steps", "max_tokens", "activation_checkpointing"):
-            if getattr(self, name) < 0:
-                raise ConfigError(name, f"expected >= 0, got {getattr(self, name)}")
+        _check_at_least(self, 0, "warmup_steps", "max_steps", "max_tokens", "activation_checkpointing")
         if self.max_steps == 0 and self.max_tokens == 0:
             raise ConfigError("max_steps", "set train.max_steps or train.max_tokens (both are 0)")
-        for name in ("global_batch_tokens", "micro_batch_size", "log_every", "eval_every",
-                     "checkpoint_every", "keep_checkpoints", "grad_norm_window", "max_bad_steps",
-                     "isotropy_samples"):
-            if getattr(self, name) <= 0:
-                raise ConfigError(name, f"expected a positive integer, got {getattr(self, name)}")
+        _check_at_least(self, 1, "global_batch_tokens", "micro_batch_size", "log_every", "eval_every",
+                        "checkpoint_every", "keep_checkpoints", "grad_norm_window", "max_bad_steps", "isotropy_samples")
         for name in ("beta1", "beta2"):
             if not 0 <= getattr(self, name) < 1:
                 raise ConfigError(name, f"expected a value in [0, 1), got {getattr(self, name)}")
@@ -179,10 +181,9 @@ class TrainConfig:
         return self
 
     def autocast_dtype(self, device_type: str) -> torch.dtype | None:
-        """The dtype ``precision`` runs matmuls in on a ``device_type`` device ("cuda", "cpu", ...), or None
-        for plain fp32 (no autocast). ``auto``: bf16 autocast on a GPU, fp32 elsewhere (CPU bf16 is slower
-        than fp32 on CPUs without bf16 matrix units). ``bf16`` asks for bf16 autocast on any device (on a
-        CPU it runs the GPU's numerics, slowly); ``fp32`` never autocasts."""
+        """The dtype ``precision`` autocasts matmuls to on a ``device_type`` device ("cuda", "cpu", ...); None: plain
+        fp32. ``auto`` keeps CPUs in fp32 (bf16 is slower there without bf16 matrix units); ``bf16`` on a CPU runs
+        the GPU's numerics, slowly."""
         if self.precision == "bf16" or (self.precision == "auto" and device_type == "cuda"):
             return torch.bfloat16
         return None
@@ -248,17 +249,6 @@ def read_yaml(path: Path, seen: tuple[Path, ...] = ()) -> DictConfig:
     return OmegaConf.merge(merged, node)
 
 
-def flatten(node: dict[str, Any], prefix: str = "") -> dict[str, Any]:
-    """A nested config dict as dotted keys: ``{"train": {"lr": 1e-3}}`` -> ``{"train.lr": 1e-3}``."""
-    flat: dict[str, Any] = {}
-    for key, value in node.items():
-        if isinstance(value, dict):
-            flat.update(flatten(value, f"{prefix}{key}."))
-        else:
-            flat[f"{prefix}{key}"] = value
-    return flat
-
-
 def _read_back_saved(node: DictConfig) -> DictConfig:
     """A config a run saved, with its ``model`` section as today's ``ModelConfig`` reads a saved one
     (``llm.model.config.upgrade_saved``: a run from before ``ffn_init`` existed trained with the papers' raw
@@ -303,10 +293,9 @@ def load_config(files: list[str] | str | None = None, overrides: list[str] | Non
 
 
 def read_saved(values: dict[str, Any]) -> RunConfig:
-    """A config a run saved (all of it, or some sections such as a metrics.jsonl meta row's ``model``,
-    ``data`` and ``train``) as today's code reads it back: a ``model`` section through
-    ``llm.model.config.upgrade_saved``, fields added since at today's defaults, validated. A field today's
-    schema does not know or cannot hold is a ``ConfigError`` naming it."""
+    """A config a run saved (all of it, or sections such as a metrics.jsonl meta row's ``model``, ``data`` and
+    ``train``) as today's code reads it back (``_read_back_saved``), validated; a field today's schema does not know
+    or cannot hold is a ``ConfigError`` naming it."""
     return _resolve([values], [], saved_run=True)
 
 

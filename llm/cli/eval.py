@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import sys
 from dataclasses import asdict
 from typing import Any
@@ -93,15 +92,10 @@ def _lm_eval_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _json_safe(value: Any) -> Any:
-    """NaN is not JSON: write null."""
-    if isinstance(value, float) and math.isnan(value):
-        return None
-    if isinstance(value, dict):
-        return {k: _json_safe(v) for k, v in value.items()}
-    if isinstance(value, list):
-        return [_json_safe(v) for v in value]
-    return value
+def _json(value: Any) -> str:
+    """``value`` as indented JSON with NaN written as null (NaN is not JSON), and what JSON cannot hold as text."""
+    read_back = json.loads(json.dumps(value, default=str), parse_constant=lambda c: None if c == "NaN" else float(c))
+    return json.dumps(read_back, indent=1)
 
 
 def _evaluate(argv: list[str]) -> int:
@@ -113,7 +107,7 @@ def _evaluate(argv: list[str]) -> int:
                                  temperature=args.temperature, seed=args.seed,
                                  trust_remote_code=args.trust_remote_code, device=args.device)
     if args.json:
-        print(json.dumps(_json_safe(asdict(report)), indent=1))
+        print(_json(asdict(report)))
     else:
         print(format_report(report), end="")
     return 0
@@ -165,7 +159,7 @@ def _lm_eval(argv: list[str]) -> int:
                           include_path=args.include_path, include_defaults=not args.no_default_tasks,
                           device=device)
     if args.json:
-        print(json.dumps(_json_safe(results), indent=1, default=str))
+        print(_json(results))
     else:
         for task, metrics in results.items():
             for name, value in metrics.items():

@@ -6,8 +6,7 @@ RUN_OR_CHECKPOINT is a run directory (its newest complete checkpoint), a checkpo
 ``model/`` directory. What is uploaded: the checkpoint's ``model/`` directory (config with
 ``auto_map``, the modelling code, safetensors, tokenizer), or with ``--qwen3`` the stock-Qwen3 export
 of a swiglu+softmax model (no code), plus a generated ``README.md`` model card (``llm.hf.card``).
-The upload goes through ``huggingface_hub.HfApi`` (``create_repo``, ``create_branch`` for
-``--revision``, ``upload_folder``) with the token of ``huggingface-cli login`` or ``HF_TOKEN``.
+The upload (one commit through ``huggingface_hub.HfApi``) uses the token of ``huggingface-cli login`` or ``HF_TOKEN``.
 
 Exit codes: 0 uploaded, 1 the hub refused or could not be reached, 2 bad arguments or checkpoint.
 """

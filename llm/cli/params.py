@@ -14,15 +14,11 @@ from __future__ import annotations
 
 import argparse
 
-from llm.config import ConfigError, load_config
+from llm.config import PLACEHOLDER_BUDGET, ConfigError, load_config
 from llm.memory_plan import MODES, RESERVED_FRACTION, checkpointed_layers, largest_micro_batch, plan_memory
 from llm.model import ModelConfig, param_counts
 from llm.model.ffn import resolve_intermediate_size
 from llm.model.modeling_isollm import meta_model, mup_scaled_parameters
-
-# A size preset holds only a `model:` section and so no training budget, which RunConfig.validate
-# requires; this placeholder satisfies it (files or overrides that set one win) and is never used.
-_PLACEHOLDER_BUDGET = "train.max_steps=1"
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -42,7 +38,7 @@ def main(argv: list[str] | None = None) -> int:
     plan.add_argument("--precision", choices=("bf16", "fp32"), default="bf16")
     args = parser.parse_args(argv)
     try:
-        run = load_config([args.size, *args.config], [_PLACEHOLDER_BUDGET, *args.overrides])
+        run = load_config([args.size, *args.config], [PLACEHOLDER_BUDGET, *args.overrides])
     except ConfigError as err:
         parser.exit(2, f"isollm-params: error: {err}\n")
     config = run.model

@@ -116,7 +116,7 @@ def run_local(sweep: Sweep, dry_run: bool, jobs: int = 1) -> int:
     return len(failed)
 
 
-def submit_slurm(sweep: Sweep, dry_run: bool, script_dir: Path) -> Path:
+def submit_slurm(sweep: Sweep, dry_run: bool, script_dir: Path) -> None:
     """Write the array script under ``script_dir`` and submit it with sbatch (unless ``dry_run``)."""
     script_dir.mkdir(parents=True, exist_ok=True)
     script = script_dir / f"{sweep.name}.sbatch"
@@ -128,7 +128,6 @@ def submit_slurm(sweep: Sweep, dry_run: bool, script_dir: Path) -> Path:
             raise FileNotFoundError(f"sbatch not found here; submit {script} from a Slurm login node")
         (sweep.root / "logs").mkdir(exist_ok=True)
         subprocess.run(command, cwd=sweep.root, check=True)
-    return script
 
 
 def main(argv: list[str] | None = None, root: Path | None = None) -> int:
@@ -160,8 +159,7 @@ def main(argv: list[str] | None = None, root: Path | None = None) -> int:
             raise ValueError(f"-j {args.jobs}: {shlex.join(sweep.command)} is a multi-process launcher; "
                              "-j runs single-process commands side by side (e.g. python train.py on CPU)")
         if args.mode == "print":
-            for cmd in sweep.commands():
-                print(shlex.join(cmd))
+            print("\n".join(map(shlex.join, sweep.commands())))
         elif args.mode == "local":
             return 1 if run_local(sweep, args.dry_run, args.jobs) else 0
         else:

@@ -1,5 +1,6 @@
 """Files written whole or not at all (a prepared ``index.json``; in ``data.cache_dir`` the validation windows and
-parquet footers, which are rebuilt with a one-line warning when they do not read back)."""
+parquet footers, which are rebuilt with a one-line warning when they do not read back), and the checksums that tell
+whether a file still holds what was written (prepared token files, checkpoints)."""
 
 from __future__ import annotations
 
@@ -9,9 +10,11 @@ import warnings
 from collections.abc import Callable
 from pathlib import Path
 
+import xxhash
+
 from llm.data.errors import DataWarning
 
-__all__ = ["warn_rebuilding", "write_atomically"]
+__all__ = ["file_checksum", "warn_rebuilding", "write_atomically"]
 
 
 def write_atomically(path: Path, write: Callable[[Path], object]) -> None:
@@ -32,3 +35,15 @@ def write_atomically(path: Path, write: Callable[[Path], object]) -> None:
 def warn_rebuilding(what: str, path: Path, reason: str) -> None:
     """One warning line: the cache file ``path`` holding ``what`` did not read back and is rebuilt."""
     warnings.warn(f"rebuilding the {what} {path}: unreadable ({reason})", DataWarning, stacklevel=3)
+
+
+def file_checksum(path: Path, algorithm: type[xxhash.xxh3_64] | type[xxhash.xxh3_128], *, fsync: bool = False) -> str:
+    """Hex digest of the file's bytes by ``algorithm`` (xxh3 hashes at several GB/s: a file is hashed about as fast
+    as it is read); ``fsync``: also fsync the file through the same descriptor (one open and one pass per file)."""
+    digest = algorithm()
+    with open(path, "rb") as f:
+        while block := f.read(1 << 24):
+            digest.update(block)
+        if fsync:
+            os.fsync(f.fileno())
+    return digest.hexdigest()

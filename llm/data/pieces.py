@@ -227,11 +227,9 @@ class PieceReader:
         return piece.file
 
     def batches(self, piece: int, start: int, hi: int) -> Iterator[tuple[int, Batch, int]]:
-        """(position before, rows, position after) from ``start`` to ``hi`` of piece ``piece``.
-
-        A failed read (``read_errors()``) re-opens the piece at the position after the last good batch and
-        retries after ``retry_backoff_s * 2**(k - 1)`` seconds (retry k), so the rows continue exactly as if
-        nothing had failed; ``read_retries`` consecutive failures raise ``DataError``."""
+        """(position before, rows, position after) from ``start`` to ``hi`` of piece ``piece``; a failed read
+        (``read_errors()``) is retried from the position after the last good batch, as ``data.read_retries`` and
+        ``data.retry_backoff_s`` say, so the rows continue exactly as if nothing had failed."""
         failures = 0
         reader = read_piece(self.source, self.pieces[piece], start, hi, self.batch_size)
         while True:

@@ -14,10 +14,11 @@ from typing import Any
 
 import xxhash
 
+from llm.data.cache_io import file_checksum
 from llm.data.errors import DataError
 from llm.errors import one_line
 
-__all__ = ["CHECKSUM", "FORMAT", "INDEX_FILE", "file_checksum", "file_problems", "read_index", "verify"]
+__all__ = ["CHECKSUM", "FORMAT", "INDEX_FILE", "file_problems", "read_index", "verify"]
 
 INDEX_FILE = "index.json"
 FORMAT = 2
@@ -25,15 +26,6 @@ FORMAT = 2
 CHECKSUM = "xxh3_64"
 """A file entry's key of the file's checksum."""
 FIELDS = {"tokenizer": str, "val_bucket": int, "max_doc_chars": int, "source": dict, "files": list, "pieces": list}
-
-
-def file_checksum(path: Path) -> str:
-    """xxh3-64 of the file, read in 16 MiB blocks."""
-    digest = xxhash.xxh3_64()
-    with path.open("rb") as f:
-        while block := f.read(1 << 24):
-            digest.update(block)
-    return digest.hexdigest()
 
 
 def _well_formed(index: dict[str, Any]) -> bool:
@@ -73,7 +65,7 @@ def file_problems(root: Path, index: dict[str, Any], checksums: bool = False) ->
         if size != want:
             held = "is missing" if size is None else f"holds {size:,} bytes"
             yield f"{path} {held}; {INDEX_FILE} records {entry['num_tokens']:,} tokens ({want:,} bytes)"
-        elif checksums and CHECKSUM in entry and (found := file_checksum(path)) != entry[CHECKSUM]:
+        elif checksums and CHECKSUM in entry and (found := file_checksum(path, xxhash.xxh3_64)) != entry[CHECKSUM]:
             yield f"{path} has checksum {found}; {INDEX_FILE} records {entry[CHECKSUM]} (bytes changed in place)"
 
 

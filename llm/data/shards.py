@@ -57,7 +57,7 @@ def prepare(data_cfg: DataConfig, tokenizer: Tokenizer, out_dir: str | Path, max
     stream = StreamingTokens(data_cfg, tokenizer)
     files = {file: k for k, file in enumerate(dict.fromkeys(p.file for p in stream.pieces))}
     written = [0] * len(files)
-    digests = [xxhash.xxh3_64() for _ in files]  # of each file's bytes as written (prepared_index.file_checksum)
+    digests = [xxhash.xxh3_64() for _ in files]  # of each file's bytes as written (cache_io.file_checksum)
     total = 0  # sum(written)
     pieces = []
     for k in range(len(files)):  # every file's tokens, empty for one that max_tokens leaves unread

@@ -75,13 +75,13 @@ def _is_repository(path: Path) -> bool:
 
 
 def _looks_local(spec: str) -> bool:
-    return (Path(spec).expanduser().exists() or any(ch in spec for ch in "*?[") or spec.startswith((".", "/", "~"))
+    return (Path(spec).expanduser().exists() or glob.has_magic(spec) or spec.startswith((".", "/", "~"))
             or Path(spec).suffix.lower() in FORMATS)
 
 
 def _expand(spec: str, any_suffix: bool = False) -> list[Path]:
     path = Path(spec).expanduser()
-    if any(ch in spec for ch in "*?["):
+    if glob.has_magic(spec):
         files = sorted(Path(p) for p in glob.glob(str(path), recursive=True) if Path(p).is_file())
         if not files:
             raise FileNotFoundError(f"data.source: no files match {spec}")
@@ -129,7 +129,7 @@ def _check_json(path: Path, text_column: str) -> bool:
     try:
         record = json.loads(first)
     except (json.JSONDecodeError, UnicodeDecodeError):
-        raise DataError(f"data.source: {path} is not JSON Lines (one JSON object per line)") from None
+        record = None
     if not isinstance(record, dict):
         raise DataError(f"data.source: {path} is not JSON Lines (one JSON object per line)")
     if text_column not in record:
@@ -158,8 +158,6 @@ def resolve_source(
                       cache_dir=cache_dir)
     files = _expand(source, any_suffix=data_format is not None)
     kind = FORMAT_NAMES[data_format] if data_format else file_format([str(f) for f in files], source)
-    kept: list[Path] = []
-    bad_utf8: list[Path] = []
     if kind == "parquet":
         found = footers([str(f) for f in files], cache_dir)
         all_columns = [check_parquet(str(f), footer, text_column) for f, footer in zip(files, found, strict=True)]
@@ -169,16 +167,12 @@ def resolve_source(
     elif kind == "json":
         kept = [f for f in files if _check_json(f, text_column)]
     else:
-        for f in files:
-            has_content, invalid = _check_text(f)
-            if has_content:
-                kept.append(f)
-            if invalid:
-                bad_utf8.append(f)
+        checked = [(f, *_check_text(f)) for f in files]
+        kept = [f for f, has_content, _ in checked if has_content]
+        if bad_utf8 := [f for f, _, invalid in checked if invalid]:
+            warnings.warn(f"data.source: {len(bad_utf8)} txt file(s) hold non-UTF-8 bytes (first: {bad_utf8[0]}); "
+                          "decoded with errors='replace'", DataWarning, stacklevel=2)
         text_column, id_column = "text", None
-    if bad_utf8:
-        warnings.warn(f"data.source: {len(bad_utf8)} txt file(s) hold non-UTF-8 bytes (first: {bad_utf8[0]}); "
-                      "decoded with errors='replace'", DataWarning, stacklevel=2)
     if len(kept) < len(files):
         skipped = [f for f in files if f not in kept]
         if not kept:

@@ -91,9 +91,8 @@ def build_val_windows(data_cfg: DataConfig, tokenizer: Tokenizer) -> torch.Tenso
     """LongTensor[N, seq_len + 1] of held-out tokens, N = max(1, val_tokens // (seq_len + 1)).
 
     Validation documents are taken in source order (no shuffle: the set must not depend on the data seed),
-    each followed by EOS, packed into non-overlapping windows. The tensor is cached in ``data_cfg.cache_dir``
-    (written to a temporary file then renamed, so concurrent ranks never read a partial file) with a
-    checksum; a cache file that does not load or match it is rebuilt."""
+    each followed by EOS, packed into non-overlapping windows, and cached in ``data_cfg.cache_dir`` with a checksum
+    (``write_atomically``: concurrent ranks never read a partial file; ``_load_cached_windows``)."""
     path = val_cache_path(data_cfg, tokenizer)
     width = data_cfg.seq_len + 1
     num_windows = max(1, data_cfg.val_tokens // width)

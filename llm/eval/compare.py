@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import json
 import math
-import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -117,8 +116,7 @@ def _gap(done: Sequence[RunRecord], baseline: Sequence[RunRecord]) -> Gap:
 
 
 def _mean(values: Sequence[float]) -> float:
-    finite = [v for v in values if not math.isnan(v)]
-    return statistics.fmean(finite) if finite else math.nan
+    return Summary.of([v for v in values if not math.isnan(v)]).mean
 
 
 def _shared(runs: Sequence[RunRecord], what: str, value: Any, label: str) -> Any:
@@ -156,13 +154,10 @@ def _at_chosen_values(groups: dict[str, list[RunRecord]], tune: Sequence[str], w
 
 
 def compare_runs(runs: Sequence[RunRecord], baseline: str | None = None, tune: Sequence[str] = ()) -> Comparison:
-    """Group runs into rows (``llm.eval.grouping``) and aggregate over each row's complete seeds; the baseline
-    rows come first, then each series by size. ``baseline`` None: ``DEFAULT_BASELINE`` if present (a warning if
-    not); a name given that matches no row is an EvalError listing the rows. Each row is tested against the
-    baseline row of its model size. With ``tune``, each row is its best value (``llm.eval.tune``).
-
-    Raises EvalError when ``baseline`` names rows of several series (``resolve_baseline``), or when the seeds of a
-    row disagree on a ``ROW_INVARIANTS`` field or its complete seeds on the final token count."""
+    """The comparison of ``runs`` (module docstring): the baseline rows first, then each series by size.
+    ``baseline`` None: ``DEFAULT_BASELINE`` if present (a warning if not). An EvalError when a ``baseline`` given
+    names no row or rows of several series (``resolve_baseline``), or when the seeds of a row disagree on a
+    ``ROW_INVARIANTS`` field or its complete seeds on the final token count."""
     if not runs:
         raise EvalError("no runs to compare")
     unknown = [key for key in tune if key not in runs[0].setup]
@@ -204,13 +199,12 @@ def compare_runs(runs: Sequence[RunRecord], baseline: str | None = None, tune: S
                      for r in groups[label] if not r.complete]
         if not done and not tune:  # with tune, _at_chosen_values says why no value was chosen
             warnings.append(f"row {label}: no complete run; compared without it")
-        losses = [r.final_val_loss for r in done]
+        summary = Summary.of([r.final_val_loss for r in done])
         rows.append(VariantSummary(
             variant=label, runs=done,
             params_total=groups[label][0].meta.get("params_total"),
             params_non_embedding=groups[label][0].meta.get("params_non_embedding"),
-            val_loss_mean=statistics.fmean(losses) if losses else math.nan,
-            val_loss_std=statistics.stdev(losses) if len(losses) > 1 else math.nan,
+            val_loss_mean=summary.mean, val_loss_std=summary.std,
             training_stability=_mean([r.stability for r in done]),
             tokens_per_s=_mean([r.tokens_per_s for r in done]),
             final_tokens=_shared(done, "final token count", lambda r: r.final_tokens, label) or 0,

@@ -33,7 +33,7 @@ import torch
 from tokenizers import Tokenizer, pre_tokenizers
 from torch import nn
 
-from llm.config import RunConfig, load_config
+from llm.config import PLACEHOLDER_BUDGET, RunConfig, load_config
 from llm.eval.errors import EvalError
 
 DEFAULT_PROMPTS = (
@@ -194,10 +194,9 @@ def check_weights_fit(model_dir: Path, config: Any, trust_remote_code: bool = Fa
 def eval_config(resolved: ResolvedModel, config_files: list[str] | None = None,
                 overrides: list[str] | None = None) -> RunConfig:
     """The checkpoint's ``config.yaml`` (if any), then ``config_files``, then ``overrides``. Without a checkpoint
-    config (hub ids, bare model directories) the defaults apply: FineWeb's held-out documents; ``train.max_steps``
-    is set only to pass validation (nothing is trained)."""
+    config (hub ids, bare model directories) the defaults apply: FineWeb's held-out documents."""
     files = [str(resolved.config_file)] if resolved.config_file else []
-    base = [] if files else ["train.max_steps=1"]
+    base = [] if files else [PLACEHOLDER_BUDGET]
     return load_config([*files, *(config_files or [])], [*base, *(overrides or [])], saved_run=bool(files))
 
 
@@ -279,7 +278,6 @@ def evaluate_checkpoint(target: str, *, config_files: list[str] | None = None,
                         device: str | None = None) -> EvalReport:
     """Evaluate ``target`` (see ``resolve_checkpoint``) on its run's validation set or an overridden one."""
     from llm.data import build_val_windows, eos_id, load_tokenizer
-    from llm.data.packing import model_inputs
     from llm.metrics import layer_report
     from llm.train.evaluate import evaluate
 
@@ -309,9 +307,8 @@ def evaluate_checkpoint(target: str, *, config_files: list[str] | None = None,
     layers: list[dict[str, float]] = []
     if _has_ffn_diagnostics(model):
         # the trainer's fixed isotropy batch and sampling seed: the logged rows of that step
-        batch = model_inputs(windows[: config.train.micro_batch_size, :-1].to(torch_device), document_eos)
-        layers = layer_report(model, batch["input_ids"], config.train.isotropy_samples, seed=config.data.seed,
-                              position_ids=batch.get("position_ids"))
+        layers = layer_report(model, windows[: config.train.micro_batch_size, :-1].to(torch_device),
+                              config.train.isotropy_samples, seed=config.data.seed, document_eos=document_eos)
     else:
         notes.append("no per-layer report: the model's FFNs have no diagnostics() (not an isollm model)")
     model_type = str(getattr(model.config, "model_type", "unknown"))
@@ -329,9 +326,7 @@ def evaluate_checkpoint(target: str, *, config_files: list[str] | None = None,
 def _cell(value: Any) -> str:
     if value is None:
         return "-"
-    if isinstance(value, float):
-        return "nan" if math.isnan(value) else f"{value:.4f}"
-    return str(value)
+    return f"{value:.4f}" if isinstance(value, float) else str(value)  # NaN formats as nan
 
 
 def format_report(report: EvalReport) -> str:

@@ -68,6 +68,9 @@ def _row_colours(rows: Rows) -> dict[str, Any]:
 
 
 def _save(fig: plt.Figure, path: Path) -> Path:
+    """Write ``fig`` with a light grid on every panel, and close it."""
+    for ax in fig.axes:
+        ax.grid(alpha=0.3)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
@@ -82,7 +85,6 @@ def plot_val_loss(rows: Rows, path: Path) -> Path:
         _plot_seeds(ax, members, lambda r: r.evals, "tokens", lambda row: row.get("val_loss"),
                     label=f"{label} (n={len(members)})", marker=".", color=colours[label])
     ax.set(xlabel="training tokens", ylabel="validation loss (nats/token)", title="Validation loss")
-    ax.grid(alpha=0.3)
     ax.legend()
     return _save(fig, path)
 
@@ -97,8 +99,6 @@ def plot_grad_norm(rows: Rows, path: Path) -> Path:
                         color=colours[label])
     top.set(ylabel="grad norm (pre-clip)", title="Gradient norm")
     bottom.set(xlabel="step", ylabel="rolling variance", yscale="log")
-    for ax in (top, bottom):
-        ax.grid(alpha=0.3)
     top.legend()
     return _save(fig, path)
 
@@ -111,7 +111,6 @@ def _layer_panel(ax: Axes, members: Sequence[RunRecord], key: str, title: str) -
         _plot_seeds(ax, members, lambda r: r.evals, "tokens", _layer_value(layer, key), label=f"layer {layer}",
                     color=colour)
     ax.set(xlabel="training tokens", title=title)
-    ax.grid(alpha=0.3)
     ax.legend(fontsize="x-small", ncol=2)
 
 
@@ -128,10 +127,8 @@ def plot_isotropy(rows: Rows, path: Path) -> Path:
 
 
 def plot_alpha(rows: Rows, path: Path) -> Path | None:
-    """Learned alpha per layer: final value (left) and over training (one panel per row).
-
-    Only rows whose runs logged an alpha (isogmlp, iso_ln); None when none did.
-    """
+    """Learned alpha per layer, final (left) and over training (a panel per row), of the rows whose runs logged one
+    (isogmlp, iso_ln); None when none did."""
     colours = _row_colours(rows)
     with_alpha = {label: members for label, members in rows.items() if _layers(members, "alpha")}
     if not with_alpha:
@@ -142,7 +139,6 @@ def plot_alpha(rows: Rows, path: Path) -> Path | None:
         _plot_seeds(final_ax, members, lambda r: r.evals[-1]["layers"], "layer", lambda entry: entry.get("alpha"),
                     label=label, marker="o", color=colours[label])
     final_ax.set(xlabel="layer", ylabel="alpha", title="Final alpha per layer")
-    final_ax.grid(alpha=0.3)
     final_ax.legend()
     for ax, (label, members) in zip(axes[0][1:], with_alpha.items(), strict=True):
         _layer_panel(ax, members, "alpha", f"{label}: alpha over training")
@@ -157,9 +153,9 @@ def plot_sensitivity(sensitivity: Mapping[str, Sequence[TunePoint]], key: str, p
     fig, ax = plt.subplots(figsize=(7, 4.5))
     colours = _row_colours(sensitivity)
     for label, points in sensitivity.items():
-        finite = [point for point in points if point.losses]
-        ax.errorbar([point.values[0] for point in finite], [point.mean for point in finite],
-                    yerr=[0.0 if math.isnan(point.std) else point.std for point in finite], marker="o", capsize=3,
+        finite = [(point.values[0], point.summary) for point in points if point.losses]
+        ax.errorbar([value for value, _ in finite], [summary.mean for _, summary in finite],
+                    yerr=[0.0 if math.isnan(s.std) else s.std for _, s in finite], marker="o", capsize=3,
                     label=label, color=colours[label])
         diverged = [point.values[0] for point in points if not point.losses and point.diverged]
         if diverged:  # at the top of the axes, whatever the losses' scale
@@ -170,7 +166,6 @@ def plot_sensitivity(sensitivity: Mapping[str, Sequence[TunePoint]], key: str, p
         ax.set_xscale("log")
     ax.set(xlabel=key, ylabel="final validation loss (nats/token)",
            title=f"Sensitivity to {key} (x: every run at that value diverged)")
-    ax.grid(alpha=0.3)
     ax.legend()
     return _save(fig, path)
 
@@ -191,7 +186,7 @@ def plot_scaling(series: Sequence[ScalingSeries], path: Path) -> Path:
            title="Scaling: loss = a · N^b per variant")
     for axis in (ax.yaxis.set_major_formatter, ax.yaxis.set_minor_formatter):  # 4.5, not 4.5 x 10^0
         axis(FormatStrFormatter("%.2f"))
-    ax.grid(alpha=0.3, which="both")
+    ax.grid(alpha=0.3, which="minor")  # log-log: the minor ticks too
     ax.legend()
     return _save(fig, path)
 

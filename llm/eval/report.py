@@ -102,7 +102,7 @@ def _sensitivity(comparison: Comparison) -> list[str]:
         chosen = tuple(row.tuned.get(key) for key in comparison.tune)
         points = comparison.sensitivity.get(row.variant, [])
         for point in points:
-            loss = "diverged" if not point.losses and point.diverged else _loss(point.mean, point.std)
+            loss = "diverged" if not point.losses and point.diverged else _loss(point.summary.mean, point.summary.std)
             star = " *" if point.values == chosen and len(points) > 1 else ""
             rows.append([row.variant, *point.values, loss + star, len(point.losses),
                          f"{point.diverged} / {point.incomplete}"])
@@ -180,6 +180,5 @@ def write_comparison(comparison: Comparison, out_dir: str | Path) -> tuple[Path,
     with csv_path.open("w", newline="") as f:
         writer = csv.DictWriter(f, fieldnames=[CSV_COLUMNS[0], *comparison.tune, *CSV_COLUMNS[1:]])
         writer.writeheader()
-        for row in comparison.rows:
-            writer.writerow(row.as_csv_row())
+        writer.writerows(row.as_csv_row() for row in comparison.rows)
     return md_path, csv_path

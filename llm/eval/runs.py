@@ -3,10 +3,9 @@ reads, compare, the model card and the GPU check alike.
 
 A run leaves its file damaged in known ways: a line cut off by a kill or a full disk, an empty file, a diverged
 run whose last validation loss is NaN, a run stopped before its last eval. None of them stops a comparison:
-a line that does not parse is skipped with a warning naming the file and line, and each run says whether it is
-``complete`` (its last eval is at the run's last step and finite), ``diverged`` (a non-finite last eval, or a
-stop after non-finite steps) or ``incomplete`` (it ended before its last step), so the table keeps only
-complete runs in its statistics and lists the others.
+a line that does not parse is skipped with a warning naming the file and line, and each run has a status
+(``RunRecord.status``: complete, diverged or incomplete), so the table keeps only complete runs in its statistics
+and lists the others.
 """
 
 from __future__ import annotations
@@ -21,11 +20,13 @@ from functools import cached_property
 from pathlib import Path
 from typing import Any
 
-from llm.config import ConfigError, RunConfig, flatten, read_saved
+from transformers.utils import flatten_dict
+
+from llm.config import ConfigError, RunConfig, read_saved
 from llm.eval.errors import EvalError
 
-__all__ = ["COMPARED_SECTIONS", "RESULT_NEUTRAL", "SPIKE_FACTOR", "SPIKE_WINDOW", "RunRecord", "eval_rows",
-           "expand_run_dirs", "load_run", "read_metrics"]
+__all__ = ["COMPARED_SECTIONS", "RESULT_NEUTRAL", "SPIKE_FACTOR", "SPIKE_WINDOW", "RunRecord", "expand_run_dirs",
+           "load_run", "read_metrics", "step_rows"]
 
 COMPARED_SECTIONS = ("model", "data", "train")
 """Config sections two runs must share (every field but ``RESULT_NEUTRAL``) to be seeds of one row."""
@@ -43,12 +44,6 @@ SPIKE_WINDOW = 10
 """A logged pre-clip gradient norm ``SPIKE_FACTOR`` times the median of the ``SPIKE_WINDOW`` norms logged before
 it is a spike (``RunRecord.grad_norm_spike``). In the tuned replication (docs/results/replicate-cpu-tuned) the
 runs with no visible instability peak at 1.4-8x and the spikes its README names (93-449) at 50-390x."""
-
-
-def _dedupe_by_step(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Keep the last row of each step, in step order: after a resume, the re-run steps supersede."""
-    by_step = {int(r["step"]): r for r in rows}
-    return [by_step[s] for s in sorted(by_step)]
 
 
 def read_metrics(run_dir: str | Path, problems: list[str] | None = None) -> list[dict[str, Any]]:
@@ -74,9 +69,10 @@ def read_metrics(run_dir: str | Path, problems: list[str] | None = None) -> list
     return rows
 
 
-def eval_rows(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """The eval rows, one per step in step order: after a resume, a re-logged step supersedes."""
-    return _dedupe_by_step([r for r in rows if r.get("kind") == "eval"])
+def step_rows(rows: list[dict[str, Any]], kind: str) -> list[dict[str, Any]]:
+    """The ``kind`` rows ("train", "eval"), one per step in step order: after a resume, a re-logged step supersedes."""
+    by_step = {int(r["step"]): r for r in rows if r.get("kind") == kind}
+    return [by_step[s] for s in sorted(by_step)]
 
 
 @dataclass
@@ -103,7 +99,7 @@ class RunRecord:
     def setup(self) -> dict[str, Any]:
         """The ``model``, ``data`` and ``train`` sections of the run's config as dotted keys, less the
         ``RESULT_NEUTRAL`` fields (computed once: grouping reads it for every run and every row)."""
-        flat = flatten({section: asdict(getattr(self.config, section)) for section in COMPARED_SECTIONS})
+        flat = flatten_dict({section: asdict(getattr(self.config, section)) for section in COMPARED_SECTIONS})
         return {key: value for key, value in flat.items() if key not in RESULT_NEUTRAL}
 
     @property
@@ -196,9 +192,8 @@ def load_run(run_dir: str | Path) -> RunRecord:
         read = read_saved({section: config[section] for section in COMPARED_SECTIONS})
     except ConfigError as err:
         raise EvalError(f"{path}: today's code cannot read back the meta row's config: {err}") from None
-    train = _dedupe_by_step([r for r in rows if r.get("kind") == "train"])
-    return RunRecord(path=run_dir, meta=metas[0], train=train, evals=eval_rows(rows), config=read,
-                     problems=problems)
+    return RunRecord(path=run_dir, meta=metas[0], train=step_rows(rows, "train"), evals=step_rows(rows, "eval"),
+                     config=read, problems=problems)
 
 
 def expand_run_dirs(patterns: Iterable[str]) -> list[Path]:

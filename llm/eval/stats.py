@@ -22,7 +22,7 @@ MAX_SEEDS = 100_000  # a gap that needs more seeds per variant is too small to r
 
 @dataclass(frozen=True)
 class Summary:
-    """A row's final validation losses over its complete seeds: mean, sample std (ddof=1) and count."""
+    """A row's final validation losses over its complete seeds: mean, sample std (ddof=1) and count (NaN: undefined)."""
 
     mean: float
     std: float
@@ -30,7 +30,8 @@ class Summary:
 
     @classmethod
     def of(cls, losses: Sequence[float]) -> Summary:
-        return cls(statistics.fmean(losses), statistics.stdev(losses) if len(losses) > 1 else math.nan, len(losses))
+        return cls(statistics.fmean(losses) if losses else math.nan,
+                   statistics.stdev(losses) if len(losses) > 1 else math.nan, len(losses))
 
 
 @dataclass(frozen=True)

@@ -13,14 +13,13 @@ A key at one value in every run is no choice, and is warned about too.
 
 from __future__ import annotations
 
-import math
-import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass
 from operator import attrgetter
 from typing import Any
 
 from llm.eval.runs import RunRecord
+from llm.eval.stats import Summary
 
 __all__ = ["TunePoint", "at_values", "choice_warnings", "choose", "edge_warning", "one_seed_warning",
            "spike_warnings", "tune_points", "values_of"]
@@ -38,12 +37,8 @@ class TunePoint:
         return [run.final_val_loss for run in self.runs if run.complete]
 
     @property
-    def mean(self) -> float:
-        return statistics.fmean(self.losses) if self.losses else math.nan
-
-    @property
-    def std(self) -> float:
-        return statistics.stdev(self.losses) if len(self.losses) > 1 else math.nan
+    def summary(self) -> Summary:
+        return Summary.of(self.losses)
 
     @property
     def diverged(self) -> int:
@@ -75,7 +70,7 @@ def tune_points(runs: Sequence[RunRecord], keys: Sequence[str]) -> list[TunePoin
 def choose(points: Sequence[TunePoint]) -> TunePoint | None:
     """The point with the lowest mean final validation loss where no run diverged; None when there is none."""
     scored = [point for point in points if point.losses and not point.diverged]
-    return min(scored, key=lambda point: point.mean) if scored else None
+    return min(scored, key=lambda point: point.summary.mean) if scored else None
 
 
 def choice_warnings(label: str, points: Sequence[TunePoint], best: TunePoint | None, keys: Sequence[str]

@@ -79,14 +79,14 @@ def run_summary(checkpoint_dir: str | Path) -> RunSummary:
     """The summary of checkpoint ``checkpoint_dir`` (``runs/NAME/checkpoints/step_X``) from its run's files; bits
     per byte are not in ``metrics.jsonl`` (they need the validation text): ``val_bits_per_byte`` gives them."""
     from llm.eval.errors import EvalError
-    from llm.eval.runs import eval_rows, read_metrics
+    from llm.eval.runs import read_metrics, step_rows
 
     checkpoint_dir = Path(checkpoint_dir)
     state = json.loads((checkpoint_dir / "trainer.json").read_text())["state"]
     step = int(state["step"])
     run_dir = checkpoint_dir.parent.parent
     try:  # compare's reader: a truncated last line is skipped, a step re-logged after a resume supersedes
-        evals = [r for r in eval_rows(read_metrics(run_dir)) if r["step"] <= step]
+        evals = [r for r in step_rows(read_metrics(run_dir), "eval") if r["step"] <= step]
     except (FileNotFoundError, EvalError):  # no metrics.jsonl, or a line of it that is not JSON
         evals = []
     val_loss = float(evals[-1]["val_loss"]) if evals else None

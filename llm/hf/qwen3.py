@@ -72,9 +72,8 @@ def qwen3_state_dict(model: IsoLLMForCausalLM) -> dict[str, torch.Tensor]:
                 out[f"{prefix}{part}.weight"] = weight
         elif name.endswith("mlp.in_proj.weight"):
             prefix = name.removesuffix("in_proj.weight")
-            gate, up = tensor.chunk(2)
-            out[f"{prefix}gate_proj.weight"] = gate
-            out[f"{prefix}up_proj.weight"] = up
+            for part, weight in zip(("gate_proj", "up_proj"), tensor.chunk(2), strict=True):
+                out[f"{prefix}{part}.weight"] = weight
         else:
             out[name] = tensor
     return out

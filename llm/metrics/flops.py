@@ -112,18 +112,14 @@ def measure_matmul_flops(n: int = 1024, dtype: torch.dtype = torch.float32,
     device = torch.device(device)
     a = torch.randn(n, n, device=device).to(dtype)
     b = torch.randn(n, n, device=device).to(dtype)
-
-    def sync() -> None:
-        if device.type == "cuda":
-            torch.cuda.synchronize(device)
-
+    synchronize = torch.get_device_module(device).synchronize  # a GPU's matmul returns before it is done
     torch.mm(a, b)
-    sync()
+    synchronize(device)
     best = float("inf")
     for _ in range(repeats):
         start = time.perf_counter()
         torch.mm(a, b)
-        sync()
+        synchronize(device)
         best = min(best, time.perf_counter() - start)
     return 2.0 * n**3 / best
 

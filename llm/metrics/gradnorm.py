@@ -49,13 +49,8 @@ def _variance_and_cv(mean: float, squared_deviations: float, n: int) -> tuple[fl
 
 
 class GradNormTracker:
-    """Rolling and run-level variance / CV of the global gradient norm.
-
-    Args:
-        window: number of most recent finite norms in the rolling statistics.
-        warmup_steps: norms of steps ``1 .. warmup_steps`` are left out of the run statistics.
-        prefix: the name of the norm in the returned fields (``grad_norm``, ``grad_norm_var_rolling``, ...).
-    """
+    """Rolling (the last ``window`` finite norms) and run-level (the steps after ``warmup_steps``) variance / CV of
+    the global gradient norm, in fields named from ``prefix`` (``grad_norm``, ``grad_norm_var_rolling``, ...)."""
 
     def __init__(self, window: int, warmup_steps: int, prefix: str = "grad_norm") -> None:
         if window <= 0:
@@ -121,14 +116,10 @@ class GradNormTracker:
 
 
 def grad_norm_groups(model: nn.Module, mixing_ids: Iterable[int]) -> dict[str, list[nn.Parameter]]:
-    """The trainable parameters of a decoder by ``GRAD_NORM_GROUPS``; empty groups are left out.
-
-    ``ffn_mixing``: the parameters whose ``id`` is in ``mixing_ids`` (the optimizer's multiplier groups,
-    ``llm.train.optim.multiplier_of``: iso_ln alpha/beta, IsoGMLP gamma/beta/gate, focus mu/sigma);
-    ``norm``: parameters of every ``*Norm`` module (RMSNorm, QK-norm, iso_ln's LayerNorm); ``embedding``:
-    embeddings and an untied LM head; ``ffn``: the rest of each ``mlp`` (its projection matrices,
-    affine_like biases); ``attention``: the rest of ``self_attn``.
-    """
+    """The trainable parameters of a decoder by ``GRAD_NORM_GROUPS``, empty groups left out: ``ffn_mixing`` those of
+    the optimizer's multiplier groups (``mixing_ids``: ``llm.train.optim.multiplier_of``), ``norm`` those of every
+    ``*Norm`` module (RMSNorm, QK-norm, iso_ln's LayerNorm), ``embedding`` the embeddings and an untied LM head, then
+    the rest of each ``mlp`` (``ffn``) and of ``self_attn`` (``attention``)."""
     mixing_ids = set(mixing_ids)
     norm_ids = {id(p) for m in model.modules() if type(m).__name__.endswith("Norm") for p in m.parameters()}
     embedding_ids = {id(m.weight) for m in model.modules() if isinstance(m, nn.Embedding)}
@@ -153,12 +144,9 @@ def grad_norm_groups(model: nn.Module, mixing_ids: Iterable[int]) -> dict[str, l
 
 
 class GroupGradNorms:
-    """``GradNormTracker`` statistics of the pre-clip gradient norm of each parameter group.
-
-    ``norms()`` reads the current gradients on their device (call it after the backward passes, before
-    clipping), ``record`` takes its host copy; ``update(step)`` records what was measured as step ``step``. A
-    group none of whose parameters holds a gradient measures ``nan``.
-    """
+    """``GradNormTracker`` statistics of the pre-clip gradient norm of each parameter group: ``norms()`` measures
+    them after the backward passes, before clipping, ``record`` takes their host copy and ``update(step)`` records
+    it as step ``step``."""
 
     def __init__(self, groups: dict[str, list[nn.Parameter]], window: int, warmup_steps: int) -> None:
         self.groups = groups

@@ -33,9 +33,7 @@ def _covariance_spectrum(X: torch.Tensor) -> torch.Tensor:
     These are the variances of the points after PCA reorientation (the coordinates along the
     principal axes are uncorrelated, so their covariance is the diagonal of eigenvalues).
     """
-    centered = X - X.mean(dim=0)
-    cov = centered.T @ centered / (X.shape[0] - 1)
-    return torch.linalg.eigvalsh(cov).clamp_min(0.0)  # rounding leaves tiny negative eigenvalues
+    return torch.linalg.eigvalsh(torch.cov(X.T)).clamp_min(0.0)  # rounding leaves tiny negative eigenvalues
 
 
 def _isoscore_from_spectrum(variances: torch.Tensor, n_samples: int | None) -> float:

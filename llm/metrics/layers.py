@@ -14,7 +14,8 @@ from typing import Any
 import torch
 from torch import nn
 
-from .isotropy import isotropy_metrics
+from llm.data.packing import model_inputs
+from llm.metrics.isotropy import isotropy_metrics
 
 FFN_DIAGNOSTIC_KEYS = ("alpha", "beta", "pathway_ratio")
 """Keys of ``mlp.diagnostics(x)`` that go into a layer row (the variant decides which exist)."""
@@ -32,22 +33,17 @@ def _isotropy_or_nan(points: torch.Tensor) -> dict[str, float]:
 
 @torch.no_grad()
 def layer_report(model: nn.Module, input_ids: torch.Tensor, samples: int, seed: int,
-                 position_ids: torch.Tensor | None = None) -> list[dict[str, float]]:
+                 document_eos: int | None = None) -> list[dict[str, float]]:
     """Isotropy of every hidden state and the FFN diagnostics of every block, one forward pass.
 
-    Row ``layer = 0`` is the embedding output, row ``i`` the output of block ``i`` (before the final
-    norm); each has ``isoscore``, ``mean_cos``, ``eff_rank``, ``basis_alignment`` (see
-    ``llm.metrics.isotropy``; NaN when a sampled hidden state is not finite) over the same ``samples`` token
-    positions, drawn without replacement
-    by a generator seeded with ``seed`` (all ``B * T`` positions when there are fewer). Row ``i >= 1``
-    also has block ``i``'s ``model.model.layers[i - 1].mlp.diagnostics(x)`` on the FFN's whole input
-    ``x [B, T, d]``, captured by a forward pre-hook. ``position_ids`` that restart at document starts (document
-    masking) are passed to the model as training passes them; the FFN diagnostics see the whole window.
+    Row ``layer = 0`` is the embedding output, row ``i`` the output of block ``i`` (before the final norm); each has
+    the ``ISOTROPY_KEYS`` scores over the same ``samples`` token positions (all when there are fewer), drawn by a
+    generator seeded with ``seed``, and row ``i >= 1`` block ``i``'s ``mlp.diagnostics`` of the FFN's whole input.
+    ``document_eos``: the EOS id when documents are masked, after which positions restart as in training.
 
-    ``model`` is an unwrapped ``IsoLLMForCausalLM`` (``accelerator.unwrap_model``); it is run in eval
-    mode and its training mode restored afterwards. Compiled parts (``train.compile``'s layers, a
-    ``torch.compile`` wrapper) run eagerly here: one eager forward is cheap, and hooks added inside a
-    compiled module would force a recompilation.
+    ``model`` is an unwrapped ``IsoLLMForCausalLM`` (``accelerator.unwrap_model``), run in eval mode. Compiled
+    parts (``train.compile``'s layers, a ``torch.compile`` wrapper) run eagerly here: one eager forward is cheap,
+    and hooks added inside a compiled module would force a recompilation.
     """
     if samples <= 0:
         raise ValueError(f"samples: expected a positive integer, got {samples}")
@@ -67,7 +63,7 @@ def layer_report(model: nn.Module, input_ids: torch.Tensor, samples: int, seed: 
     try:
         with torch.compiler.set_stance("force_eager"), warnings.catch_warnings():
             warnings.filterwarnings("ignore", "flex_attention called without torch.compile")  # one batch: no matter
-            hidden_states = model(input_ids, position_ids=position_ids, output_hidden_states=True).hidden_states
+            hidden_states = model(**model_inputs(input_ids, document_eos), output_hidden_states=True).hidden_states
     finally:
         model.train(was_training)
         for handle in handles:
@@ -87,13 +83,9 @@ def layer_report(model: nn.Module, input_ids: torch.Tensor, samples: int, seed: 
 
 
 def flatten_for_tracker(row: dict[str, Any]) -> dict[str, float]:
-    """Flat scalars of a metrics.jsonl row for TensorBoard / W&B.
-
-    Top-level numbers keep their names (``val_loss``; ``step`` is passed to the tracker separately
-    and is dropped); each entry of ``layers`` becomes ``iso/layer03/isoscore`` for the isotropy
-    scores and ``ffn/layer03/alpha`` for the FFN diagnostics. Non-finite values are kept (trackers
-    plot them as gaps).
-    """
+    """Flat scalars of a metrics.jsonl row for TensorBoard / W&B: top-level numbers by name (but ``step``, which
+    the tracker takes separately) and each layer's values as ``iso/layer03/isoscore`` (isotropy) or
+    ``ffn/layer03/alpha`` (FFN diagnostics); non-finite values are kept (trackers plot them as gaps)."""
     flat: dict[str, float] = {
         key: float(value) for key, value in row.items()
         if key != "step" and isinstance(value, (int, float)) and not isinstance(value, bool)

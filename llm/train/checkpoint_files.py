@@ -22,6 +22,7 @@ from pathlib import Path
 import xxhash
 from safetensors import safe_open
 
+from llm.data.cache_io import file_checksum
 from llm.errors import IsollmWarning, one_line
 from llm.train.distributed import gather_messages, is_main_process
 
@@ -57,22 +58,11 @@ def fsync_path(path: Path) -> None:
         os.close(fd)
 
 
-def _checksum(path: Path, *, fsync: bool = False) -> str:
-    """xxh3-128 of the file's bytes (several GB/s: a checkpoint is hashed about as fast as it is read);
-    ``fsync``: also fsync the file through the same descriptor (one open and one pass per file on save)."""
-    digest = xxhash.xxh3_128()
-    with open(path, "rb") as f:
-        while chunk := f.read(1 << 23):
-            digest.update(chunk)
-        if fsync:
-            os.fsync(f.fileno())
-    return digest.hexdigest()
-
-
 def write_manifest(root: Path) -> None:
     """Hash and fsync every file of ``root``, write ``manifest.json`` and fsync it, then fsync the
     directories bottom-up, so the rename publishes durable data."""
-    files = {str(p.relative_to(root)): {"size": p.stat().st_size, "xxh3_128": _checksum(p, fsync=True)}
+    files = {str(p.relative_to(root)): {"size": p.stat().st_size,
+                                        "xxh3_128": file_checksum(p, xxhash.xxh3_128, fsync=True)}
              for p in sorted(root.rglob("*")) if p.is_file()}
     with open(root / MANIFEST, "w") as f:
         f.write(json.dumps(files, indent=1, sort_keys=True))
@@ -152,7 +142,7 @@ def verify_checkpoint(path: str | Path) -> None:
         actual = file.stat().st_size
         if actual != entry.get("size"):
             raise CheckpointError(f"{path}: {rel} has {actual} bytes, expected {entry.get('size')}")
-        if "xxh3_128" in entry and _checksum(file) != entry["xxh3_128"]:
+        if "xxh3_128" in entry and file_checksum(file, xxhash.xxh3_128) != entry["xxh3_128"]:
             raise CheckpointError(f"{path}: {rel} does not match its checksum in {MANIFEST} (altered on disk)")
         if file.suffix == ".safetensors":
             try:
@@ -191,6 +181,5 @@ def usable_checkpoints(ckpt_dir: str | Path, *, all_ranks: bool = False) -> Iter
 
 
 def latest_checkpoint(ckpt_dir: str | Path) -> Path | None:
-    """The newest complete checkpoint: the ``latest`` pointer's target when it verifies, else the
-    newest one that does (skipping, with a ``CheckpointWarning``, each that does not); None if none."""
+    """The first of ``usable_checkpoints`` (the ``latest`` pointer's target when it verifies), or None."""
     return next(usable_checkpoints(ckpt_dir), None)

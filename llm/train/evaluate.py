@@ -22,18 +22,13 @@ def lm_loss(logits: torch.Tensor, targets: torch.Tensor, reduction: str = "mean"
 @torch.no_grad()
 def evaluate(model: nn.Module, val_windows: torch.Tensor, micro_batch_size: int,
              document_eos: int | None = None) -> dict[str, float]:
-    """Mean next-token loss over every token of every validation window, and its perplexity.
+    """Mean next-token loss over every token of the validation windows ``[N, seq_len + 1]``
+    (``llm.data.build_val_windows``), and its perplexity; ``document_eos``: the EOS id when documents are masked.
 
-    ``val_windows [N, seq_len + 1]`` (``llm.data.build_val_windows``): inputs are ``[:, :-1]``, targets ``[:, 1:]``.
-    Windows are processed in order, ``micro_batch_size`` at a time; per-token losses are computed in fp32 and summed
-    in fp64, so the result is deterministic however N splits into micro-batches. To reproduce a logged ``val_loss``
-    bit for bit, call this with the same model (same precision / autocast), the same windows and the run's
-    ``train.micro_batch_size`` (the micro-batch shape changes the kernels' summation order).
-
-    Every rank evaluates all windows (identical on every rank), so sharded models (FSDP/DeepSpeed) run their
-    collectives in step and every rank returns the same numbers; the model's training mode is restored afterwards.
-    ``document_eos``: the EOS id when documents are masked (``data.document_masking``), computed as training
-    computes it (``llm.data.packing.model_inputs``).
+    Per-token losses are summed in fp64, so the result is deterministic however N splits into micro-batches; a logged
+    ``val_loss`` reproduces bit for bit with the same model (same precision / autocast), windows and the run's
+    ``train.micro_batch_size`` (the micro-batch shape changes the kernels' summation order). Every rank evaluates all
+    windows, so sharded models (FSDP/DeepSpeed) run their collectives in step and every rank returns the same numbers.
     """
     if val_windows.ndim != 2 or val_windows.shape[1] < 2:
         raise ValueError(f"val_windows: expected [N, seq_len + 1], got shape {tuple(val_windows.shape)}")

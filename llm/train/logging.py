@@ -13,7 +13,6 @@ the run goes on on every rank (``drop_tracker``).
 from __future__ import annotations
 
 import json
-import math
 import os
 import resource
 import sys
@@ -80,9 +79,8 @@ def drop_tracker(accelerator: Accelerator, tracker: Any, reason: str) -> None:
 
 
 class MetricsLog:
-    """Append rows to metrics.jsonl (flushed per row) and to the Accelerate trackers (main process). An ``OSError``
-    while opening the file or writing a row closes it and is kept in ``failure`` (one line naming the file and the
-    row) instead of raised: raising on the main process alone would leave the other ranks waiting."""
+    """Append rows to metrics.jsonl and the Accelerate trackers on the main process; an ``OSError`` opening the file
+    or writing a row closes it and is kept in ``failure``, one line naming the file and the row (module docstring)."""
 
     def __init__(self, path: str | Path, accelerator: Accelerator) -> None:
         self.path = Path(path)
@@ -96,7 +94,7 @@ class MetricsLog:
             except OSError as err:
                 self.failure = f"could not open {self.path} ({one_line(err)})"
 
-    def log(self, kind: str, step: int, tokens: int, **fields: Any) -> dict[str, Any]:
+    def log(self, kind: str, step: int, tokens: int, **fields: Any) -> None:
         row = {"kind": kind, "step": step, "tokens": tokens, **fields}
         if self._file is not None:
             try:
@@ -106,7 +104,6 @@ class MetricsLog:
                 self.close()
         if kind != "meta" and self.main:
             self.log_to_trackers(flatten_for_tracker(row), step)
-        return row
 
     def log_to_trackers(self, values: dict[str, float], step: int) -> None:
         """Each tracker's ``log``; one that fails is dropped with a warning, on the main process alone, with no
@@ -141,8 +138,7 @@ class ProgressBar:
         self._bar = tqdm(total=total, initial=start, unit="step", dynamic_ncols=True, disable=not self._main)
 
     def update(self, loss: float, tokens_per_s: float) -> None:
-        self._bar.set_postfix(loss=f"{loss:.4f}" if math.isfinite(loss) else str(loss),
-                              tok_s=f"{tokens_per_s:,.0f}", refresh=False)
+        self._bar.set_postfix(loss=f"{loss:.4f}", tok_s=f"{tokens_per_s:,.0f}", refresh=False)
         self._bar.update(1)
 
     def drawn(self) -> bool:

@@ -52,15 +52,14 @@ def multiplier_of(model: nn.Module) -> dict[int, str]:
 
 
 def param_groups(model: nn.Module, config: RunConfig) -> list[dict]:
-    """AdamW groups, in a fixed order so optimizer state lines up on resume.
+    """AdamW groups (their lr and weight decay: ``group_settings``), in a fixed order so optimizer state lines up
+    on resume.
 
     ``decay``: matrices (ndim >= 2) that are neither embeddings nor mixing parameters; ``mup_hidden``: under
-    ``parametrization=mup``, the hidden matrices (``mup_scaled_parameters``) at ``lr / m``, decayed (empty, so
-    dropped, under ``standard``: a standard run's groups are what they were); ``no_decay``: the other
-    non-mixing parameters; then one group per multiplier (``MULTIPLIER_GROUPS``) at ``lr * multiplier``, no
-    decay, each followed by its muP-scaled members (``<group>_mup``: isogmlp's width -> 1 gate) at
-    ``lr * multiplier / m``. Empty groups are dropped. Tied parameters appear once (``parameters``
-    deduplicates).
+    ``parametrization=mup``, the hidden matrices (``mup_scaled_parameters``); ``no_decay``: the other non-mixing
+    parameters; then one group per multiplier (``MULTIPLIER_GROUPS``), each followed by its muP-scaled members
+    (``<group>_mup``: isogmlp's width -> 1 gate). Empty groups are dropped, so a standard run's groups are what they
+    were before muP; tied parameters appear once (``parameters`` deduplicates).
     """
     model_cfg = config.model
     embeddings = {id(m.weight) for m in model.modules() if isinstance(m, nn.Embedding)}

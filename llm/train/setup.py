@@ -19,10 +19,10 @@ from accelerate import Accelerator
 from accelerate.utils import InitProcessGroupKwargs, ProjectConfiguration, set_seed
 from tokenizers import Tokenizer
 from torch import nn
+from transformers.utils import flatten_dict
 
-from llm.config import RunConfig, flatten, save_config
+from llm.config import RunConfig, save_config
 from llm.data import TrainLoader, build_train_loader, build_val_windows, eos_id, load_tokenizer
-from llm.data.packing import model_inputs
 from llm.data.tokenizer import EOS_TOKEN
 from llm.errors import one_line
 from llm.metrics.flops import flops_per_token, peak_flops
@@ -55,8 +55,7 @@ class TrainerState:
 
 def resolve_max_steps(config: RunConfig) -> int:
     """``train.max_steps``, or enough steps to consume ``train.max_tokens`` (rounded up)."""
-    t = config.train
-    return t.max_steps or math.ceil(t.max_tokens / t.global_batch_tokens)
+    return config.train.max_steps or math.ceil(config.train.max_tokens / config.train.global_batch_tokens)
 
 
 def build_model(model_cfg: ModelConfig) -> IsoLLMForCausalLM:
@@ -72,7 +71,7 @@ def _mixed_precision(config: RunConfig, device_type: str) -> str:
 def _flat_hparams(config: RunConfig) -> dict[str, Any]:
     """Tracker-friendly config: dotted keys, scalars only (TensorBoard's hparams reject lists/None)."""
     return {key: value if isinstance(value, (int, float, str, bool)) else str(value)
-            for key, value in flatten(asdict(config)).items()}
+            for key, value in flatten_dict(asdict(config)).items()}
 
 
 def _print_params(model_cfg: ModelConfig) -> tuple[int, int]:
@@ -225,9 +224,8 @@ class Run:
     def evaluate_and_log(self, progress: ProgressBar) -> None:
         train = self.config.train
         metrics = evaluate(self.model, self.val_windows, train.micro_batch_size, self.document_eos)
-        isotropy_batch = model_inputs(self.val_batch, self.document_eos)
         layers = layer_report(self.accelerator.unwrap_model(self.model), self.val_batch, train.isotropy_samples,
-                              seed=self.config.data.seed, position_ids=isotropy_batch.get("position_ids"))
+                              seed=self.config.data.seed, document_eos=self.document_eos)
         self.log.log("eval", self.state.step, self.state.tokens, val_loss=metrics["val_loss"],
                      val_ppl=metrics["val_ppl"], layers=layers)
         progress.write(f"step {self.state.step}: val_loss {metrics['val_loss']:.4f}")

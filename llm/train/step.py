@@ -99,12 +99,10 @@ def train_step(model: nn.Module, batches: list[torch.Tensor], optimizer: torch.o
     micro-batch loss by their number, so the gradient is that of the mean loss over the global batch (all
     micro-batches hold the same number of tokens). The model computes the loss itself (in training mode fused with
     the LM head, softmax in fp32, no ``[B, T, V]`` logits). The skip decision uses the rank-averaged loss and the
-    all-reduced norm, so every rank takes the same branch; ``stop_requested()`` (polled once, after the backward
-    passes) and ``write_failed`` (this rank could not write a run-directory file) ride on the loss's all-reduce.
-    ``grad_groups`` measures its norms once the gradients are complete, before clipping (``grad_clip = 0``: none).
-    The loss, the flags and every norm reach the host in one copy (a synchronisation drains a GPU's queue); the
-    parameter check after an applied update is the step's second and last. ``document_eos``: the EOS id when the
-    documents packed into a window are masked from each other (``data.document_masking``), else None.
+    all-reduced norm, so every rank takes the same branch. ``stop_requested()`` (polled once, after the backward
+    passes) and ``write_failed`` (this rank could not write a run-directory file) reach the host with the loss and
+    every norm in one copy (``_all_reduce_step_scalars``); the parameter check after an applied update is the step's
+    second and last. ``grad_clip = 0``: no clipping. ``document_eos``: the EOS id when documents are masked.
     """
     model.train()
     loss_sum = torch.zeros((), device=accelerator.device)
