@@ -5,6 +5,7 @@
     .venv/bin/python bench/bench_train_step.py --device cuda --dtype bf16 --compile --preset 134m --seq 2048
     .venv/bin/python bench/bench_train_step.py --variants swiglu+softmax swiglu+iso_tanh   # named pairs only
     .venv/bin/python bench/bench_train_step.py --packed-docs 700   # also swiglu's step on packed documents
+    .venv/bin/python bench/bench_train_step.py --tf32 swiglu+iso_tanh --profile swiglu+iso_tanh "swiglu+iso_tanh tf32"
 
 A step is what the trainer does per micro-batch: forward, fp32 cross-entropy, backward, AdamW. All
 models are built first and then timed round-robin (one step of each, repeated), so that a change in
@@ -21,7 +22,11 @@ matmul FLOP/s divided by the variant's training FLOPs per token (``llm.metrics.f
 step would reach if it ran at matmul speed; ``of roofline``: tokens/s over that, i.e. the MFU against the
 measured matmul rate; on CUDA ``MFU``, against the GPU's dense datasheet peak; ``first s``: the first step's
 seconds (compilation, allocator, optimizer state). Rows ending in ``packed`` feed the trainer's inputs for
-document masking: ``position_ids`` restarting at documents of ``--packed-docs`` tokens on average.
+document masking: ``position_ids`` restarting at documents of ``--packed-docs`` tokens on average. Rows ending in
+``tf32`` (``--tf32``) run a second copy of the variant with fp32 matmuls on TF32 tensor cores
+(``torch.set_float32_matmul_precision("high")`` around its steps, compilation included): under bf16 autocast that
+changes only what runs in fp32 on purpose, iso_tanh's running sums above all; their ``vs swiglu`` is over the
+same variant's row, the speed-up TF32 would bring. The trainer keeps fp32's default ("highest").
 """
 
 from __future__ import annotations
@@ -116,6 +121,19 @@ def top_kernels(step: Callable[[], None], device: torch.device, steps: int = 3, 
     return [f"{t / total:6.1%} {t / steps / 1e3:8.2f} ms  {name[:110]}" for t, name in times[:count]]
 
 
+def at_tf32(step: Callable[[], None]) -> Callable[[], None]:
+    """``step`` with fp32 matmuls on TF32 tensor cores, fp32's default precision restored after each call."""
+
+    def run() -> None:
+        torch.set_float32_matmul_precision("high")
+        try:
+            step()
+        finally:
+            torch.set_float32_matmul_precision("highest")
+
+    return run
+
+
 def synchronize(device: torch.device) -> None:
     if device.type == "cuda":
         torch.cuda.synchronize()
@@ -162,8 +180,11 @@ def main() -> None:
                         help="also time swiglu with each scoring on packed documents of MEAN tokens on average")
     parser.add_argument("--no-qwen3", action="store_true",
                         help="leave out transformers' Qwen3 (its fp32 logits do not fit a large micro batch)")
-    parser.add_argument("--profile", action="store_true",
-                        help="also print the 10 kernels with the most time in swiglu+softmax's step (torch.profiler)")
+    parser.add_argument("--tf32", nargs="+", default=[], metavar="FFN+SCORING",
+                        help="also time these variants (of those timed) with fp32 matmuls at TF32: rows '<name> tf32'")
+    parser.add_argument("--profile", nargs="*", default=None, metavar="ROW",
+                        help="also print the 10 kernels with the most time in these rows' steps (torch.profiler; "
+                             "bare: swiglu+softmax)")
     args = parser.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -176,10 +197,13 @@ def main() -> None:
         f"{ffn}+{scoring}": replace(base, ffn=ffn, attn_scoring=scoring, ffn_param_match=ffn != "swiglu")
         for ffn, scoring in variant_pairs(parser, args)
     }
+    if unknown := set(args.tf32) - set(variants):
+        parser.error(f"--tf32: {sorted(unknown)} are not among the timed variants {list(variants)}")
     torch.manual_seed(0)
     models: dict[str, nn.Module] = {
         name: IsoLLMForCausalLM(IsoLLMConfig.from_model_config(cfg)) for name, cfg in variants.items()
     }
+    models |= {f"{name} tf32": IsoLLMForCausalLM(IsoLLMConfig.from_model_config(variants[name])) for name in args.tf32}
     if not args.no_qwen3:
         models["transformers Qwen3"] = qwen3_twin(base)
     batch = torch.randint(0, base.vocab_size, (args.batch, args.seq + 1), device=device)
@@ -194,12 +218,17 @@ def main() -> None:
         packed_rows = [f"{name} packed"] if positions is not None and name.startswith("swiglu+") else []
         for row in [name, *packed_rows]:
             steps[row] = make_step(model, batch, dtype, positions if row in packed_rows else None)
+            if row.endswith(" tf32"):
+                steps[row] = at_tf32(steps[row])
             synchronize(device)
             start = time.perf_counter()
             steps[row]()  # warm-up: allocator, AdamW state, compilation
             synchronize(device)
             first_step[row] = time.perf_counter() - start
 
+    profiled = ["swiglu+softmax"] if args.profile == [] else args.profile or []
+    if unknown := set(profiled) - set(steps):
+        parser.error(f"--profile: {sorted(unknown)} are not among the timed rows {list(steps)}")
     times: dict[str, list[float]] = {name: [] for name in steps}
     matmul_rates: list[float] = []
     names = list(steps)
@@ -226,10 +255,11 @@ def main() -> None:
     print(header + (f"{'MFU':>8}" if gpu_peak else "") + f"{'first s':>9}")
     figures = {}
     for name, value in tps.items():
-        variant, packed = name.removesuffix(" packed"), name.endswith(" packed")
+        variant, packed = name.removesuffix(" packed").removesuffix(" tf32"), name.endswith(" packed")
         cfg = variants.get(variant, base)
         fpt = flops_per_token(cfg, args.seq, training=True)
         swiglu = f"swiglu+{cfg.attn_scoring}" + (" packed" if packed else "")  # same attention, same packing
+        swiglu = variant if name.endswith(" tf32") else swiglu  # the same variant at fp32's default precision
         figures[name] = f = {
             "tokens_per_s": value,
             "vs_qwen3": value / tps["transformers Qwen3"] if "transformers Qwen3" in tps else None,
@@ -242,11 +272,11 @@ def main() -> None:
         row = (f"{name:<30}{value:>10.0f}{vs_qwen3}{f['vs_swiglu']:>9.2f}x{matmul / fpt:>10.0f}"
                f"{f['of_roofline']:>11.0%} ")
         print(row + (f"{f['mfu_datasheet']:>8.1%}" if gpu_peak else "") + f"{first_step[name]:>9.1f}")
-    kernels = top_kernels(steps["swiglu+softmax"], device) if args.profile else []
-    if kernels:
-        print(f"# the 10 {'kernels' if device.type == 'cuda' else 'ops'} with the most self time in swiglu+softmax's "
+    kernels = {row: top_kernels(steps[row], device) for row in profiled}
+    for row, lines in kernels.items():
+        print(f"# the 10 {'kernels' if device.type == 'cuda' else 'ops'} with the most self time in {row}'s "
               f"step (share, ms per step, name):")
-        print("\n".join(f"#   {line}" for line in kernels))
+        print("\n".join(f"#   {line}" for line in lines))
     if args.json:
         setup = f"{args.preset}, {args.batch} x {args.seq}"
         Path(args.json).write_text(json.dumps({"setup": setup, "matmul_flops": matmul, "variants": figures,

@@ -5,9 +5,9 @@
 
 On a GPU the stages come in four parts, each within one device call of 10 minutes (``PARTS``, gpu_modes.py): 1 =
 step (the headline figures, first) and pytest, about 4 minutes with the machine's start-up; 2 = train; 3 = compile
-and attention; 4 = scale and generate; env runs in each. The boxes are set from the GPU checks (2026-11-25, one
+and attention; 4 = step_more and generate; env runs in each. The boxes are set from the GPU checks (2026-11-25, one
 H100 whose host took ~18 s to import torch and the package; 2026-11-26, one H200), the attention box from the
-second (fla autotunes in each length's process, ~40 s a length); scale's and generate's are estimates.
+second (fla autotunes in each length's process, ~40 s a length); step_more's and generate's are estimates.
 
 Stages, in order (a stage that fails or runs out of time is recorded and the next one starts):
   env        versions, the GPU, and whether every carried wheel's requirements are met
@@ -22,10 +22,11 @@ Stages, in order (a stage that fails or runs out of time is recorded and the nex
              DDP run's half-way checkpoint; checks that DDP, FSDP2 and ZeRO-3 losses agree, that each run used
              the engine its config asked for, and that the resumed steps repeat the original ones; each run's
              measured peak memory stands beside ``isollm-params --plan``'s estimate for it
-  scale      bench/bench_train_step.py compiled at 134m with the experiments' micro batch (32 x 2048, which
-             configs/experiments/fineweb-83m.yaml runs per GPU, within what ``isollm-params --plan`` allows on
-             80 GiB; without transformers' Qwen3, whose fp32 logits would not fit) and at 250m (8 x 2048): tokens/s,
-             MFU and the compile time ("first s") of each
+  step_more  bench/bench_train_step.py beyond the headline, compiled, bf16, seq 2048, without transformers'
+             Qwen3: 134m at the experiments' micro batch (32, which configs/experiments/fineweb-83m.yaml runs per
+             GPU, within what ``isollm-params --plan`` allows on 80 GiB; Qwen3's fp32 logits would not fit); 250m
+             (tokens/s, MFU, compile time); and the two variants below target at 134m x 8, profiled, with
+             iso_tanh's fp32 matmuls also at TF32 (``--tf32``): where their time goes, and what TF32 would give
   compile    train.py with train.compile=true through DDP, FSDP2 and ZeRO-3 (one process, 20 steps; dry run: DDP
              alone, 4 steps), each run's losses against an eager DDP run's
   attention  bench/bench_attention.py: fwd+bwd time and memory, iso_tanh compiled (chunked) and via fla against
@@ -153,11 +154,11 @@ class Check:
         self.run(result, "attention", argv, end)
         result.notes += _tail_block(result.logs[-1], 10)
 
-    def stage_scale(self, result: Result, end: float) -> None:
-        for i, args in enumerate(self.mode.scale_args):
-            argv = [PY, "bench/bench_train_step.py", *args, "--json", str(self.logs / f"scale-{i}.json")]
-            self.run(result, f"scale-{i}", argv, end)
-            result.notes += _tail_block(result.logs[-1], 8)
+    def stage_step_more(self, result: Result, end: float) -> None:
+        for i, args in enumerate(self.mode.step_more_args):
+            argv = [PY, "bench/bench_train_step.py", *args, "--json", str(self.logs / f"step_more-{i}.json")]
+            self.run(result, f"step_more-{i}", argv, end)
+            result.notes += _tail_block(result.logs[-1], 40)
 
     def stage_generate(self, result: Result, end: float) -> None:
         argv = [PY, "bench/bench_generate.py", *self.mode.generate_args, "--json", str(self.logs / "generate.json")]
@@ -236,8 +237,8 @@ class Check:
             result.status = "failed"
 
     STAGES: ClassVar[dict[str, Callable[[Check, Result, float], None]]] = {
-        "env": stage_env, "step": stage_step, "pytest": stage_pytest, "train": stage_train,
-        "compile": stage_compile, "attention": stage_attention, "scale": stage_scale, "generate": stage_generate,
+        "env": stage_env, "step": stage_step, "pytest": stage_pytest, "train": stage_train, "compile": stage_compile,
+        "attention": stage_attention, "step_more": stage_step_more, "generate": stage_generate,
     }
 
     def run_all(self, stages: tuple[str, ...]) -> list[Result]:

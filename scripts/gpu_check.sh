@@ -2,8 +2,8 @@
 # Four commands for a lent GPU machine (one H100, no registry, each one device call under 10 minutes): install
 # the carried wheels offline, then run one part of scripts/gpu_check.py's stages into OUTDIR/report.md and
 # OUTDIR/logs.tar.gz: 1 = training-step MFU and GPU tests, 2 = train.py through every one-GPU launch config
-# with a resume, 3 = compiled training per engine and attention, 4 = the step at the experiments' micro batch
-# and at 250m, and generation. `make gpu-wheels` fills .whl/ (carry it); see
+# with a resume, 3 = compiled training per engine and attention, 4 = more steps (the experiments' micro batch,
+# 250m, the variants below target profiled) and generation. `make gpu-wheels` fills .whl/ (carry it); see
 # docs/performance.md, "On a GPU machine".
 #   scripts/gpu_check.sh --part N [OUTDIR]    N in 1 2 3 4; OUTDIR: default $OUT
 #   scripts/gpu_check.sh --dry-run [OUTDIR]   every stage at tiny size on CPU (fp32, no fla, no wheels)

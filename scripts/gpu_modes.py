@@ -24,7 +24,7 @@ class Mode:
     train_configs: tuple[str, ...]
     attention_args: list[str]
     generate_args: list[str]
-    scale_args: tuple[list[str], ...]
+    step_more_args: tuple[list[str], ...]
     """bench_train_step runs beside the headline step: the experiments' micro batch, the largest size."""
     loss_tolerance: tuple[float, float]
     """(|loss difference| allowed at step 1, relative difference of the mean loss over the last 10 steps)."""
@@ -33,7 +33,7 @@ class Mode:
 
 
 PARTS = {1: ("env", "step", "pytest"), 2: ("env", "train"), 3: ("env", "compile", "attention"),
-         4: ("env", "scale", "generate")}
+         4: ("env", "step_more", "generate")}
 """The GPU check's stages by device call (``--part``); the dry run takes every stage in one."""
 
 
@@ -48,7 +48,7 @@ def _train_overrides(*model: str, steps: int, seq: int, micro: int, val_tokens: 
 GPU = Mode(
     name="gpu",
     budget_s=555,
-    boxes={"env": 30, "pytest": 110, "step": 330, "train": 470, "compile": 200, "attention": 200, "scale": 330,
+    boxes={"env": 30, "pytest": 110, "step": 330, "train": 470, "compile": 200, "attention": 200, "step_more": 360,
            "generate": 150},
     step_args=["--device", "cuda", "--dtype", "bf16", "--compile", "--preset", "134m", "--seq", "2048",
                "--batch", "8", "--rounds", "5", "--packed-docs", "700", "--profile"],
@@ -60,9 +60,12 @@ GPU = Mode(
                     "--heads", "8", "--head-dim", "64", "--lengths", "2048,4096,8192,16384,32768"],
     generate_args=["--device", "cuda", "--dtype", "bf16", "--preset", "134m", "--contexts", "4096", "8192", "16384",
                    "32768", "--new-tokens", "32"],
-    scale_args=tuple(["--device", "cuda", "--dtype", "bf16", "--compile", "--seq", "2048", "--rounds", "3", *args]
-                     for args in (["--preset", "134m", "--batch", "32", "--variants", "swiglu+iso_tanh", "--no-qwen3"],
-                                  ["--preset", "250m", "--batch", "8", "--variants", "swiglu+softmax"])),
+    step_more_args=tuple(
+        ["--device", "cuda", "--dtype", "bf16", "--compile", "--seq", "2048", "--rounds", "3", "--no-qwen3", *args]
+        for args in (["--preset", "134m", "--batch", "32", "--variants", "swiglu+iso_tanh"],
+                     ["--preset", "250m", "--batch", "8", "--variants", "swiglu+softmax"],
+                     ["--preset", "134m", "--batch", "8", "--variants", "isogmlp+softmax", "swiglu+iso_tanh", "--tf32",
+                      "swiglu+iso_tanh", "--profile", "isogmlp+softmax", "swiglu+iso_tanh", "swiglu+iso_tanh tf32"])),
     loss_tolerance=(0.02, 0.02),
     resume_tolerance=0.05,
     # fla autotunes each kernel on first use (~50 s on the first check); bench_attention runs each length in
@@ -72,7 +75,7 @@ GPU = Mode(
 DRY = Mode(
     name="dry-run",
     budget_s=400,
-    boxes={"env": 30, "pytest": 90, "step": 90, "train": 200, "compile": 150, "attention": 60, "scale": 60,
+    boxes={"env": 30, "pytest": 90, "step": 90, "train": 200, "compile": 150, "attention": 60, "step_more": 60,
            "generate": 40},
     step_args=["--device", "cpu", "--dtype", "fp32", "--preset", "tiny", "--seq", "32", "--batch", "2",
                "--rounds", "2", "--threads", "1", "--packed-docs", "8", "--profile"],
@@ -85,8 +88,9 @@ DRY = Mode(
     attention_args=["--device", "cpu", "--dtype", "fp32", "--impls", "sdpa,chunked", "--lengths", "128",
                     "--repeats", "1", "--threads", "1"],
     generate_args=["--preset", "tiny", "--contexts", "64", "128", "--new-tokens", "4", "--threads", "1"],
-    scale_args=(["--device", "cpu", "--dtype", "fp32", "--preset", "tiny", "--seq", "32", "--batch", "4", "--rounds",
-                 "2", "--threads", "1", "--variants", "swiglu+softmax"],),
+    step_more_args=(["--device", "cpu", "--dtype", "fp32", "--preset", "tiny", "--seq", "32", "--batch", "4",
+                     "--rounds", "2", "--threads", "1", "--variants", "swiglu+iso_tanh", "--tf32", "swiglu+iso_tanh",
+                     "--profile", "swiglu+iso_tanh tf32", "--no-qwen3"],),
     loss_tolerance=(1e-5, 1e-5),
     resume_tolerance=1e-5,
     env={"ACCELERATE_USE_CPU": "1", "OMP_NUM_THREADS": "1"},

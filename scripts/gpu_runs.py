@@ -167,8 +167,8 @@ def targets(logs: Path) -> list[str]:
             ratio = scorings["iso_tanh"][cache]["tokens_per_s"] / scorings["softmax"][cache]["tokens_per_s"]
             rows.append((f"iso_tanh decodes >= softmax's tokens/s at context {context} ({cache} cache)",
                          f"{ratio:.2f}x", ratio >= 1))
-    for scale in sorted(logs.glob("scale-*.json")):  # the experiments' micro batch, 250m: no target of their own
-        run = json.loads(scale.read_text())
+    for path in sorted(logs.glob("step_more-*.json")):  # micro batch, 250m, TF32: no target of their own
+        run = json.loads(path.read_text())
         rows += [(f"{name} at {run['setup']}: MFU of the measured matmul rate, compile s",
                   f"{f['of_roofline']:.1%}, {f['first_step_s']:.0f} s", None) for name, f in run["variants"].items()]
     verdict = {True: "met", False: "NOT met", None: "-"}

@@ -15,7 +15,7 @@ import pytest
 from tiny import FINEWEB, REPO
 
 SCRIPT = REPO / "scripts" / "gpu_check.sh"
-STAGES = ("env", "step", "pytest", "train", "compile", "attention", "scale", "generate")
+STAGES = ("env", "step", "pytest", "train", "compile", "attention", "step_more", "generate")
 
 
 def sample_present() -> bool:
@@ -41,8 +41,9 @@ def test_dry_run_passes_every_stage_and_records_the_engines(tmp_path: Path) -> N
 
     with tarfile.open(out / "logs.tar.gz") as tar:
         names = set(tar.getnames())
-        assert {f"logs/{stage}.log" for stage in ("env", "pytest", "step", "attention", "scale-0", "generate")} <= names
-        assert {"logs/generate.json", "logs/scale-0.json"} <= names
+        logged = ("env", "pytest", "step", "attention", "step_more-0", "generate")
+        assert {f"logs/{stage}.log" for stage in logged} <= names
+        assert {"logs/generate.json", "logs/step_more-0.json"} <= names
         assert {"logs/compile-ddp.log", "logs/compile-ddp_compiled.log"} <= names
         metas = {name: json.loads(tar.extractfile(f"logs/metrics-{name}.jsonl").read().decode().splitlines()[0])
                  for name in ("ddp", "fsdp2", "deepspeed_zero3")}
@@ -118,16 +119,16 @@ def test_loss_checks_fail_an_engine_whose_losses_drift() -> None:
                                                          "the run did not finish")
 
 
-def test_targets_read_the_form_choice_decoding_and_scale_figures(tmp_path: Path) -> None:
-    """The report's targets from the attention, generate and scale stages' JSON: whether ``FLA_MIN_LENGTH`` picks
-    the faster iso_tanh form at each length, iso_tanh's decoding against softmax's from 16k, the scale runs."""
+def test_targets_read_the_form_choice_decoding_and_step_more_figures(tmp_path: Path) -> None:
+    """The report's targets from the attention, generate and step_more stages' JSON: whether ``FLA_MIN_LENGTH``
+    picks the faster iso_tanh form at each length, iso_tanh's decoding against softmax's from 16k, the extra steps."""
     check = script_module("gpu_runs")
     form = {"sdpa": {"ms": 4.0, "mib": 100.0}, "chunked_compiled": {"ms": 3.0, "mib": 90.0}}
     (tmp_path / "attention.json").write_text(json.dumps({
         "2048": {**form, "fla": {"ms": 5.0, "mib": 80.0}}, "16384": {**form, "fla": {"ms": 2.0, "mib": 120.0}}}))
     decode = {"softmax": {"static": {"tokens_per_s": 100.0}}, "iso_tanh": {"static": {"tokens_per_s": 90.0}}}
     (tmp_path / "generate.json").write_text(json.dumps({"4096": decode, "16384": decode}))
-    (tmp_path / "scale-1.json").write_text(json.dumps({"setup": "250m, 8 x 2048", "variants": {
+    (tmp_path / "step_more-1.json").write_text(json.dumps({"setup": "250m, 8 x 2048", "variants": {
         "swiglu+softmax": {"of_roofline": 0.41, "first_step_s": 31.0}}}))
     rows = "\n".join(check.targets(tmp_path))
     picks = f"FLA_MIN_LENGTH={check.FLA_MIN_LENGTH} picks"
