@@ -53,6 +53,8 @@ class IsoLLMCache(Cache):
     is_croppable = False
 
     def __init__(self, num_layers: int, max_length: int | None = None) -> None:
+        if max_length is not None and max_length < 1:
+            raise ValueError(f"IsoLLMCache: max_length must be a positive number of tokens, got {max_length}")
         super().__init__(layers=[LayerState() for _ in range(num_layers)])
         self.seen_tokens = 0
         self.max_length = max_length

@@ -86,6 +86,8 @@ def test_the_decoding_step_is_one_graph_for_every_step(variant):
 
 
 def test_a_static_cache_refuses_what_it_cannot_hold():
+    with pytest.raises(ValueError, match="max_length must be a positive number of tokens, got 0"):
+        IsoLLMCache(2, max_length=0)
     model = build()
     ids = tokens(seq=PROMPT + 2)
     with torch.no_grad(), pytest.raises(ValueError, match="prompt has 6 tokens, more than the static cache's "
