@@ -20,7 +20,7 @@ from llm.data.errors import DataError
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerFast
 
-__all__ = ["DEFAULT_HUB_TOKENIZER", "EOS_TOKEN", "as_transformers_tokenizer", "encode_documents", "eos_id",
+__all__ = ["DEFAULT_HUB_TOKENIZER", "EOS_TOKEN", "as_transformers_tokenizer", "encode_documents", "eos_id", "ids_past",
            "load_tokenizer", "padded_vocab_size", "text_parts", "tokenizer_identity", "train_tokenizer"]
 
 EOS_TOKEN = "<|endoftext|>"
@@ -76,6 +76,16 @@ def eos_id(tok: Tokenizer) -> int:
     if token_id is None:
         raise DataError(f"tokenizer has no {EOS_TOKEN} token; train one with `isollm-data train-tokenizer`")
     return token_id
+
+
+def ids_past(tok: Tokenizer, vocab_size: int) -> str | None:
+    """What of ``tok``'s ids a model with ``vocab_size`` embedding rows cannot read, or None when all fit. The
+    ids of a tokenizer need not run 0..count-1, so its count is not enough: its top id is what counts."""
+    top, eos = max(tok.get_vocab(with_added_tokens=True).values()), eos_id(tok)
+    if top < vocab_size:
+        return None
+    return f"ids reach {top}" + (f" ({EOS_TOKEN}, appended after every document, is id {eos})" if eos >= vocab_size
+                                 else "")
 
 
 def as_transformers_tokenizer(tok: Tokenizer) -> PreTrainedTokenizerFast:

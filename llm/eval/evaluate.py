@@ -278,6 +278,7 @@ def evaluate_checkpoint(target: str, *, config_files: list[str] | None = None,
                         device: str | None = None) -> EvalReport:
     """Evaluate ``target`` (see ``resolve_checkpoint``) on its run's validation set or an overridden one."""
     from llm.data import build_val_windows, eos_id, load_tokenizer
+    from llm.data.tokenizer import ids_past
     from llm.metrics import layer_report
     from llm.train.evaluate import evaluate
 
@@ -294,13 +295,16 @@ def evaluate_checkpoint(target: str, *, config_files: list[str] | None = None,
                                    else config.data.tokenizer)
     except RuntimeError as err:  # an unreachable hub tokenizer: a usage problem, not a crash
         raise EvalError(str(err)) from None
+    vocab = model.get_output_embeddings().weight.shape[0]
+    if past := ids_past(tokenizer, vocab):  # an id past the embedding would be a crash, or a device assert on CUDA
+        raise EvalError(f"data.tokenizer: {config.data.tokenizer or 'Qwen3'}'s {past}, past the model's {vocab} "
+                        f"embedding rows: evaluate with the tokenizer the model was trained with")
     windows = build_val_windows(config.data, tokenizer)
 
     autocast = config.train.autocast_dtype(torch_device.type)  # the trainer's precision
     with torch.autocast(torch_device.type, dtype=autocast) if autocast else contextlib.nullcontext():
         document_eos = eos_id(tokenizer) if config.data.document_masking else None  # as the run trained
         metrics = evaluate(model, windows, config.train.micro_batch_size, document_eos)
-    vocab = model.get_output_embeddings().weight.shape[0]
     bpb, n_bytes = bits_per_byte(metrics["val_loss"], windows, token_byte_lengths(tokenizer, vocab))
 
     notes = []

@@ -23,7 +23,7 @@ from transformers.utils import flatten_dict
 
 from llm.config import RunConfig, save_config
 from llm.data import TrainLoader, build_train_loader, build_val_windows, eos_id, load_tokenizer
-from llm.data.tokenizer import EOS_TOKEN
+from llm.data.tokenizer import ids_past
 from llm.errors import one_line
 from llm.metrics.flops import flops_per_token, peak_flops
 from llm.metrics.gradnorm import GradNormTracker, GroupGradNorms, grad_norm_groups
@@ -270,12 +270,9 @@ def setup_run(config: RunConfig, teardown: ExitStack) -> Run:
                                     f"that run or choose another name=")
     max_steps = resolve_max_steps(config)
     tokenizer = load_tokenizer(config.data.tokenizer)
-    # a row for every id the data can hold: the ids of a tokenizer need not run 0..count-1, so its count is not enough
-    top, eos = max(tokenizer.get_vocab(with_added_tokens=True).values()), eos_id(tokenizer)
-    if config.model.vocab_size <= top:
-        note = f" ({EOS_TOKEN}, appended after every document, is id {eos})" if eos >= config.model.vocab_size else ""
+    if past := ids_past(tokenizer, config.model.vocab_size):  # a row for every id the data can hold
         raise ConfigError("model.vocab_size", f"{config.model.vocab_size} is too small for tokenizer "
-                                              f"{config.data.tokenizer or 'Qwen3'}, whose ids reach {top}{note}")
+                                              f"{config.data.tokenizer or 'Qwen3'}, whose {past}")
 
     set_seed(config.seed)
     model = build_model(config.model)

@@ -252,3 +252,18 @@ def test_a_model_directory_whose_config_disagrees_with_its_weights_is_one_line(
     (line,) = capsys.readouterr().err.strip().splitlines()
     assert line.startswith(f"error: {model_dir}: config.json's {field}={value} does not fit ") or \
         line.startswith(f"error: {model_dir}: config.json's {field}={value} is too large"), line
+
+
+def test_a_tokenizer_with_ids_past_the_embedding_is_one_line(trained_run: Path, bpe: Path, tmp_path: Path,
+                                                             capsys: pytest.CaptureFixture[str]) -> None:
+    """data.tokenizer changed to one whose EOS is id 700, past the 512 rows the run trained: one line, exit 2, not
+    an index error inside the model (a device assert on CUDA)."""
+    tokenizer = json.loads(bpe.read_text())
+    (eos,) = tokenizer["added_tokens"]
+    tokenizer["model"]["vocab"][eos["content"]] = eos["id"] = 700
+    (tmp_path / "eos700.json").write_text(json.dumps(tokenizer))
+    assert main([str(trained_run), "--samples", "0", f"data.tokenizer={tmp_path / 'eos700.json'}"]) == 2
+    assert capsys.readouterr().err.strip().splitlines() == [
+        f"error: data.tokenizer: {tmp_path / 'eos700.json'}'s ids reach 700 (<|endoftext|>, appended after every "
+        "document, is id 700), past the model's 512 embedding rows: evaluate with the tokenizer the model was "
+        "trained with"]
