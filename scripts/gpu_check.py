@@ -7,7 +7,8 @@ On a GPU the stages come in four parts, each within one device call of 10 minute
 step (the headline figures, first) and pytest, about 4 minutes with the machine's start-up; 2 = train; 3 = compile
 and attention; 4 = step_more and generate; env runs in each. The boxes are set from the GPU checks (2026-11-25, one
 H100 whose host took ~18 s to import torch and the package; 2026-11-26, one H200), the attention box from the
-second (fla autotunes in each length's process, ~40 s a length); step_more's and generate's are estimates.
+second (fla autotunes in each length's process, ~40 s a length); step_more's and generate's are estimates
+(generate's allows for fla's autotuning of iso_tanh's prefill from 8k, on a machine that has not run part 3).
 
 Stages, in order (a stage that fails or runs out of time is recorded and the next one starts):
   env        versions, the GPU, and whether every carried wheel's requirements are met

@@ -48,8 +48,8 @@ def _train_overrides(*model: str, steps: int, seq: int, micro: int, val_tokens: 
 GPU = Mode(
     name="gpu",
     budget_s=555,
-    boxes={"env": 30, "pytest": 110, "step": 330, "train": 470, "compile": 200, "attention": 200, "step_more": 360,
-           "generate": 150},
+    boxes={"env": 30, "pytest": 110, "step": 330, "train": 470, "compile": 200, "attention": 200, "step_more": 320,
+           "generate": 200},
     step_args=["--device", "cuda", "--dtype", "bf16", "--compile", "--preset", "134m", "--seq", "2048",
                "--batch", "8", "--rounds", "5", "--packed-docs", "700", "--profile"],
     train_steps=100,

@@ -50,6 +50,23 @@ def test_static_cache_decodes_as_the_growing_cache(variant):
     torch.testing.assert_close(static[real], growing[real], rtol=0, atol=1e-12)
 
 
+@pytest.mark.parametrize("variant", CACHE_VARIANTS, ids=variant_id)
+def test_a_step_changes_every_state_in_place(variant):
+    """What a replayed CUDA graph relies on: it reads and writes the memory it was captured with, so a step that
+    put a new tensor in the cache would decode every later token from a stale state. Each step keeps the same
+    tensors at the same addresses, and none is added."""
+    model = build(**variant)
+    ids, mask = padded_batch()
+    cache = IsoLLMCache(2, max_length=PROMPT + STEPS)
+    with torch.no_grad():
+        model(ids[:, :PROMPT], attention_mask=mask[:, :PROMPT], cache=cache)
+        held = cache.tensors()  # kept alive: no id is reused
+        addresses = [(id(state), state.data_ptr()) for state in held]
+        for t in range(PROMPT, ids.shape[1]):
+            model(ids[:, t:t + 1], attention_mask=mask[:, :t + 1], cache=cache)
+            assert [(id(state), state.data_ptr()) for state in cache.tensors()] == addresses
+
+
 @pytest.mark.parametrize("variant", CACHE_VARIANTS[:4], ids=variant_id)
 def test_generate_with_a_static_cache_equals_generate_without(variant):
     """Greedy with left padding, and beam search, whose reorder_cache moves the rows in place."""
