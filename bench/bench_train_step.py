@@ -258,8 +258,8 @@ def main() -> None:
         variant, packed = name.removesuffix(" packed").removesuffix(" tf32"), name.endswith(" packed")
         cfg = variants.get(variant, base)
         fpt = flops_per_token(cfg, args.seq, training=True)
-        swiglu = f"swiglu+{cfg.attn_scoring}" + (" packed" if packed else "")  # same attention, same packing
-        swiglu = variant if name.endswith(" tf32") else swiglu  # the same variant at fp32's default precision
+        # the reference: swiglu with the same attention and packing; for a tf32 row, its variant at fp32's default
+        swiglu = variant if name.endswith(" tf32") else f"swiglu+{cfg.attn_scoring}" + (" packed" if packed else "")
         figures[name] = f = {
             "tokens_per_s": value,
             "vs_qwen3": value / tps["transformers Qwen3"] if "transformers Qwen3" in tps else None,

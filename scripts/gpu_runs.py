@@ -156,9 +156,9 @@ def targets(logs: Path) -> list[str]:
                 rows.append((f"iso_tanh ({linear}) memory <= SDPA's at T={t}", f"{memory:.2f}x", memory <= 1))
             forms = {impl: f["ms"] for impl, f in impls.items() if impl in ("chunked_compiled", "fla")}
             if len(forms) == 2:  # eager CUDA picks fla from FLA_MIN_LENGTH on (attention.py): the measured choice?
-                picked = "fla" if int(t) >= FLA_MIN_LENGTH else "chunked_compiled"
+                picked, fastest = "fla" if int(t) >= FLA_MIN_LENGTH else "chunked_compiled", min(forms, key=forms.get)
                 rows.append((f"iso_tanh's form at T={t}: FLA_MIN_LENGTH={FLA_MIN_LENGTH} picks {picked}; fastest",
-                             min(forms, key=forms.get), picked == min(forms, key=forms.get)))
+                             fastest, picked == fastest))
         if not any(int(t) >= TARGETS["linear_from_t"] for t in json.loads(attention.read_text())):
             rows.append((f"iso_tanh faster than SDPA from T={TARGETS['linear_from_t']}", "no such T measured", None))
     generate = logs / "generate.json"

@@ -26,9 +26,8 @@ class StaticDecoding:
     slot: torch.Tensor
     """``[1]`` long: where the next token's key and value go in the softmax buffers (the tokens seen so far)."""
     real_keys: torch.Tensor
-    """``[B, capacity]`` bool: the slots that hold a real (not padding) token's key."""
-    real_seen: torch.Tensor
-    """``[B, 1]`` long: real tokens per row so far; the next real token's position."""
+    """``[B, capacity]`` bool: the slots that hold a real (not padding) token's key; a row's count of them is
+    also its next real token's position."""
     graph: tuple | None = None
     """The captured step on CUDA (``IsoLLMModel.decode_step``): the graph, its input buffers and its output."""
 
@@ -72,7 +71,7 @@ class IsoLLMCache(Cache):
         held = [state for layer in self.layers for state in (*(layer.attention or ()), *layer.ffn.values())
                 if isinstance(state, torch.Tensor)]  # a static softmax state also holds the shared StaticDecoding
         if self.decoding is not None:
-            held += [self.decoding.slot, self.decoding.real_keys, self.decoding.real_seen]
+            held += [self.decoding.slot, self.decoding.real_keys]
         return held
 
     def reorder_cache(self, beam_idx: torch.LongTensor) -> None:

@@ -194,8 +194,7 @@ class IsoLLMModel(nn.Module):
         slots = -(-cache.max_length // STATIC_ALIGNMENT) * STATIC_ALIGNMENT
         real = padding_mask if padding_mask is not None else torch.ones_like(input_ids, dtype=torch.bool)
         cache.decoding = StaticDecoding(slot=input_ids.new_full((1,), cache.seen_tokens),
-                                        real_keys=F.pad(real, (0, slots - real.shape[1])),
-                                        real_seen=real.sum(-1, keepdim=True))
+                                        real_keys=F.pad(real, (0, slots - real.shape[1])))
         for layer, state in zip(self.layers, cache.layers, strict=True):
             state.attention = layer.self_attn.scoring.static_state(state.attention, cache.decoding)
 
@@ -210,7 +209,8 @@ class IsoLLMModel(nn.Module):
         if cache.seen_tokens >= cache.max_length:
             raise ValueError(f"the static cache is full: it holds max_length={cache.max_length} tokens")
         cache.seen_tokens += 1
-        real = padding_mask[:, -1:].contiguous() if padding_mask is not None else torch.ones_like(input_ids).bool()
+        real = (torch.ones_like(input_ids, dtype=torch.bool) if padding_mask is None
+                else padding_mask[:, -1:].contiguous())
         if not input_ids.is_cuda:
             return self.decode_step(input_ids, real, cache)
         if cache.decoding.graph is None:
@@ -228,8 +228,7 @@ class IsoLLMModel(nn.Module):
         each step has the same shapes, memory and kernels: ``forward`` captures it once as a CUDA graph."""
         step = cache.decoding
         step.real_keys.index_copy_(1, step.slot, real)
-        position = (step.real_seen + real.long() - 1).clamp_min(0)  # as forward counts real tokens
-        step.real_seen.add_(real.long())
+        position = (step.real_keys.sum(-1, keepdim=True) - 1).clamp_min(0)  # as forward counts real tokens
         x = self.embed_tokens(input_ids)
         cos, sin = rotary_cos_sin(position, self.head_dim, self.rope_theta, x.dtype)
         for layer, state in zip(self.layers, cache.layers, strict=True):
