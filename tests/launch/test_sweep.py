@@ -199,16 +199,21 @@ def append(file, text):
         fcntl.flock(out, fcntl.LOCK_EX)
         out.write(text + "\\n")
 
+def wait_for(file):  # until `need` runs have written to it
+    while len(lines(file)) < need:
+        if time.monotonic() > deadline:
+            sys.exit(1)
+        time.sleep(0.01)
+
 append("started", name)
-append("running", f"{name}={len(lines('started')) - len(lines('done'))}")
 print(f"fake run {name}", flush=True)
 sys.stderr.write(f"progress {name} 1\\rprogress {name} 2\\r\\n")
 sys.stderr.flush()
 deadline = time.monotonic() + 20
-while len(lines("started")) < need:
-    if time.monotonic() > deadline:
-        sys.exit(1)
-    time.sleep(0.01)
+wait_for("started")
+append("ready", name)
+wait_for("ready")  # a barrier: the count below sees every run that overlaps, none of them done yet
+append("running", f"{name}={len(lines('started')) - len(lines('done'))}")
 append("done", name)
 """
 
