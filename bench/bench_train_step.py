@@ -5,7 +5,7 @@
     .venv/bin/python bench/bench_train_step.py --device cuda --dtype bf16 --compile --preset 134m --seq 2048
     .venv/bin/python bench/bench_train_step.py --variants swiglu+softmax swiglu+iso_tanh   # named pairs only
     .venv/bin/python bench/bench_train_step.py --packed-docs 700   # also swiglu's step on packed documents
-    .venv/bin/python bench/bench_train_step.py --tf32 swiglu+iso_tanh --profile swiglu+iso_tanh "swiglu+iso_tanh tf32"
+    .venv/bin/python bench/bench_train_step.py --no-tf32 swiglu+iso_tanh --profile "swiglu+iso_tanh no-tf32"
 
 A step is what the trainer does per micro-batch: forward, fp32 cross-entropy, backward, AdamW. All
 models are built first and then timed round-robin (one step of each, repeated), so that a change in
@@ -22,11 +22,11 @@ matmul FLOP/s divided by the variant's training FLOPs per token (``llm.metrics.f
 step would reach if it ran at matmul speed; ``of roofline``: tokens/s over that, i.e. the MFU against the
 measured matmul rate; on CUDA ``MFU``, against the GPU's dense datasheet peak; ``first s``: the first step's
 seconds (compilation, allocator, optimizer state). Rows ending in ``packed`` feed the trainer's inputs for
-document masking: ``position_ids`` restarting at documents of ``--packed-docs`` tokens on average. Rows ending in
-``tf32`` (``--tf32``) run a second copy of the variant with fp32 matmuls on TF32 tensor cores
-(``torch.set_float32_matmul_precision("high")`` around its steps, compilation included): under bf16 autocast that
-changes only what runs in fp32 on purpose, iso_tanh's running sums above all; their ``vs swiglu`` is over the
-same variant's row, the speed-up TF32 would bring. The trainer keeps fp32's default ("highest").
+document masking: ``position_ids`` restarting at documents of ``--packed-docs`` tokens on average. Every step runs
+its fp32 matmuls as the trainer's does (``train.tf32``, default on: TF32 on CUDA); rows ending in ``no-tf32``
+(``--no-tf32``) run a second copy of the variant with them in full fp32 (``train.tf32: false``). Under bf16
+autocast that changes only what runs in fp32 on purpose, iso_tanh's running sums; their ``vs swiglu`` is over the
+same variant's row, what TF32 brings.
 """
 
 from __future__ import annotations
@@ -49,6 +49,7 @@ from llm.model import IsoLLMConfig, IsoLLMForCausalLM, ModelConfig
 from llm.model.attention import ATTN_SCORING_REGISTRY
 from llm.model.ffn import FFN_REGISTRY
 from llm.train.setup import compile_decoder_layers
+from llm.train.step import tf32_matmuls
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
 
@@ -76,11 +77,11 @@ def packed_positions(seq: int, mean_length: int, device: torch.device) -> torch.
 
 
 def make_step(model: nn.Module, batch: torch.Tensor, dtype: torch.dtype,
-              position_ids: torch.Tensor | None = None) -> Callable[[], None]:
+              position_ids: torch.Tensor | None = None, tf32: bool = True) -> Callable[[], None]:
     """One training micro-step as each model trains: forward, loss, backward, fused AdamW (the trainer's
-    ``build_optimizer``). Ours computes its loss itself, fused with the LM head (``shift_labels``, as the
-    trainer calls it); transformers' Qwen3 computes fp32 cross-entropy from its logits, as its
-    ``loss_function`` does."""
+    ``build_optimizer``), fp32 matmuls at TF32 on CUDA unless ``tf32`` is False (``train.tf32``). Ours computes its
+    loss itself, fused with the LM head (``shift_labels``, as the trainer calls it); transformers' Qwen3 computes
+    fp32 cross-entropy from its logits, as its ``loss_function`` does."""
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=True)
     inputs, targets = batch[:, :-1], batch[:, 1:]
     autocast = torch.autocast(batch.device.type, dtype=dtype, enabled=dtype != torch.float32)
@@ -88,7 +89,7 @@ def make_step(model: nn.Module, batch: torch.Tensor, dtype: torch.dtype,
     packing = {} if position_ids is None else {"position_ids": position_ids.expand_as(inputs)}
 
     def step() -> None:
-        with autocast:
+        with autocast, tf32_matmuls(batch.device, tf32):
             if fused_loss:
                 loss = model(inputs, shift_labels=targets, **packing).loss
             else:
@@ -119,19 +120,6 @@ def top_kernels(step: Callable[[], None], device: torch.device, steps: int = 3, 
     times = sorted(((getattr(e, attr), e.key) for e in prof.key_averages() if getattr(e, attr) > 0), reverse=True)
     total = sum(t for t, _ in times)
     return [f"{t / total:6.1%} {t / steps / 1e3:8.2f} ms  {name[:110]}" for t, name in times[:count]]
-
-
-def at_tf32(step: Callable[[], None]) -> Callable[[], None]:
-    """``step`` with fp32 matmuls on TF32 tensor cores, fp32's default precision restored after each call."""
-
-    def run() -> None:
-        torch.set_float32_matmul_precision("high")
-        try:
-            step()
-        finally:
-            torch.set_float32_matmul_precision("highest")
-
-    return run
 
 
 def synchronize(device: torch.device) -> None:
@@ -180,8 +168,9 @@ def main() -> None:
                         help="also time swiglu with each scoring on packed documents of MEAN tokens on average")
     parser.add_argument("--no-qwen3", action="store_true",
                         help="leave out transformers' Qwen3 (its fp32 logits do not fit a large micro batch)")
-    parser.add_argument("--tf32", nargs="+", default=[], metavar="FFN+SCORING",
-                        help="also time these variants (of those timed) with fp32 matmuls at TF32: rows '<name> tf32'")
+    parser.add_argument("--no-tf32", nargs="+", default=[], metavar="FFN+SCORING",
+                        help="also time these variants (of those timed) with fp32 matmuls in full fp32 "
+                             "(train.tf32: false): rows '<name> no-tf32'")
     parser.add_argument("--profile", nargs="*", default=None, metavar="ROW",
                         help="also print the 10 kernels with the most time in these rows' steps (torch.profiler; "
                              "bare: swiglu+softmax)")
@@ -197,13 +186,14 @@ def main() -> None:
         f"{ffn}+{scoring}": replace(base, ffn=ffn, attn_scoring=scoring, ffn_param_match=ffn != "swiglu")
         for ffn, scoring in variant_pairs(parser, args)
     }
-    if unknown := set(args.tf32) - set(variants):
-        parser.error(f"--tf32: {sorted(unknown)} are not among the timed variants {list(variants)}")
+    if unknown := set(args.no_tf32) - set(variants):
+        parser.error(f"--no-tf32: {sorted(unknown)} are not among the timed variants {list(variants)}")
     torch.manual_seed(0)
     models: dict[str, nn.Module] = {
         name: IsoLLMForCausalLM(IsoLLMConfig.from_model_config(cfg)) for name, cfg in variants.items()
     }
-    models |= {f"{name} tf32": IsoLLMForCausalLM(IsoLLMConfig.from_model_config(variants[name])) for name in args.tf32}
+    models |= {f"{name} no-tf32": IsoLLMForCausalLM(IsoLLMConfig.from_model_config(variants[name]))
+               for name in args.no_tf32}
     if not args.no_qwen3:
         models["transformers Qwen3"] = qwen3_twin(base)
     batch = torch.randint(0, base.vocab_size, (args.batch, args.seq + 1), device=device)
@@ -217,9 +207,8 @@ def main() -> None:
             model = torch.compile(model)
         packed_rows = [f"{name} packed"] if positions is not None and name.startswith("swiglu+") else []
         for row in [name, *packed_rows]:
-            steps[row] = make_step(model, batch, dtype, positions if row in packed_rows else None)
-            if row.endswith(" tf32"):
-                steps[row] = at_tf32(steps[row])
+            steps[row] = make_step(model, batch, dtype, positions if row in packed_rows else None,
+                                   tf32=not row.endswith(" no-tf32"))
             synchronize(device)
             start = time.perf_counter()
             steps[row]()  # warm-up: allocator, AdamW state, compilation
@@ -240,13 +229,15 @@ def main() -> None:
             step()
             synchronize(device)
             times[name].append(time.perf_counter() - start)
-        # the roofline's matmul rate, measured in the same rounds as the steps
-        matmul_rates.append(measure_matmul_flops(n=matmul_n, dtype=dtype, device=device, repeats=1))
+        # the roofline's matmul rate, measured in the same rounds as the steps, at the steps' fp32 precision
+        with tf32_matmuls(device):
+            matmul_rates.append(measure_matmul_flops(n=matmul_n, dtype=dtype, device=device, repeats=1))
 
     tokens = args.batch * args.seq
     tps = {name: tokens / min(t) for name, t in times.items()}
     matmul = max(matmul_rates)
-    gpu_peak = peak_flops(device, dtype) if device.type == "cuda" else None
+    with tf32_matmuls(device):
+        gpu_peak = peak_flops(device, dtype) if device.type == "cuda" else None
     print(f"# training step, {args.preset} ({base.num_hidden_layers} layers, hidden {base.hidden_size}, "
           f"vocab {base.vocab_size}), batch {args.batch} x {args.seq}, {args.dtype}, {device.type}"
           f"{', compiled' if args.compile else ''}, best of {rounds} steps")
@@ -255,11 +246,11 @@ def main() -> None:
     print(header + (f"{'MFU':>8}" if gpu_peak else "") + f"{'first s':>9}")
     figures = {}
     for name, value in tps.items():
-        variant, packed = name.removesuffix(" packed").removesuffix(" tf32"), name.endswith(" packed")
+        variant, packed = name.removesuffix(" packed").removesuffix(" no-tf32"), name.endswith(" packed")
         cfg = variants.get(variant, base)
         fpt = flops_per_token(cfg, args.seq, training=True)
-        # the reference: swiglu with the same attention and packing; for a tf32 row, its variant at fp32's default
-        swiglu = variant if name.endswith(" tf32") else f"swiglu+{cfg.attn_scoring}" + (" packed" if packed else "")
+        # the reference: swiglu with the same attention and packing; for a no-tf32 row, its variant at TF32
+        swiglu = variant if name.endswith(" no-tf32") else f"swiglu+{cfg.attn_scoring}" + (" packed" if packed else "")
         figures[name] = f = {
             "tokens_per_s": value,
             "vs_qwen3": value / tps["transformers Qwen3"] if "transformers Qwen3" in tps else None,

@@ -26,8 +26,8 @@ Stages, in order (a stage that fails or runs out of time is recorded and the nex
   step_more  bench/bench_train_step.py beyond the headline, compiled, bf16, seq 2048, without transformers'
              Qwen3: 134m at the experiments' micro batch (32, which configs/experiments/fineweb-83m.yaml runs per
              GPU, within what ``isollm-params --plan`` allows on 80 GiB; Qwen3's fp32 logits would not fit); 250m
-             (tokens/s, MFU, compile time); and the two variants below target at 134m x 8, profiled, with
-             iso_tanh's fp32 matmuls also at TF32 (``--tf32``): where their time goes, and what TF32 would give
+             (tokens/s, MFU, compile time); and isogmlp and iso_tanh at 134m x 8, profiled, iso_tanh also with
+             its fp32 matmuls in full fp32 (``--no-tf32``): where their time goes, and what TF32 gives
   compile    train.py with train.compile=true through DDP, FSDP2 and ZeRO-3 (one process, 20 steps; dry run: DDP
              alone, 4 steps), each run's losses against an eager DDP run's
   attention  bench/bench_attention.py: fwd+bwd time and memory, iso_tanh compiled (chunked) and via fla against

@@ -38,7 +38,7 @@ from llm.train.evaluate import evaluate
 from llm.train.lock import RunLock, RunLockedError
 from llm.train.logging import MetricsLog, ProgressBar, drop_tracker, main_print, main_warning, truncate_metrics
 from llm.train.optim import build_optimizer, build_scheduler, multiplier_of, restart_schedule, schedule_warnings
-from llm.train.step import TrainingError, gradient_accumulation_steps
+from llm.train.step import TrainingError, gradient_accumulation_steps, tf32_matmuls
 
 __all__ = ["Run", "TrainerState", "build_data", "build_model", "resolve_max_steps", "setup_run"]
 
@@ -326,6 +326,8 @@ def setup_run(config: RunConfig, teardown: ExitStack) -> Run:
             resumed_from=str(resume_from) if resume_from else None, config=asdict(config))
 
     device = accelerator.device
+    with tf32_matmuls(device, config.train.tf32):  # the peak of the precision the step's fp32 matmuls run at
+        peak = peak_flops(device, config.train.autocast_dtype(device.type) or torch.float32) * world_size
     run = Run(
         config=config, accelerator=accelerator, model=model, optimizer=optimizer,
         scheduler=scheduler, tokenizer=tokenizer, loader=loader, val_windows=val_windows,
@@ -333,7 +335,7 @@ def setup_run(config: RunConfig, teardown: ExitStack) -> Run:
         document_eos=eos_id(tokenizer) if config.data.document_masking else None,
         state=state, grad_norms=grad_norms, group_grad_norms=group_grad_norms, engine=engine, accum=accum,
         max_steps=max_steps, flops_per_token=fpt,
-        peak_flops=peak_flops(device, config.train.autocast_dtype(device.type) or torch.float32) * world_size,
+        peak_flops=peak,
         last_checkpoint=resume_from)
     run.stop_on_log_failure()  # metrics.jsonl opened and its meta row written, or every rank stops here
     if (mismatch := disagreement({"max_steps": max_steps, "start_step": state.step, "micro_batches": accum})):

@@ -73,7 +73,7 @@ def _train(run: Run, teardown: ExitStack) -> bool:
         result = train_step(run.model, batches, run.optimizer, run.scheduler, run.accelerator,
                             config.train.grad_clip, stop_requested=stop.received,
                             grad_groups=run.group_grad_norms, write_failed=log.failure is not None,
-                            document_eos=run.document_eos)
+                            document_eos=run.document_eos, tf32=config.train.tf32)
         if result.write_failed:  # a row of an earlier step was lost on rank 0: every rank stops here
             run.stop_on_log_failure()
         interval_time += time.perf_counter() - started

@@ -7,7 +7,9 @@ import math
 import os
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -238,6 +240,35 @@ def test_autocast_does_not_lower_accumulation() -> None:
         recurrent, _ = iso_tanh_recurrent(q[:, :, :64], k[:, :, :64], v[:, :, :64], None)
     torch.testing.assert_close(chunked.double(), ref, rtol=0.0, atol=1e-5)
     torch.testing.assert_close(recurrent.double(), ref[:, :, :64], rtol=0.0, atol=1e-5)
+
+
+class _TF32Matmuls(torch.overrides.TorchFunctionMode):
+    """Matmuls with every fp32 operand cut to TF32's 10 mantissa bits (truncated: never better than the tensor
+    cores' rounding), which ``train.tf32`` gives the chunked form's matmuls on CUDA; the products stay fp32."""
+
+    MATMULS = (torch.matmul, torch.Tensor.__matmul__, torch.Tensor.matmul, torch.bmm)
+
+    def __torch_function__(self, func: Callable[..., Any], types: tuple[type, ...], args: tuple[Any, ...] = (),
+                           kwargs: dict[str, Any] | None = None) -> Any:
+        if func in self.MATMULS:
+            args = tuple((a.view(torch.int32) & ~0x1FFF).view(torch.float32)
+                         if isinstance(a, torch.Tensor) and a.dtype == torch.float32 else a for a in args)
+        return func(*args, **(kwargs or {}))
+
+
+def test_tf32_matmuls_stay_below_the_bf16_outputs_rounding() -> None:
+    """``train.tf32``: bf16 inputs are exact in TF32, and the fp32 sums it rounds stay well inside the rounding of
+    the bf16 output itself, over T = 4096 (64 chunks of running sums). Measured on fp32 output (the bf16 inputs'
+    values), against fp64."""
+    q, k, v = (x.to(torch.bfloat16).float() for x in make_qkv(4096, hkv=2))
+    ref = iso_tanh_chunked(*(x.double() for x in (q, k, v)), 64)[0]
+    with _TF32Matmuls():
+        tf32 = iso_tanh_chunked(q, k, v, 64)[0]
+
+    def rel(x: torch.Tensor) -> float:
+        return ((x.double() - ref).norm() / ref.norm()).item()
+
+    assert 1e-5 < rel(tf32) < rel(ref.to(torch.bfloat16)) / 2  # cut operands (not fp32's 1e-7), below bf16's
 
 
 def test_bad_inputs_raise() -> None:
