@@ -134,10 +134,10 @@ class TrainConfig:
     precision: str = "auto"
     """auto (bf16 autocast on GPU, fp32 elsewhere) | fp32 | bf16 (bf16 autocast on any device)."""
     tf32: bool = True
-    """On CUDA, the training step's fp32 matmuls run on TF32 tensor cores (torch's float32 matmul precision "high").
-    Under bf16 autocast those are only iso_tanh's running sums, whose bf16-born inputs TF32 holds exactly (1.13x
-    on the swiglu+iso_tanh step); with ``precision: fp32`` it is every matmul, as nanoGPT trains. Evaluation and
-    the metrics always run fp32 in full; false keeps the step there too."""
+    """On CUDA, the training step's fp32 matmuls run on TF32 tensor cores (fp32 accumulation, 10-bit operands).
+    Under bf16 autocast those are only iso_tanh's running sums, whose bf16-born operands TF32 holds exactly (1.13x
+    on the swiglu+iso_tanh step); with ``precision: fp32``, every matmul, as nanoGPT trains. Evaluation and
+    the metrics always run full fp32; false keeps the step there too."""
     compile: bool = False
     """torch.compile each decoder layer (in place, one compiled graph shared by all layers)."""
     activation_checkpointing: int = 0

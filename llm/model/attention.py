@@ -166,13 +166,9 @@ class SoftmaxScoring(nn.Module):
     @staticmethod
     def static_step(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, past: StaticKV) -> torch.Tensor:
         """One new token per row written into the buffers at the slot, in place; it sees every real slot and its
-        own (so that a padded one is not 0/0). The query heads of a KV head attend as one row of queries.
-
-        Plain matmuls over every slot, scores and softmax in fp32 (fp64 kept), rather than SDPA with a key mask:
-        no SDPA kernel for a mask splits the keys over the GPU, so its one row of queries per KV head read all of
-        them in sequence: 34 ms per token at 32k of context on an H100, 6 ms at 4k (docs/performance.md). A
-        matmul spreads the keys over every SM.
-        """
+        own (so that a padded one is not 0/0). The query heads of a KV head attend as one row of queries, through
+        plain matmuls over every slot (scores and softmax in fp32): no SDPA kernel for a key mask splits the keys
+        over the GPU, and the one it chose took 34 ms per token at 32k on an H100 (docs/performance.md)."""
         slot = past.decoding.slot
         past.keys.index_copy_(2, slot, k)
         past.values.index_copy_(2, slot, v)

@@ -39,19 +39,11 @@ class TrainingError(RuntimeError):
 
 @contextlib.contextmanager
 def tf32_matmuls(device: torch.device, enabled: bool = True) -> Iterator[None]:
-    """fp32 matmuls on ``device`` run on TF32 tensor cores inside the block (``train.tf32``), the precision before
-    it restored after it; a no-op off CUDA, where "high" may pick other reduced-precision paths.
-
-    Under bf16 autocast the step's only fp32 matmuls are those that leave autocast to accumulate in fp32,
-    iso_tanh's chunked running sums (llm/model/iso_tanh.py). TF32 keeps 10 mantissa bits of each input, so a
-    bf16-born operand (7 bits) is exact and only a running sum is rounded, 8x finer than bf16; the products still
-    accumulate in fp32. On an H100 that made the swiglu+iso_tanh step 1.13x faster (docs/performance.md).
-    """
-    if not (enabled and device.type == "cuda"):
-        yield
-        return
+    """fp32 matmuls on TF32 tensor cores inside the block (``train.tf32``; why: its docstring), the precision
+    before it restored after; on CUDA only, as "high" may pick other reduced-precision paths on a CPU."""
     before = torch.get_float32_matmul_precision()
-    torch.set_float32_matmul_precision("high")
+    if enabled and device.type == "cuda":
+        torch.set_float32_matmul_precision("high")
     try:
         yield
     finally:
