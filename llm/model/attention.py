@@ -88,16 +88,12 @@ def document_block_mask(doc_starts: torch.Tensor) -> BlockMask:
 
 class StaticKV(NamedTuple):
     """Softmax's state in a static cache (cache.py): key and value buffers ``[B, Hkv, capacity, D]``, written in
-    place at the slot of each new token, and the cache's shared step bookkeeping."""
+    place at the slot of each new token (the keys in at least fp32, the scores' precision), and the cache's shared
+    step bookkeeping."""
 
     keys: torch.Tensor
     values: torch.Tensor
     decoding: StaticDecoding
-
-
-STATIC_ALIGNMENT = 16
-"""A static cache's slots are a multiple of this: the masked (memory-efficient) SDPA kernel pads a key mask whose
-length is not, with a copy on every call."""
 
 
 def _check_padding_mask(mask: torch.Tensor, q: torch.Tensor, keys: int | None) -> torch.Tensor:
@@ -159,27 +155,26 @@ class SoftmaxScoring(nn.Module):
 
     @staticmethod
     def static_state(present: tuple[torch.Tensor, torch.Tensor], decoding: StaticDecoding) -> StaticKV:
-        """The prompt's ``(k, v)`` moved into buffers with the static cache's slots."""
-        free = decoding.real_keys.shape[1] - present[0].shape[2]
-        return StaticKV(*(F.pad(x, (0, 0, 0, free)) for x in present), decoding)
+        """The prompt's ``(k, v)`` moved into buffers with the static cache's slots, the keys cast once here rather
+        than the whole buffer at every step."""
+        keys, values = present
+        free = decoding.real_keys.shape[1] - keys.shape[2]
+        keys = keys.to(torch.promote_types(keys.dtype, torch.float32))
+        return StaticKV(F.pad(keys, (0, 0, 0, free)), F.pad(values, (0, 0, 0, free)), decoding)
 
     @staticmethod
     def static_step(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, past: StaticKV) -> torch.Tensor:
-        """One new token per row written into the buffers at the slot, in place; it sees every real slot and its
-        own (so that a padded one is not 0/0). The query heads of a KV head attend as one row of queries, through
-        plain matmuls over every slot (scores and softmax in fp32): no SDPA kernel for a key mask splits the keys
-        over the GPU, and the one it chose took 34 ms per token at 32k on an H100 (docs/performance.md)."""
+        """One new token per row written into the buffers at the slot, in place; it sees the step's visible slots.
+        The query heads of a KV head attend as one row of queries, through plain matmuls over every slot, scores and
+        softmax in fp32 and the weights then in the values' dtype, as flash attention keeps them: no SDPA kernel for
+        a key mask splits the keys over the GPU, and the one it chose took 34 ms per token at 32k on an H100."""
         slot = past.decoding.slot
-        past.keys.index_copy_(2, slot, k)
+        past.keys.index_copy_(2, slot, k.to(past.keys.dtype))
         past.values.index_copy_(2, slot, v)
-        own = torch.arange(past.keys.shape[2], device=q.device) == slot
-        visible = (past.decoding.real_keys | own)[:, None, None]  # [B, 1, 1, slots]
         b, h, _, d = q.shape
-        acc = torch.promote_types(q.dtype, torch.float32)
-        grouped = q.reshape(b, k.shape[1], -1, d).to(acc) * d**-0.5  # [B, Hkv, H / Hkv, D]
-        scores = (grouped @ past.keys.to(acc).transpose(-1, -2)).masked_fill_(~visible, -math.inf)
-        out = scores.softmax(-1) @ past.values.to(acc)
-        return out.to(q.dtype).reshape(b, h, 1, d)
+        grouped = q.reshape(b, k.shape[1], -1, d).to(past.keys.dtype) * d**-0.5  # [B, Hkv, H / Hkv, D]
+        scores = (grouped @ past.keys.transpose(-1, -2)).masked_fill_(~past.decoding.visible, -math.inf)
+        return (scores.softmax(-1).to(v.dtype) @ past.values).reshape(b, h, 1, d)
 
     @staticmethod
     def padded(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, padding_mask: torch.Tensor) -> torch.Tensor:

@@ -28,6 +28,9 @@ class StaticDecoding:
     real_keys: torch.Tensor
     """``[B, capacity]`` bool: the slots that hold a real (not padding) token's key; a row's count of them is
     also its next real token's position."""
+    visible: torch.Tensor | None = None
+    """``[B, 1, 1, capacity]`` bool, set by each step (``IsoLLMModel.decode_step``) for every softmax layer: the
+    real slots and the new token's own, so that a padded one sees a key (not 0/0)."""
     graph: tuple | None = None
     """The captured step on CUDA (``IsoLLMModel.decode_step``): the graph, its input buffers and its output."""
 

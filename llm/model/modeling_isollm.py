@@ -36,7 +36,7 @@ from transformers import GenerationMixin, PreTrainedModel
 from transformers.modeling_layers import GradientCheckpointingLayer
 from transformers.modeling_outputs import CausalLMOutputWithPast
 
-from .attention import ATTN_SCORING_REGISTRY, STATIC_ALIGNMENT
+from .attention import ATTN_SCORING_REGISTRY
 from .cache import IsoLLMCache, LayerState, StaticDecoding
 from .config import ModelConfig
 from .configuration_isollm import IsoLLMConfig
@@ -186,15 +186,14 @@ class IsoLLMModel(nn.Module):
 
     def _begin_static_decoding(self, cache: IsoLLMCache, padding_mask: torch.Tensor | None,
                                input_ids: torch.Tensor) -> None:
-        """After a static cache's prompt: its slots (``max_length`` rounded up to ``STATIC_ALIGNMENT``) and the
-        softmax states moved into buffers of that many."""
+        """After a static cache's prompt: its ``max_length`` slots and the softmax states moved into buffers of that
+        many."""
         if cache.seen_tokens > cache.max_length:
             raise ValueError(f"the prompt has {cache.seen_tokens} tokens, more than the static cache's max_length "
                              f"{cache.max_length}")
-        slots = -(-cache.max_length // STATIC_ALIGNMENT) * STATIC_ALIGNMENT
         real = padding_mask if padding_mask is not None else torch.ones_like(input_ids, dtype=torch.bool)
         cache.decoding = StaticDecoding(slot=input_ids.new_full((1,), cache.seen_tokens),
-                                        real_keys=F.pad(real, (0, slots - real.shape[1])))
+                                        real_keys=F.pad(real, (0, cache.max_length - real.shape[1])))
         for layer, state in zip(self.layers, cache.layers, strict=True):
             state.attention = layer.self_attn.scoring.static_state(state.attention, cache.decoding)
 
@@ -228,6 +227,8 @@ class IsoLLMModel(nn.Module):
         each step has the same shapes, memory and kernels: ``forward`` captures it once as a CUDA graph."""
         step = cache.decoding
         step.real_keys.index_copy_(1, step.slot, real)
+        own = torch.arange(step.real_keys.shape[1], device=step.slot.device) == step.slot
+        step.visible = (step.real_keys | own)[:, None, None]  # once for every layer
         position = (step.real_keys.sum(-1, keepdim=True) - 1).clamp_min(0)  # as forward counts real tokens
         x = self.embed_tokens(input_ids)
         cos, sin = rotary_cos_sin(position, self.head_dim, self.rope_theta, x.dtype)
