@@ -1,14 +1,15 @@
 """The GPU check's stages, each time-boxed, and its report (run through scripts/gpu_check.sh).
 
-    python scripts/gpu_check.py --part 1 OUTDIR     # on one CUDA GPU: part 1 of 3 (each one device call)
+    python scripts/gpu_check.py --part 1 OUTDIR     # on one CUDA GPU: part 1 of 4 (each one device call)
     python scripts/gpu_check.py --dry-run OUTDIR    # every stage at tiny size on CPU (fp32, no fla)
 
 On a GPU the stages come in four parts, each within one device call of 10 minutes (``PARTS``, gpu_modes.py): 1 =
-step (the headline figures, first) and pytest, about 4 minutes with the machine's start-up; 2 = train; 3 = compile
+step (the headline figures, first) and pytest, about 6 minutes with the machine's start-up; 2 = train; 3 = compile
 and attention; 4 = step_more and generate; env runs in each. The boxes are set from the GPU checks (2026-11-25, one
-H100 whose host took ~18 s to import torch and the package; 2026-11-26, one H200), the attention box from the
-second (fla autotunes in each length's process, ~40 s a length); step_more's and generate's are estimates
-(generate's allows for fla's autotuning of iso_tanh's prefill from 8k, on a machine that has not run part 3).
+H100 whose host took ~18 s to import torch and the package; 2026-11-26, one H200 and one H100: the step 123-182 s,
+nine GPU tests 100 s with their collection, step_more 166 s, generate 70 s), the attention box from the second
+(fla autotunes in each length's process, ~40 s a length); generate's leaves room for fla's autotuning of
+iso_tanh's prefill from 8k, on a machine that has not run part 3.
 
 Stages, in order (a stage that fails or runs out of time is recorded and the next one starts):
   env        versions, the GPU, and whether every carried wheel's requirements are met
