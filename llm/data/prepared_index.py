@@ -58,15 +58,24 @@ def read_index(root: Path) -> dict[str, Any]:
 
 def file_problems(root: Path, index: dict[str, Any], checksums: bool = False) -> Iterator[str]:
     """A line for each token file that does not hold what the index records: missing, of another size than 4
-    bytes (uint32) per token, or (``checksums``, where one is recorded) of another checksum."""
+    bytes (uint32) per token, or (``checksums``, where one is recorded) of another checksum; then one for each
+    piece that runs past its file. A file of no tokens need not exist (prepare writes none; it once wrote empty
+    ones)."""
     for entry in index["files"]:
         path, want = root / entry["tokens"], entry["num_tokens"] * 4
+        if not want and not path.exists():
+            continue
         size = path.stat().st_size if path.is_file() else None
         if size != want:
             held = "is missing" if size is None else f"holds {size:,} bytes"
             yield f"{path} {held}; {INDEX_FILE} records {entry['num_tokens']:,} tokens ({want:,} bytes)"
         elif checksums and CHECKSUM in entry and (found := file_checksum(path, xxhash.xxh3_64)) != entry[CHECKSUM]:
             yield f"{path} has checksum {found}; {INDEX_FILE} records {entry[CHECKSUM]} (bytes changed in place)"
+    for i, piece in enumerate(index["pieces"]):  # the loader reads [start, start + num_tokens) of the piece's file
+        start, end, entry = piece["start"], piece["start"] + piece["num_tokens"], index["files"][piece["file"]]
+        if not 0 <= start <= end <= entry["num_tokens"]:
+            yield (f"{root / INDEX_FILE} records piece {i} as tokens {start:,} to {end:,} of {root / entry['tokens']}, "
+                   f"which holds {entry['num_tokens']:,}")
 
 
 def verify(root: Path) -> tuple[list[str], str]:
