@@ -9,7 +9,7 @@ import random
 import re
 from collections import Counter
 from dataclasses import replace
-from itertools import islice
+from itertools import islice, pairwise
 from pathlib import Path
 
 import pyarrow as pa
@@ -165,7 +165,7 @@ def test_txt_records_are_the_same_whatever_the_ranges(tmp_path: Path) -> None:
         whole = paragraph_records(data, max_bytes)
         ends = sorted({0, len(data), *(rng.randint(0, len(data)) for _ in range(rng.randint(0, 5)))})
         with path.open("rb") as f:
-            assert [(at, raw) for lo, hi in zip(ends, ends[1:], strict=False)
+            assert [(at, raw) for lo, hi in pairwise(ends)
                     for at, raw, _ in _records(f, "text", lo, hi, max_bytes)] == whole, (data, max_bytes, ends)
             records = list(_records(f, "text", 0, len(data), max_bytes))
             for i, (_, _, after) in enumerate(records):
