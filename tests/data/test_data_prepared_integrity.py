@@ -41,6 +41,15 @@ def verify(prepared: Path, capsys: pytest.CaptureFixture[str]) -> tuple[int, lis
     return code, out.splitlines(), err.splitlines()
 
 
+def train_on(prepared: Path, data_cfg: DataConfig, bpe: Tokenizer, tmp_path: Path, name: str) -> int:
+    """train.py's exit code for 2 steps of a tiny model on ``prepared``."""
+    tokenizer = tmp_path / "tokenizer.json"
+    bpe.save(str(tokenizer))
+    return train_main([*TINY_TRAIN, f"data.source={data_cfg.source}", f"data.tokenizer={tokenizer}",
+                       f"data.prepared={prepared}", f"data.cache_dir={data_cfg.cache_dir}", "data.val_bucket=20",
+                       "data.val_tokens=330", f"out_dir={tmp_path / 'runs'}", f"name={name}", "train.max_steps=2"])
+
+
 def test_fresh_prepare_verifies(prepared: Path, capsys: pytest.CaptureFixture[str]) -> None:
     index = json.loads((prepared / INDEX_FILE).read_text())
     tokens = sum(f["num_tokens"] for f in index["files"])
@@ -70,12 +79,7 @@ def test_a_token_file_of_another_size_is_refused_before_the_first_step(
     assert str(raised.value) == (f"data.prepared: {problem}; prepare again (`isollm-data verify {prepared}` checks "
                                  "every file)")
     assert verify(prepared, capsys) == (1, [], [f"isollm-data verify: damaged: {problem}"])
-    tokenizer = tmp_path / "tokenizer.json"
-    bpe.save(str(tokenizer))
-    assert train_main([*TINY_TRAIN, f"data.source={data_cfg.source}", f"data.tokenizer={tokenizer}",
-                       f"data.prepared={prepared}", f"data.cache_dir={data_cfg.cache_dir}", "data.val_bucket=20",
-                       "data.val_tokens=330", f"out_dir={tmp_path / 'runs'}", "name=damaged",
-                       "train.max_steps=2"]) == 2
+    assert train_on(prepared, data_cfg, bpe, tmp_path, "damaged") == 2
     assert capsys.readouterr().err.strip().splitlines()[-1] == f"error: {raised.value}"
     assert not (tmp_path / "runs" / "damaged" / "checkpoints").exists()
 
@@ -148,12 +152,7 @@ def test_a_token_id_past_the_tokenizer_is_refused_in_one_line(prepared: Path, da
     tokens.tofile(shard)
     for other in ("tokens_00000.bin", "tokens_00002.bin"):
         (prepared / other).write_bytes((np.fromfile(prepared / other, dtype=np.uint32) | 1 << 30).tobytes())
-    tokenizer = tmp_path / "tokenizer.json"
-    bpe.save(str(tokenizer))
-    assert train_main([*TINY_TRAIN, f"data.source={data_cfg.source}", f"data.tokenizer={tokenizer}",
-                       f"data.prepared={prepared}", f"data.cache_dir={data_cfg.cache_dir}", "data.val_bucket=20",
-                       "data.val_tokens=330", f"out_dir={tmp_path / 'runs'}", "name=flipped",
-                       "train.max_steps=2"]) == 2
+    assert train_on(prepared, data_cfg, bpe, tmp_path, "flipped") == 2
     line = capsys.readouterr().err.strip().splitlines()[-1]
     assert line.startswith("error: data.prepared: ") and "past the tokenizer's ids (0 to 511)" in line
 
