@@ -151,7 +151,8 @@ def paragraph_records(data: bytes, max_bytes: int) -> list[tuple[int, bytes]]:
 
 def test_txt_records_are_the_same_whatever_the_ranges(tmp_path: Path) -> None:
     """Random files of short and long paragraphs, each read as ranges that tile it, and again from each record's
-    end (where a failed read resumes): the records of the whole file read from its start, each exactly once."""
+    start (where a resumed stream reads again) and end (where a failed read resumes): the records of the whole file
+    read from its start, each exactly once."""
     from llm.data.pieces import _records
 
     rng = random.Random(0)
@@ -168,7 +169,8 @@ def test_txt_records_are_the_same_whatever_the_ranges(tmp_path: Path) -> None:
             assert [(at, raw) for lo, hi in pairwise(ends)
                     for at, raw, _ in _records(f, "text", lo, hi, max_bytes)] == whole, (data, max_bytes, ends)
             records = list(_records(f, "text", 0, len(data), max_bytes))
-            for i, (_, _, after) in enumerate(records):
+            for i, (at, _, after) in enumerate(records):
+                assert [r[:2] for r in _records(f, "text", at, len(data), max_bytes)] == whole[i:]
                 assert [r[:2] for r in _records(f, "text", after, len(data), max_bytes)] == whole[i + 1 :]
 
 
