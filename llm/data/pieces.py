@@ -127,35 +127,29 @@ def _previous_line_blank(f: BinaryIO, line_start: int) -> bool:
 def _records(f: BinaryIO, kind: str, start: int, hi: int, max_bytes: int) -> Iterator[tuple[int, bytes, int]]:
     """(start byte, raw record, byte where the next record may start) of the records starting in ``[start, hi)``:
     lines, or paragraphs cut at lines past ``max_bytes`` (the module's docstring)."""
-    if kind == "json":
-        pos = _first_line_start(f, start)
-        f.seek(pos)
-        while pos < hi and (line := f.readline()):
-            yield pos, line, pos + len(line)
-            pos += len(line)
-        return
-    # Whether a line starts a record depends on where its paragraph started, but only as far as whether that was
-    # at or before the multiple of max_bytes before the previous one: read from there, the records before
-    # ``start`` dropped (at most 2 x max_bytes and a line read more at the start of a range).
-    pos = _first_line_start(f, max(start - start % max_bytes - max_bytes, 0))
-    previous_blank = _previous_line_blank(f, pos)
+    # Every jsonl line is a record. Whether a txt line starts one depends on where its paragraph started, but only
+    # as far as whether that was at or before the multiple of max_bytes before the previous one: read from there,
+    # the records before ``start`` dropped (at most 2 x max_bytes and a line more read at the start of a range).
+    text = kind == "text"
+    pos = _first_line_start(f, max(start - start % max_bytes - max_bytes, 0) if text else start)
+    after_blank = not text or _previous_line_blank(f, pos)  # the line at pos follows a blank one (or is jsonl)
     previous = paragraph = -1  # the previous line's start, the paragraph's: -1 before the first line read
     first, lines = pos, []  # the record being read: its start and lines
     f.seek(pos)
     while True:
         line = f.readline()
-        blank, cut = not line.strip(), pos - pos % max_bytes  # the last multiple of max_bytes at or before pos
-        if not line or blank or previous_blank or (previous < cut and paragraph <= cut - max_bytes):
+        blank, cut = text and not line.strip(), pos - pos % max_bytes  # cut: the last multiple of max_bytes <= pos
+        if not line or blank or after_blank or (previous < cut and paragraph <= cut - max_bytes):
             if lines and first >= start:
                 yield first, b"".join(lines), pos
             lines = []
             if not line or pos >= hi:
                 return
         if not blank:
-            paragraph = pos if previous_blank else paragraph
+            paragraph = pos if after_blank else paragraph
             first = first if lines else pos
             lines.append(line)
-        previous, previous_blank, pos = pos, blank, pos + len(line)
+        previous, after_blank, pos = pos, blank or not text, pos + len(line)
 
 
 def _decode(source: Source, piece: Piece, raw: bytes) -> tuple[str | None, object]:
