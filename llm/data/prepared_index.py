@@ -1,8 +1,9 @@
 """A prepared directory's ``index.json`` and the integrity of the token files it lists.
 
 The index records each file's token count and xxh3-64 checksum (indexes written before checksums were recorded
-have none, and still load). A run checks what is cheap before its first step: the index's fields and every
-file's size; ``isollm-data verify`` also reads every file through its checksum (zeroed bytes keep the size).
+have none, and still load). A run checks what is cheap before its first step: the index's fields, every file's
+size and that every piece lies inside its file; ``isollm-data verify`` also reads every file through its checksum
+(zeroed bytes keep the size). The token ids are checked as the loader reads them (``PreparedTokens.tokens``).
 """
 
 from __future__ import annotations
@@ -79,7 +80,8 @@ def file_problems(root: Path, index: dict[str, Any], checksums: bool = False) ->
 
 
 def verify(root: Path) -> tuple[list[str], str]:
-    """(a line per damaged token file, a summary line): every file's size and recorded checksum."""
+    """(a line per damaged token file, a summary line): every file's size and recorded checksum, every piece's
+    range."""
     index = read_index(root)
     files = index["files"]
     unrecorded = sum(CHECKSUM not in entry for entry in files)
