@@ -9,7 +9,7 @@
 - A long txt paragraph (a file without blank lines) is cut into several records at line starts: at the first
   line start at or after each multiple of ``data.max_doc_chars`` bytes of the file, when the paragraph started
   at or before the multiple before it. A paragraph shorter than ``max_doc_chars`` bytes is never cut; a longer
-  one becomes records of about 1 to 2 x ``max_doc_chars`` bytes (a line is never cut), so that the nodes that
+  one becomes records of at most about 2 x ``max_doc_chars`` bytes (a line is never cut), so that the nodes that
   split the file by bytes each get records. Each record is a document, followed by EOS like any other.
 
 A position inside a piece is an integer in the piece's unit: the row index, or the byte offset of a record's
