@@ -175,7 +175,7 @@ def test_txt_records_are_the_same_whatever_the_ranges(tmp_path: Path) -> None:
 
 
 def test_text_without_blank_lines_is_cut_at_lines_and_keeps_every_token(tmp_path: Path, bpe: Tokenizer) -> None:
-    """A text file without blank lines of ~20 x max_doc_chars is documents of 1 to 2 x max_doc_chars bytes cut at
+    """A text file without blank lines of ~20 x max_doc_chars is documents of about max_doc_chars bytes cut at
     lines, each tokenized whole and followed by EOS: streaming, prepare and the validation set (what eval.py
     evaluates) each yield exactly their tokens, and 4 nodes each get documents. Before, it was one document that
     the one node whose byte range held its start read whole: the others stopped with "got no training
@@ -192,6 +192,7 @@ def test_text_without_blank_lines_is_cut_at_lines_and_keeps_every_token(tmp_path
     assert len(text) > 20 * cfg.max_doc_chars and "\n\n" not in text
     documents = [raw.decode().strip() for _, raw in paragraph_records(text.encode(), cfg.max_doc_chars)]
     assert len(documents) >= 10 and max(map(len, documents)) > cfg.max_doc_chars  # tokenized in text_parts
+    assert max(map(len, documents)) <= 2 * cfg.max_doc_chars + max(map(len, text.splitlines()))
     assert " ".join(documents).split() == text.split()
     expected = [t for doc in documents for t in [*bpe.encode(doc, add_special_tokens=False).ids, eos_id(bpe)]]
     stream = StreamingTokens(cfg, bpe)
