@@ -113,8 +113,8 @@ def _parser() -> argparse.ArgumentParser:
                       "one document more; default: the whole source)")
     _data_arguments(prep)
     prep.set_defaults(run=_prepare)
-    check = commands.add_parser("verify", help="check a prepared directory's token files against the sizes and "
-                                "checksums its index.json records (one line per damaged file, exit 1)")
+    check = commands.add_parser("verify", help="check a prepared directory's token files against the sizes, "
+                                "checksums and pieces its index.json records (one line per damaged file, exit 1)")
     check.add_argument("dir", help="the prepared directory (isollm-data prepare --out)")
     check.set_defaults(run=_verify)
     plan = commands.add_parser("plan", help="how one epoch of a source splits among ranks x workers")

@@ -5,7 +5,7 @@ whether a file still holds what was written (prepared token files, checkpoints).
 from __future__ import annotations
 
 import os
-import tempfile
+import secrets
 import warnings
 from collections.abc import Callable
 from pathlib import Path
@@ -20,15 +20,16 @@ __all__ = ["file_checksum", "warn_rebuilding", "write_atomically"]
 def write_atomically(path: Path, write: Callable[[Path], object]) -> None:
     """Write ``path`` by ``write(temporary path)`` in the same directory, then rename it over ``path``: a
     reader (another rank, a concurrent job) sees the previous file or the whole new one, never a torn one.
-    Raises ``OSError`` when the directory cannot be written (the temporary file is removed)."""
+    Raises ``OSError`` when the directory cannot be written (the temporary file is removed). The file gets the
+    mode ``write`` creates it with (0666 less the umask, as the token files beside an index.json): not mkstemp's
+    0600, which left a shared prepared directory or cache unreadable to the others who share it."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name, suffix=".tmp")
-    os.close(fd)
+    tmp = path.with_name(f"{path.name}.{secrets.token_hex(8)}.tmp")  # a name no concurrent writer picks
     try:
-        write(Path(tmp))
+        write(tmp)
         os.replace(tmp, path)
     except BaseException:
-        Path(tmp).unlink(missing_ok=True)
+        tmp.unlink(missing_ok=True)
         raise
 
 

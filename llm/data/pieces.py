@@ -6,6 +6,11 @@
   *start* inside it (a line for jsonl; a paragraph for txt: a non-blank line after a blank line or the file's
   start, through the next blank line), so ranges that tile a file own every record exactly once and a reader
   of one range reads at most one record past its end.
+- A long txt paragraph (a file without blank lines) is cut into several records at line starts: at the first
+  line start at or after each multiple of ``data.max_doc_chars`` bytes of the file, when the paragraph started
+  at or before the multiple before it. A paragraph shorter than ``max_doc_chars`` bytes is never cut; a longer
+  one becomes records of at most about 2 x ``max_doc_chars`` bytes (a line is never cut), so that the nodes that
+  split the file by bytes each get records. Each record is a document, followed by EOS like any other.
 
 A position inside a piece is an integer in the piece's unit: the row index, or the byte offset of a record's
 start. ``PieceReader`` yields batches of ``data.tokenize_batch`` records with the position before and after
@@ -119,26 +124,32 @@ def _previous_line_blank(f: BinaryIO, line_start: int) -> bool:
     return True
 
 
-def _records(f: BinaryIO, kind: str, start: int, hi: int) -> Iterator[tuple[int, bytes]]:
-    """(start byte, raw record) of the records starting in ``[start, hi)``: lines, or paragraphs."""
-    pos = _first_line_start(f, start)
-    previous_blank = kind == "json" or _previous_line_blank(f, pos)
+def _records(f: BinaryIO, kind: str, start: int, hi: int, max_bytes: int) -> Iterator[tuple[int, bytes, int]]:
+    """(start byte, raw record, byte where the next record may start) of the records starting in ``[start, hi)``:
+    lines, or paragraphs cut at lines past ``max_bytes`` (the module's docstring)."""
+    # Every jsonl line is a record. Whether a txt line starts one depends on where its paragraph started, but only
+    # as far as whether that was at or before the multiple of max_bytes before the previous one: read from there,
+    # the records before ``start`` dropped (at most 2 x max_bytes and a line more read at the start of a range).
+    text = kind == "text"
+    pos = _first_line_start(f, max(start - start % max_bytes - max_bytes, 0) if text else start)
+    after_blank = not text or _previous_line_blank(f, pos)  # the line at pos follows a blank one (or is jsonl)
+    previous = paragraph = -1  # the previous line's start, the paragraph's: -1 before the first line read
+    first, lines = pos, []  # the record being read: its start and lines
     f.seek(pos)
-    while pos < hi:
+    while True:
         line = f.readline()
-        if not line:
-            return
-        if kind == "json" or (line.strip() and previous_blank):
-            if kind == "text":
-                paragraph = [line]
-                while (more := f.readline()).strip():
-                    paragraph.append(more)
-                line = b"".join(paragraph)
-                previous_blank = True  # the paragraph ended at a blank line (or the file's end)
-            yield pos, line
-        else:
-            previous_blank = not line.strip()
-        pos = f.tell()
+        blank, cut = text and not line.strip(), pos - pos % max_bytes  # cut: the last multiple of max_bytes <= pos
+        if not line or blank or after_blank or (previous < cut and paragraph <= cut - max_bytes):
+            if lines and first >= start:
+                yield first, b"".join(lines), pos
+            lines = []
+            if not line or pos >= hi:
+                return
+        if not blank:
+            paragraph = pos if after_blank else paragraph
+            first = first if lines else pos
+            lines.append(line)
+        previous, after_blank, pos = pos, blank or not text, pos + len(line)
 
 
 def _decode(source: Source, piece: Piece, raw: bytes) -> tuple[str | None, object]:
@@ -158,16 +169,17 @@ def _decode(source: Source, piece: Piece, raw: bytes) -> tuple[str | None, objec
     return text, record.get(source.id_column) if source.id_column and isinstance(record, dict) else None
 
 
-def _lines(source: Source, piece: Piece, start: int, hi: int, batch_size: int) -> Iterator[tuple[int, Batch, int]]:
+def _lines(source: Source, piece: Piece, start: int, hi: int, batch_size: int, max_bytes: int
+           ) -> Iterator[tuple[int, Batch, int]]:
     with open_file(piece.file) as f:
         batch: list[tuple[str | None, object]] = []
         first = start
-        for pos, raw in _records(f, piece.kind, start, hi):
+        for pos, raw, after in _records(f, piece.kind, start, hi, max_bytes):
             if not batch:
                 first = pos
             batch.append(_decode(source, piece, raw))
             if len(batch) == batch_size:
-                yield first, _columns(source, batch), f.tell()
+                yield first, _columns(source, batch), after
                 batch = []
         if batch:
             yield first, _columns(source, batch), hi
@@ -180,13 +192,14 @@ def _columns(source: Source, rows: list[tuple[str | None, object]]) -> Batch:
     return batch
 
 
-def read_piece(source: Source, piece: Piece, start: int, hi: int, batch_size: int
-               ) -> Iterator[tuple[int, Batch, int]]:
+def read_piece(source: Source, piece: Piece, start: int, hi: int, batch_size: int,
+               max_bytes: int = DataConfig.max_doc_chars) -> Iterator[tuple[int, Batch, int]]:
     """(position before, rows, position after) of the records of ``piece`` from position ``start`` to the
-    end of the range ending at ``hi``, in batches of ``batch_size``."""
+    end of the range ending at ``hi``, in batches of ``batch_size``; a txt paragraph is cut at lines past
+    ``max_bytes`` (``data.max_doc_chars``)."""
     if piece.kind == "parquet":
         return _parquet(source, piece, start, hi, batch_size)
-    return _lines(source, piece, start, hi, batch_size)
+    return _lines(source, piece, start, hi, batch_size, max_bytes)
 
 
 def read_errors() -> tuple[type[BaseException], ...]:
@@ -215,6 +228,7 @@ class PieceReader:
         self.source = source
         self.pieces = list_pieces(source)
         self.batch_size = data_cfg.tokenize_batch
+        self.max_bytes = data_cfg.max_doc_chars
         self.retries = data_cfg.read_retries
         self.backoff_s = data_cfg.retry_backoff_s
 
@@ -231,7 +245,7 @@ class PieceReader:
         (``read_errors()``) is retried from the position after the last good batch, as ``data.read_retries`` and
         ``data.retry_backoff_s`` say, so the rows continue exactly as if nothing had failed."""
         failures = 0
-        reader = read_piece(self.source, self.pieces[piece], start, hi, self.batch_size)
+        reader = read_piece(self.source, self.pieces[piece], start, hi, self.batch_size, self.max_bytes)
         while True:
             try:
                 before, rows, after = next(reader)
@@ -248,7 +262,7 @@ class PieceReader:
                 warnings.warn(f"data.source: reading {label} failed ({reason}); retry {failures} of "
                               f"{self.retries} in {delay:g} s from the last good position", DataWarning, stacklevel=2)
                 time.sleep(delay)
-                reader = read_piece(self.source, self.pieces[piece], start, hi, self.batch_size)
+                reader = read_piece(self.source, self.pieces[piece], start, hi, self.batch_size, self.max_bytes)
                 continue
             failures = 0
             yield before, rows, after

@@ -1,8 +1,9 @@
 """A prepared directory's ``index.json`` and the integrity of the token files it lists.
 
 The index records each file's token count and xxh3-64 checksum (indexes written before checksums were recorded
-have none, and still load). A run checks what is cheap before its first step: the index's fields and every
-file's size; ``isollm-data verify`` also reads every file through its checksum (zeroed bytes keep the size).
+have none, and still load). A run checks what is cheap before its first step: the index's fields, every file's
+size and that every piece lies inside its file; ``isollm-data verify`` also reads every file through its checksum
+(zeroed bytes keep the size). The token ids are checked as the loader reads them (``PreparedTokens.tokens``).
 """
 
 from __future__ import annotations
@@ -58,19 +59,29 @@ def read_index(root: Path) -> dict[str, Any]:
 
 def file_problems(root: Path, index: dict[str, Any], checksums: bool = False) -> Iterator[str]:
     """A line for each token file that does not hold what the index records: missing, of another size than 4
-    bytes (uint32) per token, or (``checksums``, where one is recorded) of another checksum."""
+    bytes (uint32) per token, or (``checksums``, where one is recorded) of another checksum; then one for each
+    piece that runs past its file. A file of no tokens need not exist (prepare writes none; it once wrote empty
+    ones)."""
     for entry in index["files"]:
         path, want = root / entry["tokens"], entry["num_tokens"] * 4
+        if not want and not path.exists():
+            continue
         size = path.stat().st_size if path.is_file() else None
         if size != want:
             held = "is missing" if size is None else f"holds {size:,} bytes"
             yield f"{path} {held}; {INDEX_FILE} records {entry['num_tokens']:,} tokens ({want:,} bytes)"
         elif checksums and CHECKSUM in entry and (found := file_checksum(path, xxhash.xxh3_64)) != entry[CHECKSUM]:
             yield f"{path} has checksum {found}; {INDEX_FILE} records {entry[CHECKSUM]} (bytes changed in place)"
+    for i, piece in enumerate(index["pieces"]):  # the loader reads [start, start + num_tokens) of the piece's file
+        start, end, entry = piece["start"], piece["start"] + piece["num_tokens"], index["files"][piece["file"]]
+        if not 0 <= start <= end <= entry["num_tokens"]:
+            yield (f"{root / INDEX_FILE} records piece {i} as tokens {start:,} to {end:,} of {root / entry['tokens']}, "
+                   f"which holds {entry['num_tokens']:,}")
 
 
 def verify(root: Path) -> tuple[list[str], str]:
-    """(a line per damaged token file, a summary line): every file's size and recorded checksum."""
+    """(a line per damaged token file, a summary line): every file's size and recorded checksum, every piece's
+    range."""
     index = read_index(root)
     files = index["files"]
     unrecorded = sum(CHECKSUM not in entry for entry in files)

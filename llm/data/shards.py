@@ -6,7 +6,8 @@ so the pieces can be visited in the streaming reader's epoch order)::
     index.json            format, source identity, tokenizer fingerprint, val_bucket, max_doc_chars, files
                           (each with its token count and checksum: ``llm.data.prepared_index``), pieces
                           (written last)
-    tokens_00000.bin      uint32 tokens of file 0's training documents, each followed by EOS
+    tokens_00000.bin      uint32 tokens of file 0's training documents, each followed by EOS (no file for a file
+                          without training documents)
 
 ``PreparedTokens`` reads by global window index: the global token stream is the pieces' tokens in each
 epoch's order, epoch after epoch (exactly what one streaming node reads); window g is its tokens
@@ -38,7 +39,7 @@ from llm.data.sources import data_source
 from llm.data.split import epoch_order
 from llm.data.streaming import StreamingTokens
 from llm.data.token_source import State, TokenSource, block_permutation
-from llm.data.tokenizer import encode_documents, tokenizer_identity
+from llm.data.tokenizer import encode_documents, tokenizer_identity, top_id
 
 __all__ = ["FORMAT", "INDEX_FILE", "START", "PreparedTokens", "continue_positions", "node_positions", "prepare"]
 
@@ -60,29 +61,29 @@ def prepare(data_cfg: DataConfig, tokenizer: Tokenizer, out_dir: str | Path, max
     digests = [xxhash.xxh3_64() for _ in files]  # of each file's bytes as written (cache_io.file_checksum)
     total = 0  # sum(written)
     pieces = []
-    for k in range(len(files)):  # every file's tokens, empty for one that max_tokens leaves unread
-        (out / f"tokens_{k:05d}.bin").write_bytes(b"")
+    for k in range(len(files)):  # an earlier prepare's: a file without training tokens (max_tokens left it
+        (out / f"tokens_{k:05d}.bin").unlink(missing_ok=True)  # unread, or all validation) gets no token file
     for index, piece in enumerate(stream.pieces):
         if max_tokens is not None and total >= max_tokens:
             break
         k = files[piece.file]
         start, docs = written[k], 0
-        # a file's pieces are consecutive in source order; each appends to the file's tokens with one output open
-        # at a time (a repository may hold more files than a process may open)
-        with (out / f"tokens_{k:05d}.bin").open("ab") as output:
-            for _, texts in stream.piece_docs(index, 0, piece.size):
-                if texts:
-                    tokens, lengths = encode_documents(stream.tokenizer, texts, stream.eos, data_cfg.max_doc_chars)
-                    if max_tokens is not None and total + len(tokens) > max_tokens:  # stop after the document
-                        keep = int(np.searchsorted(np.cumsum(lengths), max_tokens - total)) + 1  # that reaches it
-                        tokens, texts = tokens[: int(lengths[:keep].sum())], texts[:keep]
+        for _, texts in stream.piece_docs(index, 0, piece.size):
+            if texts:
+                tokens, lengths = encode_documents(stream.tokenizer, texts, stream.eos, data_cfg.max_doc_chars)
+                if max_tokens is not None and total + len(tokens) > max_tokens:  # stop after the document
+                    keep = int(np.searchsorted(np.cumsum(lengths), max_tokens - total)) + 1  # that reaches it
+                    tokens, texts = tokens[: int(lengths[:keep].sum())], texts[:keep]
+                # a file's pieces are consecutive in source order; opened per batch, a file is created with its
+                # first tokens, and one is open at a time (a repository may hold more files than a process may open)
+                with (out / f"tokens_{k:05d}.bin").open("ab") as output:
                     output.write(data := tokens.tobytes())
-                    digests[k].update(data)
-                    written[k] += len(tokens)
-                    total += len(tokens)
-                    docs += len(texts)
-                if max_tokens is not None and total >= max_tokens:
-                    break
+                digests[k].update(data)
+                written[k] += len(tokens)
+                total += len(tokens)
+                docs += len(texts)
+            if max_tokens is not None and total >= max_tokens:
+                break
         pieces.append({"file": k, "start": start, "num_tokens": written[k] - start, "num_docs": docs})
     index = {"format": FORMAT, "source": stream.source.identity(), "tokenizer": tokenizer_identity(tokenizer),
              "val_bucket": data_cfg.val_bucket, "max_doc_chars": data_cfg.max_doc_chars,
@@ -139,6 +140,12 @@ class PreparedTokens(TokenSource):
         if (problem := next(file_problems(self.root, self.index), None)) is not None:
             raise DataError(f"data.prepared: {problem}; prepare again (`isollm-data verify {self.root}` checks "
                             "every file)")
+        # Every id read is checked against the tokenizer's top id (``tokens``), which the run's model.vocab_size
+        # exceeds (``ids_past``): a flipped bit would otherwise be an IndexError in the embedding, or a device
+        # assert on CUDA, when its window came up. Not a scan of every file here (a 10B-token directory is 40 GB to
+        # read at every start), nor a maximum recorded at prepare time (bytes damaged after it keep the record):
+        # the max of each window read (10 us a 2,049-token window on one busy CPU core, 2026-11-26).
+        self.top_id = top_id(tokenizer)
         if self.index["tokenizer"] != tokenizer_identity(tokenizer):
             raise DataError(f"data.prepared: {self.root} was tokenized with another tokenizer "
                              "than data.tokenizer")
@@ -190,6 +197,10 @@ class PreparedTokens(TokenSource):
             inside = offset - (int(ends[slot]) - piece["num_tokens"])
             take = min(end - begin, piece["num_tokens"] - inside)
             parts.append(self._file(piece["file"])[piece["start"] + inside : piece["start"] + inside + take])
+            if (found := int(parts[-1].max())) > self.top_id:
+                raise DataError(f"data.prepared: {self.root / self.index['files'][piece['file']]['tokens']} holds "
+                                f"token id {found:,}, past the tokenizer's ids (0 to {self.top_id:,}): the file is "
+                                f"damaged (`isollm-data verify {self.root}`); prepare again")
             begin += take
         return np.concatenate(parts)
 

@@ -13,8 +13,9 @@ errors naming the file):
   warning).
 - jsonl/json (JSON Lines: one object per line): empty files are skipped; the first record must hold
   ``text_column``.
-- txt: one document per paragraph (separated by blank lines); empty files are skipped; non-UTF-8 bytes are
-  decoded with ``errors="replace"`` and the affected files counted in a warning.
+- txt: one document per paragraph (separated by blank lines; a paragraph longer than ``data.max_doc_chars``
+  bytes is cut at lines: ``llm.data.pieces``); empty files are skipped; non-UTF-8 bytes are decoded with
+  ``errors="replace"`` and the affected files counted in a warning.
 """
 
 from __future__ import annotations

@@ -20,13 +20,19 @@ from llm.data.errors import DataError
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerFast
 
-__all__ = ["DEFAULT_HUB_TOKENIZER", "EOS_TOKEN", "as_transformers_tokenizer", "encode_documents", "eos_id", "ids_past",
-           "load_tokenizer", "padded_vocab_size", "text_parts", "tokenizer_identity", "train_tokenizer"]
+__all__ = ["DEFAULT_HUB_TOKENIZER", "EOS_TOKEN", "TOKENIZATION", "as_transformers_tokenizer", "encode_documents",
+           "eos_id", "ids_past", "load_tokenizer", "padded_vocab_size", "text_parts", "tokenizer_identity", "top_id",
+           "train_tokenizer"]
 
 EOS_TOKEN = "<|endoftext|>"
 """End-of-document token: Qwen3's, and the one special token our trained BPE gets (same name, so eos_id is
 one lookup for both)."""
 DEFAULT_HUB_TOKENIZER = "Qwen/Qwen3-0.6B"
+TOKENIZATION = "whole documents in text_parts; txt paragraphs cut at lines past max_doc_chars bytes"
+"""How documents become tokens: a long document whole, in ``text_parts`` of ``max_doc_chars`` characters (once, it
+was cut to its first ``max_doc_chars``), and a long txt paragraph cut at lines (``llm.data.pieces``). Recorded in
+the validation cache's key: change it with ``encode_documents``, ``text_parts`` or how txt records are cut, so that
+a cache of another scheme is never read."""
 
 
 def _offline_qwen3_file() -> Path | None:
@@ -78,10 +84,15 @@ def eos_id(tok: Tokenizer) -> int:
     return token_id
 
 
+def top_id(tok: Tokenizer) -> int:
+    """The largest id ``tok`` encodes to. The ids of a tokenizer need not run 0..count-1, so its count is not
+    enough."""
+    return max(tok.get_vocab(with_added_tokens=True).values())
+
+
 def ids_past(tok: Tokenizer, vocab_size: int) -> str | None:
-    """What of ``tok``'s ids a model with ``vocab_size`` embedding rows cannot read, or None when all fit. The
-    ids of a tokenizer need not run 0..count-1, so its count is not enough: its top id is what counts."""
-    top, eos = max(tok.get_vocab(with_added_tokens=True).values()), eos_id(tok)
+    """What of ``tok``'s ids a model with ``vocab_size`` embedding rows cannot read, or None when all fit."""
+    top, eos = top_id(tok), eos_id(tok)
     if top < vocab_size:
         return None
     return f"ids reach {top}" + (f" ({EOS_TOKEN}, appended after every document, is id {eos})" if eos >= vocab_size

@@ -22,7 +22,7 @@ from llm.data.cache_io import warn_rebuilding, write_atomically
 from llm.data.errors import DataError
 from llm.data.pieces import PieceReader
 from llm.data.sources import Source, data_source
-from llm.data.tokenizer import encode_documents, eos_id, tokenizer_identity
+from llm.data.tokenizer import TOKENIZATION, encode_documents, eos_id, tokenizer_identity
 from llm.errors import one_line
 
 __all__ = ["build_val_windows", "is_validation", "split_batch", "val_cache_path"]
@@ -53,7 +53,7 @@ def val_cache_path(data_cfg: DataConfig, tokenizer: Tokenizer) -> Path:
     """Cache file of the validation windows, keyed by everything that determines their tokens."""
     key = {"source": data_source(data_cfg).identity(), "tokenizer": tokenizer_identity(tokenizer),
            "seq_len": data_cfg.seq_len, "val_bucket": data_cfg.val_bucket, "val_tokens": data_cfg.val_tokens,
-           "max_doc_chars": data_cfg.max_doc_chars}
+           "max_doc_chars": data_cfg.max_doc_chars, "tokenization": TOKENIZATION}
     digest = hashlib.blake2b(json.dumps(key, sort_keys=True).encode(), digest_size=10).hexdigest()
     return Path(data_cfg.cache_dir) / f"val_{digest}.pt"
 

@@ -147,8 +147,9 @@ def load_model(resolved: ResolvedModel, trust_remote_code: bool = False,
 def check_weights_fit(model_dir: Path, config: Any, trust_remote_code: bool = False) -> None:
     """Refuse (``EvalError``) a model directory whose config.json implies other tensors than its safetensors hold,
     before any weight is allocated: the model is built on the meta device and compared with the files' headers.
-    Named: the fields whose change reshapes only tensors that do not fit (of those, the ones whose value is a
-    dimension that does not fit, if any). An isollm model must also have every tensor, and no other."""
+    Named: the fields whose change reshapes only tensors that do not fit (those that reshape every one of them, if
+    any; of those, the ones whose value is a dimension that does not fit, if any). An isollm model must also have
+    every tensor, and no other."""
     from safetensors import safe_open
     from transformers import AutoModelForCausalLM
 
@@ -178,7 +179,10 @@ def check_weights_fit(model_dir: Path, config: Any, trust_remote_code: bool = Fa
         with contextlib.suppress(Exception), safe_open(path, "pt") as file:  # unreadable: from_pretrained says so
             saved.update({key: tuple(file.get_slice(key).get_shape()) for key in file.keys()})  # noqa: SIM118
     wrong = [k for k in saved if k in expected and saved[k] != expected[k]]
-    suspects = [f for f in fields if (keys := reshaped(f)) and keys <= set(wrong)] if wrong else []
+    reshapes = {f: keys for f in fields if wrong and (keys := reshaped(f)) and keys <= set(wrong)}
+    # one field that reshapes every tensor that does not fit explains them all: hidden_size, not also an
+    # intermediate_size of the same value, which reshapes only some (the MLP's)
+    suspects = [f for f, keys in reshapes.items() if keys == set(wrong)] or list(reshapes)
     dimensions = [f for f in suspects if any(fields[f] in expected[k] and fields[f] not in saved[k] for k in wrong)]
     named = [f"{f}={fields[f]}" for f in dimensions or suspects]
     problems = [f"{k} is {list(saved[k])} in the safetensors, {list(expected[k])} by config.json" for k in wrong]

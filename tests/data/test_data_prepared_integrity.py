@@ -5,9 +5,12 @@ checks every file against the checksum its index records. Indexes written before
 from __future__ import annotations
 
 import json
+import os
+import stat
 from dataclasses import replace
 from pathlib import Path
 
+import numpy as np
 import pytest
 from tiny import TINY_TRAIN
 from tokenizers import Tokenizer
@@ -36,6 +39,15 @@ def verify(prepared: Path, capsys: pytest.CaptureFixture[str]) -> tuple[int, lis
     code = data_main(["verify", str(prepared)])
     out, err = capsys.readouterr()
     return code, out.splitlines(), err.splitlines()
+
+
+def train_on(prepared: Path, data_cfg: DataConfig, bpe: Tokenizer, tmp_path: Path, name: str) -> int:
+    """train.py's exit code for 2 steps of a tiny model on ``prepared``."""
+    tokenizer = tmp_path / "tokenizer.json"
+    bpe.save(str(tokenizer))
+    return train_main([*TINY_TRAIN, f"data.source={data_cfg.source}", f"data.tokenizer={tokenizer}",
+                       f"data.prepared={prepared}", f"data.cache_dir={data_cfg.cache_dir}", "data.val_bucket=20",
+                       "data.val_tokens=330", f"out_dir={tmp_path / 'runs'}", f"name={name}", "train.max_steps=2"])
 
 
 def test_fresh_prepare_verifies(prepared: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -67,12 +79,7 @@ def test_a_token_file_of_another_size_is_refused_before_the_first_step(
     assert str(raised.value) == (f"data.prepared: {problem}; prepare again (`isollm-data verify {prepared}` checks "
                                  "every file)")
     assert verify(prepared, capsys) == (1, [], [f"isollm-data verify: damaged: {problem}"])
-    tokenizer = tmp_path / "tokenizer.json"
-    bpe.save(str(tokenizer))
-    assert train_main([*TINY_TRAIN, f"data.source={data_cfg.source}", f"data.tokenizer={tokenizer}",
-                       f"data.prepared={prepared}", f"data.cache_dir={data_cfg.cache_dir}", "data.val_bucket=20",
-                       "data.val_tokens=330", f"out_dir={tmp_path / 'runs'}", "name=damaged",
-                       "train.max_steps=2"]) == 2
+    assert train_on(prepared, data_cfg, bpe, tmp_path, "damaged") == 2
     assert capsys.readouterr().err.strip().splitlines()[-1] == f"error: {raised.value}"
     assert not (tmp_path / "runs" / "damaged" / "checkpoints").exists()
 
@@ -122,3 +129,77 @@ def test_an_index_without_checksums_still_loads(prepared: Path, data_cfg: DataCo
     code, out, err = verify(prepared, capsys)
     assert (code, err) == (0, []) and out[0].endswith(
         "checksum not recorded for 3 (prepared before checksums were; prepare again to record them), sizes checked")
+
+
+def test_a_token_id_past_the_tokenizer_is_refused_in_one_line(prepared: Path, data_cfg: DataConfig, bpe: Tokenizer,
+                                                               tmp_path: Path,
+                                                               capsys: pytest.CaptureFixture[str]) -> None:
+    """A flipped high bit (sizes kept) trained until its window came up, then an IndexError from the embedding (a
+    device assert on CUDA). Each window read is checked against the tokenizer's top id, which model.vocab_size
+    exceeds: the loader stops at that window in one line naming the file and the id, and a run exits 2."""
+    shard = prepared / "tokens_00001.bin"
+    tokens = np.fromfile(shard, dtype=np.uint32)
+    tokens[len(tokens) // 2] |= 1 << 30
+    tokens.tofile(shard)
+    bad = f"{shard} holds token id {int(tokens[len(tokens) // 2]):,}, past the tokenizer's ids (0 to 511)"
+    message = f"data.prepared: {bad}: the file is damaged (`isollm-data verify {prepared}`); prepare again"
+    batches = iter(loader(data_cfg, bpe, prepared))
+    with pytest.raises(DataError) as raised:
+        for _ in range(1_000):
+            assert int(next(batches).max()) <= 511
+    assert str(raised.value) == message
+    tokens |= 1 << 30  # every window: the first batch of a run
+    tokens.tofile(shard)
+    for other in ("tokens_00000.bin", "tokens_00002.bin"):
+        (prepared / other).write_bytes((np.fromfile(prepared / other, dtype=np.uint32) | 1 << 30).tobytes())
+    assert train_on(prepared, data_cfg, bpe, tmp_path, "flipped") == 2
+    line = capsys.readouterr().err.strip().splitlines()[-1]
+    assert line.startswith("error: data.prepared: ") and "past the tokenizer's ids (0 to 511)" in line
+
+
+def test_a_piece_past_its_token_file_is_refused_and_found_by_verify(prepared: Path, data_cfg: DataConfig,
+                                                                    bpe: Tokenizer,
+                                                                    capsys: pytest.CaptureFixture[str]) -> None:
+    """index.json's pieces with sizes and checksums otherwise consistent: verify passed them, and the run died in
+    np.stack when the loader reached the short read."""
+    path = prepared / INDEX_FILE
+    index = json.loads(path.read_text())
+    last = max(i for i, p in enumerate(index["pieces"]) if p["file"] == 1)
+    piece, held = index["pieces"][last], index["files"][1]["num_tokens"]
+    piece["num_tokens"] += 100
+    path.write_text(json.dumps(index))
+    problem = (f"{path} records piece {last} as tokens {piece['start']:,} to {piece['start'] + piece['num_tokens']:,} "
+               f"of {prepared / 'tokens_00001.bin'}, which holds {held:,}")
+    with pytest.raises(DataError) as raised:
+        loader(data_cfg, bpe, prepared)
+    assert str(raised.value) == (f"data.prepared: {problem}; prepare again (`isollm-data verify {prepared}` checks "
+                                 "every file)")
+    assert verify(prepared, capsys) == (1, [], [f"isollm-data verify: damaged: {problem}"])
+
+
+@pytest.mark.parametrize("umask", [0o022, 0o027], ids=["umask-022", "umask-027"])
+def test_index_json_has_the_mode_of_its_token_files(umask: int, tmp_path: Path, data_cfg: DataConfig,
+                                                    bpe: Tokenizer) -> None:
+    """index.json was written 0600 (mkstemp's mode) beside token files of 0644: a shared directory unreadable."""
+    previous = os.umask(umask)
+    try:
+        prepare(data_cfg, bpe, tmp_path / "shared")
+    finally:
+        os.umask(previous)
+    modes = {p.name: stat.S_IMODE(p.stat().st_mode) for p in (tmp_path / "shared").iterdir()}
+    assert modes == dict.fromkeys([INDEX_FILE, "tokens_00000.bin", "tokens_00001.bin", "tokens_00002.bin"],
+                                  0o666 & ~umask)
+
+
+def test_prepare_writes_no_empty_token_file(tmp_path: Path, data_cfg: DataConfig, bpe: Tokenizer,
+                                            capsys: pytest.CaptureFixture[str]) -> None:
+    """max_tokens leaves the later files unread: they get no token file (they got empty ones), and one left by an
+    earlier prepare of the directory is removed. The index still lists them, with 0 tokens; the run and verify
+    read it."""
+    out = tmp_path / "prepared"
+    prepare(data_cfg, bpe, out)
+    index = prepare(data_cfg, bpe, out, max_tokens=100)
+    assert [f["num_tokens"] > 0 for f in index["files"]] == [True, False, False]
+    assert sorted(p.name for p in out.iterdir()) == [INDEX_FILE, "tokens_00000.bin"]
+    assert next(iter(loader(data_cfg, bpe, out))).shape == (4, data_cfg.seq_len + 1)
+    assert verify(out, capsys)[0] == 0

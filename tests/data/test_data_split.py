@@ -9,7 +9,7 @@ import random
 import re
 from collections import Counter
 from dataclasses import replace
-from itertools import islice
+from itertools import islice, pairwise
 from pathlib import Path
 
 import pyarrow as pa
@@ -119,7 +119,7 @@ def test_failed_read_resumes_inside_a_range_exactly(kind: str, tmp_path: Path,
 
 def wikitext_like(lines: int) -> str:
     """Lines like WikiText's raw files (a title, sentences with spaced punctuation and numbers, " \n" line ends,
-    runs of spaces), with no blank line: the whole text is one paragraph, one document of data.format=text."""
+    runs of spaces), with no blank line: the whole text is one paragraph of data.format=text."""
     rng = random.Random(7)
     words = ["the", "game", "was", "released", "in", "1998", ",", "and", "@-@", "its", "sequel", "(", ")", "."]
     out = []
@@ -130,10 +130,56 @@ def wikitext_like(lines: int) -> str:
     return "".join(out)
 
 
-def test_text_without_blank_lines_keeps_every_token(tmp_path: Path, bpe: Tokenizer) -> None:
-    """A text file without blank lines is one document of ~20 x max_doc_chars: streaming, prepare and the
-    validation set (what eval.py evaluates) each yield exactly the tokens of the whole text, then EOS. Before,
-    every path kept the first max_doc_chars characters and dropped the rest without a word."""
+def paragraph_records(data: bytes, max_bytes: int) -> list[tuple[int, bytes]]:
+    """(start byte, raw record) of a txt file as llm.data.pieces documents it, read whole from the start: a
+    paragraph is cut at the first line start at or after each multiple of max_bytes, when it started at or before
+    the multiple before."""
+    records: list[tuple[int, bytes]] = []
+    pos, previous, previous_blank, paragraph = 0, -1, True, 0
+    for line in data.splitlines(keepends=True):
+        blank, cut = not line.strip(), pos - pos % max_bytes
+        if not blank and (previous_blank or (previous < cut and paragraph <= cut - max_bytes)):
+            records.append((pos, b""))
+            paragraph = pos if previous_blank else paragraph
+        if not blank:
+            records[-1] = (records[-1][0], records[-1][1] + line)
+        elif records and not previous_blank:
+            records.append((-1, b""))  # the blank line ends the paragraph
+        previous, previous_blank, pos = pos, blank, pos + len(line)
+    return [r for r in records if r[0] >= 0]
+
+
+def test_txt_records_are_the_same_whatever_the_ranges(tmp_path: Path) -> None:
+    """Random files of short and long paragraphs, each read as ranges that tile it, and again from each record's
+    start (where a resumed stream reads again) and end (where a failed read resumes): the records of the whole file
+    read from its start, each exactly once."""
+    from llm.data.pieces import _records
+
+    rng = random.Random(0)
+    for _ in range(500):
+        max_bytes = rng.randint(2, 60)
+        lines = [b"\n" if r < 0.2 else b" \n" if r < 0.25 else b"x" * rng.randint(1, 30) + b"\n"
+                 for r in (rng.random() for _ in range(rng.randint(1, 40)))]
+        data = b"".join(lines)[: None if rng.random() < 0.7 else -1]
+        path = tmp_path / "f.txt"
+        path.write_bytes(data)
+        whole = paragraph_records(data, max_bytes)
+        ends = sorted({0, len(data), *(rng.randint(0, len(data)) for _ in range(rng.randint(0, 5)))})
+        with path.open("rb") as f:
+            assert [(at, raw) for lo, hi in pairwise(ends)
+                    for at, raw, _ in _records(f, "text", lo, hi, max_bytes)] == whole, (data, max_bytes, ends)
+            records = list(_records(f, "text", 0, len(data), max_bytes))
+            for i, (at, _, after) in enumerate(records):
+                assert [r[:2] for r in _records(f, "text", at, len(data), max_bytes)] == whole[i:]
+                assert [r[:2] for r in _records(f, "text", after, len(data), max_bytes)] == whole[i + 1 :]
+
+
+def test_text_without_blank_lines_is_cut_at_lines_and_keeps_every_token(tmp_path: Path, bpe: Tokenizer) -> None:
+    """A text file without blank lines of ~20 x max_doc_chars is documents of about max_doc_chars bytes cut at
+    lines, each tokenized whole and followed by EOS: streaming, prepare and the validation set (what eval.py
+    evaluates) each yield exactly their tokens, and 4 nodes each get documents. Before, it was one document that
+    the one node whose byte range held its start read whole: the others stopped with "got no training
+    documents"."""
     from llm.data.streaming import StreamingTokens
     from llm.data.tokenizer import eos_id
     from llm.data.validation import build_val_windows
@@ -144,9 +190,16 @@ def test_text_without_blank_lines_keeps_every_token(tmp_path: Path, bpe: Tokeniz
     cfg = DataConfig(source=str(path), format="text", max_doc_chars=1000, val_bucket=10**9, seq_len=16,
                      cache_dir=str(tmp_path / "cache"))
     assert len(text) > 20 * cfg.max_doc_chars and "\n\n" not in text
-    expected = [*bpe.encode(text.strip(), add_special_tokens=False).ids, eos_id(bpe)]
-    streamed = [int(t) for _, chunk in StreamingTokens(cfg, bpe).chunks(0, 0, 1, None) for t in chunk]
+    documents = [raw.decode().strip() for _, raw in paragraph_records(text.encode(), cfg.max_doc_chars)]
+    assert len(documents) >= 10 and max(map(len, documents)) > cfg.max_doc_chars  # tokenized in text_parts
+    assert max(map(len, documents)) <= 2 * cfg.max_doc_chars + max(map(len, text.splitlines()))
+    assert " ".join(documents).split() == text.split()
+    expected = [t for doc in documents for t in [*bpe.encode(doc, add_special_tokens=False).ids, eos_id(bpe)]]
+    stream = StreamingTokens(cfg, bpe)
+    streamed = [int(t) for _, chunk in stream.chunks(0, 0, 1, None) for t in chunk]
     assert streamed == expected
+    shares = [[int(t) for _, chunk in stream.chunks(0, node, 4, None) for t in chunk] for node in range(4)]
+    assert all(shares) and [t for share in shares for t in share] == expected
     index = prepare(cfg, bpe, tmp_path / "prepared")
     assert sum(p["num_tokens"] for p in index["pieces"]) == len(expected)
     assert (tmp_path / "prepared" / "tokens_00000.bin").read_bytes() == torch.tensor(expected).numpy().astype(

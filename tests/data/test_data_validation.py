@@ -58,6 +58,18 @@ def test_val_windows_identical_across_builds_ranks_and_cached(data_cfg: DataConf
     assert val_cache_path(replace(data_cfg, seq_len=32), bpe) != path
 
 
+def test_the_cache_key_records_the_tokenization_scheme(data_cfg: DataConfig, bpe: Tokenizer,
+                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    """How long documents are tokenized (whole in parts, once their head only; txt paragraphs cut at lines) changes
+    the windows without changing any setting: a cache of another scheme must not be read."""
+    from llm.data.tokenizer import TOKENIZATION
+
+    path = val_cache_path(data_cfg, bpe)
+    assert validation.TOKENIZATION == TOKENIZATION and "text_parts" in TOKENIZATION
+    monkeypatch.setattr(validation, "TOKENIZATION", "the first max_doc_chars characters of a document")
+    assert val_cache_path(data_cfg, bpe) != path
+
+
 def test_minimum_one_window_and_clear_error_when_too_few_tokens(data_cfg: DataConfig, bpe: Tokenizer) -> None:
     assert build_val_windows(replace(data_cfg, val_tokens=1), bpe).shape == (1, data_cfg.seq_len + 1)
     with pytest.raises(ValueError, match=r"data.val_tokens: .* lower data.val_tokens or data.val_bucket"):
