@@ -9,8 +9,8 @@ validation loss as mean ± sample std (ddof=1) and its gap to the baseline row o
 (``llm.eval.stats``: Welch's test, and the paired one where both rows ran the same seeds on the same data).
 "Training stability" is ``RunRecord.stability``, as in isogmlp section 4.3; lower is more stable. With ``tune``
 keys (``eval.py compare --tune train.lr``) a row is its variant at its best value (``llm.eval.tune``). Rows of one
-size that end at different token counts are still tabulated but produce a warning. The table:
-``llm.eval.report``.
+size that end at different token counts are still tabulated but produce a warning, and so does a run whose config
+changed on resume (its row is labelled with the change, ``llm.eval.grouping``). The table: ``llm.eval.report``.
 """
 
 from __future__ import annotations
@@ -23,13 +23,14 @@ from typing import Any
 
 from llm.eval.errors import EvalError
 from llm.eval.grouping import group_runs, model_size, resolve_baseline, series_labels
-from llm.eval.runs import RunRecord
+from llm.eval.runs import NOT_RECORDED, RunRecord
 from llm.eval.stats import Gap, Summary, gap_to_baseline, paired_p_value
 from llm.eval.tune import TunePoint, at_values, choice_warnings, choose, one_seed_warning, tune_points, values_of
 
 DEFAULT_BASELINE = "swiglu+softmax"
 GAP_COLUMNS = {"gap": "gap", "gap_ci_low": "ci_low", "gap_ci_high": "ci_high", "p_value_paired": "p_paired",
-               "mde": "mde", "seeds_needed": "seeds_needed"}  # comparison.csv column -> Gap field
+               "mde": "mde", "seeds_needed": "seeds_needed", "seeds_for_target_gap": "target_seeds"}
+"""comparison.csv column -> the ``Gap`` field it holds (empty where the row has no gap or the field is NaN)."""
 ROW_INVARIANTS = ("params_total", "params_non_embedding", "mixed_precision")
 """Meta-row fields every seed of a row must agree on (besides the final token count). The meta row's
 ``variant`` is not among them: a run written with older option defaults may carry another name for the
@@ -72,6 +73,11 @@ class VariantSummary:
     def n(self) -> int:
         return len(self.runs)
 
+    def gap_cell(self, field_: str) -> float | str:
+        """The gap's ``field_`` for comparison.csv: empty where there is no gap or the value is NaN."""
+        value = math.nan if self.gap is None else getattr(self.gap, field_)
+        return "" if math.isnan(value) else value
+
     def as_csv_row(self) -> dict[str, Any]:
         return {
             "variant": self.variant, **self.tuned, "n_seeds": self.n, "seeds": " ".join(str(r.seed) for r in self.runs),
@@ -80,8 +86,7 @@ class VariantSummary:
             "val_loss_mean": self.val_loss_mean, "val_loss_std": self.val_loss_std,
             "p_value": self.p_value, "training_stability": self.training_stability,
             "tokens_per_s": self.tokens_per_s, "final_tokens": self.final_tokens,
-            **{column: "" if self.gap is None or math.isnan(value := getattr(self.gap, field_)) else value
-               for column, field_ in GAP_COLUMNS.items()},
+            **{column: self.gap_cell(field_) for column, field_ in GAP_COLUMNS.items()},
         }
 
 
@@ -97,6 +102,8 @@ class Comparison:
     """With ``tune``: row label -> its loss at every value tried, in table order (the plots' colours follow it)."""
     baselines: tuple[str, ...] = ()
     """The labels of the baseline rows, one per model size, in table order."""
+    target_gap: float | None = None
+    """``compare --target-gap``: the gap whose seeds per arm each row reports (``Gap.target_seeds``)."""
 
     @property
     def groups(self) -> dict[str, list[RunRecord]]:
@@ -104,7 +111,7 @@ class Comparison:
         return {row.variant: row.runs for row in self.rows}
 
 
-def _gap(done: Sequence[RunRecord], baseline: Sequence[RunRecord]) -> Gap:
+def _gap(done: Sequence[RunRecord], baseline: Sequence[RunRecord], target_gap: float | None) -> Gap:
     """The gap of complete runs ``done`` to the baseline's, paired by seed where both ran the same seeds once each
     on one data order and validation set (the whole ``data`` section, and the world size)."""
     mine, theirs = ({run.seed: run.final_val_loss for run in runs} for runs in (done, baseline))
@@ -112,7 +119,8 @@ def _gap(done: Sequence[RunRecord], baseline: Sequence[RunRecord]) -> Gap:
                        sort_keys=True) for run in [*done, *baseline]}
     paired = len(mine) == len(done) == len(baseline) and mine.keys() == theirs.keys() and len(data) == 1
     return gap_to_baseline(*(Summary.of([run.final_val_loss for run in runs]) for runs in (done, baseline)),
-                           paired_p_value([mine[s] for s in mine], [theirs[s] for s in mine]) if paired else math.nan)
+                           paired_p_value([mine[s] for s in mine], [theirs[s] for s in mine]) if paired else math.nan,
+                           target_gap)
 
 
 def _mean(values: Sequence[float]) -> float:
@@ -153,20 +161,46 @@ def _at_chosen_values(groups: dict[str, list[RunRecord]], tune: Sequence[str], w
     return chosen, sensitivity
 
 
-def compare_runs(runs: Sequence[RunRecord], baseline: str | None = None, tune: Sequence[str] = ()) -> Comparison:
+def _resume_warnings(runs: Sequence[RunRecord], tune: Sequence[str]) -> tuple[list[RunRecord], list[str]]:
+    """The runs to compare and a warning for each whose config changed on resume: labelled with the change, or,
+    where a tuned key changed or was not recorded, left out (a run tuned at no one value cannot be chosen)."""
+    kept, warnings = [], []
+    for run in runs:
+        unclear = [f"{key}={run.setup[key]}" for key in tune if key in run.changed or run.setup[key] == NOT_RECORDED]
+        if unclear:
+            warnings.append(f"{run.path.name}: --tune at {', '.join(unclear)}, no one value; left out")
+            continue
+        kept.append(run)
+        if run.changed:
+            resumes = ", ".join(str(step) for step, _ in run.segments[1:])
+            warnings.append(f"{run.path.name}: its config changed on resume at step {resumes} "
+                            f"({', '.join(f'{key}={run.setup[key]}' for key in run.changed)}): a row of its own, "
+                            "labelled with the change, never pooled with runs of one configuration")
+    return kept, warnings
+
+
+def compare_runs(runs: Sequence[RunRecord], baseline: str | None = None, tune: Sequence[str] = (),
+                 target_gap: float | None = None) -> Comparison:
     """The comparison of ``runs`` (module docstring): the baseline rows first, then each series by size.
-    ``baseline`` None: ``DEFAULT_BASELINE`` if present (a warning if not). An EvalError when a ``baseline`` given
-    names no row or rows of several series (``resolve_baseline``), or when the seeds of a row disagree on a
-    ``ROW_INVARIANTS`` field or its complete seeds on the final token count."""
+    ``baseline`` None: ``DEFAULT_BASELINE`` if present (a warning if not). ``target_gap``: each gap also reports
+    the seeds per arm that gap needs at the rows' spreads. An EvalError when a ``baseline`` given names no row or
+    rows of several series (``resolve_baseline``), or when the seeds of a row disagree on a ``ROW_INVARIANTS``
+    field or its complete seeds on the final token count."""
     if not runs:
         raise EvalError("no runs to compare")
+    if target_gap is not None and not target_gap > 0:
+        raise EvalError(f"--target-gap {target_gap}: expected a gap > 0 nats (the smallest worth detecting)")
     unknown = [key for key in tune if key not in runs[0].setup]
     if unknown:
         raise EvalError(f"--tune {unknown[0]}: not a config key that changes results (e.g. train.lr, model.ffn_init)")
+    warnings = [problem for run in runs for problem in run.problems]
+    runs, resumed = _resume_warnings(runs, tune)
+    warnings += resumed
+    if not runs:
+        raise EvalError("no runs to compare: " + "; ".join(resumed))
     groups = group_runs(runs, tune)
     series = series_labels(groups, tune)
     sizes = {label: model_size(members[0]) for label, members in groups.items()}
-    warnings = [problem for run in runs for problem in run.problems]
     if shared := [key for key in tune if len({values_of(run, [key]) for run in runs}) == 1]:
         warnings.append(f"--tune {', '.join(shared)}: every run has {at_values(shared, values_of(runs[0], shared))}: "
                         "one value is no choice; the rows are reported at it, untuned")
@@ -210,10 +244,10 @@ def compare_runs(runs: Sequence[RunRecord], baseline: str | None = None, tune: S
             final_tokens=_shared(done, "final token count", lambda r: r.final_tokens, label) or 0,
             diverged=[r for r in broken if r.diverged], incomplete=[r for r in broken if not r.diverged],
             tuned=tuned, series=series[label], size=sizes[label],
-            gap=_gap(done, base) if done and (base := baseline_runs.get(sizes[label])) and label not in baselines
-            else None,
+            gap=_gap(done, base, target_gap) if done and (base := baseline_runs.get(sizes[label]))
+            and label not in baselines else None,
         ))
     shown = series[baselines[0]] if len(baselines) > 1 else baselines[0] if baselines else DEFAULT_BASELINE
     return Comparison(baseline=shown, rows=rows, warnings=warnings, tune=tuple(tune),
                       sensitivity={row.variant: sensitivity[row.variant] for row in rows if tune},  # table order
-                      baselines=tuple(row.variant for row in rows if row.variant in baselines))
+                      baselines=tuple(row.variant for row in rows if row.variant in baselines), target_gap=target_gap)

@@ -26,6 +26,12 @@ class ScalingSeries:
     exponent: float
     """b of the fit L = a * N^b (negative when the loss falls with size)."""
 
+    @property
+    def exact(self) -> bool:
+        """No more sizes than the fit's two parameters: the line passes through every point, and nothing tests
+        whether the loss follows a power law at all."""
+        return len(self.rows) <= 2
+
 
 def scaling_series(comparison: Comparison) -> list[ScalingSeries]:
     """The comparison's series whose rows with a loss come in two or more sizes (none when every row is one size)."""

@@ -38,12 +38,12 @@ TOKENS_PER_STEP = 1000
 
 
 def run_config(variant: str, seed: int, **changes: Any) -> dict[str, Any]:
-    """A meta row's ``config``: the sections compare groups by (the fields left out at today's defaults),
-    plus the seed it ignores."""
-    config = {"name": "x", "seed": seed,
-              "model": {"ffn": variant.split("+")[0].split("[")[0], "ffn_init": "matched", "hidden_size": 64,
-                        "num_attention_heads": 4},
-              "data": {"seed": 0, "seq_len": 128}, "train": {"lr": 3e-3, "max_steps": 20}}
+    """A meta row's ``config`` as today's trainer writes it (every field; compare groups by the model, data and
+    train sections and ignores the seed)."""
+    config = asdict(RunConfig(name="x", seed=seed, data=DataConfig(seed=0, seq_len=128),
+                              model=ModelConfig(ffn=variant.split("+")[0].split("[")[0], ffn_init="matched",
+                                                hidden_size=64, num_attention_heads=4),
+                              train=TrainConfig(lr=3e-3, max_steps=20)))
     for dotted, value in changes.items():
         section, key = dotted.split("__")
         config[section][key] = value
@@ -286,20 +286,18 @@ def saved_config(seed: int, **model: Any) -> dict[str, Any]:
 
 
 def as_written_before_ffn_init(config: dict[str, Any]) -> dict[str, Any]:
-    """``config`` as older code wrote it: no ``ffn_init`` (the raw scales), the option defaults of that
-    time (R_0 and R_inf in units of the raw formulas), and no data/train fields added since."""
+    """``config`` as older code wrote its model: no ``ffn_init`` (the raw scales) and the option defaults of that
+    time (R_0 and R_inf in units of the raw formulas)."""
     model = {key: value for key, value in config["model"].items() if key != "ffn_init"}
     model.update(iso_r0=1.0, iso_r_cap=8.0)
-    data = {key: value for key, value in config["data"].items() if key != "max_doc_chars"}
-    train = {key: value for key, value in config["train"].items() if key != "isotropy_samples"}
-    return {**config, "model": model, "data": data, "train": train}
+    return {**config, "model": model}
 
 
-def test_old_runs_group_by_their_effective_configuration(tmp_path: Path) -> None:
-    """A run written before fields existed is read as today's code reads it back: a swiglu run's unread
-    old option defaults and its missing fields are today's defaults (one row with new runs); an iso_mlp
-    run from before ffn_init trained with the raw scales, so it is iso_mlp[init=paper], not a seed of a
-    new (matched) iso_mlp run, but a seed of a new run that asks for the raw scales."""
+def test_old_models_group_by_what_they_compute(tmp_path: Path) -> None:
+    """A model section written before fields existed is read as the model reads an old checkpoint: a swiglu run's
+    unread old option defaults are today's (one row with new runs); an iso_mlp run from before ffn_init trained
+    with the raw scales, so it is iso_mlp[init=paper], not a seed of a new (matched) iso_mlp run, but a seed of a
+    new run that asks for the raw scales."""
     runs = [load_run(write_run(tmp_path, "swiglu+softmax", 0, 5.0, config=saved_config(0)))]
     runs += [load_run(write_run(tmp_path, "swiglu+softmax", s, 5.0 + 0.2 * s,
                                 config=as_written_before_ffn_init(saved_config(s)))) for s in (1, 2)]
@@ -313,7 +311,6 @@ def test_old_runs_group_by_their_effective_configuration(tmp_path: Path) -> None
     old_iso = runs[3]
     assert old_iso.meta["variant"] == "iso_mlp+softmax"  # as the old code named it
     assert (old_iso.config.model.ffn_init, old_iso.config.model.iso_r0) == ("paper", 0.5)  # tanh reads no R_0
-    assert old_iso.config.train.isotropy_samples == TrainConfig.isotropy_samples
     rows = group_runs(runs)
     assert {label: [r.path.name for r in members] for label, members in rows.items()} == {
         "iso_mlp+softmax": ["new_iso_s0", "new_iso_s1"],
@@ -322,6 +319,29 @@ def test_old_runs_group_by_their_effective_configuration(tmp_path: Path) -> None
     }
     means = {row.variant: row.val_loss_mean for row in compare_runs(runs).rows}
     assert means["swiglu+softmax"] == pytest.approx(5.2)
+
+
+def test_a_field_a_run_did_not_record_is_not_todays_default(tmp_path: Path) -> None:
+    """Runs saved before train.tf32 existed ran at whatever their code did, which today's default need not be:
+    "not recorded" is their own value, whatever the field (no rule per field), so they pool with each other and
+    never with the runs that recorded tf32=True."""
+    def before_tf32(seed: int) -> dict[str, Any]:
+        config = saved_config(seed)
+        del config["train"]["tf32"], config["data"]["max_doc_chars"]
+        return config
+
+    runs = [load_run(write_run(tmp_path, "swiglu+softmax", s, 5.0 + 0.01 * s, dirname=f"old_s{s}",
+                               config=before_tf32(s))) for s in range(2)]
+    runs += [load_run(write_run(tmp_path, "swiglu+softmax", s, 4.0 + 0.01 * s, dirname=f"{tf32}_s{s}",
+                                config=saved_config(s) | {"train": {**saved_config(s)["train"], "tf32": tf32}}))
+             for s in range(2) for tf32 in (True, False)]
+    assert runs[0].config.train.tf32 is TrainConfig.tf32  # what today's code would run it at
+    rows = group_runs(runs)
+    assert {label: [r.path.name for r in members] for label, members in rows.items()} == {
+        "swiglu+softmax (data.max_doc_chars=not recorded, train.tf32=not recorded)": ["old_s0", "old_s1"],
+        f"swiglu+softmax (data.max_doc_chars={DataConfig.max_doc_chars}, train.tf32=False)": ["False_s0", "False_s1"],
+        f"swiglu+softmax (data.max_doc_chars={DataConfig.max_doc_chars}, train.tf32=True)": ["True_s0", "True_s1"],
+    }
 
 
 def test_a_saved_section_today_cannot_read_is_one_line(tmp_path: Path) -> None:
