@@ -28,13 +28,13 @@ from llm.eval.stats import Gap, Summary, gap_to_baseline, paired_p_value
 from llm.eval.tune import TunePoint, at_values, choice_warnings, choose, one_seed_warning, tune_points, values_of
 
 DEFAULT_BASELINE = "swiglu+softmax"
+# comparison.csv column -> the ``Gap`` field it holds (empty where the row has no gap or the field is NaN).
 GAP_COLUMNS = {"gap": "gap", "gap_ci_low": "ci_low", "gap_ci_high": "ci_high", "p_value_paired": "p_paired",
                "mde": "mde", "seeds_needed": "seeds_needed", "seeds_for_target_gap": "target_seeds"}
-"""comparison.csv column -> the ``Gap`` field it holds (empty where the row has no gap or the field is NaN)."""
+# Meta-row fields every seed of a row must agree on (besides the final token count). The meta row's
+# ``variant`` is not among them: a run written with older option defaults may carry another name for the
+# same configuration, and a row's name is computed from the configuration its seeds share.
 ROW_INVARIANTS = ("params_total", "params_non_embedding", "mixed_precision")
-"""Meta-row fields every seed of a row must agree on (besides the final token count). The meta row's
-``variant`` is not among them: a run written with older option defaults may carry another name for the
-same configuration, and a row's name is computed from the configuration its seeds share."""
 
 
 @dataclass
@@ -42,27 +42,27 @@ class VariantSummary:
     """One row of the comparison table: a variant aggregated over its complete seeds."""
 
     variant: str
+    # The complete runs the statistics use (at the chosen values of the tuned keys).
     runs: list[RunRecord]
-    """The complete runs the statistics use (at the chosen values of the tuned keys)."""
     params_total: int | None
     params_non_embedding: int | None
+    # NaN when no run of the row is complete.
     val_loss_mean: float
-    """NaN when no run of the row is complete."""
+    # Sample standard deviation (ddof=1) over seeds; NaN with a single seed.
     val_loss_std: float
-    """Sample standard deviation (ddof=1) over seeds; NaN with a single seed."""
     training_stability: float
     tokens_per_s: float
     final_tokens: int
     diverged: list[RunRecord] = field(default_factory=list)
     incomplete: list[RunRecord] = field(default_factory=list)
+    # Tuned key -> the chosen value (``--tune``).
     tuned: dict[str, Any] = field(default_factory=dict)
-    """Tuned key -> the chosen value (``--tune``)."""
+    # The label of the row's series: the rows that differ from it only in model size (``llm.eval.grouping``).
     series: str = ""
-    """The label of the row's series: the rows that differ from it only in model size (``llm.eval.grouping``)."""
+    # The row's values of ``llm.eval.grouping.SIZE_KEYS``.
     size: tuple[Any, ...] = ()
-    """The row's values of ``llm.eval.grouping.SIZE_KEYS``."""
+    # Its gap to the baseline row of its size; None on a baseline row and when there is none.
     gap: Gap | None = None
-    """Its gap to the baseline row of its size; None on a baseline row and when there is none."""
 
     @property
     def p_value(self) -> float:
@@ -92,18 +92,18 @@ class VariantSummary:
 
 @dataclass
 class Comparison:
+    # The baseline row's label, or its series' label when it has a row at several sizes (as given when no row
+    # has it: then there are no p-values).
     baseline: str
-    """The baseline row's label, or its series' label when it has a row at several sizes (as given when no row
-    has it: then there are no p-values)."""
     rows: list[VariantSummary]
     warnings: list[str] = field(default_factory=list)
     tune: tuple[str, ...] = ()
+    # With ``tune``: row label -> its loss at every value tried, in table order (the plots' colours follow it).
     sensitivity: dict[str, list[TunePoint]] = field(default_factory=dict)
-    """With ``tune``: row label -> its loss at every value tried, in table order (the plots' colours follow it)."""
+    # The labels of the baseline rows, one per model size, in table order.
     baselines: tuple[str, ...] = ()
-    """The labels of the baseline rows, one per model size, in table order."""
+    # ``compare --target-gap``: the gap whose seeds per arm each row reports (``Gap.target_seeds``).
     target_gap: float | None = None
-    """``compare --target-gap``: the gap whose seeds per arm each row reports (``Gap.target_seeds``)."""
 
     @property
     def groups(self) -> dict[str, list[RunRecord]]:
@@ -166,8 +166,7 @@ def _resume_warnings(runs: Sequence[RunRecord], tune: Sequence[str]) -> tuple[li
     where a tuned key changed or was not recorded, left out (a run tuned at no one value cannot be chosen)."""
     kept, warnings = [], []
     for run in runs:
-        unclear = [f"{key}={run.setup[key]}" for key in tune if key in run.changed or run.setup[key] == NOT_RECORDED]
-        if unclear:
+        if unclear := [f"{k}={run.setup[k]}" for k in tune if k in run.changed or run.setup[k] == NOT_RECORDED]:
             warnings.append(f"{run.path.name}: --tune at {', '.join(unclear)}, no one value; left out")
             continue
         kept.append(run)
@@ -190,8 +189,7 @@ def compare_runs(runs: Sequence[RunRecord], baseline: str | None = None, tune: S
         raise EvalError("no runs to compare")
     if target_gap is not None and not target_gap > 0:
         raise EvalError(f"--target-gap {target_gap}: expected a gap > 0 nats (the smallest worth detecting)")
-    unknown = [key for key in tune if key not in runs[0].setup]
-    if unknown:
+    if unknown := [key for key in tune if key not in runs[0].setup]:
         raise EvalError(f"--tune {unknown[0]}: not a config key that changes results (e.g. train.lr, model.ffn_init)")
     warnings = [problem for run in runs for problem in run.problems]
     runs, resumed = _resume_warnings(runs, tune)

@@ -28,10 +28,10 @@ from llm.eval.runs import RunRecord
 
 __all__ = ["SIZE_KEYS", "group_runs", "model_size", "resolve_baseline", "series_labels"]
 
+# The config keys of a model's size. ``ffn_param_match`` shrinks a wider FFN inside the model, not in the config,
+# so the rows of every variant at one size share these values.
 SIZE_KEYS = ("model.hidden_size", "model.intermediate_size", "model.num_hidden_layers",
              "model.num_attention_heads", "model.num_key_value_heads", "model.head_dim")
-"""The config keys of a model's size. ``ffn_param_match`` shrinks a wider FFN inside the model, not in the config,
-so the rows of every variant at one size share these values."""
 
 Rows = Mapping[str, Sequence[RunRecord]]
 

@@ -57,14 +57,11 @@ def _seeds(gap: Gap, target: float | None = None) -> str:
 
 def _gap_cells(row: VariantSummary, comparison: Comparison) -> list[str]:
     """Gap (95% CI), p, p paired, MDE, seeds needed and, with a target gap, the seeds it needs (``llm.eval.stats``)."""
+    targets = [] if comparison.target_gap is None else [comparison.target_gap]
     if (gap := row.gap) is None:
-        blank = ["baseline" if row.variant in comparison.baselines else "n/a", "", "", "", ""]
-        return blank + [""] * (comparison.target_gap is not None)
-    cells = [_gap(gap), _num(gap.p_value, ".3g"), _num(gap.p_paired, ".3g"),
-             "zero spread" if gap.se == 0 else _num(gap.mde, ".4f"), _seeds(gap)]
-    if comparison.target_gap is not None:
-        cells.append(_seeds(gap, comparison.target_gap))
-    return cells
+        return ["baseline" if row.variant in comparison.baselines else "n/a", "", "", "", "", *("" for _ in targets)]
+    return [_gap(gap), _num(gap.p_value, ".3g"), _num(gap.p_paired, ".3g"),
+            "zero spread" if gap.se == 0 else _num(gap.mde, ".4f"), _seeds(gap), *(_seeds(gap, t) for t in targets)]
 
 
 def _span(values: Sequence[str]) -> str:
@@ -84,16 +81,13 @@ def _conclusion(comparison: Comparison) -> list[str]:
     parts = [f"gaps resolved at p < {ALPHA} (Welch): {', '.join(resolved)}" if resolved
              else f"no gap is resolved at p < {ALPHA} (Welch)"]
     if open_:  # an unresolved gap is no tie: the true one may be anything up to about its MDE
-        parts.append(", ".join(f"{label} {gap.gap:+.4f} not resolved (MDE {gap.mde:.3g})"
-                               for label, gap in open_.items()))
+        parts.append(", ".join(f"{label} {gap.gap:+.4f} not resolved (MDE {gap.mde:.3g}; as a true gap it would need "
+                               f"{_seeds(gap)} seeds per arm)" for label, gap in open_.items()))
     if paired:
         parts.append(f"paired by seed, also {', '.join(paired)}")
     parts.append(f"with {_span([str(n) for n in seeds])} seeds per arm this comparison resolves gaps above "
                  f"{_span([f'{mde:.3g}' for mde in sorted(gap.mde for gap in tested.values())])} nats with "
                  f"{POWER:.0%} power, and a smaller true gap can go unseen")
-    if open_ and (largest := max(open_.items(), key=lambda item: abs(item[1].gap)))[1].gap:
-        parts.append(f"the largest unresolved gap ({largest[0]}, {largest[1].gap:+.4f}) would need "
-                     f"{_seeds(largest[1])} seeds per arm")
     if untested := [row.variant for row in comparison.rows if row.gap is not None and row.variant not in tested]:
         parts.append(f"not testable (fewer than 2 seeds, or no spread): {', '.join(untested)}")
     return ["", f"Conclusion: {'; '.join(parts)}."]
@@ -128,8 +122,10 @@ def _scaling(comparison: Comparison) -> list[str]:
              *_gap_cells(row, comparison)] for found in series for row in found.rows]
     if not rows:
         return []
+    # no more sizes than the fit's two parameters: the line passes through every point, and nothing tests whether
+    # the loss follows a power law at all
     fits = [[found.label, len(found.rows), f"{found.coefficient:.4g}", f"{found.exponent:.4f}",
-             f"exact: {len(found.rows)} sizes for 2 parameters, nothing tests the power law" if found.exact
+             f"exact: {len(found.rows)} sizes for 2 parameters, nothing tests the power law" if len(found.rows) <= 2
              else f"least squares over {len(found.rows)} sizes"] for found in series]
     return ["", f"Scaling: final validation loss against non-embedding parameters N, and the gap to "
                 f"{comparison.baseline} at the same size (¹ ⁵ ⁶ as above)", "",

@@ -40,25 +40,25 @@ from llm.model.config import upgrade_saved
 __all__ = ["COMPARED_SECTIONS", "NOT_RECORDED", "RESULT_NEUTRAL", "SPIKE_FACTOR", "SPIKE_WINDOW", "RunRecord",
            "expand_run_dirs", "load_run", "read_metrics", "step_rows"]
 
+# Config sections two runs must share (every field but ``RESULT_NEUTRAL``) to be seeds of one row.
 COMPARED_SECTIONS = ("model", "data", "train")
-"""Config sections two runs must share (every field but ``RESULT_NEUTRAL``) to be seeds of one row."""
+# Fields that cannot change a run's numbers, so that seeds differing only there are one row: bookkeeping, the
+# chunk length of iso_tanh's chunked form (its forms agree up to rounding) and recomputing activations (bit-identical
+# gradients). ``data.num_workers`` is not among them: ranks x workers sets the data order.
 RESULT_NEUTRAL = frozenset({
     "data.cache_dir", "data.read_retries", "data.retry_backoff_s",
     "train.log_every", "train.checkpoint_every", "train.keep_checkpoints", "model.iso_tanh_chunk_size",
     "train.activation_checkpointing", "train.collective_timeout_s", "train.stop_grace_s",
 })
-"""Fields that cannot change a run's numbers, so that seeds differing only there are one row: bookkeeping, the
-chunk length of iso_tanh's chunked form (its forms agree up to rounding) and recomputing activations (bit-identical
-gradients). ``data.num_workers`` is not among them: ranks x workers sets the data order."""
 
+# The value of a config field a run's saved config lacks (its code predates the field).
 NOT_RECORDED = "not recorded"
-"""The value of a config field a run's saved config lacks (its code predates the field)."""
 
+# A logged pre-clip gradient norm ``SPIKE_FACTOR`` times the median of the ``SPIKE_WINDOW`` norms logged before
+# it is a spike (``RunRecord.grad_norm_spike``). In the tuned replication (docs/results/replicate-cpu-tuned) the
+# runs with no visible instability peak at 1.4-8x and the spikes its README names (93-449) at 50-390x.
 SPIKE_FACTOR = 10.0
 SPIKE_WINDOW = 10
-"""A logged pre-clip gradient norm ``SPIKE_FACTOR`` times the median of the ``SPIKE_WINDOW`` norms logged before
-it is a spike (``RunRecord.grad_norm_spike``). In the tuned replication (docs/results/replicate-cpu-tuned) the
-runs with no visible instability peak at 1.4-8x and the spikes its README names (93-449) at 50-390x."""
 
 
 def read_metrics(run_dir: str | Path, problems: list[str] | None = None) -> list[dict[str, Any]]:
@@ -95,18 +95,18 @@ class RunRecord:
     """The rows of one run's ``metrics.jsonl``, deduplicated by step (a resumed run re-logs steps)."""
 
     path: Path
+    # The last segment's meta row (module docstring).
     meta: dict[str, Any]
-    """The last segment's meta row (module docstring)."""
     train: list[dict[str, Any]]
     evals: list[dict[str, Any]]
+    # The last segment's ``model``, ``data`` and ``train`` sections as today's code reads them back
+    # (``llm.config.read_saved``); the other fields, and those it did not record, are today's defaults.
     config: RunConfig
-    """The last segment's ``model``, ``data`` and ``train`` sections as today's code reads them back
-    (``llm.config.read_saved``); the other fields, and those it did not record, are today's defaults."""
+    # Each segment's first step and its compared config fields (dotted keys, less ``RESULT_NEUTRAL``, a field
+    # it did not record ``NOT_RECORDED``), in order.
     segments: list[tuple[int, dict[str, Any]]]
-    """Each segment's first step and its compared config fields (dotted keys, less ``RESULT_NEUTRAL``, a field
-    it did not record ``NOT_RECORDED``), in order."""
+    # Damaged lines of its metrics file, each named by file and line.
     problems: list[str] = field(default_factory=list)
-    """Damaged lines of its metrics file, each named by file and line."""
 
     @property
     def variant(self) -> str:
@@ -117,12 +117,9 @@ class RunRecord:
     @cached_property
     def changed(self) -> dict[str, list[Any]]:
         """The compared config fields whose value changed on a resume -> their values in order."""
-        changed = {}
-        for key in self.segments[-1][1]:
-            values = [value for value, _ in groupby(setup[key] for _, setup in self.segments)]
-            if len(values) > 1:
-                changed[key] = values
-        return changed
+        history = {key: [value for value, _ in groupby(setup[key] for _, setup in self.segments)]
+                   for key in self.segments[-1][1]}
+        return {key: values for key, values in history.items() if len(values) > 1}
 
     @cached_property
     def setup(self) -> dict[str, Any]:

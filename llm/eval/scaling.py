@@ -20,17 +20,11 @@ class ScalingSeries:
     """One variant at two or more model sizes."""
 
     label: str
+    # Its rows with a loss, by non-embedding parameters.
     rows: list[VariantSummary]
-    """Its rows with a loss, by non-embedding parameters."""
     coefficient: float
+    # b of the fit L = a * N^b (negative when the loss falls with size).
     exponent: float
-    """b of the fit L = a * N^b (negative when the loss falls with size)."""
-
-    @property
-    def exact(self) -> bool:
-        """No more sizes than the fit's two parameters: the line passes through every point, and nothing tests
-        whether the loss follows a power law at all."""
-        return len(self.rows) <= 2
 
 
 def scaling_series(comparison: Comparison) -> list[ScalingSeries]:

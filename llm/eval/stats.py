@@ -27,8 +27,8 @@ __all__ = ["ALPHA", "MAX_SEEDS", "POWER", "Gap", "Summary", "gap_to_baseline", "
 ALPHA, POWER = 0.05, 0.8
 MAX_SEEDS = 100_000  # a gap that needs more seeds per arm is too small to resolve
 QUADRATURE_POINTS = 100
+# Differences whose spread is below this fraction of the losses' size are rounding: one shift in every pair.
 ROUNDING = 64 * sys.float_info.epsilon
-"""Differences whose spread is below this fraction of the losses' size are rounding: one shift in every pair."""
 
 
 @dataclass(frozen=True)

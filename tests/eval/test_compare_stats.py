@@ -122,8 +122,9 @@ def test_paired_test_is_scipys_on_the_seeds_both_rows_ran(tmp_path: Path) -> Non
     assert f"| {welch:.3g} | {paired:.3g} |" in table and "p paired ⁵" in table
     assert "The p column is Welch's either way" in table
     mde = float(found["mde"])
-    assert (f"no gap is resolved at p < 0.05 (Welch); isogmlp+softmax +0.0103 not resolved (MDE {mde:.3g}); paired "
-            f"by seed, also isogmlp+softmax (p {paired:.3g})") in table
+    assert (f"no gap is resolved at p < 0.05 (Welch); isogmlp+softmax +0.0103 not resolved (MDE {mde:.3g}; as a true "
+            f"gap it would need {found['seeds_needed']} seeds per arm); paired by seed, also isogmlp+softmax "
+            f"(p {paired:.3g})") in table
 
 
 def test_no_pairs_across_data_orders(tmp_path: Path) -> None:
@@ -145,10 +146,10 @@ def test_the_line_under_the_table_says_what_can_be_concluded(tmp_path: Path) -> 
     assert gaps["iso_ln+softmax"].mde == pytest.approx(mde, rel=1e-12)  # both spreads 0.02
     ci = stats.ttest_ind([4.95, 4.97, 4.99], BASE, equal_var=False).confidence_interval(0.95)
     assert (f"\n\nConclusion: gaps resolved at p < 0.05 (Welch): iso_ln+softmax +0.0500 [{ci.low:+.4f}, "
-            f"{ci.high:+.4f}]; isogmlp+softmax +0.0100 not resolved (MDE {mde:.3g}); with 3 seeds per arm this "
-            f"comparison resolves gaps above {mde:.3g} nats with 80% power, and a smaller true gap can go unseen; the "
-            "largest unresolved gap (isogmlp+softmax, +0.0100) would need 64 seeds per arm; not testable (fewer than "
-            "2 seeds, or no spread): iso_mlp+softmax.\n\n") in table
+            f"{ci.high:+.4f}]; isogmlp+softmax +0.0100 not resolved (MDE {mde:.3g}; as a true gap it would need 64 "
+            f"seeds per arm); with 3 seeds per arm this comparison resolves gaps above {mde:.3g} nats with 80% power, "
+            "and a smaller true gap can go unseen; not testable (fewer than 2 seeds, or no spread): "
+            "iso_mlp+softmax.\n\n") in table
     assert " tie" not in table and "indistinguishable" not in table
 
 
