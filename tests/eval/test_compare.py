@@ -138,6 +138,7 @@ def test_table_and_csv(runs_root: Path, tmp_path: Path) -> None:
         in table
     assert "| iso_ln+softmax | 83.0M | 12.6M | 4.9000 | 1 | 0 / 0 | -0.0267 | n/a | n/a | n/a | n/a |" in table
     assert "fewer than 2 seeds" in table
+    assert "| Grad-norm variance after warmup ² |" in table and "in squared norm units" in table
     md, csv_path = write_comparison(comparison, tmp_path / "out")
     assert md.read_text() == table
     with csv_path.open() as f:
