@@ -161,10 +161,11 @@ def _at_chosen_values(groups: dict[str, list[RunRecord]], tune: Sequence[str], w
     return chosen, sensitivity
 
 
-def _resume_warnings(runs: Sequence[RunRecord], tune: Sequence[str]) -> tuple[list[RunRecord], list[str]]:
-    """The runs to compare and a warning for each whose config changed on resume: labelled with the change, or,
-    where a tuned key changed or was not recorded, left out (a run tuned at no one value cannot be chosen)."""
-    kept, warnings = [], []
+def _resumed(runs: Sequence[RunRecord], tune: Sequence[str], warnings: list[str]) -> list[RunRecord]:
+    """The runs to compare, with a warning in ``warnings`` for each whose config changed on resume: labelled with
+    the change, or, where a tuned key changed or was not recorded, left out (a run tuned at no one value cannot be
+    chosen)."""
+    kept = []
     for run in runs:
         if unclear := [f"{k}={run.setup[k]}" for k in tune if k in run.changed or run.setup[k] == NOT_RECORDED]:
             warnings.append(f"{run.path.name}: --tune at {', '.join(unclear)}, no one value; left out")
@@ -175,7 +176,16 @@ def _resume_warnings(runs: Sequence[RunRecord], tune: Sequence[str]) -> tuple[li
             warnings.append(f"{run.path.name}: its config changed on resume at step {resumes} "
                             f"({', '.join(f'{key}={run.setup[key]}' for key in run.changed)}): a row of its own, "
                             "labelled with the change, never pooled with runs of one configuration")
-    return kept, warnings
+    return kept
+
+
+def _left_out(label: str, run: RunRecord, tune: Sequence[str]) -> str:
+    """The warning naming a broken run of row ``label`` (with ``tune``, at its values), which the statistics leave
+    out."""
+    at = f"{at_values(tune, values_of(run, tune))}, " if tune else ""
+    last_eval = run.evals[-1]["step"] if run.evals else "none"
+    return (f"row {label}: {run.path.name} {run.status} ({at}final eval at step {last_eval} of {run.last_step}, "
+            f"val loss {run.final_val_loss:.4g}); left out of the statistics")
 
 
 def compare_runs(runs: Sequence[RunRecord], baseline: str | None = None, tune: Sequence[str] = (),
@@ -192,10 +202,8 @@ def compare_runs(runs: Sequence[RunRecord], baseline: str | None = None, tune: S
     if unknown := [key for key in tune if key not in runs[0].setup]:
         raise EvalError(f"--tune {unknown[0]}: not a config key that changes results (e.g. train.lr, model.ffn_init)")
     warnings = [problem for run in runs for problem in run.problems]
-    runs, resumed = _resume_warnings(runs, tune)
-    warnings += resumed
-    if not runs:
-        raise EvalError("no runs to compare: " + "; ".join(resumed))
+    if not (runs := _resumed(runs, tune, warnings)):
+        raise EvalError("no runs to compare: " + "; ".join(warnings))
     groups = group_runs(runs, tune)
     series = series_labels(groups, tune)
     sizes = {label: model_size(members[0]) for label, members in groups.items()}
@@ -225,13 +233,11 @@ def compare_runs(runs: Sequence[RunRecord], baseline: str | None = None, tune: S
         if len(set(seeds)) < len(seeds):
             warnings.append(f"row {label}: repeated seeds {seeds}; repeats are not independent samples")
         broken = [r for r in members if not r.complete]  # with tune: at the chosen value; all are named below
-        warnings += [f"row {label}: {r.path.name} {r.status} ({at_values(tune, values_of(r, tune)) if tune else ''}"
-                     f"{', ' if tune else ''}final eval at step {r.evals[-1]['step'] if r.evals else 'none'} of "
-                     f"{r.last_step}, val loss {r.final_val_loss:.4g}); left out of the statistics"
-                     for r in groups[label] if not r.complete]
+        warnings += [_left_out(label, run, tune) for run in groups[label] if not run.complete]
         if not done and not tune:  # with tune, _at_chosen_values says why no value was chosen
             warnings.append(f"row {label}: no complete run; compared without it")
         summary = Summary.of([r.final_val_loss for r in done])
+        base = None if label in baselines else baseline_runs.get(sizes[label])  # the baseline runs of its size
         rows.append(VariantSummary(
             variant=label, runs=done,
             params_total=groups[label][0].meta.get("params_total"),
@@ -242,8 +248,7 @@ def compare_runs(runs: Sequence[RunRecord], baseline: str | None = None, tune: S
             final_tokens=_shared(done, "final token count", lambda r: r.final_tokens, label) or 0,
             diverged=[r for r in broken if r.diverged], incomplete=[r for r in broken if not r.diverged],
             tuned=tuned, series=series[label], size=sizes[label],
-            gap=_gap(done, base, target_gap) if done and (base := baseline_runs.get(sizes[label]))
-            and label not in baselines else None,
+            gap=_gap(done, base, target_gap) if done and base else None,
         ))
     shown = series[baselines[0]] if len(baselines) > 1 else baselines[0] if baselines else DEFAULT_BASELINE
     return Comparison(baseline=shown, rows=rows, warnings=warnings, tune=tuple(tune),
