@@ -101,8 +101,8 @@ def restat(out: Path, name: str, sources: list[str]) -> None:
             params_total=int(row["params_total"]), params_non_embedding=int(row["params_non_embedding"]),
             val_loss_mean=float(row["val_loss_mean"]), val_loss_std=float(row["val_loss_std"]),
             training_stability=float(row["training_stability"]), tokens_per_s=float(row["tokens_per_s"]),
-            final_tokens=int(row["final_tokens"]), diverged=[None] * int(row["diverged"]),
-            incomplete=[None] * int(row["incomplete"]), tuned={key: float(row[key]) for key in tune},
+            final_tokens=int(row["final_tokens"]), diverged=[None] * int(row.get("diverged", 0)),
+            incomplete=[None] * int(row.get("incomplete", 0)), tuned={key: float(row[key]) for key in tune},
             series=series, size=(size,), gap=gap))
     warnings, sensitivity = _kept(md_path.read_text())
     labels = [row["variant"] for row, series, *_ in rows if series == DEFAULT_BASELINE]

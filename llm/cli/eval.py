@@ -1,7 +1,8 @@
 """``eval.py``: evaluate a checkpoint or hub model, compare runs, or run lm-evaluation-harness tasks.
 
     python eval.py CHECKPOINT_OR_HUB_ID [--config data.yaml] [key=value ...] [--json] [--samples N]
-    python eval.py compare RUN_DIR... | 'runs/*' [--baseline swiglu+softmax] [--tune train.lr] [--out DIR]
+    python eval.py compare RUN_DIR... | 'runs/*' [--baseline swiglu+softmax] [--tune train.lr] [--target-gap 0.01]
+                           [--out DIR]
     python eval.py lm-eval CHECKPOINT_OR_HUB_ID --tasks hellaswag,arc_easy [--limit N]
 
 CHECKPOINT is a run directory (its newest complete checkpoint), a checkpoint directory or its
@@ -72,6 +73,9 @@ def _compare_parser() -> argparse.ArgumentParser:
                         help="config key tuned per variant (repeatable, e.g. --tune train.lr): runs differing only in "
                         "it and the seed are one variant, reported at the value with the lowest mean final val "
                         "loss; adds the sensitivity table and <key>_sensitivity.png")
+    parser.add_argument("--target-gap", type=float, default=None, metavar="NATS",
+                        help="the smallest gap worth detecting, chosen before the runs: adds the seeds per arm it "
+                        "needs at each row's and its baseline's observed spreads (how to choose the seeds: README)")
     parser.add_argument("--out", default="comparison", help="directory for comparison.md/.csv and PNG plots")
     parser.add_argument("--no-plots", action="store_true")
     return parser
@@ -128,7 +132,7 @@ def _compare(argv: list[str]) -> int:
             unreadable.append(str(err))
     if not runs:
         raise EvalError("; ".join(unreadable))
-    comparison = compare_runs(runs, args.baseline, args.tune)
+    comparison = compare_runs(runs, args.baseline, args.tune, args.target_gap)
     comparison.warnings[:0] = [f"{message}; left out" for message in unreadable]  # comparison.md names them too
     for warning in comparison.warnings:
         print(f"warning: {warning}", file=sys.stderr)

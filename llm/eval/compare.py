@@ -9,8 +9,8 @@ validation loss as mean ± sample std (ddof=1) and its gap to the baseline row o
 (``llm.eval.stats``: Welch's test, and the paired one where both rows ran the same seeds on the same data).
 "Training stability" is ``RunRecord.stability``, as in isogmlp section 4.3; lower is more stable. With ``tune``
 keys (``eval.py compare --tune train.lr``) a row is its variant at its best value (``llm.eval.tune``). Rows of one
-size that end at different token counts are still tabulated but produce a warning. The table:
-``llm.eval.report``.
+size that end at different token counts are still tabulated but produce a warning, and so does a run whose config
+changed on resume (its row is labelled with the change, ``llm.eval.grouping``). The table: ``llm.eval.report``.
 """
 
 from __future__ import annotations
@@ -23,17 +23,18 @@ from typing import Any
 
 from llm.eval.errors import EvalError
 from llm.eval.grouping import group_runs, model_size, resolve_baseline, series_labels
-from llm.eval.runs import RunRecord
+from llm.eval.runs import NOT_RECORDED, RunRecord
 from llm.eval.stats import Gap, Summary, gap_to_baseline, paired_p_value
 from llm.eval.tune import TunePoint, at_values, choice_warnings, choose, one_seed_warning, tune_points, values_of
 
 DEFAULT_BASELINE = "swiglu+softmax"
+# comparison.csv column -> the ``Gap`` field it holds (empty where the row has no gap or the field is NaN).
 GAP_COLUMNS = {"gap": "gap", "gap_ci_low": "ci_low", "gap_ci_high": "ci_high", "p_value_paired": "p_paired",
-               "mde": "mde", "seeds_needed": "seeds_needed"}  # comparison.csv column -> Gap field
+               "mde": "mde", "seeds_needed": "seeds_needed", "seeds_for_target_gap": "target_seeds"}
+# Meta-row fields every seed of a row must agree on (besides the final token count). The meta row's
+# ``variant`` is not among them: a run written with older option defaults may carry another name for the
+# same configuration, and a row's name is computed from the configuration its seeds share.
 ROW_INVARIANTS = ("params_total", "params_non_embedding", "mixed_precision")
-"""Meta-row fields every seed of a row must agree on (besides the final token count). The meta row's
-``variant`` is not among them: a run written with older option defaults may carry another name for the
-same configuration, and a row's name is computed from the configuration its seeds share."""
 
 
 @dataclass
@@ -41,27 +42,27 @@ class VariantSummary:
     """One row of the comparison table: a variant aggregated over its complete seeds."""
 
     variant: str
+    # The complete runs the statistics use (at the chosen values of the tuned keys).
     runs: list[RunRecord]
-    """The complete runs the statistics use (at the chosen values of the tuned keys)."""
     params_total: int | None
     params_non_embedding: int | None
+    # NaN when no run of the row is complete.
     val_loss_mean: float
-    """NaN when no run of the row is complete."""
+    # Sample standard deviation (ddof=1) over seeds; NaN with a single seed.
     val_loss_std: float
-    """Sample standard deviation (ddof=1) over seeds; NaN with a single seed."""
     training_stability: float
     tokens_per_s: float
     final_tokens: int
     diverged: list[RunRecord] = field(default_factory=list)
     incomplete: list[RunRecord] = field(default_factory=list)
+    # Tuned key -> the chosen value (``--tune``).
     tuned: dict[str, Any] = field(default_factory=dict)
-    """Tuned key -> the chosen value (``--tune``)."""
+    # The label of the row's series: the rows that differ from it only in model size (``llm.eval.grouping``).
     series: str = ""
-    """The label of the row's series: the rows that differ from it only in model size (``llm.eval.grouping``)."""
+    # The row's values of ``llm.eval.grouping.SIZE_KEYS``.
     size: tuple[Any, ...] = ()
-    """The row's values of ``llm.eval.grouping.SIZE_KEYS``."""
+    # Its gap to the baseline row of its size; None on a baseline row and when there is none.
     gap: Gap | None = None
-    """Its gap to the baseline row of its size; None on a baseline row and when there is none."""
 
     @property
     def p_value(self) -> float:
@@ -72,6 +73,11 @@ class VariantSummary:
     def n(self) -> int:
         return len(self.runs)
 
+    def gap_cell(self, field_: str) -> float | str:
+        """The gap's ``field_`` for comparison.csv: empty where there is no gap or the value is NaN."""
+        value = math.nan if self.gap is None else getattr(self.gap, field_)
+        return "" if math.isnan(value) else value
+
     def as_csv_row(self) -> dict[str, Any]:
         return {
             "variant": self.variant, **self.tuned, "n_seeds": self.n, "seeds": " ".join(str(r.seed) for r in self.runs),
@@ -80,23 +86,24 @@ class VariantSummary:
             "val_loss_mean": self.val_loss_mean, "val_loss_std": self.val_loss_std,
             "p_value": self.p_value, "training_stability": self.training_stability,
             "tokens_per_s": self.tokens_per_s, "final_tokens": self.final_tokens,
-            **{column: "" if self.gap is None or math.isnan(value := getattr(self.gap, field_)) else value
-               for column, field_ in GAP_COLUMNS.items()},
+            **{column: self.gap_cell(field_) for column, field_ in GAP_COLUMNS.items()},
         }
 
 
 @dataclass
 class Comparison:
+    # The baseline row's label, or its series' label when it has a row at several sizes (as given when no row
+    # has it: then there are no p-values).
     baseline: str
-    """The baseline row's label, or its series' label when it has a row at several sizes (as given when no row
-    has it: then there are no p-values)."""
     rows: list[VariantSummary]
     warnings: list[str] = field(default_factory=list)
     tune: tuple[str, ...] = ()
+    # With ``tune``: row label -> its loss at every value tried, in table order (the plots' colours follow it).
     sensitivity: dict[str, list[TunePoint]] = field(default_factory=dict)
-    """With ``tune``: row label -> its loss at every value tried, in table order (the plots' colours follow it)."""
+    # The labels of the baseline rows, one per model size, in table order.
     baselines: tuple[str, ...] = ()
-    """The labels of the baseline rows, one per model size, in table order."""
+    # ``compare --target-gap``: the gap whose seeds per arm each row reports (``Gap.target_seeds``).
+    target_gap: float | None = None
 
     @property
     def groups(self) -> dict[str, list[RunRecord]]:
@@ -104,7 +111,7 @@ class Comparison:
         return {row.variant: row.runs for row in self.rows}
 
 
-def _gap(done: Sequence[RunRecord], baseline: Sequence[RunRecord]) -> Gap:
+def _gap(done: Sequence[RunRecord], baseline: Sequence[RunRecord], target_gap: float | None) -> Gap:
     """The gap of complete runs ``done`` to the baseline's, paired by seed where both ran the same seeds once each
     on one data order and validation set (the whole ``data`` section, and the world size)."""
     mine, theirs = ({run.seed: run.final_val_loss for run in runs} for runs in (done, baseline))
@@ -112,7 +119,8 @@ def _gap(done: Sequence[RunRecord], baseline: Sequence[RunRecord]) -> Gap:
                        sort_keys=True) for run in [*done, *baseline]}
     paired = len(mine) == len(done) == len(baseline) and mine.keys() == theirs.keys() and len(data) == 1
     return gap_to_baseline(*(Summary.of([run.final_val_loss for run in runs]) for runs in (done, baseline)),
-                           paired_p_value([mine[s] for s in mine], [theirs[s] for s in mine]) if paired else math.nan)
+                           paired_p_value([mine[s] for s in mine], [theirs[s] for s in mine]) if paired else math.nan,
+                           target_gap)
 
 
 def _mean(values: Sequence[float]) -> float:
@@ -153,20 +161,52 @@ def _at_chosen_values(groups: dict[str, list[RunRecord]], tune: Sequence[str], w
     return chosen, sensitivity
 
 
-def compare_runs(runs: Sequence[RunRecord], baseline: str | None = None, tune: Sequence[str] = ()) -> Comparison:
+def _resumed(runs: Sequence[RunRecord], tune: Sequence[str], warnings: list[str]) -> list[RunRecord]:
+    """The runs to compare, with a warning in ``warnings`` for each whose config changed on resume: labelled with
+    the change, or, where a tuned key changed or was not recorded, left out (a run tuned at no one value cannot be
+    chosen)."""
+    kept = []
+    for run in runs:
+        if unclear := [f"{k}={run.setup[k]}" for k in tune if k in run.changed or run.setup[k] == NOT_RECORDED]:
+            warnings.append(f"{run.path.name}: --tune at {', '.join(unclear)}, no one value; left out")
+            continue
+        kept.append(run)
+        if run.changed:
+            resumes = ", ".join(str(step) for step, _ in run.segments[1:])
+            warnings.append(f"{run.path.name}: its config changed on resume at step {resumes} "
+                            f"({', '.join(f'{key}={run.setup[key]}' for key in run.changed)}): a row of its own, "
+                            "labelled with the change, never pooled with runs of one configuration")
+    return kept
+
+
+def _left_out(label: str, run: RunRecord, tune: Sequence[str]) -> str:
+    """The warning naming a broken run of row ``label`` (with ``tune``, at its values), which the statistics leave
+    out."""
+    at = f"{at_values(tune, values_of(run, tune))}, " if tune else ""
+    last_eval = run.evals[-1]["step"] if run.evals else "none"
+    return (f"row {label}: {run.path.name} {run.status} ({at}final eval at step {last_eval} of {run.last_step}, "
+            f"val loss {run.final_val_loss:.4g}); left out of the statistics")
+
+
+def compare_runs(runs: Sequence[RunRecord], baseline: str | None = None, tune: Sequence[str] = (),
+                 target_gap: float | None = None) -> Comparison:
     """The comparison of ``runs`` (module docstring): the baseline rows first, then each series by size.
-    ``baseline`` None: ``DEFAULT_BASELINE`` if present (a warning if not). An EvalError when a ``baseline`` given
-    names no row or rows of several series (``resolve_baseline``), or when the seeds of a row disagree on a
-    ``ROW_INVARIANTS`` field or its complete seeds on the final token count."""
+    ``baseline`` None: ``DEFAULT_BASELINE`` if present (a warning if not). ``target_gap``: each gap also reports
+    the seeds per arm that gap needs at the rows' spreads. An EvalError when a ``baseline`` given names no row or
+    rows of several series (``resolve_baseline``), or when the seeds of a row disagree on a ``ROW_INVARIANTS``
+    field or its complete seeds on the final token count."""
     if not runs:
         raise EvalError("no runs to compare")
-    unknown = [key for key in tune if key not in runs[0].setup]
-    if unknown:
+    if target_gap is not None and not target_gap > 0:
+        raise EvalError(f"--target-gap {target_gap}: expected a gap > 0 nats (the smallest worth detecting)")
+    if unknown := [key for key in tune if key not in runs[0].setup]:
         raise EvalError(f"--tune {unknown[0]}: not a config key that changes results (e.g. train.lr, model.ffn_init)")
+    warnings = [problem for run in runs for problem in run.problems]
+    if not (runs := _resumed(runs, tune, warnings)):
+        raise EvalError("no runs to compare: " + "; ".join(warnings))
     groups = group_runs(runs, tune)
     series = series_labels(groups, tune)
     sizes = {label: model_size(members[0]) for label, members in groups.items()}
-    warnings = [problem for run in runs for problem in run.problems]
     if shared := [key for key in tune if len({values_of(run, [key]) for run in runs}) == 1]:
         warnings.append(f"--tune {', '.join(shared)}: every run has {at_values(shared, values_of(runs[0], shared))}: "
                         "one value is no choice; the rows are reported at it, untuned")
@@ -193,13 +233,11 @@ def compare_runs(runs: Sequence[RunRecord], baseline: str | None = None, tune: S
         if len(set(seeds)) < len(seeds):
             warnings.append(f"row {label}: repeated seeds {seeds}; repeats are not independent samples")
         broken = [r for r in members if not r.complete]  # with tune: at the chosen value; all are named below
-        warnings += [f"row {label}: {r.path.name} {r.status} ({at_values(tune, values_of(r, tune)) if tune else ''}"
-                     f"{', ' if tune else ''}final eval at step {r.evals[-1]['step'] if r.evals else 'none'} of "
-                     f"{r.last_step}, val loss {r.final_val_loss:.4g}); left out of the statistics"
-                     for r in groups[label] if not r.complete]
+        warnings += [_left_out(label, run, tune) for run in groups[label] if not run.complete]
         if not done and not tune:  # with tune, _at_chosen_values says why no value was chosen
             warnings.append(f"row {label}: no complete run; compared without it")
         summary = Summary.of([r.final_val_loss for r in done])
+        base = None if label in baselines else baseline_runs.get(sizes[label])  # the baseline runs of its size
         rows.append(VariantSummary(
             variant=label, runs=done,
             params_total=groups[label][0].meta.get("params_total"),
@@ -210,10 +248,9 @@ def compare_runs(runs: Sequence[RunRecord], baseline: str | None = None, tune: S
             final_tokens=_shared(done, "final token count", lambda r: r.final_tokens, label) or 0,
             diverged=[r for r in broken if r.diverged], incomplete=[r for r in broken if not r.diverged],
             tuned=tuned, series=series[label], size=sizes[label],
-            gap=_gap(done, base) if done and (base := baseline_runs.get(sizes[label])) and label not in baselines
-            else None,
+            gap=_gap(done, base, target_gap) if done and base else None,
         ))
     shown = series[baselines[0]] if len(baselines) > 1 else baselines[0] if baselines else DEFAULT_BASELINE
     return Comparison(baseline=shown, rows=rows, warnings=warnings, tune=tuple(tune),
                       sensitivity={row.variant: sensitivity[row.variant] for row in rows if tune},  # table order
-                      baselines=tuple(row.variant for row in rows if row.variant in baselines))
+                      baselines=tuple(row.variant for row in rows if row.variant in baselines), target_gap=target_gap)

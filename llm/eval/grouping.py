@@ -4,11 +4,13 @@ baseline names.
 Runs are grouped by their whole configuration except the seed: the ``model``, ``data`` and ``train`` sections of
 the meta row's ``config`` (less the bookkeeping of ``llm.eval.runs.RESULT_NEUTRAL``) must be identical for two
 runs to share a row, so an ablation (``iso_ln[layernorm=false]``), a run with another learning rate or one without
-document masking is never pooled with its parent. The sections are compared as today's code reads them back
-(``llm.config.read_saved``): fields added since a run was written take today's defaults, so an old and a new run
-of the same effective configuration share a row. A row is labelled by its variant name (today's name for that
-configuration), which carries every non-default variant option; rows whose variant names coincide but whose
-configurations differ are labelled with the fields that tell them apart, e.g. ``swiglu+softmax (train.lr=0.001)``.
+document masking is never pooled with its parent. The sections are compared as ``llm.eval.runs.RunRecord.setup``
+gives them: a field added since a run was written is ``not recorded`` there (never today's default, which the run
+may not have used), and a field changed on resume holds its values in order. A row is labelled by its variant name
+(today's name for that configuration), which carries every non-default variant option; rows whose variant names
+coincide but whose configurations differ are labelled with the fields that tell them apart, e.g.
+``swiglu+softmax (train.lr=0.001)``, and a row of runs whose config changed on resume always with the change, e.g.
+``swiglu+softmax (train.lr=0.003 -> 0.03)``.
 
 A model size is a row's values of ``SIZE_KEYS`` (width and depth; the parameter counts follow from them). Rows that
 differ only there are one *series*, one variant at several sizes (``llm.eval.scaling``), labelled as rows are but
@@ -26,10 +28,10 @@ from llm.eval.runs import RunRecord
 
 __all__ = ["SIZE_KEYS", "group_runs", "model_size", "resolve_baseline", "series_labels"]
 
+# The config keys of a model's size. ``ffn_param_match`` shrinks a wider FFN inside the model, not in the config,
+# so the rows of every variant at one size share these values.
 SIZE_KEYS = ("model.hidden_size", "model.intermediate_size", "model.num_hidden_layers",
              "model.num_attention_heads", "model.num_key_value_heads", "model.head_dim")
-"""The config keys of a model's size. ``ffn_param_match`` shrinks a wider FFN inside the model, not in the config,
-so the rows of every variant at one size share these values."""
 
 Rows = Mapping[str, Sequence[RunRecord]]
 
@@ -42,7 +44,8 @@ def model_size(run: RunRecord) -> tuple[Any, ...]:
 def group_runs(runs: Sequence[RunRecord], ignore: Sequence[str] = ()) -> dict[str, list[RunRecord]]:
     """Rows of the comparison: runs whose ``model``/``data``/``train`` sections are identical but for the keys in
     ``ignore`` (``--tune`` keys), each labelled by its variant name, plus ``(field=value, ...)`` for the fields that
-    differ between rows with the same variant name. Sorted by label; members sorted by seed."""
+    differ between rows with the same variant name and those that changed on resume. Sorted by label; members
+    sorted by seed."""
     by_setup: dict[str, list[RunRecord]] = {}
     for run in runs:
         setup = {k: v for k, v in run.setup.items() if k not in ignore}
@@ -56,8 +59,8 @@ def group_runs(runs: Sequence[RunRecord], ignore: Sequence[str] = ()) -> dict[st
         fields_ = sorted(set().union(*setups))
         differing = [f for f in fields_ if len({json.dumps(s.get(f)) for s in setups}) > 1]
         for key, setup in zip(keys, setups, strict=True):
-            label = variant if not differing else \
-                f"{variant} ({', '.join(f'{f}={setup.get(f)}' for f in differing)})"
+            shown = sorted({*differing, *(f for f in by_setup[key][0].changed if f in setup)})
+            label = f"{variant} ({', '.join(f'{f}={setup.get(f)}' for f in shown)})" if shown else variant
             rows[label] = sorted(by_setup[key], key=lambda r: r.seed)
     return dict(sorted(rows.items()))
 

@@ -18,7 +18,7 @@ __all__ = ["CSV_COLUMNS", "OPTIMISM_NOTE", "format_table", "write_comparison"]
 CSV_COLUMNS = (
     "variant", "n_seeds", "seeds", "diverged", "incomplete", "params_total", "params_non_embedding",
     "val_loss_mean", "val_loss_std", "gap", "gap_ci_low", "gap_ci_high", "p_value", "p_value_paired", "mde",
-    "seeds_needed", "training_stability", "tokens_per_s", "final_tokens",
+    "seeds_needed", "seeds_for_target_gap", "training_stability", "tokens_per_s", "final_tokens",
 )
 OPTIMISM_NOTE = ("Choosing each variant's value and reporting its loss on the same validation set is optimistic "
                  "(the minimum of noisy means is biased low, more so on a finer grid). The honest protocol: choose "
@@ -45,20 +45,23 @@ def _gap(gap: Gap) -> str:
     return f"{gap.gap:+.4f}" + ("" if math.isnan(gap.ci_low) else f" [{gap.ci_low:+.4f}, {gap.ci_high:+.4f}]")
 
 
-def _seeds(gap: Gap) -> str:
+def _seeds(gap: Gap, target: float | None = None) -> str:
+    """The seeds per arm the observed gap needs, or with ``target`` those that gap needs (``Gap.target_seeds``)."""
+    size, needed = (gap.gap, gap.seeds_needed) if target is None else (target, gap.target_seeds)
     if gap.se == 0:
         return "zero spread"
-    if gap.seeds_needed == math.inf:
-        return f"> {MAX_SEEDS:,}" if gap.gap else "none: the gap is 0"
-    return _num(gap.seeds_needed, ",.0f")  # NaN: n/a
+    if needed == math.inf:
+        return f"> {MAX_SEEDS:,}" if size else "none: the gap is 0"
+    return _num(needed, ",.0f")  # NaN: n/a
 
 
 def _gap_cells(row: VariantSummary, comparison: Comparison) -> list[str]:
-    """Gap (95% CI), p, p paired, MDE and seeds needed (``llm.eval.stats``)."""
+    """Gap (95% CI), p, p paired, MDE, seeds needed and, with a target gap, the seeds it needs (``llm.eval.stats``)."""
+    targets = [] if comparison.target_gap is None else [comparison.target_gap]
     if (gap := row.gap) is None:
-        return ["baseline" if row.variant in comparison.baselines else "n/a", "", "", "", ""]
+        return ["baseline" if row.variant in comparison.baselines else "n/a", "", "", "", "", *("" for _ in targets)]
     return [_gap(gap), _num(gap.p_value, ".3g"), _num(gap.p_paired, ".3g"),
-            "zero spread" if gap.se == 0 else _num(gap.mde, ".4f"), _seeds(gap)]
+            "zero spread" if gap.se == 0 else _num(gap.mde, ".4f"), _seeds(gap), *(_seeds(gap, t) for t in targets)]
 
 
 def _span(values: Sequence[str]) -> str:
@@ -77,14 +80,14 @@ def _conclusion(comparison: Comparison) -> list[str]:
     seeds = sorted({row.n for row in comparison.rows if row.variant in tested or row.variant in comparison.baselines})
     parts = [f"gaps resolved at p < {ALPHA} (Welch): {', '.join(resolved)}" if resolved
              else f"no gap is resolved at p < {ALPHA} (Welch)"]
+    if open_:  # an unresolved gap is no tie: the true one may be anything up to about its MDE
+        parts.append(", ".join(f"{label} {gap.gap:+.4f} not resolved (MDE {gap.mde:.3g}; as a true gap it would need "
+                               f"{_seeds(gap)} seeds per arm)" for label, gap in open_.items()))
     if paired:
         parts.append(f"paired by seed, also {', '.join(paired)}")
-    parts.append(f"with {_span([str(n) for n in seeds])} seeds per variant this comparison resolves gaps above "
+    parts.append(f"with {_span([str(n) for n in seeds])} seeds per arm this comparison resolves gaps above "
                  f"{_span([f'{mde:.3g}' for mde in sorted(gap.mde for gap in tested.values())])} nats with "
                  f"{POWER:.0%} power, and a smaller true gap can go unseen")
-    if open_ and (largest := max(open_.items(), key=lambda item: abs(item[1].gap)))[1].gap:
-        parts.append(f"the largest unresolved gap ({largest[0]}, {largest[1].gap:+.4f}) would need "
-                     f"{_seeds(largest[1])} seeds per variant")
     if untested := [row.variant for row in comparison.rows if row.gap is not None and row.variant not in tested]:
         parts.append(f"not testable (fewer than 2 seeds, or no spread): {', '.join(untested)}")
     return ["", f"Conclusion: {'; '.join(parts)}."]
@@ -119,31 +122,43 @@ def _scaling(comparison: Comparison) -> list[str]:
              *_gap_cells(row, comparison)] for found in series for row in found.rows]
     if not rows:
         return []
-    fits = [[found.label, len(found.rows), f"{found.coefficient:.4g}", f"{found.exponent:.4f}"] for found in series]
+    # no more sizes than the fit's two parameters: the line passes through every point, and nothing tests whether
+    # the loss follows a power law at all
+    fits = [[found.label, len(found.rows), f"{found.coefficient:.4g}", f"{found.exponent:.4f}",
+             f"exact: {len(found.rows)} sizes for 2 parameters, nothing tests the power law" if len(found.rows) <= 2
+             else f"least squares over {len(found.rows)} sizes"] for found in series]
     return ["", f"Scaling: final validation loss against non-embedding parameters N, and the gap to "
                 f"{comparison.baseline} at the same size (¹ ⁵ ⁶ as above)", "",
             *_table(["Variant", "Params (non-emb.)", "Val loss (mean ± std)", "n",
                      *(cell.rstrip(" ¹⁵⁶") for cell in _gap_header(comparison))], rows),
             "", "Fit L = a · N^b of each variant's mean loss over its sizes (scaling.png; b < 0: the loss falls with "
                 "size)", "",
-            *_table(["Variant", "Sizes", "a", "b"], fits)]
+            *_table(["Variant", "Sizes", "a", "b", "Fit"], fits)]
 
 
 def _gap_header(comparison: Comparison) -> list[str]:
-    return ["Gap (95% CI) ¹", f"p vs {comparison.baseline} ¹", "p paired ⁵", "MDE ⁶", "Seeds needed ⁶"]
+    target = [] if comparison.target_gap is None else [f"Seeds for gap {comparison.target_gap:g} ⁶"]
+    return ["Gap (95% CI) ¹", f"p vs {comparison.baseline} ¹", "p paired ⁵", "MDE ⁶", "Seeds needed ⁶", *target]
+
+
+def _loss_cell(row: VariantSummary, comparison: Comparison) -> str:
+    """The row's loss, or why it has none."""
+    if row.runs:
+        return _loss(row.val_loss_mean, row.val_loss_std)
+    if any(point.losses for point in comparison.sensitivity.get(row.variant, [])):
+        return "no value stable in every seed"
+    return "all diverged" if row.diverged else "n/a"
 
 
 def format_table(comparison: Comparison) -> str:
     """The comparison as a Markdown table with footnotes (also readable as plain text), then, with ``tune``,
     the sensitivity table, and, when a variant comes in several sizes, the scaling table."""
     rows = [[row.variant, *(row.tuned.get(key, "n/a") for key in comparison.tune), _params(row.params_total),
-             _params(row.params_non_embedding), _loss(row.val_loss_mean, row.val_loss_std) if row.runs else
-             "no value stable in every seed" if any(p.losses for p in comparison.sensitivity.get(row.variant, []))
-             else "all diverged" if row.diverged else "n/a", row.n,
+             _params(row.params_non_embedding), _loss_cell(row, comparison), row.n,
              f"{len(row.diverged)} / {len(row.incomplete)}", *_gap_cells(row, comparison),
              _num(row.training_stability, ".3g"), _num(row.tokens_per_s, ",.0f")] for row in comparison.rows]
     lines = _table(["Variant", *comparison.tune, "Params (total)", "Params (non-emb.)", "Val loss (mean ± std)", "n",
-                    "Diverged / incomplete ⁴", *_gap_header(comparison), "Training stability ²",
+                    "Diverged / incomplete ⁴", *_gap_header(comparison), "Grad-norm variance after warmup ²",
                     "Tokens/s ³"], rows)
     lines += [*_conclusion(comparison), "", *(f"- {note}" for note in (
         "Final validation loss: mean ± sample std (ddof=1) over the n complete seeds; no std with one seed."
@@ -153,16 +168,21 @@ def format_table(comparison: Comparison) -> str:
         f"{' at the same model size' if len(comparison.baselines) > 1 else ''}, with its 95% confidence interval, and "
         "the two-sided Welch t-test (unequal variances) that the interval and ⁶ use too; n/a with fewer than 2 seeds "
         "in either row.",
-        "² Variance of the pre-clip global gradient norm over the run after warmup (last train row's "
-        "grad_norm_var_run), mean over seeds; lower is more stable.",
+        "² Training stability (isogmlp section 4.3): the variance of the pre-clip global gradient norm over the "
+        "run after warmup, in squared norm units (the last train row's grad_norm_var_run), mean over seeds; lower "
+        "is more stable.",
         "³ Median training throughput of each run, mean over seeds.",
         "⁴ Runs left out of the statistics: a non-finite final validation loss (diverged), or no eval at the "
-        "run's last step (incomplete: stopped, killed or its metrics file cut off).",
+        "max_steps in force when the run last trained (incomplete: stopped, killed, its metrics file cut off, or "
+        "resumed to more steps and not finished).",
         "⁵ Two-sided paired t-test, where the row ran the baseline's seeds on its data order and validation set "
         "(n/a otherwise): what the runs of one seed share cancels in each pair. The p column is Welch's either way.",
-        f"⁶ The smallest true gap the two rows' seeds resolve (p < {ALPHA}) with {POWER:.0%} probability, taking "
-        f"their spreads as the true ones (minimum detectable effect); the seeds per variant that would so resolve the "
-        f"observed gap (> {MAX_SEEDS:,}: too small to resolve).",
+        f"⁶ The smallest true gap the two rows' seeds resolve with {POWER:.0%} probability by the table's test "
+        f"(Welch's at p < {ALPHA}, its df estimated from the seeds), taking their spreads as the true ones (minimum "
+        f"detectable effect); the seeds per arm (the variant and the baseline each) that would so resolve the "
+        f"observed gap"
+        + ("" if comparison.target_gap is None else f" and a gap of {comparison.target_gap:g} (--target-gap)")
+        + f" (> {MAX_SEEDS:,}: too small to resolve).",
         *([OPTIMISM_NOTE] if comparison.tune else []),
         *(f"Warning: {w}" for w in comparison.warnings),
     ))]

@@ -6,6 +6,16 @@ run whose last validation loss is NaN, a run stopped before its last eval. None 
 a line that does not parse is skipped with a warning naming the file and line, and each run has a status
 (``RunRecord.status``: complete, diverged or incomplete), so the table keeps only complete runs in its statistics
 and lists the others.
+
+A run is read by its whole history: each start (the first and every resume) appends a meta row with the config and
+``max_steps`` in force, so the file is a sequence of segments. The run's end is the last segment's ``max_steps``,
+its final value the eval there, and a run whose last segment stopped short of it is incomplete, whatever an
+earlier segment reached. A resume at or past its ``max_steps`` trained nothing and is not a segment. A field whose
+value changed on resume holds its values in order (``RunRecord.setup``: ``0.003 -> 0.03``), so the run is a row of
+its own labelled with the change (``llm.eval.grouping``), never pooled with runs that ran one configuration. A
+field missing from a segment's saved config (written before the field existed) is ``NOT_RECORDED``, never today's
+default; only the model section is first read as the model reads an old config (``upgrade_saved``: the values
+an old checkpoint provably computes with).
 """
 
 from __future__ import annotations
@@ -17,6 +27,7 @@ import statistics
 from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field
 from functools import cached_property
+from itertools import groupby
 from pathlib import Path
 from typing import Any
 
@@ -24,26 +35,30 @@ from transformers.utils import flatten_dict
 
 from llm.config import ConfigError, RunConfig, read_saved
 from llm.eval.errors import EvalError
+from llm.model.config import upgrade_saved
 
-__all__ = ["COMPARED_SECTIONS", "RESULT_NEUTRAL", "SPIKE_FACTOR", "SPIKE_WINDOW", "RunRecord", "expand_run_dirs",
-           "load_run", "read_metrics", "step_rows"]
+__all__ = ["COMPARED_SECTIONS", "NOT_RECORDED", "RESULT_NEUTRAL", "SPIKE_FACTOR", "SPIKE_WINDOW", "RunRecord",
+           "expand_run_dirs", "load_run", "read_metrics", "step_rows"]
 
+# Config sections two runs must share (every field but ``RESULT_NEUTRAL``) to be seeds of one row.
 COMPARED_SECTIONS = ("model", "data", "train")
-"""Config sections two runs must share (every field but ``RESULT_NEUTRAL``) to be seeds of one row."""
+# Fields that cannot change a run's numbers, so that seeds differing only there are one row: bookkeeping, the
+# chunk length of iso_tanh's chunked form (its forms agree up to rounding) and recomputing activations (bit-identical
+# gradients). ``data.num_workers`` is not among them: ranks x workers sets the data order.
 RESULT_NEUTRAL = frozenset({
     "data.cache_dir", "data.read_retries", "data.retry_backoff_s",
     "train.log_every", "train.checkpoint_every", "train.keep_checkpoints", "model.iso_tanh_chunk_size",
     "train.activation_checkpointing", "train.collective_timeout_s", "train.stop_grace_s",
 })
-"""Fields that cannot change a run's numbers, so that seeds differing only there are one row: bookkeeping, the
-chunk length of iso_tanh's chunked form (its forms agree up to rounding) and recomputing activations (bit-identical
-gradients). ``data.num_workers`` is not among them: ranks x workers sets the data order."""
 
+# The value of a config field a run's saved config lacks (its code predates the field).
+NOT_RECORDED = "not recorded"
+
+# A logged pre-clip gradient norm ``SPIKE_FACTOR`` times the median of the ``SPIKE_WINDOW`` norms logged before
+# it is a spike (``RunRecord.grad_norm_spike``). In the tuned replication (docs/results/replicate-cpu-tuned) the
+# runs with no visible instability peak at 1.4-8x and the spikes its README names (93-449) at 50-390x.
 SPIKE_FACTOR = 10.0
 SPIKE_WINDOW = 10
-"""A logged pre-clip gradient norm ``SPIKE_FACTOR`` times the median of the ``SPIKE_WINDOW`` norms logged before
-it is a spike (``RunRecord.grad_norm_spike``). In the tuned replication (docs/results/replicate-cpu-tuned) the
-runs with no visible instability peak at 1.4-8x and the spikes its README names (93-449) at 50-390x."""
 
 
 def read_metrics(run_dir: str | Path, problems: list[str] | None = None) -> list[dict[str, Any]]:
@@ -80,14 +95,18 @@ class RunRecord:
     """The rows of one run's ``metrics.jsonl``, deduplicated by step (a resumed run re-logs steps)."""
 
     path: Path
+    # The last segment's meta row (module docstring).
     meta: dict[str, Any]
     train: list[dict[str, Any]]
     evals: list[dict[str, Any]]
+    # The last segment's ``model``, ``data`` and ``train`` sections as today's code reads them back
+    # (``llm.config.read_saved``); the other fields, and those it did not record, are today's defaults.
     config: RunConfig
-    """The meta row's ``model``, ``data`` and ``train`` sections as today's code reads them back
-    (``llm.config.read_saved``); the other fields are today's defaults, not the run's."""
+    # Each segment's first step and its compared config fields (dotted keys, less ``RESULT_NEUTRAL``, a field
+    # it did not record ``NOT_RECORDED``), in order.
+    segments: list[tuple[int, dict[str, Any]]]
+    # Damaged lines of its metrics file, each named by file and line.
     problems: list[str] = field(default_factory=list)
-    """Damaged lines of its metrics file, each named by file and line."""
 
     @property
     def variant(self) -> str:
@@ -96,11 +115,18 @@ class RunRecord:
         return self.config.model.variant_name
 
     @cached_property
+    def changed(self) -> dict[str, list[Any]]:
+        """The compared config fields whose value changed on a resume -> their values in order."""
+        history = {key: [value for value, _ in groupby(setup[key] for _, setup in self.segments)]
+                   for key in self.segments[-1][1]}
+        return {key: values for key, values in history.items() if len(values) > 1}
+
+    @cached_property
     def setup(self) -> dict[str, Any]:
-        """The ``model``, ``data`` and ``train`` sections of the run's config as dotted keys, less the
-        ``RESULT_NEUTRAL`` fields (computed once: grouping reads it for every run and every row)."""
-        flat = flatten_dict({section: asdict(getattr(self.config, section)) for section in COMPARED_SECTIONS})
-        return {key: value for key, value in flat.items() if key not in RESULT_NEUTRAL}
+        """What grouping compares: the last segment's config fields, a field that changed on resume as its values
+        in order (``0.003 -> 0.03``). Computed once: grouping reads it for every run and every row."""
+        changed = {key: " -> ".join(map(str, values)) for key, values in self.changed.items()}
+        return {**self.segments[-1][1], **changed}
 
     @property
     def seed(self) -> int:
@@ -117,8 +143,8 @@ class RunRecord:
 
     @property
     def last_step(self) -> int:
-        """The step the run was to end at: the meta row's ``max_steps``, else its config's ``train.max_steps`` (a
-        run logged before the meta row had it), else the last eval's step (then a cut-off run cannot be told)."""
+        """The step the run was to end at: its last segment's ``max_steps``, else that config's ``train.max_steps``
+        (a run logged before the meta row had it), else the last eval's step (then a cut-off run cannot be told)."""
         return int(self.meta.get("max_steps") or self.config.train.max_steps
                    or (self.evals[-1]["step"] if self.evals else 0))
 
@@ -171,11 +197,27 @@ class RunRecord:
         return statistics.median(rates) if rates else math.nan
 
 
+def _read_config(path: Path, meta: dict[str, Any]) -> tuple[RunConfig, dict[str, Any]]:
+    """A meta row's config as today's code reads it back, and its compared fields (``RunRecord.segments``)."""
+    config = meta.get("config")
+    if not isinstance(config, dict) or not all(isinstance(config.get(s), dict) for s in COMPARED_SECTIONS):
+        raise EvalError(f"{path}: the meta row has no 'config' with the {', '.join(COMPARED_SECTIONS)} "
+                        f"sections (needed to tell which runs are seeds of one configuration)")
+    try:
+        read = read_saved({section: config[section] for section in COMPARED_SECTIONS})
+    except ConfigError as err:
+        raise EvalError(f"{path}: today's code cannot read back the meta row's config: {err}") from None
+    recorded = flatten_dict({**config, "model": upgrade_saved(dict(config["model"]))})
+    flat = flatten_dict({section: asdict(getattr(read, section)) for section in COMPARED_SECTIONS})
+    return read, {key: value if key in recorded else NOT_RECORDED for key, value in flat.items()
+                  if key not in RESULT_NEUTRAL}
+
+
 def load_run(run_dir: str | Path) -> RunRecord:
-    """Read ``run_dir/metrics.jsonl`` (``read_metrics``) for a comparison. FileNotFoundError / EvalError naming
-    the file when there is nothing to compare: no meta row (an empty file), or a saved config section that
-    today's code cannot read back (an unknown field, a value of the wrong type or one today's validation
-    refuses). A run that never evaluated is read, and is ``incomplete``."""
+    """Read ``run_dir/metrics.jsonl`` (``read_metrics``) for a comparison, by its segments (module docstring).
+    FileNotFoundError / EvalError naming the file when there is nothing to compare: no meta row (an empty file),
+    or a saved config section that today's code cannot read back (an unknown field, a value of the wrong type or
+    one today's validation refuses). A run that never evaluated is read, and is ``incomplete``."""
     run_dir = Path(run_dir)
     path = run_dir / "metrics.jsonl"
     problems: list[str] = []
@@ -184,16 +226,11 @@ def load_run(run_dir: str | Path) -> RunRecord:
     if not metas:
         raise EvalError(f"{path}: no meta row (kind=meta) with the run's variant and seed"
                         f"{' (the file is empty)' if not rows and not problems else ''}")
-    config = metas[0].get("config")
-    if not isinstance(config, dict) or not all(isinstance(config.get(s), dict) for s in COMPARED_SECTIONS):
-        raise EvalError(f"{path}: the meta row has no 'config' with the {', '.join(COMPARED_SECTIONS)} "
-                        f"sections (needed to tell which runs are seeds of one configuration)")
-    try:
-        read = read_saved({section: config[section] for section in COMPARED_SECTIONS})
-    except ConfigError as err:
-        raise EvalError(f"{path}: today's code cannot read back the meta row's config: {err}") from None
-    return RunRecord(path=run_dir, meta=metas[0], train=step_rows(rows, "train"), evals=step_rows(rows, "eval"),
-                     config=read, problems=problems)
+    metas = [metas[0], *(meta for meta in metas[1:] if meta["step"] < (meta.get("max_steps") or math.inf))]
+    configs = [_read_config(path, meta) for meta in metas]
+    return RunRecord(path=run_dir, meta=metas[-1], train=step_rows(rows, "train"), evals=step_rows(rows, "eval"),
+                     config=configs[-1][0], segments=[(int(meta["step"]), setup) for meta, (_, setup)
+                                                      in zip(metas, configs, strict=True)], problems=problems)
 
 
 def expand_run_dirs(patterns: Iterable[str]) -> list[Path]:

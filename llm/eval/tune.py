@@ -15,7 +15,6 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from operator import attrgetter
 from typing import Any
 
 from llm.eval.runs import RunRecord
@@ -50,8 +49,9 @@ class TunePoint:
 
 
 def values_of(run: RunRecord, keys: Sequence[str]) -> tuple[Any, ...]:
-    """The run's values of ``keys`` (a key that is no config field is an AttributeError)."""
-    return tuple(attrgetter(key)(run.config) for key in keys)
+    """The run's values of ``keys`` (``RunRecord.setup``: ``compare_runs`` checks they are compared fields and
+    leaves out a run where one changed on resume or was not recorded)."""
+    return tuple(run.setup[key] for key in keys)
 
 
 def at_values(keys: Sequence[str], values: Sequence[Any]) -> str:

@@ -11,11 +11,12 @@ from pathlib import Path
 
 import pytest
 from scipy import stats
-from test_compare import welch_by_hand, write_run
+from test_compare import run_config, welch_by_hand, write_run
 
 from llm.cli.eval import main
 from llm.eval.compare import compare_runs
 from llm.eval.grouping import group_runs
+from llm.eval.report import format_table
 from llm.eval.runs import load_run
 from llm.eval.scaling import scaling_series
 
@@ -84,7 +85,8 @@ def test_scaling_table_and_plot(sizes_root: Path, tmp_path: Path, capsys: pytest
     assert scaling_row.endswith(main_row.split(cells)[1].rsplit(" | ", 2)[0] + " |")  # the same MDE and seeds needed
     assert "| swiglu+softmax | 1,000,000 | " in table and "| 3 | baseline |  |  |  |  |\n" in table
     # the fit once per series, not on each of its rows
-    assert "| isogmlp+softmax | 3 | 10.5 | -0.0540 |\n" in table and "| swiglu+softmax | 3 | 10 | -0.0500 |\n" in table
+    assert "| isogmlp+softmax | 3 | 10.5 | -0.0540 | least squares over 3 sizes |\n" in table
+    assert "| swiglu+softmax | 3 | 10 | -0.0500 | least squares over 3 sizes |\n" in table
     assert table.count("10.5") == 1
     assert "minus swiglu+softmax's at the same model size" in table
     png = (out / "scaling.png").read_bytes()
@@ -113,17 +115,28 @@ def test_one_size_has_no_scaling_view(sizes_root: Path) -> None:
 
 def test_document_masking_splits_rows(tmp_path: Path) -> None:
     """Masked and unmasked runs compute different losses: never seeds of one row. A run saved before the option
-    existed trained unmasked and shares the unmasked row."""
+    existed did not record it: a row of its own, as any field missing from a saved config is (no rule of its own)."""
     runs = [load_run(write_run(tmp_path, "swiglu+softmax", s, 4.9, data__document_masking=masking,
                                dirname=f"mask{masking}-s{s}")) for s in range(2) for masking in (True, False)]
-    old = write_run(tmp_path, "swiglu+softmax", 2, 4.9, dirname="old-s2")
+    config = run_config("swiglu+softmax", 2)
+    del config["data"]["document_masking"]
+    old = write_run(tmp_path, "swiglu+softmax", 2, 4.9, dirname="old-s2", config=config)
     runs.append(load_run(old))
     assert "document_masking" not in (old / "metrics.jsonl").read_text()
     rows = group_runs(runs)
     assert {name: [run.path.name for run in members] for name, members in rows.items()} == {
-        "swiglu+softmax (data.document_masking=False)": ["maskFalse-s0", "maskFalse-s1", "old-s2"],
+        "swiglu+softmax (data.document_masking=False)": ["maskFalse-s0", "maskFalse-s1"],
         "swiglu+softmax (data.document_masking=True)": ["maskTrue-s0", "maskTrue-s1"],
+        "swiglu+softmax (data.document_masking=not recorded)": ["old-s2"],
     }
+
+
+def test_a_fit_through_two_sizes_says_it_is_exact(sizes_root: Path) -> None:
+    """Two sizes for the fit's two parameters: the line passes through both, which the fit table says."""
+    runs = [load_run(run) for run in sorted(sizes_root.iterdir()) if "-h256-" not in run.name]
+    table = format_table(compare_runs(runs, "swiglu"))
+    assert "| Variant | Sizes | a | b | Fit |" in table
+    assert table.count("| exact: 2 sizes for 2 parameters, nothing tests the power law |") == 2
 
 
 @pytest.mark.filterwarnings("ignore:Precision loss occurred:RuntimeWarning")  # the fake runs' identical norms
