@@ -170,9 +170,10 @@ def save_checkpoint(ckpt_dir: str | Path, step: int, *, accelerator: Accelerator
 
 
 def load_checkpoint(path: str | Path, *, accelerator: Accelerator, loader: Any, config: RunConfig) -> dict:
-    """Restore model, optimizer, scheduler, RNG and this rank's data-loader state from ``path``
-    (after checking the model config matches: a ``ConfigError`` names every model field that differs); return
-    the saved ``trainer.json`` dict."""
+    """Restore model, optimizer, RNG and this rank's data-loader state from ``path`` (after checking the model
+    config matches: a ``ConfigError`` names every model field that differs); return the saved ``trainer.json``
+    dict. A checkpoint from before the schedule was a function of the step (llm/train/optim.py) also holds a
+    scheduler.bin, which nothing reads."""
     path = Path(path)
     saved = asdict(load_config(str(path / "config.yaml"), saved_run=True).model)  # schema fills newer fields
     current = asdict(config.model)

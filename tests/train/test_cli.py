@@ -73,3 +73,21 @@ def test_sigterm_checkpoints_and_exits_0(run_overrides: list[str], tmp_path: Pat
     assert pointer == f"step_{last['step']:08d}"
     saved = json.loads((run_dir / "checkpoints" / pointer / "trainer.json").read_text())["state"]
     assert saved["step"] == last["step"] >= 3
+
+
+def test_resume_by_name_reads_the_runs_config_and_applies_the_overrides_on_top(run_overrides: list[str],
+                                                                                tmp_path: Path, capsys) -> None:
+    """``train.py name=X resume=true`` without --config continues runs/X from its config.yaml (issue 49)."""
+    assert main([*run_overrides, "train.max_steps=2", "train.log_every=1"]) == 0
+    out_dir = f"out_dir={tmp_path / 'runs'}"
+    assert main([out_dir, "name=tiny", "resume=true", "train.max_steps=3"]) == 0
+    rows = metrics_rows(tmp_path / "runs" / "tiny")
+    assert [(r["kind"], r["step"]) for r in rows if r["kind"] != "eval"] == [
+        ("meta", 0), ("train", 1), ("train", 2), ("meta", 2), ("train", 3)]
+    assert rows[-1]["kind"] == "eval" or rows[-2]["kind"] == "train"
+    meta = [r for r in rows if r["kind"] == "meta"]
+    assert meta[1]["max_steps"] == 3 and meta[1]["config"]["data"] == meta[0]["config"]["data"]
+    capsys.readouterr()
+    assert main([out_dir, "name=nothing", "resume=true"]) == 2
+    assert capsys.readouterr().err == (f"error: config: resume=true without --config reads the run's "
+                                       f"{tmp_path / 'runs' / 'nothing' / 'config.yaml'}, which does not exist\n")
