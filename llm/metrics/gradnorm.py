@@ -174,8 +174,10 @@ class GroupGradNorms:
         self._measured = dict(zip(self.groups, values, strict=True)) if values is not None else {}
 
     def update(self, step: int) -> dict[str, float]:
-        return {key: value for name, tracker in self.trackers.items()
-                for key, value in tracker.update(step, self._measured.get(name, math.nan)).items()}
+        row: dict[str, float] = {}
+        for name, tracker in self.trackers.items():
+            row.update(tracker.update(step, self._measured.get(name, math.nan)))
+        return row
 
     def state_dict(self) -> dict[str, Any]:
         return {name: tracker.state_dict() for name, tracker in self.trackers.items()}

@@ -71,8 +71,11 @@ class IsoLLMCache(Cache):
 
     def tensors(self) -> list[torch.Tensor]:
         """Every tensor the cache holds, each once: the layers' states and a static cache's step bookkeeping."""
-        held = [state for layer in self.layers for state in (*(layer.attention or ()), *layer.ffn.values())
-                if isinstance(state, torch.Tensor)]  # a static softmax state also holds the shared StaticDecoding
+        held = []
+        for layer in self.layers:
+            states = [*(layer.attention or ()), *layer.ffn.values()]
+            # a static softmax state (StaticKV) also holds the shared StaticDecoding: its tensors are added once
+            held += [state for state in states if isinstance(state, torch.Tensor)]
         if self.decoding is not None:
             held += [self.decoding.slot, self.decoding.real_keys]
         return held

@@ -152,7 +152,7 @@ class IsoLLMModel(nn.Module):
         (``cumsum(mask) - 1``), so a left-padded row is rotated as if it stood alone. ``position_ids`` that
         restart (not continuing the previous position by 1) mark packed documents, as transformers' own
         models read them: each document is then scored as if alone. That holds without a cache or padding mask
-        only; with either, restarts between real tokens are refused rather than attended across.
+        only; with either, restarts between real tokens, or after the cache's, are refused rather than attended across.
         """
         if cache is not None and cache.decoding is not None:
             return self.norm(static_step(self, input_ids, padding_mask, cache, output_hidden_states)), None

@@ -63,40 +63,36 @@ def param_groups(model: nn.Module, config: RunConfig) -> list[dict]:
     (``<group>_mup``: isogmlp's width -> 1 gate). Empty groups are dropped, so a standard run's groups are what they
     were before muP; tied parameters appear once (``parameters`` deduplicates).
     """
-    model_cfg = config.model
     embeddings = {id(m.weight) for m in model.modules() if isinstance(m, nn.Embedding)}
     multipliers = multiplier_of(model)
-    scaled = {id(p) for p in mup_scaled_parameters(model)} if model_cfg.parametrization == "mup" else set()
-    buckets: dict[str, list[nn.Parameter]] = {"decay": [], "mup_hidden": [], "no_decay": [],
-                                              **{f"{group}{suffix}": [] for group in MULTIPLIER_GROUPS.values()
-                                                 for suffix in ("", "_mup")}}
+    scaled = {id(p) for p in mup_scaled_parameters(model)} if config.model.parametrization == "mup" else set()
+    settings = group_settings(config)
+    buckets: dict[str, list[nn.Parameter]] = {name: [] for name in settings}  # in the groups' order
     for p in model.parameters():
         if not p.requires_grad:
             continue
         if id(p) in multipliers:
-            buckets[MULTIPLIER_GROUPS[multipliers[id(p)]] + ("_mup" if id(p) in scaled else "")].append(p)
+            group = MULTIPLIER_GROUPS[multipliers[id(p)]]
+            buckets[f"{group}_mup" if id(p) in scaled else group].append(p)
         elif id(p) in scaled:
             buckets["mup_hidden"].append(p)
         elif p.ndim >= 2 and id(p) not in embeddings:
             buckets["decay"].append(p)
         else:
             buckets["no_decay"].append(p)
-    settings = group_settings(config)
-    return [
-        {"name": key, "params": params, "lr": settings[key][0], "weight_decay": settings[key][1]}
-        for key, params in buckets.items()
-        if params
-    ]
+    return [{"name": name, "params": params, "lr": settings[name][0], "weight_decay": settings[name][1]}
+            for name, params in buckets.items() if params]
 
 
 def group_settings(config: RunConfig) -> dict[str, tuple[float, float]]:
-    """Group name (``param_groups``) -> its peak lr and weight decay under ``config``."""
-    train, model_cfg = config.train, config.model
-    return {"decay": (train.lr, train.weight_decay), "no_decay": (train.lr, 0.0),
-            "mup_hidden": (train.lr / model_cfg.width_multiplier, train.weight_decay),
-            **{group: (train.lr * getattr(model_cfg, field), 0.0) for field, group in MULTIPLIER_GROUPS.items()},
-            **{f"{group}_mup": (train.lr * getattr(model_cfg, field) / model_cfg.width_multiplier, 0.0)
-               for field, group in MULTIPLIER_GROUPS.items()}}
+    """Group name -> its peak lr and weight decay under ``config``, in the order of ``param_groups``."""
+    lr, decay, width = config.train.lr, config.train.weight_decay, config.model.width_multiplier
+    settings = {"decay": (lr, decay), "mup_hidden": (lr / width, decay), "no_decay": (lr, 0.0)}
+    for field, group in MULTIPLIER_GROUPS.items():
+        group_lr = lr * getattr(config.model, field)
+        settings[group] = (group_lr, 0.0)
+        settings[f"{group}_mup"] = (group_lr / width, 0.0)
+    return settings
 
 
 def build_optimizer(model: nn.Module, config: RunConfig) -> torch.optim.AdamW:
