@@ -45,16 +45,19 @@ def _report(err: BaseException) -> None:
 
 
 def _load(files: list[str], overrides: list[str]) -> RunConfig:
-    """The config of ``files`` and ``overrides``. Without files, ``resume=true`` (or restart) and ``name=NAME`` read
-    the run directory's own config.yaml (``out_dir``/NAME/config.yaml), the overrides applied on top."""
+    """The config of ``files`` and ``overrides``. Without files, ``resume=true`` (or restart) and ``name=NAME`` start
+    from the run directory's own config.yaml (``out_dir``/NAME/config.yaml) when it exists, the overrides applied on
+    top; a run not begun yet is configured by the overrides alone."""
     given = dict(override.split("=", 1) for override in overrides if "=" in override)
-    if files or "name" not in given or given.get("resume", "").lower() not in ("true", "restart"):
+    resuming = given.get("resume", "").lower() in ("true", "restart")
+    if files or not resuming or "name" not in given:
         return load_config(files, overrides)
-    saved = Path(given.get("out_dir", RunConfig.out_dir), given["name"], "config.yaml")
+    out_dir = given.get("out_dir", RunConfig.out_dir)
+    saved = Path(out_dir, given["name"], "config.yaml")
     if not saved.is_file():
-        raise ConfigError("config", f"resume={given['resume']} without --config reads the run's {saved}, which "
-                                    f"does not exist")
-    return load_config([str(saved)], overrides, saved_run=True)
+        return load_config(files, overrides)
+    # the run continues where its config was found, whatever out_dir it was saved with (a moved run directory)
+    return load_config([str(saved)], [f"out_dir={out_dir}", *overrides], saved_run=True)
 
 
 def main(argv: list[str] | None = None) -> int:
