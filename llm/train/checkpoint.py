@@ -68,8 +68,9 @@ def _load_exported_weights(model: nn.Module, model_dir: Path) -> None:
     """Copy the weights of the ``save_pretrained`` directory ``model_dir`` (one file or shards) into
     ``model`` in place; every parameter must be restored, tied ones (saved once) by their twin."""
     index = model_dir / "model.safetensors.index.json"
-    shards = (sorted(set(json.loads(index.read_text())["weight_map"].values())) if index.is_file()
-              else ["model.safetensors"])
+    shards = ["model.safetensors"]
+    if index.is_file():  # sharded: the files its weight map names
+        shards = sorted(set(json.loads(index.read_text())["weight_map"].values()))
     missing, unexpected = set(model.state_dict()), []
     device = str(next(model.parameters()).device)  # straight to the GPU: no rank holds a CPU copy
     for shard in shards:

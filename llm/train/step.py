@@ -104,7 +104,10 @@ def _parameters_finite(model: nn.Module) -> bool:
     sharded = any(hasattr(p, "to_local") for p in params)
     local = [p.detach().to_local() if hasattr(p, "to_local") else p.detach() for p in params]
     local = [t for t in local if t.numel()]  # DeepSpeed ZeRO-3 leaves empty placeholders
-    finite = not local or bool(torch.isfinite(torch.stack(torch._foreach_norm(local, ord=math.inf))).all())
+    finite = True
+    if local:
+        largest = torch.stack(torch._foreach_norm(local, ord=math.inf))  # each tensor's max |x|; NaN propagates
+        finite = bool(torch.isfinite(largest).all())
     return all_ranks_agree(finite, any_rank=False) if sharded else finite
 
 
