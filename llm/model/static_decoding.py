@@ -95,12 +95,14 @@ def _run_and_capture(step: Callable[..., torch.Tensor], inputs: tuple[torch.Tens
     """The first decoding step: ``step(*inputs)`` run for real, then captured as a CUDA graph for the next ones;
     returns its output and ``(graph, input buffers, output buffer)``.
 
-    The real run is torch.cuda.graphs' warm-up: it runs on a side stream, which the current one waits for before
-    and after, so that whatever the step initialises lazily (cuBLAS handles and workspaces, autotuned kernels,
-    cached rotary tables) exists before the capture, which must not allocate or synchronise outside its private
-    memory pool. It advances every state by this token, as any step does. A capture records the kernels without
+    The real run is torch.cuda.graphs' warm-up. It runs on a side stream that first waits for the current one (which
+    wrote the token and the state), and the current stream then waits for it, so every later use of its output and
+    of the state is ordered after it. Whatever the step initialises lazily (cuBLAS handles and workspaces, kernels
+    loaded or autotuned on first use) then exists before the capture, during which nothing may synchronise with
+    the host. The run advances every state by this token, as any step does. A capture records the kernels without
     running them, so it leaves the state as the real run left it, and its first replay, at the next token, reads
-    that state from the same memory. The input buffers are copies, allocated before the capture, into which each
+    that state from the same memory: every step writes its states in place (tests/model/test_static_decoding.py),
+    so nothing of the cache is copied. The input buffers are copies, allocated before the capture, into which each
     replay's token is copied; the output lives in the graph's pool, rewritten by every replay.
     """
     stream = torch.cuda.Stream()
