@@ -109,7 +109,9 @@ class GradNormTracker:
         self._recent = deque((float(x) for x in state["recent"]), maxlen=self.window)
         self.nonfinite = int(state["nonfinite"])
         if state["warmup_steps"] == self.warmup_steps:
-            self._count, self._mean, self._m2 = int(state["count"]), float(state["mean"]), float(state["m2"])
+            self._count = int(state["count"])
+            self._mean = float(state["mean"])
+            self._m2 = float(state["m2"])
 
 
 def grad_norm_groups(model: nn.Module, mixing_ids: Iterable[int]) -> dict[str, list[nn.Parameter]]:
