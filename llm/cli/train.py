@@ -1,4 +1,5 @@
-"""``python train.py --config configs/X.yaml [--config more.yaml] key.sub=value ...``
+"""``python train.py --config configs/X.yaml [--config more.yaml] key.sub=value ...``, or
+``python train.py name=NAME resume=true [key.sub=value ...]`` to continue a run from its own config.yaml.
 
 Exit codes: 0 done (or stopped by SIGTERM/SIGINT after checkpointing), 1 the run failed (non-finite steps
 or parameters, a checkpoint or run-directory file that could not be written: the lock, a metrics row; every
@@ -15,7 +16,7 @@ import os
 import sys
 from pathlib import Path
 
-from llm.config import load_config
+from llm.config import RunConfig, load_config
 from llm.data.errors import DataError
 from llm.errors import one_line_warnings, stderr_line
 from llm.model.config import ConfigError
@@ -43,10 +44,26 @@ def _report(err: BaseException) -> None:
     stderr_line(f"error: {message}")
 
 
+def _load(files: list[str], overrides: list[str]) -> RunConfig:
+    """The config of ``files`` and ``overrides``. Without files, ``resume=true`` (or restart) and ``name=NAME`` start
+    from the run directory's own config.yaml (``out_dir``/NAME/config.yaml) when it exists, the overrides applied on
+    top; a run not begun yet is configured by the overrides alone."""
+    given = dict(override.split("=", 1) for override in overrides if "=" in override)
+    resuming = given.get("resume", "").lower() in ("true", "restart")
+    if files or not resuming or "name" not in given:
+        return load_config(files, overrides)
+    out_dir = given.get("out_dir", RunConfig.out_dir)
+    saved = Path(out_dir, given["name"], "config.yaml")
+    if not saved.is_file():
+        return load_config(files, overrides)
+    # the run continues where its config was found, whatever out_dir it was saved with (a moved run directory)
+    return load_config([str(saved)], [f"out_dir={out_dir}", *overrides], saved_run=True)
+
+
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     try:
-        config = load_config(args.config, args.overrides)
+        config = _load(args.config, args.overrides)
     except (ConfigError, FileNotFoundError) as err:
         _report(err)
         return 2

@@ -101,18 +101,17 @@ class GradNormTracker:
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Continue the statistics of a saved tracker exactly.
 
-        A resumed run keeps its configured ``window``: when it differs from the saved one, the
-        newest ``window`` saved norms seed the rolling statistics. A different ``warmup_steps``
-        would silently change which norms the run statistics contain, so it is an error.
+        A resumed run keeps its configured ``window``: when it differs from the saved one, the newest ``window``
+        saved norms seed the rolling statistics. A resumed run may change the schedule, ``warmup_steps`` included
+        (llm/train/optim.py); the saved run statistics then hold another set of steps than this warmup defines,
+        so they restart empty, counting the norms after this warmup from the resumed step on (the trainer says so).
         """
-        if state["warmup_steps"] != self.warmup_steps:
-            raise ValueError(f"warmup_steps: the checkpoint's grad-norm tracker used "
-                             f"{state['warmup_steps']}, this run uses {self.warmup_steps}")
         self._recent = deque((float(x) for x in state["recent"]), maxlen=self.window)
-        self._count = int(state["count"])
-        self._mean = float(state["mean"])
-        self._m2 = float(state["m2"])
         self.nonfinite = int(state["nonfinite"])
+        if state["warmup_steps"] == self.warmup_steps:
+            self._count = int(state["count"])
+            self._mean = float(state["mean"])
+            self._m2 = float(state["m2"])
 
 
 def grad_norm_groups(model: nn.Module, mixing_ids: Iterable[int]) -> dict[str, list[nn.Parameter]]:
@@ -177,8 +176,10 @@ class GroupGradNorms:
         self._measured = dict(zip(self.groups, values, strict=True)) if values is not None else {}
 
     def update(self, step: int) -> dict[str, float]:
-        return {key: value for name, tracker in self.trackers.items()
-                for key, value in tracker.update(step, self._measured.get(name, math.nan)).items()}
+        row: dict[str, float] = {}
+        for name, tracker in self.trackers.items():
+            row.update(tracker.update(step, self._measured.get(name, math.nan)))
+        return row
 
     def state_dict(self) -> dict[str, Any]:
         return {name: tracker.state_dict() for name, tracker in self.trackers.items()}

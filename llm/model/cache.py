@@ -29,10 +29,10 @@ class StaticDecoding:
     """``[B, capacity]`` bool: the slots that hold a real (not padding) token's key; a row's count of them is
     also its next real token's position."""
     visible: torch.Tensor | None = None
-    """``[B, 1, 1, capacity]`` bool, set by each step (``IsoLLMModel.decode_step``) for every softmax layer: the
+    """``[B, 1, 1, capacity]`` bool, set by each step (``static_decoding.decode_step``) for every softmax layer: the
     real slots and the new token's own, so that a padded one sees a key (not 0/0)."""
     graph: tuple | None = None
-    """The captured step on CUDA (``IsoLLMModel.decode_step``): the graph, its input buffers and its output."""
+    """The captured step on CUDA (``static_decoding.static_step``): the graph, its input buffers and its output."""
 
 
 class IsoLLMCache(Cache):
@@ -46,7 +46,7 @@ class IsoLLMCache(Cache):
 
     With ``max_length`` it is static: after the prompt, softmax's keys and values move into buffers of that many
     positions and every state is then updated in place, so that each one-token step has the same shapes and
-    memory and runs as one CUDA graph replay, without a kernel launch per operation (``IsoLLMModel.decode_step``).
+    memory and runs as one CUDA graph replay, without a kernel launch per operation (static_decoding.py).
     ``is_compileable`` stays False all the same: that flag makes transformers' ``generate()`` compile the whole
     forward and build 4-d masks this model does not read.
     """
@@ -71,8 +71,11 @@ class IsoLLMCache(Cache):
 
     def tensors(self) -> list[torch.Tensor]:
         """Every tensor the cache holds, each once: the layers' states and a static cache's step bookkeeping."""
-        held = [state for layer in self.layers for state in (*(layer.attention or ()), *layer.ffn.values())
-                if isinstance(state, torch.Tensor)]  # a static softmax state also holds the shared StaticDecoding
+        held = []
+        for layer in self.layers:
+            states = [*(layer.attention or ()), *layer.ffn.values()]
+            # a static softmax state (StaticKV) also holds the shared StaticDecoding: its tensors are added once
+            held += [state for state in states if isinstance(state, torch.Tensor)]
         if self.decoding is not None:
             held += [self.decoding.slot, self.decoding.real_keys]
         return held

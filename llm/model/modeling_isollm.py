@@ -13,7 +13,7 @@ Qwen3 export (``llm/hf``) splits them back.
 
 Generation keeps an ``IsoLLMCache`` (cache.py, a transformers ``Cache``): per layer, the scoring's state (the
 KV cache for softmax, the O(1) ``(S, G)`` sums for iso_tanh) and a dict the FFN may keep running statistics in;
-a static one (``max_length``) decodes each token after the prompt as one CUDA graph replay (``decode_step``).
+a static one (``max_length``) decodes each token after the prompt as one CUDA graph replay (static_decoding.py).
 ``generate()`` reaches the model through public hooks only (``prepare_inputs_for_generation``, ``forward``).
 Siblings: attention.py (scoring registry; iso_tanh's forms in iso_tanh.py), ffn.py (FFN registry),
 fused_ops.py (RMSNorm and rotary kernels), lm_head.py (the LM head and its fused cross-entropy).
@@ -24,8 +24,6 @@ Copied to the hub with its relative imports: torch and transformers only.
 from __future__ import annotations
 
 import dataclasses
-import functools
-from collections.abc import Callable
 from typing import Any, ClassVar
 
 import torch
@@ -37,13 +35,14 @@ from transformers.modeling_layers import GradientCheckpointingLayer
 from transformers.modeling_outputs import CausalLMOutputWithPast
 
 from .attention import ATTN_SCORING_REGISTRY
-from .cache import IsoLLMCache, LayerState, StaticDecoding
+from .cache import IsoLLMCache, LayerState
 from .config import ModelConfig
 from .configuration_isollm import IsoLLMConfig
 from .ffn import FFN_REGISTRY
 from .fused_ops import RMSNorm, apply_rotary, rotary_cos_sin
 from .layout import PackedDocuments, document_starts, restarts_between_real_tokens
 from .lm_head import IGNORE_INDEX, LMHead
+from .static_decoding import begin_static_decoding, static_step
 
 
 def mup_scaled_parameters(model: nn.Module) -> list[nn.Parameter]:
@@ -60,7 +59,8 @@ back from the output: ``cache`` from 5.24 on, ``past_key_values`` before (read o
 
 
 PACKED_WITH_STATE = (
-    "position_ids restart between real tokens (packed documents), which are kept apart only without a cache "
+    "position_ids restart between real tokens or after the cache's (packed documents), which are kept apart only "
+    "without a cache "
     "(use_cache=False) and without padding in attention_mask; score or generate each document in a row of its own")
 
 
@@ -152,17 +152,15 @@ class IsoLLMModel(nn.Module):
         (``cumsum(mask) - 1``), so a left-padded row is rotated as if it stood alone. ``position_ids`` that
         restart (not continuing the previous position by 1) mark packed documents, as transformers' own
         models read them: each document is then scored as if alone. That holds without a cache or padding mask
-        only; with either, restarts between real tokens are refused rather than attended across.
+        only; with either, restarts between real tokens, or after the cache's, are refused rather than attended across.
         """
         if cache is not None and cache.decoding is not None:
-            return self.norm(self._static_step(input_ids, padding_mask, cache, output_hidden_states)), None
+            return self.norm(static_step(self, input_ids, padding_mask, cache, output_hidden_states)), None
         x = self.embed_tokens(input_ids)
         t = input_ids.shape[1]
         packed = position_ids is not None and cache is None and padding_mask is None
-        if position_ids is not None and not packed and t > 1 and not torch.compiler.is_compiling():  # not per token
-            real = padding_mask[:, -t:] if padding_mask is not None else None
-            if restarts_between_real_tokens(position_ids, real):
-                raise ValueError(PACKED_WITH_STATE)
+        if position_ids is not None and not packed and t > 1:  # one token (a decoding step) is not read back
+            _refuse_restarts(position_ids, padding_mask, cache)
         doc_starts = document_starts(position_ids, input_ids.shape[0]) if packed else None
         documents = PackedDocuments(doc_starts, self.document_mask(doc_starts)) if doc_starts is not None else None
         if position_ids is None and padding_mask is not None:
@@ -179,82 +177,27 @@ class IsoLLMModel(nn.Module):
         if cache is not None:
             cache.seen_tokens += input_ids.shape[1]
             if cache.max_length is not None:
-                self._begin_static_decoding(cache, padding_mask, input_ids)
+                begin_static_decoding(self, cache, padding_mask, input_ids)
         if padding_mask is not None and t > 1:  # one token (a generation step) is its own source: nothing to do
             x = _from_last_real_token(x, padding_mask[:, -t:])
         return self.norm(x), (tuple(hidden) if hidden is not None else None)
 
-    def _begin_static_decoding(self, cache: IsoLLMCache, padding_mask: torch.Tensor | None,
-                               input_ids: torch.Tensor) -> None:
-        """After a static cache's prompt: its ``max_length`` slots and the softmax states moved into buffers of that
-        many."""
-        if cache.seen_tokens > cache.max_length:
-            raise ValueError(f"the prompt has {cache.seen_tokens} tokens, more than the static cache's max_length "
-                             f"{cache.max_length}")
-        real = padding_mask if padding_mask is not None else torch.ones_like(input_ids, dtype=torch.bool)
-        cache.decoding = StaticDecoding(slot=input_ids.new_full((1,), cache.seen_tokens),
-                                        real_keys=F.pad(real, (0, cache.max_length - real.shape[1])))
-        for layer, state in zip(self.layers, cache.layers, strict=True):
-            state.attention = layer.self_attn.scoring.static_state(state.attention, cache.decoding)
 
-    def _static_step(self, input_ids: torch.Tensor, padding_mask: torch.Tensor | None, cache: IsoLLMCache,
-                     output_hidden_states: bool) -> torch.Tensor:
-        """``decode_step`` for one token after a static cache's prompt: replayed as a CUDA graph, captured on the
-        first step, on CUDA; called as it is elsewhere (where it is what the tests check)."""
-        if input_ids.shape[1] != 1 or torch.is_grad_enabled() or output_hidden_states:
-            raise ValueError(f"a static cache takes one token per call after its prompt, under torch.no_grad(), "
-                             f"without output_hidden_states; got {input_ids.shape[1]} tokens, autograd "
-                             f"{'on' if torch.is_grad_enabled() else 'off'}, {output_hidden_states=}")
-        if cache.seen_tokens >= cache.max_length:
-            raise ValueError(f"the static cache is full: it holds max_length={cache.max_length} tokens")
-        cache.seen_tokens += 1
-        real = (torch.ones_like(input_ids, dtype=torch.bool) if padding_mask is None
-                else padding_mask[:, -1:].contiguous())
-        if not input_ids.is_cuda:
-            return self.decode_step(input_ids, real, cache)
-        if cache.decoding.graph is None:
-            cache.decoding.graph = _captured(functools.partial(self.decode_step, cache=cache), (input_ids, real),
-                                             cache.tensors())
-        graph, inputs, output = cache.decoding.graph
-        for buffer, value in zip(inputs, (input_ids, real), strict=True):
-            buffer.copy_(value)
-        graph.replay()
-        return output
-
-    def decode_step(self, input_ids: torch.Tensor, real: torch.Tensor, cache: IsoLLMCache) -> torch.Tensor:
-        """One token per row (``input_ids`` ``[B, 1]``; ``real`` ``[B, 1]``, False at padding) through a static
-        cache, before the final norm. Every state is updated in place and no value is read back to the host, so
-        each step has the same shapes, memory and kernels: ``forward`` captures it once as a CUDA graph."""
-        step = cache.decoding
-        step.real_keys.index_copy_(1, step.slot, real)
-        own = torch.arange(step.real_keys.shape[1], device=step.slot.device) == step.slot
-        step.visible = (step.real_keys | own)[:, None, None]  # once for every layer
-        position = (step.real_keys.sum(-1, keepdim=True) - 1).clamp_min(0)  # as forward counts real tokens
-        x = self.embed_tokens(input_ids)
-        cos, sin = rotary_cos_sin(position, self.head_dim, self.rope_theta, x.dtype)
-        for layer, state in zip(self.layers, cache.layers, strict=True):
-            x = layer(x, cos, sin, state, real)
-        step.slot.add_(1)
-        return x
-
-
-def _captured(step: Callable[..., torch.Tensor], inputs: tuple[torch.Tensor, ...], state: list[torch.Tensor],
-              ) -> tuple[torch.cuda.CUDAGraph, tuple[torch.Tensor, ...], torch.Tensor]:
-    """``step(*inputs)`` captured as a CUDA graph, with copies of ``inputs`` as its input buffers, after one run on
-    a side stream (torch.cuda.graphs' warm-up) whose changes to ``state`` are then undone."""
-    inputs = tuple(x.clone() for x in inputs)
-    saved = [x.clone() for x in state]
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        step(*inputs)
-    torch.cuda.current_stream().wait_stream(stream)
-    for x, before in zip(state, saved, strict=True):
-        x.copy_(before)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        output = step(*inputs)
-    return graph, inputs, output
+def _refuse_restarts(position_ids: torch.Tensor, padding_mask: torch.Tensor | None, cache: IsoLLMCache | None) -> None:
+    """Refuse ``position_ids`` that restart (``PACKED_WITH_STATE``) between two real tokens of the call, or after a
+    cache's tokens at the call's first: a row continues at its count of real tokens so far, the position
+    ``forward`` itself gives its next token. One bool is read back, once per call of several tokens; under
+    ``torch.compile`` that read breaks the graph, so that the refusal is the same compiled and eager."""
+    t = position_ids.shape[-1]
+    real = padding_mask[:, -t:] if padding_mask is not None else None
+    if cache is not None and cache.seen_tokens > 0:
+        past = (padding_mask[:, :-t].sum(-1, keepdim=True) if padding_mask is not None
+                else position_ids.new_full((1, 1), cache.seen_tokens))
+        rows = max(past.shape[0], position_ids.shape[0])
+        position_ids = torch.cat([(past - 1).expand(rows, 1), position_ids.expand(rows, t)], dim=-1)
+        real = torch.cat([past > 0, real], dim=-1) if real is not None else None
+    if restarts_between_real_tokens(position_ids, real):
+        raise ValueError(PACKED_WITH_STATE)
 
 
 def _from_last_real_token(x: torch.Tensor, real: torch.Tensor) -> torch.Tensor:

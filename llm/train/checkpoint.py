@@ -68,8 +68,9 @@ def _load_exported_weights(model: nn.Module, model_dir: Path) -> None:
     """Copy the weights of the ``save_pretrained`` directory ``model_dir`` (one file or shards) into
     ``model`` in place; every parameter must be restored, tied ones (saved once) by their twin."""
     index = model_dir / "model.safetensors.index.json"
-    shards = (sorted(set(json.loads(index.read_text())["weight_map"].values())) if index.is_file()
-              else ["model.safetensors"])
+    shards = ["model.safetensors"]
+    if index.is_file():  # sharded: the files its weight map names
+        shards = sorted(set(json.loads(index.read_text())["weight_map"].values()))
     missing, unexpected = set(model.state_dict()), []
     device = str(next(model.parameters()).device)  # straight to the GPU: no rank holds a CPU copy
     for shard in shards:
@@ -170,9 +171,10 @@ def save_checkpoint(ckpt_dir: str | Path, step: int, *, accelerator: Accelerator
 
 
 def load_checkpoint(path: str | Path, *, accelerator: Accelerator, loader: Any, config: RunConfig) -> dict:
-    """Restore model, optimizer, scheduler, RNG and this rank's data-loader state from ``path``
-    (after checking the model config matches: a ``ConfigError`` names every model field that differs); return
-    the saved ``trainer.json`` dict."""
+    """Restore model, optimizer, RNG and this rank's data-loader state from ``path`` (after checking the model
+    config matches: a ``ConfigError`` names every model field that differs); return the saved ``trainer.json``
+    dict. A checkpoint from before the schedule was a function of the step (llm/train/optim.py) also holds a
+    scheduler.bin, which nothing reads."""
     path = Path(path)
     saved = asdict(load_config(str(path / "config.yaml"), saved_run=True).model)  # schema fills newer fields
     current = asdict(config.model)

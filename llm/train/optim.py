@@ -1,5 +1,10 @@
 """AdamW parameter groups, the focus clipping hook and the warmup + cosine learning-rate schedule.
 
+The schedule is a function, not an object (as OLMo-core computes it): before every optimizer step ``set_schedule``
+gives each group the lr and weight decay that the config in force assigns to the number of updates applied so
+far. Nothing of it is saved in a checkpoint, so a run resumed with another ``train.lr``, ``max_steps`` or
+``warmup_steps`` trains on the new schedule from its first step, by construction.
+
 Weight decay (decoupled, AdamW) is applied to projection matrices only. Norm gains, biases and the
 embeddings (hence also a tied LM head) are not decayed: decaying them pulls gains towards 0 and
 rare-token embeddings towards the origin, which is a regulariser none of the papers intend.
@@ -22,17 +27,14 @@ model config: every module lists them in ``LR_MULTIPLIERS`` (parameter name -> m
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
-from typing import Any
 
 import torch
 from torch import nn
-from torch.optim.lr_scheduler import LambdaLR
 
 from llm.config import RunConfig
 from llm.model.modeling_isollm import mup_scaled_parameters
 
-__all__ = ["build_optimizer", "build_scheduler", "lr_lambda", "multiplier_of", "param_groups", "restart_schedule"]
+__all__ = ["build_optimizer", "lr_multiplier", "multiplier_of", "param_groups", "schedule_warnings", "set_schedule"]
 
 MULTIPLIER_GROUPS = {"mixing_lr_mult": "mixing", "focus_mu_lr_mult": "focus_mu",
                      "focus_sigma_lr_mult": "focus_sigma"}
@@ -61,40 +63,36 @@ def param_groups(model: nn.Module, config: RunConfig) -> list[dict]:
     (``<group>_mup``: isogmlp's width -> 1 gate). Empty groups are dropped, so a standard run's groups are what they
     were before muP; tied parameters appear once (``parameters`` deduplicates).
     """
-    model_cfg = config.model
     embeddings = {id(m.weight) for m in model.modules() if isinstance(m, nn.Embedding)}
     multipliers = multiplier_of(model)
-    scaled = {id(p) for p in mup_scaled_parameters(model)} if model_cfg.parametrization == "mup" else set()
-    buckets: dict[str, list[nn.Parameter]] = {"decay": [], "mup_hidden": [], "no_decay": [],
-                                              **{f"{group}{suffix}": [] for group in MULTIPLIER_GROUPS.values()
-                                                 for suffix in ("", "_mup")}}
+    scaled = {id(p) for p in mup_scaled_parameters(model)} if config.model.parametrization == "mup" else set()
+    settings = group_settings(config)
+    buckets: dict[str, list[nn.Parameter]] = {name: [] for name in settings}  # in the groups' order
     for p in model.parameters():
         if not p.requires_grad:
             continue
         if id(p) in multipliers:
-            buckets[MULTIPLIER_GROUPS[multipliers[id(p)]] + ("_mup" if id(p) in scaled else "")].append(p)
+            group = MULTIPLIER_GROUPS[multipliers[id(p)]]
+            buckets[f"{group}_mup" if id(p) in scaled else group].append(p)
         elif id(p) in scaled:
             buckets["mup_hidden"].append(p)
         elif p.ndim >= 2 and id(p) not in embeddings:
             buckets["decay"].append(p)
         else:
             buckets["no_decay"].append(p)
-    settings = group_settings(config)
-    return [
-        {"name": key, "params": params, "lr": settings[key][0], "weight_decay": settings[key][1]}
-        for key, params in buckets.items()
-        if params
-    ]
+    return [{"name": name, "params": params, "lr": settings[name][0], "weight_decay": settings[name][1]}
+            for name, params in buckets.items() if params]
 
 
 def group_settings(config: RunConfig) -> dict[str, tuple[float, float]]:
-    """Group name (``param_groups``) -> its peak lr and weight decay under ``config``."""
-    train, model_cfg = config.train, config.model
-    return {"decay": (train.lr, train.weight_decay), "no_decay": (train.lr, 0.0),
-            "mup_hidden": (train.lr / model_cfg.width_multiplier, train.weight_decay),
-            **{group: (train.lr * getattr(model_cfg, field), 0.0) for field, group in MULTIPLIER_GROUPS.items()},
-            **{f"{group}_mup": (train.lr * getattr(model_cfg, field) / model_cfg.width_multiplier, 0.0)
-               for field, group in MULTIPLIER_GROUPS.items()}}
+    """Group name -> its peak lr and weight decay under ``config``, in the order of ``param_groups``."""
+    lr, decay, width = config.train.lr, config.train.weight_decay, config.model.width_multiplier
+    settings = {"decay": (lr, decay), "mup_hidden": (lr / width, decay), "no_decay": (lr, 0.0)}
+    for field, group in MULTIPLIER_GROUPS.items():
+        group_lr = lr * getattr(config.model, field)
+        settings[group] = (group_lr, 0.0)
+        settings[f"{group}_mup"] = (group_lr / width, 0.0)
+    return settings
 
 
 def build_optimizer(model: nn.Module, config: RunConfig) -> torch.optim.AdamW:
@@ -123,21 +121,31 @@ def clipped_modules(model: nn.Module) -> list[nn.Module]:
     return [module for module in model.modules() if hasattr(module, "clip_parameters_")]
 
 
-def lr_lambda(warmup_steps: int, max_steps: int, min_lr_ratio: float) -> Callable[[int], float]:
-    """Multiplier of the peak lr for optimizer step ``step`` (0-based), as LambdaLR calls it.
+def lr_multiplier(step: int, warmup_steps: int, max_steps: int, min_lr_ratio: float) -> float:
+    """Multiplier of the peak lr for optimizer update ``step`` (0-based).
 
     Linear warmup reaching 1 at step ``warmup_steps - 1`` (so step 0 already trains, at
     lr/warmup), then half a cosine from 1 at ``warmup_steps`` down to ``min_lr_ratio`` at
     ``max_steps``.
     """
+    if step < warmup_steps:
+        return (step + 1) / warmup_steps
+    progress = min(1.0, (step - warmup_steps) / max(1, max_steps - warmup_steps))
+    return min_lr_ratio + (1.0 - min_lr_ratio) * 0.5 * (1.0 + math.cos(math.pi * progress))
 
-    def multiplier(step: int) -> float:
-        if step < warmup_steps:
-            return (step + 1) / warmup_steps
-        progress = min(1.0, (step - warmup_steps) / max(1, max_steps - warmup_steps))
-        return min_lr_ratio + (1.0 - min_lr_ratio) * 0.5 * (1.0 + math.cos(math.pi * progress))
 
-    return multiplier
+def set_schedule(optimizer: torch.optim.Optimizer, config: RunConfig, max_steps: int, step: int) -> float:
+    """Give every group of ``optimizer`` (``param_groups``) its peak lr and weight decay under ``config``
+    (``group_settings``), the lr times ``lr_multiplier`` of update ``step`` in a run of ``max_steps``; return the
+    first group's lr (the one the metrics log). A warmup longer than the run is clamped to it, reaching train.lr
+    at the last step (``schedule_warnings`` says so)."""
+    t = config.train
+    multiplier = lr_multiplier(step, min(t.warmup_steps, max_steps), max_steps, t.min_lr_ratio)
+    settings = group_settings(config)
+    for group in optimizer.param_groups:
+        peak, group["weight_decay"] = settings[group["name"]]
+        group["lr"] = peak * multiplier
+    return optimizer.param_groups[0]["lr"]
 
 
 def schedule_warnings(config: RunConfig, max_steps: int) -> list[str]:
@@ -150,24 +158,3 @@ def schedule_warnings(config: RunConfig, max_steps: int) -> list[str]:
         lines.append(f"train.eval_every={t.eval_every} is longer than the run ({max_steps} steps): the validation "
                      f"loss is computed at the last step only")
     return lines
-
-
-def build_scheduler(optimizer: torch.optim.Optimizer, config: RunConfig, max_steps: int) -> LambdaLR:
-    # a warmup longer than the run is clamped to it, reaching train.lr at the last step (schedule_warnings says so)
-    warmup = min(config.train.warmup_steps, max_steps)
-    return LambdaLR(optimizer, lr_lambda(warmup, max_steps, config.train.min_lr_ratio))
-
-
-def restart_schedule(scheduler: Any, config: RunConfig, applied_steps: int) -> None:
-    """After a resume: put every group at the lr that ``config``'s schedule gives after ``applied_steps`` updates.
-
-    The loaded optimizer and scheduler state hold the saved run's lrs (the lr of its next step, its peak lrs): on
-    a resume with a longer ``max_steps`` or another ``train.lr`` the first step would train at the old schedule's
-    lr. Here each group's lr, peak lr and weight decay come from ``config`` alone."""
-    schedule = getattr(scheduler, "scheduler", scheduler)  # Accelerate wraps the LambdaLR
-    settings = group_settings(config)
-    schedule.last_epoch = applied_steps
-    for group, multiplier in zip(schedule.optimizer.param_groups, schedule.lr_lambdas, strict=True):
-        group["initial_lr"], group["weight_decay"] = settings[group["name"]]
-        group["lr"] = group["initial_lr"] * multiplier(applied_steps)
-    schedule.base_lrs = [group["initial_lr"] for group in schedule.optimizer.param_groups]

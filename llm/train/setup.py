@@ -37,7 +37,7 @@ from llm.train.engine import engine_in_use, engine_mismatch, engine_requested, s
 from llm.train.evaluate import evaluate
 from llm.train.lock import RunLock, RunLockedError
 from llm.train.logging import MetricsLog, ProgressBar, drop_tracker, main_print, main_warning, truncate_metrics
-from llm.train.optim import build_optimizer, build_scheduler, multiplier_of, restart_schedule, schedule_warnings
+from llm.train.optim import build_optimizer, multiplier_of, schedule_warnings
 from llm.train.step import TrainingError, gradient_accumulation_steps, tf32_matmuls
 
 __all__ = ["Run", "TrainerState", "build_data", "build_model", "resolve_max_steps", "setup_run"]
@@ -180,7 +180,6 @@ class Run:
     """As prepared by Accelerate, its decoder layers compiled when ``train.compile``: what the steps and
     evaluations run, checkpoints save and the isotropy report reads."""
     optimizer: torch.optim.Optimizer
-    scheduler: Any
     tokenizer: Tokenizer
     loader: TrainLoader
     batches: Iterator[torch.Tensor]
@@ -253,7 +252,6 @@ def setup_run(config: RunConfig, teardown: ExitStack) -> Run:
         log_with=config.trackers or None,
         project_config=ProjectConfiguration(project_dir=str(run_dir),
                                             logging_dir=str(run_dir / "tensorboard")),
-        step_scheduler_with_optimizer=False,  # we step it once per optimizer step ourselves
         kwargs_handlers=[InitProcessGroupKwargs(timeout=timedelta(seconds=config.train.collective_timeout_s))],
     )
     teardown.push(lambda exc_type, *_: _leave_process_group(accelerator, failed=exc_type is not None))
@@ -279,10 +277,9 @@ def setup_run(config: RunConfig, teardown: ExitStack) -> Run:
     if config.train.activation_checkpointing:  # before prepare: FSDP2's hooks then wrap the checkpointed layers
         model.activation_checkpointing_enable(every_n_layers=config.train.activation_checkpointing)
     optimizer = build_optimizer(model, config)
-    scheduler = build_scheduler(optimizer, config, max_steps)
     loader, val_windows = build_data(config, tokenizer, accelerator, rank, world_size)
     set_deepspeed_micro_batch(accelerator, config.train.micro_batch_size)
-    model, optimizer, scheduler = accelerator.prepare(model, optimizer, scheduler)
+    model, optimizer = accelerator.prepare(model, optimizer)
     if config.train.compile:
         compile_decoder_layers(accelerator.unwrap_model(model))
     engine, asked_engine = engine_in_use(model, accelerator), engine_requested()
@@ -301,9 +298,15 @@ def setup_run(config: RunConfig, teardown: ExitStack) -> Run:
         # processes the micro-batches per step differ, and the counter would put the gradient sync (and so the
         # optimizer step) off the step boundary, ranks updating on unsynchronised gradients
         accelerator.step = state.step * accum
-        restart_schedule(scheduler, config, state.step - state.skipped_steps)  # skipped steps did not step it
+        if state.step > max_steps:
+            field = "train.max_steps" if config.train.max_steps else "train.max_tokens"
+            raise ConfigError(field, f"the run ends at step {max_steps}, but {resume_from} is at step {state.step}: "
+                                     f"the run is past that end; pass a later end to extend it")
         grad_norms.load_state_dict(saved["grad_norm_tracker"])
         group_grad_norms.load_state_dict(saved.get("group_grad_norms", {}))
+        if (saved_warmup := saved["grad_norm_tracker"]["warmup_steps"]) != config.train.warmup_steps:
+            main_print(f"train.warmup_steps changed from {saved_warmup} to {config.train.warmup_steps}: the run-level "
+                       f"grad-norm statistics (*_var_run, *_cv_run) restart at step {state.step}")
     _prepare_run_dir(config, state.step)
     try:  # on the main process alone: a failure there must not leave the other ranks waiting
         accelerator.init_trackers(config.wandb_project, config=_flat_hparams(config),
@@ -330,7 +333,7 @@ def setup_run(config: RunConfig, teardown: ExitStack) -> Run:
         peak = peak_flops(device, config.train.autocast_dtype(device.type) or torch.float32) * world_size
     run = Run(
         config=config, accelerator=accelerator, model=model, optimizer=optimizer,
-        scheduler=scheduler, tokenizer=tokenizer, loader=loader, val_windows=val_windows,
+        tokenizer=tokenizer, loader=loader, val_windows=val_windows,
         val_batch=val_windows[: config.train.micro_batch_size, :-1].to(device), batches=iter(loader), log=log,
         document_eos=eos_id(tokenizer) if config.data.document_masking else None,
         state=state, grad_norms=grad_norms, group_grad_norms=group_grad_norms, engine=engine, accum=accum,

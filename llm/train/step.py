@@ -3,7 +3,7 @@ write-failure flags agreed over ranks in one all-reduce, the gradient norms clip
 skipped, the parameters checked after an applied update. The loop that calls it is llm/train/trainer.py.
 
 Works with any model ``accelerator.prepare`` returned (DDP, FSDP2, DeepSpeed): the loop calls only
-``accelerator.accumulate / backward / clip_grad_norm_`` and the prepared optimizer and scheduler, with one
+``accelerator.accumulate / backward / clip_grad_norm_`` and the prepared optimizer, with one
 exception: DeepSpeed takes its optimizer step inside the backward pass, so its backward goes through
 llm/train/deepspeed_step.py (group norms measured before that step, focus clipping after it), and a non-finite
 step is handled by DeepSpeed itself rather than skipped here.
@@ -15,7 +15,6 @@ import contextlib
 import math
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -39,8 +38,15 @@ class TrainingError(RuntimeError):
 
 @contextlib.contextmanager
 def tf32_matmuls(device: torch.device, enabled: bool = True) -> Iterator[None]:
-    """fp32 matmuls on TF32 tensor cores inside the block (``train.tf32``; why: its docstring), the precision
-    before it restored after; on CUDA only, as "high" may pick other reduced-precision paths on a CPU."""
+    """fp32 matmuls on ``device`` run on TF32 tensor cores inside the block (``train.tf32``), the precision before
+    it restored after it; a no-op off CUDA, where "high" may pick other reduced-precision paths.
+
+    Under bf16 autocast the step's only fp32 matmuls are those that leave autocast to accumulate in fp32,
+    iso_tanh's chunked running sums (llm/model/iso_tanh.py). TF32 keeps 10 mantissa bits of each operand and fp32's
+    8-bit exponent, so an operand born in bf16 (7 mantissa bits, the same exponent) passes unrounded; only an
+    operand that is itself a running sum is rounded, to 10 bits, 8x finer than bf16, and the products still
+    accumulate in fp32. On an H100 that made the swiglu+iso_tanh step 1.13x faster (docs/performance.md).
+    """
     before = torch.get_float32_matmul_precision()
     if enabled and device.type == "cuda":
         torch.set_float32_matmul_precision("high")
@@ -98,11 +104,14 @@ def _parameters_finite(model: nn.Module) -> bool:
     sharded = any(hasattr(p, "to_local") for p in params)
     local = [p.detach().to_local() if hasattr(p, "to_local") else p.detach() for p in params]
     local = [t for t in local if t.numel()]  # DeepSpeed ZeRO-3 leaves empty placeholders
-    finite = not local or bool(torch.isfinite(torch.stack(torch._foreach_norm(local, ord=math.inf))).all())
+    finite = True
+    if local:
+        largest = torch.stack(torch._foreach_norm(local, ord=math.inf))  # each tensor's max |x|; NaN propagates
+        finite = bool(torch.isfinite(largest).all())
     return all_ranks_agree(finite, any_rank=False) if sharded else finite
 
 
-def train_step(model: nn.Module, batches: list[torch.Tensor], optimizer: torch.optim.Optimizer, scheduler: Any,
+def train_step(model: nn.Module, batches: list[torch.Tensor], optimizer: torch.optim.Optimizer,
                accelerator: Accelerator, grad_clip: float, stop_requested: Callable[[], bool] | None = None,
                grad_groups: GroupGradNorms | None = None, write_failed: bool = False,
                document_eos: int | None = None, tf32: bool = True) -> StepResult:
@@ -148,7 +157,6 @@ def train_step(model: nn.Module, batches: list[torch.Tensor], optimizer: torch.o
     params_finite = True
     if not skipped:
         optimizer.step()
-        scheduler.step()
         params_finite = _parameters_finite(model)
     optimizer.zero_grad(set_to_none=True)
     return StepResult(loss=mean_loss, grad_norm=grad_norm, skipped=skipped, stop=stop, params_finite=params_finite,

@@ -9,12 +9,13 @@ Conventions:
 
 - ``step`` counts optimizer steps *attempted*, each consuming ``global_batch_tokens`` of data; ``tokens`` counts
   training tokens consumed. A step whose loss or gradient norm is not finite is skipped (gradients zeroed, no
-  optimizer or scheduler step) but still advances ``step``, ``tokens`` and the data stream, so a run's token
-  budget and data order do not depend on how many steps were skipped, and a resumed run does not retry the bad
-  batch. The lr schedule therefore lags by the number of skipped steps (``skipped_steps``, in a train row logged at
-  every skipped step). The parameters are checked after every applied update: an update that made any of them
-  non-finite (a finite loss and gradient norm with a huge lr) stops the run at once, before any eval or
-  checkpoint, so no checkpoint ever holds non-finite weights.
+  optimizer update) but still advances ``step``, ``tokens`` and the data stream, so a run's token budget and data
+  order do not depend on how many steps were skipped, and a resumed run does not retry the bad batch. The lr of
+  each step is that of the number of updates applied before it (``llm.train.optim.set_schedule``), so the
+  schedule lags by the number of skipped steps (``skipped_steps``, in a train row logged at every skipped step).
+  The parameters are checked after every applied update: an update that made any of them non-finite (a finite
+  loss and gradient norm with a huge lr) stops the run at once, before any eval or checkpoint, so no checkpoint
+  ever holds non-finite weights.
 - Every resource ``fit`` acquires (process group, run-directory lock, trackers, metrics.jsonl, signal handlers,
   progress bar) is released exactly once, in reverse order, whether setup fails, the loop fails or the run ends.
 - A metrics row that rank 0 cannot write (a full disk) stops every rank with the same ``TrainingError`` at the
@@ -37,6 +38,7 @@ from llm.config import RunConfig
 from llm.errors import one_line
 from llm.metrics.flops import mfu
 from llm.train.logging import ProgressBar, main_print, peak_memory
+from llm.train.optim import set_schedule
 from llm.train.setup import Run, setup_run
 from llm.train.signals import StopRequest
 from llm.train.step import TrainingError, train_step
@@ -69,8 +71,8 @@ def _train(run: Run, teardown: ExitStack) -> bool:
         started = time.perf_counter()
         batches = [next(run.batches).to(device, non_blocking=True) for _ in range(run.accum)]
         data_wait += time.perf_counter() - started
-        lr = run.optimizer.param_groups[0]["lr"]
-        result = train_step(run.model, batches, run.optimizer, run.scheduler, run.accelerator,
+        lr = set_schedule(run.optimizer, config, run.max_steps, state.step - state.skipped_steps)
+        result = train_step(run.model, batches, run.optimizer, run.accelerator,
                             config.train.grad_clip, stop_requested=stop.received,
                             grad_groups=run.group_grad_norms, write_failed=log.failure is not None,
                             document_eos=run.document_eos, tf32=config.train.tf32)

@@ -37,7 +37,7 @@ from llm.data import build_train_loader, load_tokenizer
 from llm.metrics.gradnorm import GroupGradNorms, grad_norm_groups
 from llm.train.deepspeed_step import deepspeed_backward
 from llm.train.distributed import rank_and_world_size
-from llm.train.optim import build_optimizer, build_scheduler, multiplier_of
+from llm.train.optim import build_optimizer, multiplier_of, set_schedule
 from llm.train.setup import build_model
 from llm.train.step import gradient_accumulation_steps, train_step
 
@@ -106,8 +106,7 @@ def deepspeed_engine(model: nn.Module, config: RunConfig, accum: int, stage: int
     # so that each forward has to gather its weights (the LM head's too, inside the fused loss)
     ds["zero_optimization"]["stage3_param_persistence_threshold"] = 0
     optimizer = build_optimizer(model, config)
-    engine, *_ = deepspeed.initialize(model=model, optimizer=optimizer, config=ds,
-                                      lr_scheduler=build_scheduler(optimizer, config, STEPS))
+    engine, *_ = deepspeed.initialize(model=model, optimizer=optimizer, config=ds)
     if stage == 3:  # outside a forward each rank holds an empty placeholder for every full weight
         assert all(p.numel() == 0 for p in engine.module.parameters()), "ZeRO-3 left weights whole"
     return engine
@@ -162,10 +161,7 @@ def main() -> None:
         deepspeed.init_distributed(dist_backend="gloo")
         accelerator = None
     else:  # initialises gloo from torchrun's environment, as train.py does
-        # As in fit(): the scheduler steps once per optimizer step (Accelerate's default would step it
-        # once per process).
-        accelerator = Accelerator(cpu=True, step_scheduler_with_optimizer=False,
-                                  mixed_precision="bf16" if args.bf16 and args.mode == "ddp" else "no")
+        accelerator = Accelerator(cpu=True, mixed_precision="bf16" if args.bf16 and args.mode == "ddp" else "no")
     rank, world = rank_and_world_size()
     accum = gradient_accumulation_steps(config, world)
     torch.manual_seed(config.seed)
@@ -198,19 +194,19 @@ def main() -> None:
     if zero_stage and args.reference is None:
         engine = deepspeed_engine(model, config, accum, zero_stage)
         run_step = lambda batches: deepspeed_step(engine, batches, grad_groups)  # noqa: E731
-        module = engine.module
+        module, optimizer = engine.module, engine.optimizer
     else:
         optimizer = build_optimizer(model, config)
-        scheduler = build_scheduler(optimizer, config, STEPS)
         if args.mode == "ddp":
-            model, optimizer, scheduler = accelerator.prepare(model, optimizer, scheduler)
+            model, optimizer = accelerator.prepare(model, optimizer)
         accelerator.gradient_accumulation_steps = accum
-        run_step = lambda batches: train_step(model, batches, optimizer, scheduler, accelerator,  # noqa: E731
+        run_step = lambda batches: train_step(model, batches, optimizer, accelerator,  # noqa: E731
                                               config.train.grad_clip, grad_groups=grad_groups).loss
         module = model
 
     losses, group_norms = [], []
     for i, batches in enumerate(steps):
+        set_schedule(optimizer, config, STEPS, i)  # as fit() does before every step
         losses.append(run_step(batches))
         group_norms.append(measured_group_norms(grad_groups, i + 1))
         params = full_params(module)

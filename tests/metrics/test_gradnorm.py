@@ -93,8 +93,12 @@ def test_resume_with_other_window_or_warmup() -> None:
     narrower.load_state_dict(saved.state_dict())
     assert narrower.stats()["grad_norm_var_rolling"] == np.var([8.0, 16.0])
     assert narrower.stats()["grad_norm_var_run"] == saved.stats()["grad_norm_var_run"]
-    with pytest.raises(ValueError, match="warmup_steps"):
-        GradNormTracker(window=5, warmup_steps=10).load_state_dict(saved.state_dict())
+    longer_warmup = GradNormTracker(window=5, warmup_steps=6)  # the run statistics restart; the window stays
+    longer_warmup.load_state_dict(saved.state_dict())
+    assert longer_warmup.stats()["grad_norm_var_rolling"] == saved.stats()["grad_norm_var_rolling"]
+    assert math.isnan(longer_warmup.stats()["grad_norm_var_run"])
+    feed(longer_warmup, [3.0, 5.0], first_step=6)  # step 6 is in warmup, step 7 is not
+    assert longer_warmup.stats()["grad_norm_var_run"] == np.var([5.0])
 
 
 @pytest.mark.parametrize(("window", "warmup"), [(0, 0), (5, -1)])

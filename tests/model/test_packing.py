@@ -11,6 +11,7 @@ from test_attention import torch_linear_attn
 from test_modeling import VARIANTS, VOCAB, build, tokens, variant_id
 from transformers import DataCollatorWithFlattening
 
+from llm.model import IsoLLMCache
 from llm.model.attention import ATTN_SCORING_REGISTRY, SoftmaxScoring, document_block_mask
 from llm.model.iso_tanh import iso_tanh_chunked, iso_tanh_linear_attention, iso_tanh_naive
 from llm.model.layout import PackedDocuments
@@ -170,3 +171,29 @@ def test_packed_documents_with_a_cache_or_padding_are_refused_not_attended_acros
     hf_positions = (left.cumsum(-1) - 1).masked_fill(left == 0, 1)
     with torch.no_grad():
         model(ids[:1, :5], position_ids=hf_positions, attention_mask=left, use_cache=True)
+
+
+@pytest.mark.parametrize("attn_scoring", sorted(ATTN_SCORING_REGISTRY))
+def test_positions_that_restart_after_the_cache_are_refused(attn_scoring):
+    """Two tokens at positions 0, 1 after 5 cached gave logits 0.08 off: refused as a restart inside a call is,
+    before any state moves. Positions that continue each row's real tokens are those forward gives: accepted, with
+    forward's logits, left padding included."""
+    model = build(attn_scoring=attn_scoring)
+    ids = tokens(seq=7)
+    mask = torch.ones_like(ids)
+    mask[1, :2] = 0  # row 1: 3 real tokens in the cache
+    for attention_mask, continuing in ((None, [[5, 6]]), (mask, [[5, 6], [3, 4]])):
+        with torch.no_grad():
+            cache = IsoLLMCache(2)
+            model(ids[:, :5], attention_mask=None if attention_mask is None else attention_mask[:, :5], cache=cache)
+            with pytest.raises(ValueError, match="restart between real tokens or after the cache's"):
+                model(ids[:, 5:], position_ids=torch.tensor([[0, 1]]), attention_mask=attention_mask, cache=cache)
+            assert cache.seen_tokens == 5
+            state = [t.clone() for t in cache.tensors()]
+            given = model(ids[:, 5:], position_ids=torch.tensor(continuing), attention_mask=attention_mask,
+                          cache=cache).logits
+            own = IsoLLMCache(2)
+            model(ids[:, :5], attention_mask=None if attention_mask is None else attention_mask[:, :5], cache=own)
+            assert all(torch.equal(a, b) for a, b in zip(own.tensors(), state, strict=True))
+            torch.testing.assert_close(given, model(ids[:, 5:], attention_mask=attention_mask, cache=own).logits,
+                                       rtol=0, atol=1e-12)

@@ -8,7 +8,7 @@ import pytest
 import torch
 from test_modeling import CACHE_ARG, CACHE_VARIANTS, build, tokens, variant_id
 
-from llm.model import IsoLLMCache
+from llm.model import IsoLLMCache, static_decoding
 
 PROMPT, STEPS = 6, 5
 
@@ -82,7 +82,7 @@ def test_generate_with_a_static_cache_equals_generate_without(variant):
 
 @pytest.mark.slow
 @pytest.mark.parametrize("variant", CACHE_VARIANTS[:4], ids=variant_id)
-def test_the_decoding_step_is_one_graph_for_every_step(variant):
+def test_the_decoding_step_is_one_graph_for_every_step(variant, monkeypatch):
     """What CUDA graph capture needs, checked on CPU: ``fullgraph=True`` fails on a host sync or a branch on data,
     and one compilation for every step means the same shapes at each (the slot and positions live on the
     device). The in-place updates survive compilation: the logits are eager's."""
@@ -96,7 +96,8 @@ def test_the_decoding_step_is_one_graph_for_every_step(variant):
     ids, mask = padded_batch()
     eager = decode(model, ids, mask, IsoLLMCache(2, max_length=PROMPT + STEPS))
     torch._dynamo.reset()
-    model.model.decode_step = torch.compile(model.model.decode_step, fullgraph=True, backend=counting_backend)
+    compiled_step = torch.compile(static_decoding.decode_step, fullgraph=True, backend=counting_backend)
+    monkeypatch.setattr(static_decoding, "decode_step", compiled_step)
     compiled = decode(model, ids, mask, IsoLLMCache(2, max_length=PROMPT + STEPS))
     assert len(graphs) == 1
     torch.testing.assert_close(compiled, eager, rtol=0, atol=1e-12)
@@ -140,13 +141,14 @@ def test_cuda_graph_decoding_equals_the_growing_cache(variant):
     torch.testing.assert_close(static[real], growing[real], rtol=1e-4, atol=1e-5)
 
 
-def test_cache_implementation_static_decodes_through_the_static_cache():
+def test_cache_implementation_static_decodes_through_the_static_cache(monkeypatch):
     """transformers' own way to ask for a static cache gets this model's, sized as transformers sizes its own."""
     model = build(dtype=torch.float32)
     prompt = tokens(seq=PROMPT)
     steps = []
-    decode_step = model.model.decode_step
-    model.model.decode_step = lambda ids, real, cache: steps.append(cache) or decode_step(ids, real, cache)
+    decode_step = static_decoding.decode_step
+    monkeypatch.setattr(static_decoding, "decode_step",
+                        lambda model, ids, real, cache: steps.append(cache) or decode_step(model, ids, real, cache))
     kwargs = dict(max_new_tokens=STEPS, do_sample=False)
     static = model.generate(prompt, cache_implementation="static", **kwargs)
     assert torch.equal(static, model.generate(prompt, **kwargs))

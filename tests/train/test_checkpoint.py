@@ -15,7 +15,13 @@ from transformers import AutoTokenizer
 import llm.train.checkpoint as checkpoint
 from llm.config import load_config, save_config
 from llm.model import IsoLLMForCausalLM
-from llm.train.checkpoint_files import CheckpointError, CheckpointWarning, latest_checkpoint, verify_checkpoint
+from llm.train.checkpoint_files import (
+    CheckpointError,
+    CheckpointWarning,
+    latest_checkpoint,
+    verify_checkpoint,
+    write_manifest,
+)
 from llm.train.setup import build_model
 from llm.train.trainer import fit
 
@@ -51,6 +57,21 @@ def test_keep_k_pointer_and_truncated_checkpoint_fallback(tiny_config) -> None:
     assert (ckpts / "latest").read_text().strip() == "step_00000006"
 
 
+def test_a_checkpoint_that_holds_a_scheduler_state_resumes(tiny_config) -> None:
+    """Checkpoints written while the schedule was a LambdaLR hold its state in state/scheduler.bin: a resume leaves
+    it unread (the schedule is a function of the step and the config in force)."""
+    config = tiny_config("train.max_steps=2")
+    fit(config)
+    ckpt = config.run_dir / "checkpoints" / "step_00000002"
+    optimizer = torch.optim.SGD([torch.zeros(1, requires_grad=True)], lr=1.0)
+    torch.save(torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: 1.0).state_dict(),
+               ckpt / "state" / "scheduler.bin")
+    (ckpt / "manifest.json").unlink()
+    write_manifest(ckpt)  # listed in its manifest, as then
+    assert fit(tiny_config("train.max_steps=3", "resume=true")).step == 3
+    assert metrics_rows(config.run_dir, "meta")[-1]["resumed_from"] == str(ckpt)
+
+
 def test_failed_write_keeps_previous_checkpoint(tiny_config, monkeypatch: pytest.MonkeyPatch) -> None:
     real = checkpoint.save_config
 
@@ -78,9 +99,10 @@ def test_model_directory_loads_with_transformers(tiny_config, bpe: Path) -> None
     for name, tensor in saved.items():
         assert torch.equal(model.state_dict()[name], tensor), name
     assert model.lm_head.weight.data_ptr() == model.model.embed_tokens.weight.data_ptr()  # still tied
-    # the weights are on disk once: accelerate's state/ holds optimizer, scheduler and RNG only
+    # the weights are on disk once: accelerate's state/ holds the optimizer and RNG only (the schedule is a
+    # function of the step: no scheduler state)
     assert sorted(p.name for p in (result.last_checkpoint / "state").iterdir()) == [
-        "data_rank0.pt", "optimizer.bin", "random_states_0.pkl", "scheduler.bin"]
+        "data_rank0.pt", "optimizer.bin", "random_states_0.pkl"]
     text = "The quick brown fox jumps over the lazy dog."
     hf_tokenizer = AutoTokenizer.from_pretrained(model_dir)
     assert hf_tokenizer(text)["input_ids"] == Tokenizer.from_file(str(bpe)).encode(text).ids

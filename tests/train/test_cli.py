@@ -73,3 +73,22 @@ def test_sigterm_checkpoints_and_exits_0(run_overrides: list[str], tmp_path: Pat
     assert pointer == f"step_{last['step']:08d}"
     saved = json.loads((run_dir / "checkpoints" / pointer / "trainer.json").read_text())["state"]
     assert saved["step"] == last["step"] >= 3
+
+
+def test_resume_by_name_reads_the_runs_config_and_applies_the_overrides_on_top(run_overrides: list[str],
+                                                                                tmp_path: Path, monkeypatch) -> None:
+    """``train.py name=X resume=true`` without --config continues runs/X from its config.yaml, the overrides on top
+    (issue 49), in the directory where it found it: here a run directory moved after its first steps."""
+    assert main([*run_overrides, "train.max_steps=2"]) == 0
+    (tmp_path / "moved").mkdir()
+    (tmp_path / "runs").rename(tmp_path / "moved" / "runs")
+    monkeypatch.chdir(tmp_path / "moved")
+    assert main(["name=tiny", "resume=true", "train.max_steps=3"]) == 0
+    rows = metrics_rows(tmp_path / "moved" / "runs" / "tiny")
+    assert [(r["kind"], r["step"]) for r in rows if r["kind"] != "eval"] == [
+        ("meta", 0), ("train", 1), ("train", 2), ("meta", 2), ("train", 3)]
+    first, resumed = (r for r in rows if r["kind"] == "meta")
+    assert resumed["max_steps"] == 3 and resumed["config"]["out_dir"] == "runs"
+    assert {k: v for k, v in resumed["config"].items() if k not in ("out_dir", "resume", "train")} == {
+        k: v for k, v in first["config"].items() if k not in ("out_dir", "resume", "train")}
+    assert not (tmp_path / "runs").exists()

@@ -9,7 +9,7 @@ import torch
 
 from llm.config import load_config
 from llm.model.config import ConfigError
-from llm.train.optim import build_optimizer, build_scheduler, lr_lambda, param_groups
+from llm.train.optim import build_optimizer, lr_multiplier, param_groups, schedule_warnings, set_schedule
 from llm.train.setup import build_model, resolve_max_steps
 from llm.train.step import gradient_accumulation_steps
 
@@ -61,7 +61,9 @@ def test_param_groups_decay_only_matrices(config_of, ffn: str, linear: str) -> N
 
 
 def test_schedule_warmup_cosine_values() -> None:
-    f = lr_lambda(warmup_steps=10, max_steps=110, min_lr_ratio=0.1)
+    def f(step: int) -> float:
+        return lr_multiplier(step, warmup_steps=10, max_steps=110, min_lr_ratio=0.1)
+
     assert f(0) == pytest.approx(0.1)  # step 0 trains at lr / warmup, not at 0
     assert f(4) == pytest.approx(0.5)
     assert f(9) == 1.0  # end of warmup
@@ -72,22 +74,20 @@ def test_schedule_warmup_cosine_values() -> None:
     assert f(500) == pytest.approx(0.1)  # and it stays there
 
 
-def test_scheduler_drives_every_group_with_its_multiplier(config_of) -> None:
+def test_the_schedule_sets_every_group_from_the_step_and_the_config_in_force(config_of) -> None:
+    """Each group's lr is its peak (with its multiplier) times the step's multiplier, and its weight decay the
+    config's, whatever the optimizer held before: a loaded optimizer state of another config changes nothing."""
     config = config_of("model.ffn_linear=focus", "model.focus_mu_lr_mult=0.01", "train.warmup_steps=4",
-                     "train.lr=1e-3")
-    model = build_model(config.model)
-    optimizer = build_optimizer(model, config)
-    scheduler = build_scheduler(optimizer, config, max_steps=20)
-    for _ in range(3):
-        optimizer.step()
-        scheduler.step()
-    lrs = {g["name"]: g["lr"] for g in optimizer.param_groups}  # the lr of step index 3: warmup end
-    assert lrs["decay"] == pytest.approx(1e-3)
-    assert lrs["focus_mu"] == pytest.approx(1e-5)
-    state = scheduler.state_dict()
-    fresh = build_scheduler(build_optimizer(model, config), config, max_steps=20)
-    fresh.load_state_dict(state)
-    assert fresh.last_epoch == 3
+                       "train.lr=1e-3", "train.weight_decay=0.05")
+    optimizer = build_optimizer(build_model(config.model), config)
+    for group in optimizer.param_groups:
+        group["lr"], group["weight_decay"] = 7.0, 7.0  # as a checkpoint of another lr and decay would leave them
+    assert set_schedule(optimizer, config, max_steps=20, step=3) == 1e-3  # warmup end: the peak
+    groups = {g["name"]: (g["lr"], g["weight_decay"]) for g in optimizer.param_groups}
+    assert groups["decay"] == (1e-3, 0.05) and groups["no_decay"] == (1e-3, 0.0)
+    assert groups["focus_mu"] == (1e-3 * 0.01, 0.0)
+    set_schedule(optimizer, config, max_steps=20, step=1)
+    assert optimizer.param_groups[0]["lr"] == 1e-3 * 0.5
 
 
 def test_gradient_accumulation_arithmetic(config_of) -> None:
@@ -133,14 +133,13 @@ def _constant_sign_alpha_run(lr_mult: float, steps: int = 4000, warmup: int = 40
     alpha_raw = torch.zeros((), requires_grad=True)
     optimizer = torch.optim.AdamW([alpha_raw], lr=t.lr * lr_mult, betas=(t.beta1, t.beta2), eps=t.eps,
                                   weight_decay=0.0)
-    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_lambda(warmup, steps, t.min_lr_ratio))
     alphas = []
-    for _ in range(steps):
+    for step in range(steps):
+        optimizer.param_groups[0]["lr"] = t.lr * lr_mult * lr_multiplier(step, warmup, steps, t.min_lr_ratio)
         optimizer.zero_grad()
         alpha = 0.5 + 1.5 * torch.sigmoid(alpha_raw)
         (-alpha).backward()
         optimizer.step()
-        scheduler.step()
         alphas.append(0.5 + 1.5 * torch.sigmoid(alpha_raw).item())
     return alphas
 
@@ -172,15 +171,9 @@ def test_focus_parameters_are_clipped_after_every_optimizer_step(config_of) -> N
 
 def test_a_warmup_longer_than_the_run_is_clamped_and_said(config_of) -> None:
     """warmup_steps > max_steps would end the run before the lr reached train.lr: clamped, with a warning."""
-    from llm.train.optim import schedule_warnings
-
-    config = config_of("train.warmup_steps=10", "train.max_steps=4", "train.eval_every=3")
-    scheduler = build_scheduler(torch.optim.SGD([torch.zeros(1, requires_grad=True)], lr=1.0), config, 4)
-    lrs = []
-    for _ in range(4):
-        lrs.append(scheduler.get_last_lr()[0])
-        scheduler.optimizer.step()
-        scheduler.step()
+    config = config_of("train.warmup_steps=10", "train.max_steps=4", "train.eval_every=3", "train.lr=1.0")
+    optimizer = torch.optim.SGD([{"params": [torch.zeros(1, requires_grad=True)], "name": "decay"}])
+    lrs = [set_schedule(optimizer, config, 4, step) for step in range(4)]
     assert lrs == pytest.approx([0.25, 0.5, 0.75, 1.0])  # warmup over the 4 steps: train.lr at the last
     assert schedule_warnings(config, 4) == [
         "train.warmup_steps=10 is longer than the run (4 steps): warming up over all 4 instead, so the lr reaches "

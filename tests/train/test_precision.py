@@ -55,10 +55,8 @@ def test_train_step_runs_forward_and_backward_at_train_tf32(monkeypatch: pytest.
     AcceleratorState._reset_state(True)
     GradientState._reset_state()
     accelerator = Accelerator(cpu=True)
-    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
-    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda _: 1.0)
-    model, optimizer, scheduler = accelerator.prepare(model, optimizer, scheduler)
+    model, optimizer = accelerator.prepare(model, torch.optim.SGD(model.parameters(), lr=0.1))
     batch = torch.randint(0, config.model.vocab_size, (2, 9), generator=torch.Generator().manual_seed(0))
-    step.train_step(model, [batch], optimizer, scheduler, accelerator, grad_clip=1.0, tf32=tf32)
+    step.train_step(model, [batch], optimizer, accelerator, grad_clip=1.0, tf32=tf32)
     assert seen == ["high" if tf32 else "highest"] * 2
     assert torch.get_float32_matmul_precision() == "highest"

@@ -31,13 +31,11 @@ def _one_sgd_step(model: nn.Module, batches: list[torch.Tensor]) -> tuple[nn.Mod
     """One train_step with SGD(lr=1), so the parameter change is exactly minus the gradient."""
     AcceleratorState._reset_state(True)
     GradientState._reset_state()
-    accelerator = Accelerator(cpu=True, step_scheduler_with_optimizer=False)
+    accelerator = Accelerator(cpu=True)
     accelerator.gradient_accumulation_steps = len(batches)
     model = copy.deepcopy(model)
-    optimizer = torch.optim.SGD(model.parameters(), lr=1.0)
-    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: 1.0)
-    model, optimizer, scheduler = accelerator.prepare(model, optimizer, scheduler)
-    result = train_step(model, batches, optimizer, scheduler, accelerator, grad_clip=0.0)
+    model, optimizer = accelerator.prepare(model, torch.optim.SGD(model.parameters(), lr=1.0))
+    result = train_step(model, batches, optimizer, accelerator, grad_clip=0.0)
     assert not result.skipped
     return model, result.loss, result.grad_norm
 
@@ -63,11 +61,9 @@ def test_accumulation_matches_one_big_batch(tiny) -> None:
 
 def test_grad_norm_is_pre_clip(tiny) -> None:
     config, model = tiny
-    accelerator = Accelerator(cpu=True, step_scheduler_with_optimizer=False)
+    accelerator = Accelerator(cpu=True)
     model = copy.deepcopy(model)
-    optimizer = torch.optim.SGD(model.parameters(), lr=1.0)
-    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: 1.0)
-    model, optimizer, scheduler = accelerator.prepare(model, optimizer, scheduler)
+    model, optimizer = accelerator.prepare(model, torch.optim.SGD(model.parameters(), lr=1.0))
     batch = torch.randint(0, config.model.vocab_size, (2, 9), generator=torch.Generator().manual_seed(2))
     loss = F.cross_entropy(model(input_ids=batch[:, :-1]).logits.flatten(0, 1), batch[:, 1:].flatten())
     loss.backward()
@@ -79,7 +75,7 @@ def test_grad_norm_is_pre_clip(tiny) -> None:
                        for name, params in groups.groups.items()}
     optimizer.zero_grad()
     before = [p.detach().clone() for p in model.parameters()]
-    result = train_step(model, [batch], optimizer, scheduler, accelerator, grad_clip=1e-3, grad_groups=groups)
+    result = train_step(model, [batch], optimizer, accelerator, grad_clip=1e-3, grad_groups=groups)
     assert result.grad_norm == pytest.approx(expected, rel=1e-5)
     row = groups.update(1)
     assert len(expected_groups) > 1  # each group's own norm, in its own field, measured before clipping too
