@@ -112,7 +112,7 @@ def _evaluate(argv: list[str]) -> int:
 
         scored = evaluate_text(args.target, args.text, args.stride, config_files=args.config, overrides=args.overrides,
                                trust_remote_code=args.trust_remote_code, device=args.device)
-        print(_json(asdict(scored)) if args.json else format_text_report(scored), end="\n" if args.json else "")
+        print(_json(scored) if args.json else format_text_report(scored), end="\n" if args.json else "")
         return 0
     report = evaluate_checkpoint(args.target, config_files=args.config, overrides=args.overrides,
                                  samples=args.samples, max_new_tokens=args.max_new_tokens,

@@ -20,29 +20,15 @@ The text is one document: no separator is added, so no document masking applies.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import torch
 import torch.nn.functional as F
 
+from llm.errors import one_line
 from llm.eval.errors import EvalError
 from llm.eval.evaluate import load_for_eval, run_precision, token_byte_lengths
-
-
-@dataclass
-class TextReport:
-    file: str
-    model_path: str
-    step: int | None
-    seq_len: int
-    stride: int
-    tokens: int
-    """Tokens scored: every token of the file but the first."""
-    bytes: int
-    loss: float
-    ppl: float
-    bits_per_byte: float
 
 
 @torch.no_grad()
@@ -65,37 +51,35 @@ def sliding_window_nll(model: torch.nn.Module, ids: torch.Tensor, seq_len: int, 
 
 def evaluate_text(target: str, text_file: str, stride: int | None = None, *, config_files: list[str] | None = None,
                   overrides: list[str] | None = None, trust_remote_code: bool = False,
-                  device: str | None = None) -> TextReport:
+                  device: str | None = None) -> dict[str, Any]:
     """Score every token of ``text_file`` with ``target`` (``llm.eval.evaluate.resolve_checkpoint``) in windows of its
-    run's ``data.seq_len`` every ``stride`` tokens, in the run's precision."""
-    path = Path(text_file)
-    if not path.is_file():
-        raise FileNotFoundError(f"--text {text_file}: no such file")
+    run's ``data.seq_len`` every ``stride`` tokens, in the run's precision. The report: ``tokens`` (scored), ``bytes``
+    (theirs), ``loss`` (nats/token), ``ppl``, ``bits_per_byte``, and what was scored with what."""
+    try:
+        text = Path(text_file).read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as err:  # before the model is loaded
+        raise EvalError(f"--text {text_file}: not a readable UTF-8 text file ({one_line(err)})") from None
     resolved, config, model, tokenizer, torch_device = load_for_eval(target, config_files, overrides,
                                                                      trust_remote_code, device)
-    seq_len = config.data.seq_len
-    stride = stride or seq_len // 2
-    if stride > seq_len:
-        raise EvalError(f"--stride {stride}: at most the window, data.seq_len={seq_len}")
-    try:
-        ids = torch.tensor(tokenizer.encode(path.read_text(encoding="utf-8"), add_special_tokens=False).ids)
-    except UnicodeDecodeError as err:
-        raise EvalError(f"--text {text_file}: not UTF-8 text ({err.reason} at byte {err.start})") from None
-    if len(ids) < 2:
-        raise EvalError(f"--text {text_file}: {len(ids)} token(s), nothing to score (a token needs one before it)")
+    seq_len, stride = config.data.seq_len, stride or config.data.seq_len // 2
+    ids = torch.tensor(tokenizer.encode(text, add_special_tokens=False).ids)
+    if stride > seq_len or len(ids) < 2:
+        raise EvalError(f"--stride {stride}: at most the window, data.seq_len={seq_len}" if stride > seq_len else
+                        f"--text {text_file}: {len(ids)} token(s), nothing to score (a token needs one before it)")
     with run_precision(config, torch_device):
         nll = sliding_window_nll(model, ids, seq_len, stride)
     scored = ~nll.isnan()
-    n_bytes = int(token_byte_lengths(tokenizer, int(ids.max()) + 1)[ids[scored]].sum())
-    loss = float(nll[scored].mean())
-    return TextReport(file=text_file, model_path=resolved.model_path, step=resolved.step, seq_len=seq_len,
-                      stride=stride, tokens=int(scored.sum()), bytes=n_bytes, loss=loss, ppl=math.exp(min(loss, 700.0)),
-                      bits_per_byte=float(nll[scored].sum()) / math.log(2) / n_bytes if n_bytes else math.nan)
+    n_bytes, loss = int(token_byte_lengths(tokenizer, int(ids.max()) + 1)[ids[scored]].sum()), float(nll[scored].mean())
+    bits = float(nll[scored].sum()) / math.log(2) / n_bytes if n_bytes else math.nan
+    return {"file": text_file, "model_path": resolved.model_path, "step": resolved.step, "seq_len": seq_len,
+            "stride": stride, "tokens": int(scored.sum()), "bytes": n_bytes, "loss": loss,
+            "ppl": math.exp(min(loss, 700.0)), "bits_per_byte": bits}
 
 
-def format_text_report(report: TextReport) -> str:
-    return (f"model       {report.model_path}" + (f" (step {report.step})" if report.step is not None else "") + "\n"
-            f"text        {report.file}: {report.tokens:,} tokens scored, {report.bytes:,} bytes "
-            f"(windows of {report.seq_len}, stride {report.stride})\n"
-            f"loss        {report.loss:.6f} nats/token\nperplexity  {report.ppl:.4f}\n"
-            f"bits/byte   {report.bits_per_byte:.6f}\n")
+def format_text_report(report: dict[str, Any]) -> str:
+    step = f" (step {report['step']})" if report["step"] is not None else ""
+    return (f"model       {report['model_path']}{step}\n"
+            f"text        {report['file']}: {report['tokens']:,} tokens scored, {report['bytes']:,} bytes "
+            f"(windows of {report['seq_len']}, stride {report['stride']})\n"
+            f"loss        {report['loss']:.6f} nats/token\nperplexity  {report['ppl']:.4f}\n"
+            f"bits/byte   {report['bits_per_byte']:.6f}\n")

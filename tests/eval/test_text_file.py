@@ -73,9 +73,12 @@ def test_text_report_and_its_errors(trained_run: Path, text_file: Path, tmp_path
     assert out.splitlines()[1].startswith(f"text        {text_file}: ") and "(windows of 32, stride 16)" in out
     assert [line.split()[0] for line in out.splitlines()[2:]] == ["loss", "perplexity", "bits/byte"]
     assert main([str(trained_run), "--text", str(tmp_path / "missing.raw")]) == 2
-    assert capsys.readouterr().err == f"error: --text {tmp_path / 'missing.raw'}: no such file\n"
+    missing = tmp_path / "missing.raw"
+    assert capsys.readouterr().err == (f"error: --text {missing}: not a readable UTF-8 text file "
+                                       f"(FileNotFoundError: [Errno 2] No such file or directory: '{missing}')\n")
     assert main([str(trained_run), "--text", str(text_file), "--stride", "33"]) == 2
     assert capsys.readouterr().err == "error: --stride 33: at most the window, data.seq_len=32\n"
     (tmp_path / "latin1.raw").write_bytes("café".encode("latin-1"))
     assert main([str(trained_run), "--text", str(tmp_path / "latin1.raw")]) == 2
-    assert "not UTF-8 text" in capsys.readouterr().err
+    assert "latin1.raw: not a readable UTF-8 text file (UnicodeDecodeError: 'utf-8' codec can't decode" in \
+        capsys.readouterr().err
