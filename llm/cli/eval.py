@@ -52,10 +52,8 @@ def _evaluate_parser() -> argparse.ArgumentParser:
     parser.add_argument("--temperature", type=at_least(0.0, float), default=0.0,
                         help="0: greedy; > 0: seeded sampling")
     parser.add_argument("--seed", type=int, default=0, help="sampling seed")
-    parser.add_argument("--text", metavar="FILE", help="instead: the perplexity of every token of a UTF-8 text "
-                        "file (e.g. WikiText's wiki.test.raw), windows of the run's data.seq_len (llm.eval.text_file)")
-    parser.add_argument("--stride", type=at_least(1), default=None,
-                        help="with --text: tokens between window starts (default data.seq_len / 2, as HF's recipe)")
+    parser.add_argument("--text", metavar="FILE", help="instead: every token of a text file (llm.eval.text_file)")
+    parser.add_argument("--stride", type=at_least(1), help="with --text: tokens between windows (data.seq_len / 2)")
     return parser
 
 

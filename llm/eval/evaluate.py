@@ -272,8 +272,8 @@ def _has_ffn_diagnostics(model: nn.Module) -> bool:
     return layers is not None and all(hasattr(block.mlp, "diagnostics") for block in layers)
 
 
-def load_for_eval(target: str, config_files: list[str] | None, overrides: list[str] | None,
-                  trust_remote_code: bool, device: str | None
+def load_for_eval(target: str, config_files: list[str] | None = None, overrides: list[str] | None = None,
+                  trust_remote_code: bool = False, device: str | None = None
                   ) -> tuple[ResolvedModel, RunConfig, nn.Module, Tokenizer, torch.device]:
     """``target``'s checkpoint, its config (with ``config_files`` and ``overrides``), its model on ``device`` (default:
     cuda when available) and the tokenizer to evaluate with, refused when it has ids past the model's embedding."""
@@ -300,30 +300,22 @@ def load_for_eval(target: str, config_files: list[str] | None, overrides: list[s
     return resolved, config, model, tokenizer, torch_device
 
 
-def run_precision(config: RunConfig, device: torch.device) -> contextlib.AbstractContextManager:
-    """The trainer's precision: bf16 autocast for a bf16 run (on CPU too), none for fp32."""
-    autocast = config.train.autocast_dtype(device.type)
-    return torch.autocast(device.type, dtype=autocast) if autocast else contextlib.nullcontext()
-
-
-def evaluate_checkpoint(target: str, *, config_files: list[str] | None = None,
-                        overrides: list[str] | None = None, samples: int = 3, max_new_tokens: int = 32,
-                        temperature: float = 0.0, seed: int = 0, trust_remote_code: bool = False,
-                        device: str | None = None) -> EvalReport:
-    """Evaluate ``target`` (see ``resolve_checkpoint``) on its run's validation set or an overridden one."""
+def evaluate_checkpoint(target: str, *, samples: int = 3, max_new_tokens: int = 32, temperature: float = 0.0,
+                        seed: int = 0, **load: Any) -> EvalReport:
+    """Evaluate ``target`` (see ``resolve_checkpoint``) on its run's validation set or an overridden one; ``load``:
+    ``load_for_eval``'s keywords (``config_files``, ``overrides``, ``trust_remote_code``, ``device``)."""
     from llm.data import build_val_windows, eos_id
     from llm.metrics import layer_report
     from llm.train.evaluate import evaluate
 
-    resolved, config, model, tokenizer, torch_device = load_for_eval(target, config_files, overrides,
-                                                                     trust_remote_code, device)
-    vocab = model.get_output_embeddings().weight.shape[0]
+    resolved, config, model, tokenizer, torch_device = load_for_eval(target, **load)
     windows = build_val_windows(config.data, tokenizer)
 
-    with run_precision(config, torch_device):
+    autocast = config.train.autocast_dtype(torch_device.type)  # the trainer's precision
+    with torch.autocast(torch_device.type, dtype=autocast) if autocast else contextlib.nullcontext():
         document_eos = eos_id(tokenizer) if config.data.document_masking else None  # as the run trained
         metrics = evaluate(model, windows, config.train.micro_batch_size, document_eos)
-    bpb, n_bytes = bits_per_byte(metrics["val_loss"], windows, token_byte_lengths(tokenizer, vocab))
+    bpb, n_bytes = bits_per_byte(metrics["val_loss"], windows, token_byte_lengths(tokenizer, int(windows.max()) + 1))
 
     notes = []
     layers: list[dict[str, float]] = []

@@ -26,9 +26,6 @@ import matplotlib
 matplotlib.use("Agg")  # before pyplot is imported: no display on clusters and CI
 import matplotlib.pyplot as plt
 from matplotlib.axes import Axes
-from matplotlib.collections import PolyCollection
-from matplotlib.colors import to_rgb
-from matplotlib.patches import Patch
 from matplotlib.ticker import EngFormatter, FormatStrFormatter, MaxNLocator
 
 from .grouping import series_labels
@@ -53,9 +50,9 @@ def _plot_seeds(ax: Axes, runs: Sequence[RunRecord], rows: Callable[[RunRecord],
                 points.setdefault(float(row[x_key]), []).append(float(value))
     xs = sorted(points)
     (line,) = ax.plot(xs, [statistics.fmean(points[x]) for x in xs], label=label, **style)
-    lower = [min(points[x]) if len(points[x]) > 1 else math.nan for x in xs]
-    upper = [max(points[x]) if len(points[x]) > 1 else math.nan for x in xs]
-    ax.fill_between(xs, lower, upper, color=line.get_color(), alpha=0.2, linewidth=0)
+    spread = [points[x] if len(points[x]) > 1 else [math.nan] for x in xs]
+    ax.fill_between(xs, [min(s) for s in spread], [max(s) for s in spread], color=line.get_color(), alpha=0.2,
+                    linewidth=0)
 
 
 def _layer_value(layer: int, key: str) -> Callable[[Row], float | None]:
@@ -75,27 +72,21 @@ def row_colours(rows: Rows, tune: Sequence[str] = ()) -> dict[str, Any]:
     series = series_labels(rows, tune)
     hues = list(dict.fromkeys(series.values()))
     palette = plt.get_cmap("tab10" if len(hues) <= 10 else "tab20")
-    colours: dict[str, Any] = {name: to_rgb(palette(i % palette.N)) for i, name in enumerate(hues)}
-    for name in hues:
-        sizes = sorted((label for label in rows if series[label] == name),
-                       key=lambda label: rows[label][0].meta.get("params_non_embedding") or 0)
-        for i, label in enumerate(sizes):
-            light = 0.6 * (len(sizes) - 1 - i) / max(len(sizes) - 1, 1)  # towards white
-            colours[label] = tuple(c + (1 - c) * light for c in colours[name])
+    colours: dict[str, Any] = {name: matplotlib.colors.to_rgb(palette(i % palette.N)) for i, name in enumerate(hues)}
+    for label in rows:
+        sizes = sorted((other for other in rows if series[other] == series[label]),
+                       key=lambda other: rows[other][0].meta.get("params_non_embedding") or 0)
+        light = 0.6 * (len(sizes) - 1 - sizes.index(label)) / max(len(sizes) - 1, 1)  # towards white
+        colours[label] = tuple(c + (1 - c) * light for c in colours[series[label]])
     return colours
 
 
 def _legend(ax: Axes, **style: Any) -> None:
     """The legend right of ``ax``, with the band's meaning when a band was drawn."""
     handles, _ = ax.get_legend_handles_labels()
-    if any(isinstance(drawn, PolyCollection) and drawn.get_paths() for drawn in ax.collections):
-        handles.append(Patch(color="grey", alpha=0.2, label="band: seeds' min to max"))
-    ax.legend(handles=handles, loc="upper left", bbox_to_anchor=(1.02, 1), borderaxespad=0, fontsize="small",
-              **style)
-
-
-def _title(ax: Axes, title: str, width: int = 48) -> None:
-    ax.set_title(textwrap.fill(title, width), fontsize="medium")
+    if any(isinstance(drawn, matplotlib.collections.PolyCollection) and drawn.get_paths() for drawn in ax.collections):
+        handles.append(matplotlib.patches.Patch(color="grey", alpha=0.2, label="band: seeds' min to max"))
+    ax.legend(handles=handles, loc="upper left", bbox_to_anchor=(1.02, 1), fontsize="small", **style)
 
 
 def _save(fig: plt.Figure, path: Path) -> Path:
@@ -139,9 +130,8 @@ def _layer_panel(ax: Axes, members: Sequence[RunRecord], key: str, title: str) -
     for layer, colour in zip(layers, colours, strict=True):
         _plot_seeds(ax, members, lambda r: r.evals, "tokens", _layer_value(layer, key), label=f"layer {layer}",
                     color=colour)
-    ax.set(xlabel="training tokens")
+    ax.set(xlabel="training tokens", title=textwrap.fill(title, 44))  # a row label can be longer than the panel
     ax.xaxis.set_major_formatter(EngFormatter(sep=""))
-    _title(ax, title)
     _legend(ax, ncol=2 if len(layers) > 8 else 1)
 
 
@@ -197,8 +187,8 @@ def plot_sensitivity(sensitivity: Mapping[str, Sequence[TunePoint]], key: str, p
     values = [point.values[0] for points in sensitivity.values() for point in points]
     if all(isinstance(v, int | float) and v > 0 for v in values) and max(values) >= 4 * min(values):
         ax.set_xscale("log")
-    ax.set(xlabel=key, ylabel="final validation loss (nats/token)")
-    _title(ax, f"Sensitivity to {key} (x: every run at that value diverged)")
+    ax.set(xlabel=key, ylabel="final validation loss (nats/token)",
+           title=textwrap.fill(f"Sensitivity to {key} (x: every run at that value diverged)", 60))
     _legend(ax)
     return _save(fig, path)
 
@@ -240,7 +230,4 @@ def write_plots(rows: Rows, out_dir: str | Path, sensitivity: Mapping[str, Seque
         written.append(plot_scaling(scaling, out / "scaling.png", colours))
     if any(_layers(members, "isoscore") for members in rows.values()):
         written.append(plot_isotropy(rows, out / "isotropy.png"))
-    alpha = plot_alpha(rows, out / "alpha.png", colours)
-    if alpha is not None:
-        written.append(alpha)
-    return written
+    return written + [path for path in [plot_alpha(rows, out / "alpha.png", colours)] if path is not None]

@@ -19,6 +19,7 @@ The text is one document: no separator is added, so no document masking applies.
 
 from __future__ import annotations
 
+import contextlib
 import math
 from pathlib import Path
 from typing import Any
@@ -28,7 +29,7 @@ import torch.nn.functional as F
 
 from llm.errors import one_line
 from llm.eval.errors import EvalError
-from llm.eval.evaluate import load_for_eval, run_precision, token_byte_lengths
+from llm.eval.evaluate import load_for_eval, token_byte_lengths
 
 
 @torch.no_grad()
@@ -36,37 +37,34 @@ def sliding_window_nll(model: torch.nn.Module, ids: torch.Tensor, seq_len: int, 
     """-log p(ids[t] | the earlier tokens of the window that scores it), in nats, for each t; NaN where no window
     scores a token: ids[0], and a window's first token when ``stride == seq_len`` (windows that do not overlap)."""
     nll = torch.full((len(ids),), math.nan, dtype=torch.float64)
-    scored_to = 0
-    for begin in range(0, len(ids), stride):
+    for begin in range(0, max(len(ids) - seq_len, 0) + stride, stride):  # up to the first window reaching the end
         end = min(begin + seq_len, len(ids))
-        first = max(scored_to, begin + 1)  # a window's first token has no context in it
+        # from where the previous window (which ended at begin - stride + seq_len) stopped; a window's first token
+        # has no context in it
+        first = max(begin + seq_len - stride, begin + 1) if begin else 1
         window = ids[begin:end].unsqueeze(0).to(next(model.parameters()).device)
         logits = model(input_ids=window).logits[0, first - begin - 1 : -1].float()
         nll[first:end] = F.cross_entropy(logits, window[0, first - begin :], reduction="none").double().cpu()
-        scored_to = end
-        if end == len(ids):
-            break
     return nll
 
 
-def evaluate_text(target: str, text_file: str, stride: int | None = None, *, config_files: list[str] | None = None,
-                  overrides: list[str] | None = None, trust_remote_code: bool = False,
-                  device: str | None = None) -> dict[str, Any]:
+def evaluate_text(target: str, text_file: str, stride: int | None = None, **load: Any) -> dict[str, Any]:
     """Score every token of ``text_file`` with ``target`` (``llm.eval.evaluate.resolve_checkpoint``) in windows of its
-    run's ``data.seq_len`` every ``stride`` tokens, in the run's precision. The report: ``tokens`` (scored), ``bytes``
-    (theirs), ``loss`` (nats/token), ``ppl``, ``bits_per_byte``, and what was scored with what."""
+    run's ``data.seq_len`` every ``stride`` tokens, in the run's precision; ``load``: ``load_for_eval``'s keywords
+    (config files, overrides, device...). The report: ``tokens`` (scored), ``bytes`` (theirs), ``loss``
+    (nats/token), ``ppl``, ``bits_per_byte``, and what was scored with what."""
     try:
         text = Path(text_file).read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as err:  # before the model is loaded
         raise EvalError(f"--text {text_file}: not a readable UTF-8 text file ({one_line(err)})") from None
-    resolved, config, model, tokenizer, torch_device = load_for_eval(target, config_files, overrides,
-                                                                     trust_remote_code, device)
+    resolved, config, model, tokenizer, torch_device = load_for_eval(target, **load)
     seq_len, stride = config.data.seq_len, stride or config.data.seq_len // 2
     ids = torch.tensor(tokenizer.encode(text, add_special_tokens=False).ids)
     if stride > seq_len or len(ids) < 2:
         raise EvalError(f"--stride {stride}: at most the window, data.seq_len={seq_len}" if stride > seq_len else
                         f"--text {text_file}: {len(ids)} token(s), nothing to score (a token needs one before it)")
-    with run_precision(config, torch_device):
+    autocast = config.train.autocast_dtype(torch_device.type)  # the trainer's precision
+    with torch.autocast(torch_device.type, dtype=autocast) if autocast else contextlib.nullcontext():
         nll = sliding_window_nll(model, ids, seq_len, stride)
     scored = ~nll.isnan()
     n_bytes, loss = int(token_byte_lengths(tokenizer, int(ids.max()) + 1)[ids[scored]].sum()), float(nll[scored].mean())
@@ -77,9 +75,6 @@ def evaluate_text(target: str, text_file: str, stride: int | None = None, *, con
 
 
 def format_text_report(report: dict[str, Any]) -> str:
-    step = f" (step {report['step']})" if report["step"] is not None else ""
-    return (f"model       {report['model_path']}{step}\n"
-            f"text        {report['file']}: {report['tokens']:,} tokens scored, {report['bytes']:,} bytes "
-            f"(windows of {report['seq_len']}, stride {report['stride']})\n"
-            f"loss        {report['loss']:.6f} nats/token\nperplexity  {report['ppl']:.4f}\n"
-            f"bits/byte   {report['bits_per_byte']:.6f}\n")
+    """One ``name value`` line per entry of the report (loss in nats per token)."""
+    return "".join(f"{key:14s}{value:.6f}\n" if isinstance(value, float) else f"{key:14s}{value}\n"
+                   for key, value in report.items())

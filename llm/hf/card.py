@@ -139,9 +139,8 @@ def _front_matter(config: ModelConfig, qwen3: bool, run: RunSummary | None) -> s
     if config.ffn_linear != "linear":
         tags.append(config.ffn_linear)
     meta = {"library_name": "transformers", "license": "apache-2.0", "language": ["en"],
-            "pipeline_tag": "text-generation", "tags": tags}
-    if _fineweb(run):  # the hub's dataset link, only for a model trained on it
-        meta["datasets"] = ["HuggingFaceFW/fineweb"]
+            "pipeline_tag": "text-generation", "tags": tags,  # the hub's dataset link: only for a model trained on it
+            **({"datasets": ["HuggingFaceFW/fineweb"]} if _fineweb(run) else {})}
     # JSON values are YAML: the hub reads this block as its metadata
     return "---\n" + "".join(f"{key}: {json.dumps(value)}\n" for key, value in meta.items()) + "---\n"
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from pathlib import Path
 
 import pyarrow.parquet as pq
@@ -70,8 +71,11 @@ def test_text_report_and_its_errors(trained_run: Path, text_file: Path, tmp_path
                                     capsys: pytest.CaptureFixture[str]) -> None:
     assert main([str(trained_run), "--text", str(text_file)]) == 0
     out = capsys.readouterr().out
-    assert out.splitlines()[1].startswith(f"text        {text_file}: ") and "(windows of 32, stride 16)" in out
-    assert [line.split()[0] for line in out.splitlines()[2:]] == ["loss", "perplexity", "bits/byte"]
+    lines = dict(line.split(maxsplit=1) for line in out.splitlines())
+    assert list(lines) == ["file", "model_path", "step", "seq_len", "stride", "tokens", "bytes", "loss", "ppl",
+                           "bits_per_byte"]
+    assert lines["file"] == str(text_file) and lines["seq_len"] == "32" and lines["stride"] == "16"
+    assert re.fullmatch(r"\d+\.\d{6}", lines["loss"]) and lines["step"] == "4"
     assert main([str(trained_run), "--text", str(tmp_path / "missing.raw")]) == 2
     missing = tmp_path / "missing.raw"
     assert capsys.readouterr().err == (f"error: --text {missing}: not a readable UTF-8 text file "
