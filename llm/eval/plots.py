@@ -195,15 +195,16 @@ def plot_sensitivity(sensitivity: Mapping[str, Sequence[TunePoint]], key: str, p
 
 def plot_scaling(series: Sequence[ScalingSeries], path: Path, colours: Mapping[str, Any]) -> Path:
     """Final validation loss against non-embedding parameters on log-log axes, one colour per variant (its rows'
-    hue in the other plots): its rows with seed error bars (± std) and its power-law fit as a dashed line."""
+    hue in the other plots, its largest row's colour): its rows with seed error bars (± std) and its power-law fit as
+    a dashed line."""
     fig, ax = plt.subplots(figsize=(10, 4.5), layout="constrained")
     for found in series:
         params = [float(row.params_non_embedding or 0) for row in found.rows]
         ax.errorbar(params, [row.val_loss_mean for row in found.rows], marker="o", capsize=3, linestyle="none",
                     yerr=[0.0 if math.isnan(row.val_loss_std) else row.val_loss_std for row in found.rows],
-                    color=colours[found.label], label=f"{found.label} (b = {found.exponent:.3f})")
+                    color=colours[found.rows[-1].variant], label=f"{found.label} (b = {found.exponent:.3f})")
         ax.plot(params, [found.coefficient * n ** found.exponent for n in params], linestyle="--",
-                color=colours[found.label])
+                color=colours[found.rows[-1].variant])
     ax.set(xscale="log", yscale="log", xlabel="non-embedding parameters", ylabel="final validation loss (nats/token)",
            title="Scaling: loss = a · N^b per variant")
     for axis in (ax.yaxis.set_major_formatter, ax.yaxis.set_minor_formatter):  # 4.5, not 4.5 x 10^0
