@@ -21,6 +21,7 @@ are passed to both ``train.py`` calls (e.g. ``train.max_steps=50``).
 from __future__ import annotations
 
 import ast
+import contextlib
 import json
 import os
 import socket
@@ -130,13 +131,39 @@ def choose_source() -> tuple[Path, str, list[str]]:
     return stdlib_file, description, ["data.val_bucket=10", "data.val_tokens=16384"]
 
 
-def _progress(run_dir: Path) -> str:
+def progress(run_dir: Path) -> str:
+    """Where a run stands, from its metrics.jsonl: its last logged step of all, loss and the time left at its
+    last rate (the tokens of the steps left over the logged tokens/s; evaluations add a little)."""
     metrics = run_dir / "metrics.jsonl"
-    rows = [json.loads(line) for line in metrics.read_text().splitlines()] if metrics.is_file() else []
+    rows = []
+    for line in metrics.read_text().splitlines() if metrics.is_file() else []:
+        with contextlib.suppress(ValueError):  # a line being written
+            rows.append(json.loads(line))
+    meta = [r for r in rows if r["kind"] == "meta"]
     train = [r for r in rows if r["kind"] == "train"]
+    if not meta:
+        return f"{run_dir.name}: starting (tokenizer, model, validation set)"
+    total = meta[-1]["max_steps"]
     if not train:
-        return f"{run_dir.name}: starting"
-    return f"{run_dir.name}: step {train[-1]['step']} loss {train[-1]['loss']:.3f}"
+        return f"{run_dir.name}: step 0/{total}"
+    last = train[-1]
+    left_s = (total - last["step"]) * last["tokens"] / last["step"] / last["tokens_per_s"]
+    eta = f"ETA {int(left_s) // 60}m{int(left_s) % 60:02d}s"
+    return f"{run_dir.name}: step {last['step']}/{total} loss {last['loss']:.3f} {eta}"
+
+
+def watch(runs: list[tuple[subprocess.Popen, Path]], every_s: float = 2.0) -> None:
+    """Print the runs' progress while any is running, a line only when it changed: one per stage or logged step."""
+    shown = ""
+    while True:
+        running = any(proc.poll() is None for proc, _ in runs)
+        line = "demo: " + " | ".join(progress(run_dir) for _, run_dir in runs)
+        if line != shown:
+            print(line, flush=True)
+            shown = line
+        if not running:
+            return
+        time.sleep(every_s)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -167,9 +194,7 @@ def main(argv: list[str] | None = None) -> int:
         with open(log, "w") as log_file:
             runs[ffn] = (subprocess.Popen(cmd, cwd=REPO, env=env, stdout=log_file, stderr=subprocess.STDOUT),
                          REPO / "runs" / name)
-    while any(proc.poll() is None for proc, _ in runs.values()):
-        time.sleep(10)
-        print("demo: " + " | ".join(_progress(run_dir) for _, run_dir in runs.values()), flush=True)
+    watch(list(runs.values()))
     failed = [ffn for ffn, (proc, _) in runs.items() if proc.returncode != 0]
     if failed:
         print(f"demo: training failed for {', '.join(failed)}; see runs/demo-<variant>.log", file=sys.stderr)

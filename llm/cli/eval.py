@@ -1,6 +1,7 @@
 """``eval.py``: evaluate a checkpoint or hub model, compare runs, or run lm-evaluation-harness tasks.
 
     python eval.py CHECKPOINT_OR_HUB_ID [--config data.yaml] [key=value ...] [--json] [--samples N]
+    python eval.py CHECKPOINT_OR_HUB_ID --text FILE [--stride N] [--json]
     python eval.py compare RUN_DIR... | 'runs/*' [--baseline swiglu+softmax] [--tune train.lr] [--target-gap 0.01]
                            [--out DIR]
     python eval.py lm-eval CHECKPOINT_OR_HUB_ID --tasks hellaswag,arc_easy [--limit N]
@@ -52,6 +53,8 @@ def _evaluate_parser() -> argparse.ArgumentParser:
     parser.add_argument("--temperature", type=at_least(0.0, float), default=0.0,
                         help="0: greedy; > 0: seeded sampling")
     parser.add_argument("--seed", type=int, default=0, help="sampling seed")
+    parser.add_argument("--text", metavar="FILE", help="instead: every token of a text file (llm.eval.text_file)")
+    parser.add_argument("--stride", type=at_least(1), help="with --text: tokens between windows (data.seq_len / 2)")
     return parser
 
 
@@ -106,6 +109,13 @@ def _evaluate(argv: list[str]) -> int:
     from llm.eval.evaluate import evaluate_checkpoint, format_report
 
     args = _evaluate_parser().parse_intermixed_args(argv)  # overrides may follow options
+    if args.text is not None:
+        from llm.eval.text_file import evaluate_text, format_text_report
+
+        scored = evaluate_text(args.target, args.text, args.stride, config_files=args.config, overrides=args.overrides,
+                               trust_remote_code=args.trust_remote_code, device=args.device)
+        print(_json(scored) if args.json else format_text_report(scored), end="\n" if args.json else "")
+        return 0
     report = evaluate_checkpoint(args.target, config_files=args.config, overrides=args.overrides,
                                  samples=args.samples, max_new_tokens=args.max_new_tokens,
                                  temperature=args.temperature, seed=args.seed,

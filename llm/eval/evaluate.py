@@ -276,15 +276,13 @@ def _has_ffn_diagnostics(model: nn.Module) -> bool:
     return layers is not None and all(hasattr(block.mlp, "diagnostics") for block in layers)
 
 
-def evaluate_checkpoint(target: str, *, config_files: list[str] | None = None,
-                        overrides: list[str] | None = None, samples: int = 3, max_new_tokens: int = 32,
-                        temperature: float = 0.0, seed: int = 0, trust_remote_code: bool = False,
-                        device: str | None = None) -> EvalReport:
-    """Evaluate ``target`` (see ``resolve_checkpoint``) on its run's validation set or an overridden one."""
-    from llm.data import build_val_windows, eos_id, load_tokenizer
+def load_for_eval(target: str, config_files: list[str] | None = None, overrides: list[str] | None = None,
+                  trust_remote_code: bool = False, device: str | None = None
+                  ) -> tuple[ResolvedModel, RunConfig, nn.Module, Tokenizer, torch.device]:
+    """``target``'s checkpoint, its config (with ``config_files`` and ``overrides``), its model on ``device`` (default:
+    cuda when available) and the tokenizer to evaluate with, refused when it has ids past the model's embedding."""
+    from llm.data import load_tokenizer
     from llm.data.tokenizer import ids_past
-    from llm.metrics import layer_report
-    from llm.train.evaluate import evaluate
 
     resolved = resolve_checkpoint(target)
     config = eval_config(resolved, config_files, overrides)
@@ -303,13 +301,25 @@ def evaluate_checkpoint(target: str, *, config_files: list[str] | None = None,
     if past := ids_past(tokenizer, vocab):  # an id past the embedding would be a crash, or a device assert on CUDA
         raise EvalError(f"data.tokenizer: {config.data.tokenizer or 'Qwen3'}'s {past}, past the model's {vocab} "
                         f"embedding rows: evaluate with the tokenizer the model was trained with")
+    return resolved, config, model, tokenizer, torch_device
+
+
+def evaluate_checkpoint(target: str, *, samples: int = 3, max_new_tokens: int = 32, temperature: float = 0.0,
+                        seed: int = 0, **load: Any) -> EvalReport:
+    """Evaluate ``target`` (see ``resolve_checkpoint``) on its run's validation set or an overridden one; ``load``:
+    ``load_for_eval``'s keywords (``config_files``, ``overrides``, ``trust_remote_code``, ``device``)."""
+    from llm.data import build_val_windows, eos_id
+    from llm.metrics import layer_report
+    from llm.train.evaluate import evaluate
+
+    resolved, config, model, tokenizer, torch_device = load_for_eval(target, **load)
     windows = build_val_windows(config.data, tokenizer)
 
     autocast = config.train.autocast_dtype(torch_device.type)  # the trainer's precision
     with torch.autocast(torch_device.type, dtype=autocast) if autocast else contextlib.nullcontext():
         document_eos = eos_id(tokenizer) if config.data.document_masking else None  # as the run trained
         metrics = evaluate(model, windows, config.train.micro_batch_size, document_eos)
-    bpb, n_bytes = bits_per_byte(metrics["val_loss"], windows, token_byte_lengths(tokenizer, vocab))
+    bpb, n_bytes = bits_per_byte(metrics["val_loss"], windows, token_byte_lengths(tokenizer, int(windows.max()) + 1))
 
     notes = []
     layers: list[dict[str, float]] = []

@@ -13,6 +13,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+import yaml
+
 from llm.model import ModelConfig, param_counts
 from llm.model.ffn import resolve_intermediate_size
 from llm.train.model_dir import save_model_dir
@@ -73,6 +75,9 @@ class RunSummary:
     val_loss: float | None = None
     """The last ``eval`` row of ``metrics.jsonl`` at or before ``step``; None if there is none."""
     bits_per_byte: float | None = None
+    data: str | None = None
+    """The run's ``data.source`` when its metrics show training on it (a train row with tokens at or before
+    ``step``); None for an untrained model, whose card then names no training data."""
 
 
 def run_summary(checkpoint_dir: str | Path) -> RunSummary:
@@ -86,12 +91,15 @@ def run_summary(checkpoint_dir: str | Path) -> RunSummary:
     step = int(state["step"])
     run_dir = checkpoint_dir.parent.parent
     try:  # compare's reader: a truncated last line is skipped, a step re-logged after a resume supersedes
-        evals = [r for r in step_rows(read_metrics(run_dir), "eval") if r["step"] <= step]
+        rows = read_metrics(run_dir)
     except (FileNotFoundError, EvalError):  # no metrics.jsonl, or a line of it that is not JSON
-        evals = []
-    val_loss = float(evals[-1]["val_loss"]) if evals else None
-    return RunSummary(name=run_dir.name, step=step, tokens=int(state["tokens"]),
-                      config=(checkpoint_dir / "config.yaml").read_text(), val_loss=val_loss)
+        rows = []
+    evals = [r for r in step_rows(rows, "eval") if r["step"] <= step]
+    trained = any(0 < r["step"] <= step and r.get("tokens", 0) > 0 for r in step_rows(rows, "train"))
+    config = (checkpoint_dir / "config.yaml").read_text()
+    return RunSummary(name=run_dir.name, step=step, tokens=int(state["tokens"]), config=config,
+                      val_loss=float(evals[-1]["val_loss"]) if evals else None,
+                      data=yaml.safe_load(config)["data"]["source"] if trained else None)
 
 
 def val_bits_per_byte(checkpoint_dir: str | Path, val_loss: float) -> float | None:
@@ -114,20 +122,25 @@ def val_bits_per_byte(checkpoint_dir: str | Path, val_loss: float) -> float | No
     return None if math.isnan(bpb) else bpb
 
 
-def _citations(config: ModelConfig) -> list[str]:
-    keys = ["qwen3", "fineweb"]
+def _fineweb(run: RunSummary | None) -> bool:
+    return run is not None and run.data is not None and "fineweb" in run.data.lower()
+
+
+def _citations(config: ModelConfig, run: RunSummary | None) -> list[str]:
+    keys = ["qwen3", "fineweb"] if _fineweb(run) else ["qwen3"]
     if config.ffn != "swiglu" or config.attn_scoring != "softmax":
         keys.append("isotropic")
     keys += [k for k in (config.ffn, config.ffn_linear) if k in CITATIONS]
     return [CITATIONS[k] for k in dict.fromkeys(keys)]
 
 
-def _front_matter(config: ModelConfig, qwen3: bool) -> str:
+def _front_matter(config: ModelConfig, qwen3: bool, run: RunSummary | None) -> str:
     tags = ["isollm", "qwen3" if qwen3 else "custom_code", config.ffn, config.attn_scoring]
     if config.ffn_linear != "linear":
         tags.append(config.ffn_linear)
     meta = {"library_name": "transformers", "license": "apache-2.0", "language": ["en"],
-            "pipeline_tag": "text-generation", "datasets": ["HuggingFaceFW/fineweb"], "tags": tags}
+            "pipeline_tag": "text-generation", "tags": tags,  # the hub's dataset link: only for a model trained on it
+            **({"datasets": ["HuggingFaceFW/fineweb"]} if _fineweb(run) else {})}
     # JSON values are YAML: the hub reads this block as its metadata
     return "---\n" + "".join(f"{key}: {json.dumps(value)}\n" for key, value in meta.items()) + "---\n"
 
@@ -159,12 +172,13 @@ def model_card(config: ModelConfig, *, repo_id: str, run: RunSummary | None = No
     """The ``README.md`` of model ``config`` published as ``repo_id``; ``qwen3`` for the stock-Qwen3 export."""
     total, non_embedding = param_counts(config)
     lines = [
-        _front_matter(config, qwen3),
+        _front_matter(config, qwen3, run),
         f"# isollm {config.variant_name}" + (f" ({run.name})" if run else ""),
         "",
         "A Qwen3-style decoder (RMSNorm, rotary positions, grouped-query attention with QK-norm, "
-        f"{'tied' if config.tie_word_embeddings else 'untied'} input and output embeddings) pretrained on "
-        "FineWeb with isollm, a codebase that swaps the feed-forward block and the attention scoring to "
+        f"{'tied' if config.tie_word_embeddings else 'untied'} input and output embeddings)"
+        + (f" pretrained on {'FineWeb' if _fineweb(run) else 'text'} (`{run.data}`)" if run and run.data else "")
+        + " with isollm, a codebase that swaps the feed-forward block and the attention scoring to "
         "compare isotropic variants like for like.",
         "",
         "## Variant",
@@ -208,7 +222,7 @@ def model_card(config: ModelConfig, *, repo_id: str, run: RunSummary | None = No
             "</details>",
         ]
     lines += ["", _usage(qwen3, repo_id), "## Citation", ""]
-    lines += [f"- {citation}" for citation in _citations(config)]
+    lines += [f"- {citation}" for citation in _citations(config, run)]
     return "\n".join(lines) + "\n"
 
 

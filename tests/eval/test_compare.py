@@ -336,8 +336,8 @@ def test_plots_use_the_table_labels_and_colours(tmp_path: Path, monkeypatch: pyt
     try:
         write_plots(comparison.groups, tmp_path / "plots")
         final_alpha, *panels = figures["alpha.png"].axes
-        assert [t.get_text() for t in final_alpha.get_legend().get_texts()] == [label]
-        assert [ax.get_title() for ax in panels] == [f"{label}: alpha over training"]
+        assert [t.get_text() for t in final_alpha.get_legend().get_texts()] == [label, "band: seeds' min to max"]
+        assert [ax.get_title().replace("\n", " ") for ax in panels] == [f"{label}: alpha over training"]  # wrapped
         val_loss = {line.get_label(): line.get_color() for line in figures["val_loss.png"].axes[0].get_lines()}
         assert list(val_loss) == [f"{row.variant} (n={row.n})" for row in comparison.rows]
         grad_norm = {line.get_label(): line.get_color() for line in figures["grad_norm.png"].axes[0].get_lines()}

@@ -1,0 +1,113 @@
+"""Every command of README.md's fenced shell blocks runs as written on a fresh copy of the checkout beside the
+shipped FineWeb sample (``../shared/data/fineweb-sample``), in README order (issue 49).
+
+The commands are read from the README itself, so this test follows it as it changes: a new command runs here,
+or is listed in ``EXCLUDED`` with the reason it cannot (a GPU, a cluster, the network or the hub). Runs are
+shortened only where they train: every ``python train.py`` (typed, in a loop, or launched by a sweep) gets
+``SHORTEN`` appended by a ``python`` on the PATH that passes every other command through untouched, and the lr
+sweep's grid is cut to ``SWEEP_GRID`` in the copy. The model shrinks but the data settings stay as written (the
+validation set is the configs' own), so a config that asks for more validation tokens than the sample holds fails
+here. The runs share one copy, so a command reads what the ones before it wrote (the tokenizer, runs/).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+from tiny import fineweb_files
+
+REPO = Path(__file__).resolve().parents[1]
+SHELL_BLOCK = re.compile(r"^```(?:bash|sh|shell)\n(.*?)^```", re.MULTILINE | re.DOTALL)
+
+EXCLUDED = {  # a command's start -> why it does not run here
+    "make demo": "installs .venv from PyPI (network); scripts/demo.py's console: tests/launch/test_demo.py",
+    "make test": "the whole suite, this test included",
+    "python train.py --config configs/experiments/fineweb-83m.yaml": "streams FineWeb and the Qwen3 tokenizer from "
+    "the hub (network), and trains 83m parameters (GPU)",
+    "python train.py ... ": "`...` stands for the run's config and overrides (resume: tests/train, tests/faults)",
+    "python eval.py some-user/some-isollm-model": "a hub model (network)",
+    "python eval.py lm-eval": "hellaswag's data set comes from the hub (network); lm-eval: tests/eval/test_lm_eval.py",
+    "huggingface-cli login": "a hub account",
+    "isollm-hub push": "uploads to the hub (isollm-hub push with the upload replaced: tests/hf/test_push.py)",
+}
+
+SHORTEN = [
+    "model.hidden_size=32", "model.intermediate_size=64", "model.num_hidden_layers=2", "model.num_attention_heads=2",
+    "model.num_key_value_heads=1", "model.head_dim=16", "train.max_steps=2", "train.max_tokens=0",
+    "train.warmup_steps=1", "train.global_batch_tokens=4096", "train.log_every=1", "train.eval_every=2",
+    "train.checkpoint_every=2", "train.isotropy_samples=256", "trackers=[]",
+]
+"""Appended to every ``python train.py``: a 2-layer width-32 model for 2 steps, data settings untouched."""
+
+SWEEP_GRID = {"launch/sweeps/lr-tune-cpu.yaml": {"model.ffn": ["isogmlp"], "train.lr": [1e-3, 2e-3]}}
+"""The sweeps the README launches, cut to these grid values (20 runs would take minutes even shortened)."""
+
+
+def readme_commands(text: str) -> list[str]:
+    """The command lines of the fenced shell blocks, continuation lines joined, comment lines dropped."""
+    lines = [line.strip() for block in SHELL_BLOCK.findall(text) for line in block.replace("\\\n", " ").splitlines()]
+    return [line for line in lines if line and not line.startswith("#")]
+
+
+def excluded(command: str) -> str | None:
+    return next((why for start, why in EXCLUDED.items() if command.startswith(start)), None)
+
+
+def test_the_readme_commands_are_found_and_every_exclusion_names_one() -> None:
+    commands = readme_commands((REPO / "README.md").read_text())
+    assert any(command.startswith("python train.py --config configs/experiments/small-cpu") for command in commands)
+    stale = [start for start in EXCLUDED if not any(command.startswith(start) for command in commands)]
+    assert not stale, f"EXCLUDED names commands the README no longer has: {stale}"
+
+
+def fresh_copy(root: Path) -> Path:
+    """The checkout's files as a clone has them (tracked and new, not ignored: no runs/, data_cache/, .venv), with
+    ``../shared`` beside it; ``SWEEP_GRID`` applied."""
+    listed = subprocess.run(["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"], cwd=REPO,
+                            check=True, capture_output=True).stdout.decode().split("\0")
+    clone = root / "isollm"
+    for name in filter(None, listed):
+        if (REPO / name).is_file():
+            (clone / name).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(REPO / name, clone / name)
+    (root / "shared").symlink_to(REPO.parent / "shared")
+    for sweep, grid in SWEEP_GRID.items():
+        spec = yaml.safe_load((clone / sweep).read_text())
+        spec["grid"].update(grid)
+        (clone / sweep).write_text(yaml.safe_dump(spec))
+    return clone
+
+
+def python_shim(directory: Path) -> Path:
+    """A ``python`` that appends ``SHORTEN`` to ``python train.py ...`` and runs everything else as it is."""
+    directory.mkdir()
+    shim = directory / "python"
+    shim.write_text(f'#!/usr/bin/env bash\nif [[ "$1" == train.py ]]; then exec {sys.executable} "$@" '
+                    f'{" ".join(SHORTEN)}; fi\nexec {sys.executable} "$@"\n')
+    shim.chmod(0o755)
+    return directory
+
+
+@pytest.mark.slow
+def test_every_readme_command_runs_as_written(tmp_path: Path) -> None:
+    fineweb_files()  # skips without the shared sample
+    commands = [c for c in readme_commands((REPO / "README.md").read_text()) if excluded(c) is None]
+    clone = fresh_copy(tmp_path)
+    env = {**os.environ, "PYTHONPATH": str(clone), "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1",
+           "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false", "MPLBACKEND": "Agg",
+           "PATH": os.pathsep.join([str(python_shim(tmp_path / "bin")), str(Path(sys.executable).parent),
+                                    os.environ.get("PATH", "")])}
+    for command in commands:
+        started = time.perf_counter()
+        done = subprocess.run(["bash", "-c", command], cwd=clone, env=env, capture_output=True, text=True)
+        print(f"{time.perf_counter() - started:6.1f} s  {command}")
+        assert done.returncode == 0, f"{command}\nexit {done.returncode}\n{done.stdout[-2000:]}\n{done.stderr[-3000:]}"
+    assert (clone / "runs" / "cpu-comparison" / "comparison.md").is_file()
