@@ -32,7 +32,8 @@ EXCLUDED = {  # a command's start -> why it does not run here
     "make test": "the whole suite, this test included",
     "python train.py --config configs/experiments/fineweb-83m.yaml": "streams FineWeb and the Qwen3 tokenizer from "
     "the hub (network), and trains 83m parameters (GPU)",
-    "python train.py ... ": "`...` stands for the run's config and overrides (resume: tests/train, tests/faults)",
+    "python train.py name=83m-swiglu-s0 resume=true": "continues the FineWeb run above (GPU); resume by name: "
+    "tests/train/test_cli.py",
     "python eval.py some-user/some-isollm-model": "a hub model (network)",
     "python eval.py lm-eval": "hellaswag's data set comes from the hub (network); lm-eval: tests/eval/test_lm_eval.py",
     "huggingface-cli login": "a hub account",
