@@ -30,8 +30,8 @@ alive() { [[ -s "$1" ]] && kill -0 "$(cat "$1")" 2>/dev/null; }
 
 install_packages() {
     command -v slurmctld >/dev/null && command -v slurmd >/dev/null && command -v munged >/dev/null && return
-    (( EUID == 0 )) && command -v apt-get >/dev/null ||
-        die "slurm-wlm and munge are not installed and this is not root with apt-get: install them (Debian: apt-get install slurm-wlm munge), then rerun"
+    command -v apt-get >/dev/null ||
+        die "slurm-wlm and munge are not installed and there is no apt-get: install them (slurmctld, slurmd, munged), then rerun"
     echo "installing slurm-wlm and munge"
     DEBIAN_FRONTEND=noninteractive apt-get install -y -q slurm-wlm munge >/dev/null ||
         { apt-get update -q >/dev/null && DEBIAN_FRONTEND=noninteractive apt-get install -y -q slurm-wlm munge >/dev/null; }
@@ -91,6 +91,8 @@ wait_until() {  # wait_until SECONDS COMMAND...: poll COMMAND once a second; fal
     done
 }
 
+no_jobs() { [[ -z "$(squeue -h -o %i 2>/dev/null)" ]]; }
+
 nodes_idle() { [[ "$(sinfo -h -N -o '%N %t' | sort | tr '\n' ' ')" == "n1 idle n2 idle " ]]; }
 
 up() {
@@ -99,9 +101,9 @@ up() {
         echo "slurm_local.sh: already up; export SLURM_CONF=$SLURM_CONF"
         return
     fi
+    (( EUID == 0 )) || die "up needs root (it installs slurm-wlm and munge when absent, adds n1 and n2 to /etc/hosts and runs the daemons as SlurmUser=root): rerun as root"
     down >/dev/null 2>&1 || true   # a half-started cluster: start again from nothing
     install_packages
-    (( EUID == 0 )) || die "the daemons run as root here (SlurmUser=root): rerun as root"
     hosts_entries
     mkdir -p "$DIR/state" "$DIR/spool-n1" "$DIR/spool-n2"
     chmod 700 "$DIR"
@@ -130,7 +132,7 @@ down() {
         jobs="$(squeue -h -o %i 2>/dev/null | tr '\n' ' ')"
         [[ -z "${jobs// }" ]] || scancel --full $jobs 2>/dev/null || true
         # Their processes end before the slurmd that watches them is stopped.
-        wait_until 60 test -z "$(squeue -h -o %i 2>/dev/null)" || echo "slurm_local.sh: jobs still listed after 60 s" >&2
+        wait_until 60 no_jobs || echo "slurm_local.sh: jobs still listed after 60 s" >&2
     fi
     local file pid
     for file in $(pid_files); do
