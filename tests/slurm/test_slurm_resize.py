@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import Cluster
+from slurm_cluster import Cluster
 from tiny import ddp_launch, metrics_rows, run
 
 from llm.cli.data import main as data_main

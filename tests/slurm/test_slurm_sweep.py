@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 import yaml
-from conftest import RUN, Cluster
 from omegaconf import OmegaConf
+from slurm_cluster import RUN, Cluster
 from tiny import PYTHON, REPO, metrics_rows
 
 from llm.cli.eval import main as eval_main

@@ -14,7 +14,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-from conftest import Cluster, train_rows
+from slurm_cluster import Cluster, train_rows
 from tiny import assert_same_weights, metrics_rows, trajectory
 
 from llm.train.checkpoint_files import verify_checkpoint
