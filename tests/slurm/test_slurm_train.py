@@ -110,3 +110,14 @@ def test_a_time_limit_within_the_signal_lead_is_refused(cluster: Cluster,
                       "start would stop at once and requeue; submit with --time longer than 600 s, or a shorter "
                       "--signal=B:USR1@<s> and SIGNAL_LEAD_S=<s>"]
     assert not (cluster.dir / "runs").exists()  # refused before anything trained
+
+
+def test_no_process_per_node_is_refused(cluster: Cluster, run_args: Callable[..., list[str]]) -> None:
+    """--gpus-per-node=0 without GPUS_PER_NODE=1 would launch 0 processes a node (and divide by 0)."""
+    job = cluster.sbatch("--nodes=1", args=run_args(cluster.dir / "runs"), env={"GPUS_PER_NODE": "0"})
+    (task,) = cluster.wait(job)
+    log = cluster.log(job)
+    assert (task["JobState"], task["ExitCode"]) == ("FAILED", "2:0"), log
+    assert [line for line in log.splitlines() if line.startswith("error:")] == [
+        "error: GPUS_PER_NODE=0: one process per GPU needs at least 1 "
+        "(CPU nodes: ACCELERATE_USE_CPU=1 GPUS_PER_NODE=1)"]
