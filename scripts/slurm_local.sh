@@ -95,9 +95,12 @@ no_jobs() { [[ -z "$(squeue -h -o %i 2>/dev/null)" ]]; }
 
 nodes_idle() { [[ "$(sinfo -h -N -o '%N %t' | sort | tr '\n' ' ')" == "n1 idle n2 idle " ]]; }
 
+# Both nodes answer (idle, or running jobs): a cluster that is up.
+nodes_ready() { [[ "$(sinfo -h -N -o '%N %t' | sort | sed -E 's/ (idle|mix|alloc|comp)$/ ok/' | tr '\n' ' ')" == "n1 ok n2 ok " ]]; }
+
 up() {
     if alive "$DIR/slurmctld.pid" && alive "$DIR/slurmd-n1.pid" && alive "$DIR/slurmd-n2.pid" &&
-       alive "$DIR/munged.pid" && nodes_idle; then
+       alive "$DIR/munged.pid" && nodes_ready; then
         echo "slurm_local.sh: already up; export SLURM_CONF=$SLURM_CONF"
         return
     fi
@@ -127,10 +130,9 @@ up() {
 down() {
     [[ -f "$SLURM_CONF" ]] || { echo "slurm_local.sh: not up"; return; }
     if alive "$DIR/slurmctld.pid"; then
-        scancel --quiet --full --state=PENDING 2>/dev/null || true
         local jobs
-        jobs="$(squeue -h -o %i 2>/dev/null | tr '\n' ' ')"
-        [[ -z "${jobs// }" ]] || scancel --full $jobs 2>/dev/null || true
+        mapfile -t jobs < <(squeue -h -o %i 2>/dev/null)
+        (( ${#jobs[@]} == 0 )) || scancel --full "${jobs[@]}" 2>/dev/null || true
         # Their processes end before the slurmd that watches them is stopped.
         wait_until 60 no_jobs || echo "slurm_local.sh: jobs still listed after 60 s" >&2
     fi

@@ -26,12 +26,14 @@ def slurm_env() -> dict[str, str]:
     env = {**os.environ, "SLURM_CONF": str(SLURM_DIR / "slurm.conf"), "PYTHON_ENV": sys.prefix,
            "PYTHONPATH": str(REPO), "ACCELERATE_USE_CPU": "1", "GPUS_PER_NODE": "1", "OMP_NUM_THREADS": "1",
            "PYTHONUNBUFFERED": "1"}
-    try:
-        ping = subprocess.run(["scontrol", "ping"], env=env, capture_output=True, text=True, timeout=30).stdout
+    try:  # without its config file scontrol looks for one elsewhere (DNS included): 30 s to fail
+        ping = (subprocess.run(["scontrol", "ping"], env=env, capture_output=True, text=True, timeout=30).stdout
+                if (SLURM_DIR / "slurm.conf").is_file() else "no such file")
     except (FileNotFoundError, subprocess.TimeoutExpired) as err:
         ping = str(err)
     if "UP" not in ping:
-        reason = f"no Slurm cluster answers at {env['SLURM_CONF']} ({ping.strip()}): run scripts/slurm_local.sh up"
+        said = (ping.strip().splitlines() or ["no answer"])[0]
+        reason = f"no Slurm cluster answers at {env['SLURM_CONF']} ({said}): run scripts/slurm_local.sh up"
         if os.environ.get("CI") == "true":
             pytest.fail(f"{reason} (CI brings it up in .ci/run)")
         pytest.skip(reason)
