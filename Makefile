@@ -26,8 +26,10 @@ venv: $(STAMP)
 demo: $(STAMP)
 	PYTHON=$(BIN)/python scripts/demo.sh
 
+# --dist loadgroup: the tests marked slurm (one xdist group) share one worker and the 2-node cluster that
+# scripts/slurm_local.sh brings up (CI does, .ci/run; without it they skip).
 test: $(STAMP)
-	$(BIN)/python -m pytest -n 2 -q
+	$(BIN)/python -m pytest -n 2 --dist loadgroup -q
 
 # The suite against the newest releases inside pyproject's ranges (no constraints; torch stays the CPU build),
 # in a fresh $(LATEST). If it passes, `make pins` makes that set the tested one; if not, fix the code or lower
@@ -39,7 +41,7 @@ test-latest:
 	$(LATEST)/bin/pip install -q -e $(EXTRAS)
 	DS_BUILD_OPS=0 $(LATEST)/bin/pip install -q --no-build-isolation deepspeed
 	$(LATEST)/bin/python -c 'import transformers, accelerate, datasets; print("newest:", "transformers", transformers.__version__, "accelerate", accelerate.__version__, "datasets", datasets.__version__)'
-	$(LATEST)/bin/python -m pytest -n 2 -q
+	$(LATEST)/bin/python -m pytest -n 2 --dist loadgroup -q
 
 # constraints.txt from the environment `make test-latest` built and passed.
 pins:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import socket
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -92,6 +93,19 @@ def run(cmd: list[str], *, env: dict[str, str] | None = None, expect: int | None
 def torchrun(nproc: int, *args: str) -> list[str]:
     """torchrun with a rendezvous on a free local port (--standalone), so parallel tests cannot clash."""
     return [PYTHON, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(nproc), *args]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def ddp_launch(args: list[str]) -> list[str]:
+    """``args`` under ``accelerate launch`` with launch/accelerate/ddp.yaml on 2 processes. Run it with
+    ACCELERATE_USE_CPU=1: gloo DDP on CPU (``--cpu`` would start one process: verified with accelerate 1.15)."""
+    return [PYTHON, "-m", "accelerate.commands.launch", "--config_file", "launch/accelerate/ddp.yaml",
+            "--num_processes", "2", "--main_process_port", str(free_port()), *args]
 
 
 def metrics_rows(run_dir: Path, kind: str | None = None) -> list[dict]:

@@ -27,6 +27,8 @@ def slurm_array_script(sweep: Sweep) -> str:
 
     train.sbatch is executed (``exec bash``), not submitted, so it runs inside this array task's
     allocation and keeps its PID: the ``--signal`` sent before the time limit reaches its trap.
+    ``GPUS_PER_NODE`` set at submission (sbatch exports it) wins over ``slurm.gpus_per_node``: on CPU nodes,
+    ``gpus_per_node: 0`` with ``ACCELERATE_USE_CPU=1 GPUS_PER_NODE=1`` runs one process per node.
     """
     s = sweep.slurm
     directives = [
@@ -56,7 +58,7 @@ def slurm_array_script(sweep: Sweep) -> str:
         '    *) echo "no run for array task $SLURM_ARRAY_TASK_ID" >&2; exit 2 ;;',
         "esac",
         f"export ACCELERATE_CONFIG={shlex.quote(str(s['accelerate_config']))}",
-        f"export GPUS_PER_NODE={int(s['gpus_per_node'])}",
+        f'export GPUS_PER_NODE="${{GPUS_PER_NODE:-{int(s["gpus_per_node"])}}}"',  # a submitter's own (CPU: 1) first
         'exec bash launch/slurm/train.sbatch "${args[@]}"',
         "",
     ])

@@ -5,13 +5,12 @@ accumulates the same global batch. Each 2-process run costs 10-20 s on an idle 2
 from __future__ import annotations
 
 import shutil
-import socket
 from pathlib import Path
 
 import pytest
 import torch
 from dist_worker import LR, STEPS
-from tiny import PYTHON, REPO, TINY_MODEL, assert_same_weights, metrics_rows, run, torchrun, trajectory
+from tiny import PYTHON, REPO, TINY_MODEL, assert_same_weights, ddp_launch, metrics_rows, run, torchrun, trajectory
 
 WORKER = str(REPO / "tests" / "launch" / "dist_worker.py")
 TINY_RUN = [
@@ -19,12 +18,6 @@ TINY_RUN = [
     "train.micro_batch_size=4", "train.global_batch_tokens=256",
     "train.log_every=1", "train.eval_every=4", "train.checkpoint_every=4", "train.isotropy_samples=64",
 ]
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def worker(mode: str, out: Path, corpus: Path, tokenizer_file: Path, *extra: str) -> list[str]:
@@ -36,13 +29,6 @@ def train_py_args(corpus: Path, tokenizer_file: Path, tmp_path: Path, out_dir: P
     """``train.py`` and the overrides of a tiny run named ``ddp`` on the test corpus, writing under ``out_dir``."""
     return ["train.py", *TINY_RUN, f"data.source={corpus}", f"data.tokenizer={tokenizer_file}",
             f"data.cache_dir={tmp_path / 'cache'}", f"out_dir={out_dir}", "name=ddp", *extra]
-
-
-def ddp_launch(args: list[str]) -> list[str]:
-    """``args`` under ``accelerate launch`` with launch/accelerate/ddp.yaml on 2 processes. Run it with
-    ACCELERATE_USE_CPU=1: gloo DDP on CPU (``--cpu`` would start one process: verified with accelerate 1.15)."""
-    return [PYTHON, "-m", "accelerate.commands.launch", "--config_file", "launch/accelerate/ddp.yaml",
-            "--num_processes", "2", "--main_process_port", str(free_port()), *args]
 
 
 @pytest.fixture(scope="module")
