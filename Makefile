@@ -26,9 +26,12 @@ venv: $(STAMP)
 demo: $(STAMP)
 	PYTHON=$(BIN)/python scripts/demo.sh
 
-# --dist loadgroup: the tests marked slurm (one xdist group) share one worker and the 2-node cluster that
-# scripts/slurm_local.sh brings up (CI does, .ci/run; without it they skip).
+# As root (as CI runs), the 2-node Slurm of the tests marked slurm comes up around the suite and goes down after it
+# (scripts/slurm_local.sh, which installs slurm-wlm and munge when absent); --dist loadgroup puts those tests (one
+# xdist group) on one worker and that cluster. Without a cluster they skip with the reason, except under CI=true,
+# where they fail.
 test: $(STAMP)
+	if [ "$$(id -u)" = 0 ]; then trap 'scripts/slurm_local.sh down' EXIT; scripts/slurm_local.sh up || exit 1; fi; \
 	$(BIN)/python -m pytest -n 2 --dist loadgroup -q
 
 # The suite against the newest releases inside pyproject's ranges (no constraints; torch stays the CPU build),

@@ -30,6 +30,16 @@ SHELL_BLOCK = re.compile(r"^```(?:bash|sh|shell)\n(.*?)^```", re.MULTILINE | re.
 EXCLUDED = {  # a command's start -> why it does not run here
     "make demo": "installs .venv from PyPI (network); scripts/demo.py's console: tests/launch/test_demo.py",
     "make test": "the whole suite, this test included",
+    "scripts/slurm_local.sh": "brings up or tears down the 2-node Slurm that the suite's slurm tests run on "
+    "(make test does, as root)",
+    "export SLURM_CONF": "the Slurm cluster's config, for the slurm tests",
+    ".venv/bin/python -m pytest": "the slurm tests, which make test runs",
+    "mkdir -p logs && export ACCELERATE_USE_CPU=1": "what tests/slurm submits to the cluster (Slurm commands below)",
+    "sbatch": "submits to a Slurm cluster: tests/slurm",
+    "scancel": "signals a Slurm job: tests/slurm",
+    "scontrol": "a Slurm job's pids: tests/slurm",
+    "python launch/sweep.py SWEEP.yaml --mode slurm": "a job array on a Slurm cluster: tests/slurm",
+    "python eval.py compare 'runs/sw-*'": "the table of that job array's runs: tests/slurm",
     "python train.py --config configs/experiments/fineweb-83m.yaml": "streams FineWeb and the Qwen3 tokenizer from "
     "the hub (network), and trains 83m parameters (GPU)",
     "python train.py name=83m-swiglu-s0 resume=true": "continues the FineWeb run above (GPU); resume by name: "
