@@ -23,7 +23,8 @@ GPU's dense datasheet peak, and ``step MiB``, the step's peak memory above what 
 largest over rounds); ``first s``: the first step's seconds (compilation, allocator, optimizer state). Rows ending
 in ``packed`` feed the trainer's inputs for document masking (``position_ids`` restarting at documents of
 ``--packed-docs`` tokens on average); rows ending in ``no-tf32`` run their fp32 matmuls in full fp32
-(``train.tf32: false``); ``--extra-row`` adds a copy of a variant with model fields changed (e.g. an FP8 LM head).
+(``train.tf32: false``); ``--extra-row`` adds a copy of a variant with model fields changed (e.g. an FP8 LM
+head); ``--also-batch N`` the baseline variant at micro batch N (rows differing in batch compare tokens/s).
 The comparisons below the table pair each such row with the row it changes, swiglu+SCORING with each FFN of that
 scoring, and the baseline with each transformers row (``--qwen3``: bench/step_rows.py, ``QWEN3_ROWS``).
 """
@@ -147,6 +148,8 @@ def comparisons(rows: dict[str, Row], baseline: str, extras: dict[str, tuple[str
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--preset", default="small-cpu", help="configs/sizes/<preset>.yaml")
+    parser.add_argument("--set", nargs="+", default=[], metavar="KEY=VALUE",
+                        help="config overrides for every row (e.g. model.max_position_embeddings=32768)")
     parser.add_argument("--batch", type=int, default=8)
     parser.add_argument("--seq", type=int, default=256)
     parser.add_argument("--rounds", type=int, default=10, help="timed rounds (each times one step of every row)")
@@ -163,6 +166,8 @@ def main() -> None:
                         help="time exactly these ffn+scoring pairs instead of --ffn x --attn-scoring (swiglu with "
                              "each named scoring is added: the ratios need it)")
     parser.add_argument("--baseline", default="swiglu+softmax", help="the row every `ratio` is over")
+    parser.add_argument("--also-batch", nargs="+", type=int, default=[], metavar="N",
+                        help="also time the baseline variant at micro batch N (rows '<baseline> batch N')")
     parser.add_argument("--json", metavar="PATH", help="also write the figures and every round's seconds as JSON")
     parser.add_argument("--csv", metavar="PATH", help="also write one line per row: " + ", ".join(
         ("variant", "tokens_per_s", "ratio", "ratio_ci_low", "ratio_ci_high", "rounds", "mfu")))
@@ -182,7 +187,7 @@ def main() -> None:
         torch.set_num_threads(args.threads)
     rounds = 5 if args.quick else args.rounds
     device, dtype = torch.device(args.device), DTYPES[args.dtype]
-    base = load_config(f"configs/sizes/{args.preset}.yaml", ["train.max_steps=1"]).model
+    base = load_config(f"configs/sizes/{args.preset}.yaml", ["train.max_steps=1", *args.set]).model
     variants: dict[str, ModelConfig] = {
         f"{ffn}+{scoring}": dataclasses.replace(base, ffn=ffn, attn_scoring=scoring, ffn_param_match=ffn != "swiglu")
         for ffn, scoring in variant_pairs(parser, args)
@@ -202,6 +207,11 @@ def main() -> None:
     builders |= {f"{n} no-tf32": lambda n=n: ours(f"{n} no-tf32", variants[n], batch, args.compile, tf32=False)
                  for n in args.no_tf32}
     builders |= {name: lambda n=name, c=cfg: ours(n, c, batch, args.compile) for name, (_, cfg) in extras.items()}
+    if args.also_batch and args.baseline not in variants:
+        parser.error(f"--also-batch: the baseline {args.baseline!r} is not one of our variants {list(variants)}")
+    builders |= {f"{args.baseline} batch {n}": lambda n=n: ours(
+        f"{args.baseline} batch {n}", variants[args.baseline],
+        torch.randint(0, base.vocab_size, (n, args.seq + 1), device=device), args.compile) for n in args.also_batch}
     builders |= {QWEN3_ROWS[kind]: lambda k=kind: qwen3(k, base, batch, args.compile) for kind in args.qwen3}
     if args.baseline not in builders:
         parser.error(f"--baseline: {args.baseline!r} is not among the rows {list(builders)}")
@@ -260,7 +270,7 @@ def report(args: argparse.Namespace, rows: dict[str, Row], seconds: dict[str, li
            first_step: dict[str, float], matmul: float, extras: dict, steps: dict, device: torch.device,
            rounds: int, base: ModelConfig) -> None:
     """Print the table and the comparisons; write --json and --csv."""
-    tokens = args.batch * args.seq
+    per_token = {name: [s / row.tokens for s in seconds[name]] for name, row in rows.items()}
     with tf32_matmuls(device):
         gpu_peak = peak_flops(device, DTYPES[args.dtype]) if device.type == "cuda" else None
     print(f"# training step, {args.preset} ({base.num_hidden_layers} layers, hidden {base.hidden_size}, "
@@ -274,8 +284,8 @@ def report(args: argparse.Namespace, rows: dict[str, Row], seconds: dict[str, li
           + (f"{'MFU':>8}{'step MiB':>10}" if cuda else "") + f"{'first s':>9}")
     figures = {}
     for name, row in rows.items():
-        value = statistics.median(tokens / s for s in seconds[name])
-        ratio = paired_ratio(seconds[name], seconds[args.baseline])
+        value = statistics.median(1 / s for s in per_token[name])
+        ratio = paired_ratio(per_token[name], per_token[args.baseline])
         fpt = flops_per_token(row.config, args.seq, training=True)
         figures[name] = {"variant": name, "tokens_per_s": value, "ratio": ratio.median, "ratio_ci_low": ratio.low,
                          "ratio_ci_high": ratio.high, "rounds": ratio.rounds,
@@ -285,7 +295,7 @@ def report(args: argparse.Namespace, rows: dict[str, Row], seconds: dict[str, li
         f = figures[name]
         print(f"{name:<40}{value:>10.0f}{ratio!s:>26}{matmul / fpt:>10.0f}{f['of_roofline']:>11.0%} "
               + (f"{f['mfu']:>8.1%}{peaks[name]:>10.0f}" if cuda else "") + f"{first_step[name]:>9.1f}")
-    compared = [(row, ref, paired_ratio(seconds[row], seconds[ref]))
+    compared = [(row, ref, paired_ratio(per_token[row], per_token[ref]))
                 for row, ref in comparisons(rows, args.baseline, extras) if row in rows and ref in rows]
     if compared:
         print("# paired comparisons: row's tokens/s over reference's, median [95% interval]")
@@ -302,7 +312,8 @@ def report(args: argparse.Namespace, rows: dict[str, Row], seconds: dict[str, li
     if args.json:
         Path(args.json).write_text(json.dumps({
             "setup": f"{args.preset}, {args.batch} x {args.seq}", "baseline": args.baseline, "rounds": rounds,
-            "matmul_flops": matmul, "variants": figures, "seconds": seconds, "top_kernels": kernels,
+            "matmul_flops": matmul, "variants": figures, "seconds": seconds,
+            "tokens": {name: row.tokens for name, row in rows.items()}, "top_kernels": kernels,
             "comparisons": [{"row": row, "reference": ref, **dataclasses.asdict(r)} for row, ref, r in compared],
         }, indent=1))
 

@@ -42,7 +42,8 @@ class PairedRatio:
 
 
 def round_ratios(row_seconds: Sequence[float], baseline_seconds: Sequence[float]) -> list[float]:
-    """Per round, the baseline's seconds over the row's (the row's speed over the baseline's, same tokens)."""
+    """Per round, the baseline's seconds over the row's: the row's speed over the baseline's (pass seconds per
+    token where the rows' steps differ in tokens)."""
     if len(row_seconds) != len(baseline_seconds):
         raise ValueError(f"paired rounds differ in number: {len(row_seconds)} against {len(baseline_seconds)}")
     return [base / row for row, base in zip(row_seconds, baseline_seconds, strict=True)]

@@ -46,6 +46,8 @@ class Row:
     model: nn.Module
     loss: Callable[[], torch.Tensor]
     config: ModelConfig
+    tokens: int
+    """Tokens a step trains on (rows may differ in batch size: their ratios compare tokens/s)."""
     tf32: bool = True
 
 
@@ -70,7 +72,7 @@ def ours(name: str, config: ModelConfig, batch: torch.Tensor, compile_: bool,
         compile_decoder_layers(model)
     inputs, targets = batch[:, :-1], batch[:, 1:]
     packing = {} if position_ids is None else {"position_ids": position_ids.expand_as(inputs)}
-    return Row(name, model, lambda: model(inputs, shift_labels=targets, **packing).loss, config, tf32)
+    return Row(name, model, lambda: model(inputs, shift_labels=targets, **packing).loss, config, inputs.numel(), tf32)
 
 
 def qwen3(kind: str, config: ModelConfig, batch: torch.Tensor, compile_: bool) -> Row:
@@ -94,7 +96,7 @@ def qwen3(kind: str, config: ModelConfig, batch: torch.Tensor, compile_: bool) -
             def loss() -> torch.Tensor:
                 logits = compiled(inputs).logits
                 return nn.functional.cross_entropy(logits.flatten(0, 1).float(), targets.flatten())
-    return Row(QWEN3_ROWS[kind], model, loss, config)
+    return Row(QWEN3_ROWS[kind], model, loss, config, inputs.numel())
 
 
 def make_step(row: Row, device: torch.device, dtype: torch.dtype) -> Callable[[], None]:
@@ -115,11 +117,14 @@ def make_step(row: Row, device: torch.device, dtype: torch.dtype) -> Callable[[]
 @contextmanager
 def strict_compilation(rows: int) -> Iterator[None]:
     """Room in dynamo's per-code cache for ``rows`` rows (a few entries each), and an error, not an eager
-    fallback, where it is still exceeded. Both are ``torch._dynamo.config`` options (no public equivalent);
+    fallback, where it is still exceeded; and static shapes for every row, as a training run compiles its one
+    shape (by default a second shape would make dynamo compile a dynamic-shape graph, which other rows' shapes
+    would then also hit). All three are ``torch._dynamo.config`` options (no public equivalent);
     tests/bench/test_bench_step.py fails if they are renamed."""
     import torch._dynamo.config as dynamo
 
-    with dynamo.patch(recompile_limit=max(dynamo.recompile_limit, 4 * rows), fail_on_recompile_limit_hit=True):
+    with dynamo.patch(recompile_limit=max(dynamo.recompile_limit, 4 * rows), fail_on_recompile_limit_hit=True,
+                      automatic_dynamic_shapes=False):
         yield
 
 

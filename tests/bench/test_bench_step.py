@@ -53,7 +53,7 @@ def test_the_bench_writes_one_csv_line_per_row_with_its_paired_ratio(tmp_path) -
     done = subprocess.run(
         [sys.executable, "bench/bench_train_step.py", "--preset", "tiny", "--seq", "16", "--batch", "2",
          "--rounds", "3", "--threads", "1", "--variants", "swiglu+softmax", "--qwen3", "loss-inside", "liger",
-         "--csv", str(out)], cwd=REPO, capture_output=True, text=True, timeout=120, check=False)
+         "--also-batch", "4", "--csv", str(out)], cwd=REPO, capture_output=True, text=True, timeout=120, check=False)
     assert done.returncode == 0, done.stderr[-2000:]
     assert "# skipped transformers Qwen3 + Liger FLCE:" in done.stdout  # absent or not on CUDA: said, not silent
     with open(out, newline="") as f:
@@ -61,7 +61,8 @@ def test_the_bench_writes_one_csv_line_per_row_with_its_paired_ratio(tmp_path) -
     assert tuple(lines[0]) == paired.CSV_COLUMNS == (
         "variant", "tokens_per_s", "ratio", "ratio_ci_low", "ratio_ci_high", "rounds", "mfu")
     rows = {line[0]: line for line in lines[1:]}
-    assert list(rows) == ["swiglu+softmax", "transformers Qwen3 (loss compiled)"]
+    assert list(rows) == ["swiglu+softmax", "swiglu+softmax batch 4", "transformers Qwen3 (loss compiled)"]
+    assert float(rows["swiglu+softmax batch 4"][1]) > float(rows["swiglu+softmax"][1])  # tokens/s of 4 x 16
     assert rows["swiglu+softmax"][2:6] == ["1.0", "1.0", "1.0", "3"]  # the baseline over itself, every round
     low, ratio, high = (float(rows["transformers Qwen3 (loss compiled)"][i]) for i in (3, 2, 4))
     assert 0 < low <= ratio <= high and rows["swiglu+softmax"][6] == ""  # no datasheet MFU on CPU
@@ -72,6 +73,7 @@ def test_dynamo_options_the_bench_relies_on_exist() -> None:
     import torch._dynamo.config as dynamo
 
     assert isinstance(dynamo.recompile_limit, int) and isinstance(dynamo.fail_on_recompile_limit_hit, bool)
+    assert isinstance(dynamo.automatic_dynamic_shapes, bool)
 
 
 def test_a_row_that_recompiles_fails_loudly_instead_of_running_eagerly() -> None:
