@@ -187,7 +187,8 @@ def main() -> None:
         torch.set_num_threads(args.threads)
     rounds = 5 if args.quick else args.rounds
     device, dtype = torch.device(args.device), DTYPES[args.dtype]
-    base = load_config(f"configs/sizes/{args.preset}.yaml", ["train.max_steps=1", *args.set]).model
+    base = load_config(f"configs/sizes/{args.preset}.yaml", ["train.max_steps=1", f"data.seq_len={args.seq}",
+                                                                   *args.set]).model
     variants: dict[str, ModelConfig] = {
         f"{ffn}+{scoring}": dataclasses.replace(base, ffn=ffn, attn_scoring=scoring, ffn_param_match=ffn != "swiglu")
         for ffn, scoring in variant_pairs(parser, args)
