@@ -145,8 +145,13 @@ def test_targets_are_met_only_where_the_paired_interval_clears_them(tmp_path: Pa
     (tmp_path / "long-0.json").write_text(_bench_json(
         {"swiglu+softmax": (1.0, 1.0, 1.0, 3000.0), "swiglu+iso_tanh": (1.4, 1.3, 1.5, 2000.0)},
         setup="134m, 1 x 16384"))
+    (tmp_path / "fp8-0.json").write_text(_bench_json(
+        {"swiglu+softmax": (1.0, 1.0, 1.0, 900.0), "swiglu+softmax fp8-head": (1.2, 1.1, 1.3, 800.0)},
+        [("swiglu+softmax fp8-head", "swiglu+softmax", 1.2, 1.1, 1.3)]))
     rows = "\n".join(check.targets(tmp_path))
     at = "(134m, 32 x 2048)"
+    assert f"| swiglu+softmax fp8-head MFU >= 45% of the datasheet {at} | 40.0% [36.4%, 44.4%] | NOT met |" in rows
+    assert f"| swiglu+softmax fp8-head over swiglu+softmax {at} | 1.200x [1.100, 1.300] | - |" in rows
     assert f"| swiglu+softmax MFU >= 40% of the datasheet {at} | 40.0% [36.4%, 44.4%] | not resolved |" in rows
     assert f"| isogmlp+softmax >= 0.95x swiglu+softmax's tokens/s, lower end >= 0.93 {at} | 0.960x [0.940, 0.990] " \
            "| met |" in rows
