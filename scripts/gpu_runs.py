@@ -82,18 +82,20 @@ def engine_table(runs: dict[str, Run]) -> list[str]:
 
 
 def loss_checks(runs: dict[str, Run], tolerance: tuple[float, float],
-                compared: tuple[str, ...] = ("fsdp2", "deepspeed_zero3")) -> list[tuple[str, bool, str]]:
-    """The ``compared`` runs against the one named ddp (FSDP2 and ZeRO-3; compiled runs against eager DDP): the
-    same first-step loss (same weights, same batch) and the same mean loss over the last 10 steps, within
-    ``tolerance`` (bf16 rounding differs between engines and kernels). A compared run missing fails."""
+                compared: tuple[str, ...] = ("fsdp2", "deepspeed_zero3"),
+                reference: str = "ddp") -> list[tuple[str, bool, str]]:
+    """The ``compared`` runs against the ``reference`` one (FSDP2 and ZeRO-3 and compiled runs against eager
+    DDP; the FP8 head against bf16's): the same first-step loss (same weights, same batch) and the same mean
+    loss over the last 10 steps, within ``tolerance`` (bf16 rounding differs between engines and kernels). A
+    compared run missing fails."""
     first_tol, tail_tol = tolerance
     checks = []
-    if "ddp" not in runs:
-        return [("DDP run for the loss comparison", False, "it did not finish")]
-    ref = runs["ddp"].losses
+    if reference not in runs:
+        return [(f"{reference} run for the loss comparison", False, "it did not finish")]
+    ref = runs[reference].losses
     for name in compared:
         if name not in runs:
-            checks.append((f"{name} losses agree with ddp", False, "the run did not finish"))
+            checks.append((f"{name} losses agree with {reference}", False, "the run did not finish"))
             continue
         losses = runs[name].losses
         first = abs(losses[1] - ref[1])
@@ -101,7 +103,7 @@ def loss_checks(runs: dict[str, Run], tolerance: tuple[float, float],
         ref_tail = sum(ref[s] for s in tail) / len(tail)
         rel = abs(sum(losses[s] for s in tail) / len(tail) - ref_tail) / ref_tail
         ok = first <= first_tol and rel <= tail_tol
-        checks.append((f"{name} losses agree with ddp", ok,
+        checks.append((f"{name} losses agree with {reference}", ok,
                        f"step 1: abs. diff {first:.2e} (<= {first_tol}); last 10 steps' mean: rel. diff {rel:.2e} "
                        f"(<= {tail_tol})"))
     return checks
