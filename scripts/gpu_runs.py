@@ -231,9 +231,9 @@ def targets(logs: Path) -> list[str]:
     generate = logs / "generate.json"
     for context, scorings in (json.loads(generate.read_text()) if generate.exists() else {}).items():
         for cache in [c for c in scorings["iso_tanh"] if int(context) >= TARGETS["decode_from_t"]]:
-            ratio = scorings["iso_tanh"][cache]["tokens_per_s"] / scorings["softmax"][cache]["tokens_per_s"]
+            ratio = PairedRatio(**scorings["iso_tanh"][cache]["vs_softmax"])  # paired per decoded token
             rows.append((f"iso_tanh decodes >= softmax's tokens/s at context {context} ({cache} cache)",
-                         f"{ratio:.2f}x", ratio >= 1))
+                         str(ratio), verdict(ratio, 1.0)))
     for path in sorted(logs.glob("step_more-*.json")):  # 250m, profiles, TF32: no target of their own
         run = json.loads(path.read_text())
         rows += [(f"{name} at {run['setup']}: MFU of the measured matmul rate, compile s",
