@@ -96,3 +96,32 @@ def test_a_row_that_recompiles_fails_loudly_instead_of_running_eagerly() -> None
             for _ in range(12):
                 step()
     torch._dynamo.reset()
+
+
+def test_the_step_runs_forward_and_backward_in_the_trainers_tf32_scope() -> None:
+    """As llm.train.step.train_step: the backward pass too runs its fp32 matmuls at TF32 (before issue 47 the
+    bench wrapped only the forward). The scope acts on CUDA only, so the step is told its device is CUDA while
+    its tensors stay on the CPU (fp32: no autocast), and the backward records the precision it ran under."""
+    seen: dict[str, str] = {}
+
+    class Recorder(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x: torch.Tensor) -> torch.Tensor:
+            seen["forward"] = torch.get_float32_matmul_precision()
+            return x.clone()
+
+        @staticmethod
+        def backward(ctx, grad: torch.Tensor) -> torch.Tensor:
+            seen["backward"] = torch.get_float32_matmul_precision()
+            return grad
+
+    weight = torch.nn.Linear(2, 1)
+    row = step_rows.Row("recorder", weight, lambda: Recorder.apply(weight.weight).sum(), None, tokens=1)
+    before = torch.get_float32_matmul_precision()
+    step_rows.make_step(row, torch.device("cuda"), torch.float32)()
+    assert seen == {"forward": "high", "backward": "high"}
+    assert torch.get_float32_matmul_precision() == before
+    seen.clear()
+    step_rows.make_step(step_rows.Row("full fp32", weight, row.loss, None, 1, tf32=False), torch.device("cuda"),
+                        torch.float32)()
+    assert seen == {"forward": before, "backward": before}
