@@ -125,3 +125,19 @@ def test_the_step_runs_forward_and_backward_in_the_trainers_tf32_scope() -> None
     step_rows.make_step(step_rows.Row("full fp32", weight, row.loss, None, 1, tf32=False), torch.device("cuda"),
                         torch.float32)()
     assert seen == {"forward": before, "backward": before}
+
+
+def test_the_qwen3_rows_compute_the_same_loss_as_ours_would() -> None:
+    """The fair Qwen3 row (labels passed, the loss inside its graph) and today's row (fp32 cross-entropy over its
+    logits) compute the same next-token loss of the same batch from the same weights."""
+    from llm.config import load_config
+
+    config = load_config(str(REPO / "configs/sizes/tiny.yaml"), ["train.max_steps=1"]).model
+    batch = torch.randint(0, config.vocab_size, (2, 9), generator=torch.Generator().manual_seed(0))
+    losses = {}
+    for kind in ("loss-outside", "loss-inside"):
+        torch.manual_seed(0)
+        row = step_rows.qwen3(kind, config, batch, compile_=False)
+        losses[kind] = row.loss().item()
+        assert row.tokens == 16
+    assert losses["loss-inside"] == pytest.approx(losses["loss-outside"], rel=1e-6)
