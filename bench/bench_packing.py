@@ -7,17 +7,21 @@ restart at each document (masked) against plain positions (unmasked), side by si
 The documents have FineWeb's length distribution roughly (exponential, mean ``--mean-doc`` tokens), so a
 window holds a few. Masked softmax runs SDPA with a dense block-diagonal ``[B, 1, T, T]`` mask, which rules
 out the flash kernel; iso_tanh restarts its chunked sums (on CUDA it leaves fla's kernel for the torch form);
-isogmlp's causal mean restarts its prefix. Time is the best of ``--rounds`` steps after one warm-up; the
-ratio is masked over unmasked (above 1: masking costs that much more).
+isogmlp's causal mean restarts its prefix. After one warm-up step of each, every round times one unmasked and
+one masked step (in alternating order); the seconds are the median round's, and the ratio is masked over
+unmasked within each round (above 1: masking costs that much more), the median over ``--rounds`` with its 95%
+bootstrap interval (bench/paired.py).
 """
 
 from __future__ import annotations
 
 import argparse
+import statistics
 import time
 from dataclasses import replace
 
 import torch
+from paired import paired_ratio
 
 from llm.config import load_config
 from llm.model import IsoLLMConfig, IsoLLMForCausalLM
@@ -43,20 +47,28 @@ def packed_positions(batch: int, seq: int, mean_doc: float, generator: torch.Gen
     return torch.stack(rows)
 
 
-def step_seconds(model: IsoLLMForCausalLM, ids: torch.Tensor, positions: torch.Tensor | None, rounds: int) -> float:
-    best = float("inf")
-    for i in range(rounds + 1):
-        if ids.is_cuda:
-            torch.cuda.synchronize()
-        start = time.perf_counter()
-        loss = model(ids, position_ids=positions, shift_labels=ids).loss
-        loss.backward()
-        if ids.is_cuda:
-            torch.cuda.synchronize()
-        if i:  # the first round warms up
-            best = min(best, time.perf_counter() - start)
+def step_seconds(model: IsoLLMForCausalLM, ids: torch.Tensor, positions: torch.Tensor | None) -> float:
+    if ids.is_cuda:
+        torch.cuda.synchronize()
+    start = time.perf_counter()
+    model(ids, position_ids=positions, shift_labels=ids).loss.backward()
+    if ids.is_cuda:
+        torch.cuda.synchronize()
     model.zero_grad(set_to_none=True)
-    return best
+    return time.perf_counter() - start
+
+
+def paired_seconds(model: IsoLLMForCausalLM, ids: torch.Tensor, positions: torch.Tensor,
+                   rounds: int) -> tuple[list[float], list[float]]:
+    """Per round, one unmasked and one masked step's seconds (alternating which goes first), after a warm-up
+    step of each."""
+    for mask in (None, positions):
+        step_seconds(model, ids, mask)
+    plain, masked = [], []
+    for r in range(rounds):
+        for mask in ((None, positions) if r % 2 == 0 else (positions, None)):
+            (plain if mask is None else masked).append(step_seconds(model, ids, mask))
+    return plain, masked
 
 
 def main() -> None:
@@ -65,7 +77,7 @@ def main() -> None:
     parser.add_argument("--seq", type=int, default=1024)
     parser.add_argument("--batch", type=int, default=4)
     parser.add_argument("--mean-doc", type=float, default=400.0, help="mean document length in tokens")
-    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--rounds", type=int, default=10)
     parser.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--dtype", choices=DTYPES, default="fp32")
@@ -81,14 +93,14 @@ def main() -> None:
     documents = int((positions == 0).sum())
     print(f"# training step (forward + backward), {args.preset}, batch {args.batch} x {args.seq}, {args.dtype}, "
           f"{device.type}; {documents} documents ({documents / args.batch:.1f} per window)")
-    print(f"{'variant':>30}{'unmasked s':>12}{'masked s':>10}{'ratio':>8}")
+    print(f"{'variant':>30}{'unmasked s':>12}{'masked s':>10}{'masked / unmasked [95% interval]':>34}")
     for name, overrides in VARIANTS.items():
         torch.manual_seed(0)
         config = IsoLLMConfig.from_model_config(replace(base, **overrides))
         model = IsoLLMForCausalLM(config).to(device, DTYPES[args.dtype]).train()
-        plain = step_seconds(model, ids, None, args.rounds)
-        masked = step_seconds(model, ids, positions, args.rounds)
-        print(f"{name:>30}{plain:>12.3f}{masked:>10.3f}{masked / plain:>7.2f}x")
+        plain, masked = paired_seconds(model, ids, positions, args.rounds)
+        ratio = paired_ratio(plain, masked)  # per round: masked seconds over unmasked
+        print(f"{name:>30}{statistics.median(plain):>12.3f}{statistics.median(masked):>10.3f}{ratio!s:>34}")
 
 
 if __name__ == "__main__":

@@ -1,11 +1,11 @@
 #!/usr/bin/env bash
-# Four commands for a lent GPU machine (one H100, no registry, each one device call under 10 minutes): install
+# Five commands for a lent GPU machine (one H100, no registry, each one device call under 10 minutes): install
 # the carried wheels offline, then run one part of scripts/gpu_check.py's stages into OUTDIR/report.md and
-# OUTDIR/logs.tar.gz: 1 = training-step MFU and GPU tests, 2 = train.py through every one-GPU launch config
-# with a resume, 3 = compiled training per engine and attention, 4 = more steps (the experiments' micro batch,
-# 250m, the variants below target profiled) and generation. `make gpu-wheels` fills .whl/ (carry it); see
-# docs/performance.md, "On a GPU machine".
-#   scripts/gpu_check.sh --part N [OUTDIR]    N in 1 2 3 4; OUTDIR: default $OUT
+# OUTDIR/logs.tar.gz: 1 = the short part (headline step rows, FP8 head, long context; ~6 minutes), 2 = train.py
+# through every one-GPU launch config with a resume, 3 = compiled training per engine and attention, 4 = more
+# steps (250m, the variants below target profiled) and generation, 5 = GPU tests, micro batch and Qwen3 rows.
+# `make gpu-wheels` fills .whl/ (carry it); see docs/performance.md, "On a GPU machine".
+#   scripts/gpu_check.sh --part N [OUTDIR]    N in 1 2 3 4 5; OUTDIR: default $OUT
 #   scripts/gpu_check.sh --dry-run [OUTDIR]   every stage at tiny size on CPU (fp32, no fla, no wheels)
 # Environment: PYTHON (default python3), SITE (wheel install target, default /tmp/isollm-site).
 set -euo pipefail
@@ -14,7 +14,7 @@ PYTHON=${PYTHON:-python3}
 mode=()
 if [[ "${1:-}" == "--dry-run" ]]; then mode=(--dry-run); shift
 elif [[ "${1:-}" == "--part" ]]; then mode=(--part "${2:-}"); shift 2
-else echo "gpu_check.sh: error: give --part 1|2|3|4 (one device call each) or --dry-run" >&2; exit 2; fi
+else echo "gpu_check.sh: error: give --part 1|2|3|4|5 (one device call each) or --dry-run" >&2; exit 2; fi
 OUTDIR=${1:-${OUT:-}}
 if [[ -z "$OUTDIR" ]]; then echo "gpu_check.sh: error: give OUTDIR or set \$OUT" >&2; exit 2; fi
 

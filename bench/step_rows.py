@@ -1,0 +1,139 @@
+"""The rows bench_train_step.py times: each a model, how it computes its loss, and its training step.
+
+A step is what the trainer does per micro-batch: forward and loss, then backward, both inside the trainer's TF32
+scope (``llm.train.step.tf32_matmuls``, as ``train_step`` wraps them), then fused AdamW (``build_optimizer``'s).
+
+Compilation: ours as ``train.compile`` does (``compile_decoder_layers``), transformers' Qwen3 whole. Dynamo keeps
+its compiled code per Python code object, so every row's decoder layers (one class, one ``forward``) share one
+cache: each structurally different row adds an entry, and past ``recompile_limit`` entries (8 by default) dynamo
+would run the frame eagerly behind a log warning. ``strict_compilation`` raises the limit to cover the rows and
+makes hitting it an error; each row then checks, on a second step under ``torch.compiler.set_stance
+("fail_on_recompile")``, that it runs compiled code without compiling again (``check_compiled``), and the timed
+rounds run under that stance too: a row that would recompile or fall back fails loudly, never silently eager.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+from transformers import Qwen3Config, Qwen3ForCausalLM
+
+from llm.model import IsoLLMConfig, IsoLLMForCausalLM, ModelConfig
+from llm.train.setup import compile_decoder_layers
+from llm.train.step import tf32_matmuls
+
+QWEN3_ROWS = {
+    "loss-outside": "transformers Qwen3 (loss eager, outside)",
+    "loss-inside": "transformers Qwen3 (loss compiled)",
+    "liger": "transformers Qwen3 + Liger FLCE",
+}
+"""``--qwen3`` choices and their row names. loss-outside: today's row, fp32 cross-entropy computed eagerly from
+the logits the compiled model returns (an upper bound on our lead). loss-inside: the fair row, ``labels`` passed so
+that transformers' own fp32 loss (``ForCausalLMLoss``) is traced into the compiled graph. liger: the compiled
+trunk, then Liger-Kernel's fused linear cross-entropy on the last hidden states (no logits kept; CUDA only)."""
+
+
+@dataclass
+class Row:
+    """A timed row: the module whose parameters train, a closure computing the loss of the bench's batch, and
+    the model config its FLOPs are counted from."""
+
+    name: str
+    model: nn.Module
+    loss: Callable[[], torch.Tensor]
+    config: ModelConfig
+    tokens: int
+    """Tokens a step trains on (rows may differ in batch size: their ratios compare tokens/s)."""
+    tf32: bool = True
+
+
+def qwen3_twin(config: ModelConfig) -> Qwen3ForCausalLM:
+    """transformers' own Qwen3 at our shape (SDPA attention, as ours)."""
+    hf = Qwen3Config(
+        vocab_size=config.vocab_size, hidden_size=config.hidden_size,
+        intermediate_size=config.intermediate_size, num_hidden_layers=config.num_hidden_layers,
+        num_attention_heads=config.num_attention_heads, num_key_value_heads=config.num_key_value_heads,
+        head_dim=config.resolved_head_dim, max_position_embeddings=config.max_position_embeddings,
+        rms_norm_eps=config.rms_norm_eps, tie_word_embeddings=config.tie_word_embeddings,
+        rope_parameters={"rope_type": "default", "rope_theta": config.rope_theta}, attn_implementation="sdpa",
+    )
+    return Qwen3ForCausalLM(hf)
+
+
+def ours(name: str, config: ModelConfig, batch: torch.Tensor, compile_: bool,
+         position_ids: torch.Tensor | None = None, tf32: bool = True) -> Row:
+    """Our model's row; the loss fused with the LM head (``shift_labels``, as the trainer calls it)."""
+    model = IsoLLMForCausalLM(IsoLLMConfig.from_model_config(config)).to(batch.device).train()
+    if compile_:
+        compile_decoder_layers(model)
+    inputs, targets = batch[:, :-1], batch[:, 1:]
+    packing = {} if position_ids is None else {"position_ids": position_ids.expand_as(inputs)}
+    return Row(name, model, lambda: model(inputs, shift_labels=targets, **packing).loss, config, inputs.numel(), tf32)
+
+
+def qwen3(kind: str, config: ModelConfig, batch: torch.Tensor, compile_: bool) -> Row:
+    """transformers' Qwen3 row of ``kind`` (``QWEN3_ROWS``); ImportError where Liger-Kernel is absent."""
+    model = qwen3_twin(config).to(batch.device).train()
+    inputs, targets = batch[:, :-1], batch[:, 1:].contiguous()  # its loss views the labels flat
+    if kind == "liger":
+        from liger_kernel.transformers import LigerFusedLinearCrossEntropyLoss  # the gpu extra's, CUDA only
+
+        flce, trunk = LigerFusedLinearCrossEntropyLoss(), torch.compile(model.model) if compile_ else model.model
+
+        def loss() -> torch.Tensor:
+            hidden = trunk(inputs).last_hidden_state
+            return flce(model.lm_head.weight, hidden.flatten(0, 1), targets.flatten())
+    else:
+        compiled = torch.compile(model) if compile_ else model
+        if kind == "loss-inside":
+            def loss() -> torch.Tensor:
+                return compiled(inputs, labels=targets, shift_labels=targets).loss
+        else:
+            def loss() -> torch.Tensor:
+                logits = compiled(inputs).logits
+                return nn.functional.cross_entropy(logits.flatten(0, 1).float(), targets.flatten())
+    return Row(QWEN3_ROWS[kind], model, loss, config, inputs.numel())
+
+
+def make_step(row: Row, device: torch.device, dtype: torch.dtype) -> Callable[[], None]:
+    """One training micro-step of ``row`` as the trainer takes it (module docstring)."""
+    optimizer = torch.optim.AdamW(row.model.parameters(), lr=1e-4, fused=True)
+
+    def step() -> None:
+        with tf32_matmuls(device, row.tf32):
+            with torch.autocast(device.type, dtype=dtype, enabled=dtype != torch.float32):
+                loss = row.loss()
+            loss.backward()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+
+    return step
+
+
+@contextmanager
+def strict_compilation(rows: int) -> Iterator[None]:
+    """Room in dynamo's per-code cache for ``rows`` rows (a few entries each), and an error, not an eager
+    fallback, where it is still exceeded; and static shapes for every row, as a training run compiles its one
+    shape (by default a second shape would make dynamo compile a dynamic-shape graph, which other rows' shapes
+    would then also hit). All three are ``torch._dynamo.config`` options (no public equivalent);
+    tests/bench/test_bench_step.py fails if they are renamed."""
+    import torch._dynamo.config as dynamo
+
+    with dynamo.patch(recompile_limit=max(dynamo.recompile_limit, 4 * rows), fail_on_recompile_limit_hit=True,
+                      automatic_dynamic_shapes=False):
+        yield
+
+
+def check_compiled(step: Callable[[], None], name: str) -> None:
+    """Run ``step`` (already warmed up once) again where dynamo may not compile: raises, naming the row, if the
+    row recompiles on every call or runs eagerly."""
+    try:
+        with torch.compiler.set_stance("fail_on_recompile"):
+            step()
+    except RuntimeError as err:
+        raise RuntimeError(f"row {name!r} recompiles after its warm-up step, so it would be timed partly "
+                           f"uncompiled: {str(err).splitlines()[0]}") from err
