@@ -7,11 +7,11 @@ only while that chunk's two gradient matmuls run, and the gradients of the hidde
 accumulated during the forward pass (the fused linear cross-entropy of Liger-Kernel, Hsu et al. 2024). The
 backward pass then only scales them by the incoming gradient.
 
-The chunk loop is a ``torch.library`` custom op: ``torch.compile`` takes the model's forward, loss and backward
-as one graph (``fullgraph=True``) with the op as one opaque node, instead of breaking the graph or unrolling the
-loop. On CUDA each chunk's softmax and gradient run as one compiled kernel that reads the half-precision logits
-and writes their half-precision gradient, with the softmax statistics in fp32 in registers: no fp32 copy of the
-chunk's logits is made.
+The chunk loop is a ``torch.library`` custom op, so a compiled caller holds it as one opaque node rather than
+breaking its graph or unrolling the loop. ``train.compile`` compiles the decoder layers only: the loss op runs
+outside them, eagerly, its chunk loop in Python. On CUDA each chunk's softmax and gradient run as their own
+compiled kernel (``compiled_chunk_loss_and_grad``) that reads the half-precision logits and writes their
+half-precision gradient, with the softmax statistics in fp32 in registers: no fp32 copy of the chunk's logits.
 
 The result equals ``F.cross_entropy((hidden @ weight.T).float(), targets, ignore_index=...)`` (the mean over
 targets != ``ignore_index``), in value and in gradient: tests/model/test_lm_head.py checks it in fp64.
@@ -31,19 +31,22 @@ from torch import Tensor, nn
 IGNORE_INDEX = -100
 """Targets equal to this are left out of the mean (transformers' convention)."""
 
-LOGITS_PER_CHUNK = {"cpu": 2**21, "cuda": 2**28}
-"""Logits computed at once, per device type. CPU: 8 MiB in fp32, a chunk that stays in cache while it is used.
-CUDA: 512 MiB in bf16 (1,769 tokens at Qwen3's vocabulary), so that the weight-gradient matmul of each chunk
-(inner dimension = its tokens) stays large and the ``[V, d]`` fp32 gradient is read and written about ten times
-per 16k-token step, not dozens."""
+LOGITS_PER_CHUNK = {"cpu": 2**21, "cuda": 2**29}
+"""Most logits computed at once, per device type. CPU: 8 MiB in fp32, a chunk that stays in cache while it is used.
+CUDA: 1 GiB in bf16 (3,533 tokens at Qwen3's vocabulary; the chunk's gradient takes as much again). Each chunk reads
+and writes the ``[V, d]`` fp32 weight gradient once (1.2 GB at d = 1,024, inside its GEMM), so the fewer chunks the
+less of that traffic: 19 chunks at 32 x 2048 where 2**28 took 37, still a small share of an H100's memory."""
 
 MIN_CHUNK_ROWS = 128
 """Floor on the tokens per chunk, so that the chunk matmuls stay efficient for large vocabularies."""
 
 
-def default_chunk_rows(vocab_size: int, device: torch.device) -> int:
-    per_chunk = LOGITS_PER_CHUNK.get(device.type, LOGITS_PER_CHUNK["cuda"])
-    return max(MIN_CHUNK_ROWS, per_chunk // vocab_size)
+def default_chunk_rows(tokens: int, vocab_size: int, device: torch.device) -> int:
+    """The rows of equal chunks, as few as ``LOGITS_PER_CHUNK`` allows: ``tokens`` split evenly rather than into full
+    chunks and a small last one (at 32 x 2048 and Qwen3's vocabulary: 19 chunks of 3,450 rows)."""
+    per_chunk = max(MIN_CHUNK_ROWS, LOGITS_PER_CHUNK.get(device.type, LOGITS_PER_CHUNK["cuda"]) // vocab_size)
+    chunks = -(-tokens // per_chunk)
+    return max(1, -(-tokens // max(chunks, 1)))
 
 
 def chunk_loss_and_grad(logits: Tensor, target: Tensor, keep: Tensor, with_grad: bool = True
@@ -98,10 +101,12 @@ def _linear_cross_entropy(hidden: Tensor, weight: Tensor, targets: Tensor, ignor
         h_kept = h * keep
         if grad_weight.dtype == grad_logits.dtype:
             grad_weight.addmm_(grad_logits.T, h_kept)
-        else:  # half-precision matmul, accumulated over chunks in fp32
+        elif hidden.is_cuda:  # half-precision operands accumulated in fp32 inside the GEMM's own epilogue
+            torch.addmm(grad_weight, grad_logits.T, h_kept, out_dtype=grad_weight.dtype, out=grad_weight)
+        else:  # CPU has no out_dtype kernel: a half-precision matmul, then an fp32 add
             grad_weight += grad_logits.T @ h_kept
     count = valid.sum()
-    return total / count, grad_hidden, grad_weight, count
+    return total / count, grad_hidden, grad_weight, count  # no target: 0 / 0, NaN, as F.cross_entropy gives
 
 
 @_linear_cross_entropy.register_fake
@@ -118,11 +123,18 @@ def _setup_context(ctx: Any, inputs: tuple[Any, ...], output: tuple[Tensor, ...]
     _, grad_hidden, grad_weight, count = output
     ctx.save_for_backward(grad_hidden, grad_weight, count)
     ctx.weight_dtype = inputs[1].dtype
+    # The three other outputs get no gradient: without this autograd zero-fills one of each shape per backward,
+    # a [V, d] fp32 tensor among them (622 MB at Qwen3's vocabulary and d = 1,024), and _backward gets None.
+    ctx.set_materialize_grads(False)
 
 
-def _backward(ctx: Any, grad_loss: Tensor, *_: Tensor) -> tuple[Tensor | None, ...]:
+def _backward(ctx: Any, grad_loss: Tensor | None, *_: Tensor | None) -> tuple[Tensor | None, ...]:
+    if grad_loss is None:
+        return None, None, None, None, None, None
     grad_hidden, grad_weight, count = ctx.saved_tensors
-    scale = grad_loss / count
+    # With no target (all ignored, rows of one token) both sums are exactly zero and so is F.cross_entropy's
+    # gradient: dividing by the count of 0 would make every gradient 0 * inf = NaN.
+    scale = grad_loss / count.clamp_min(1)
     return (grad_hidden * scale.to(grad_hidden.dtype), (grad_weight * scale).to(ctx.weight_dtype),
             None, None, None, None)
 
@@ -146,8 +158,8 @@ def linear_cross_entropy(hidden: Tensor, weight: Tensor, targets: Tensor, ignore
         hidden, weight = hidden.to(dtype), weight.to(dtype)
     with_grad = torch.is_grad_enabled() and (hidden.requires_grad or weight.requires_grad)
     with torch.autocast(device_type, enabled=False):
-        loss, *_ = _linear_cross_entropy(hidden.flatten(0, -2), weight, targets.flatten(), ignore_index,
-                                         chunk_rows or default_chunk_rows(weight.shape[0], hidden.device),
+        rows = chunk_rows or default_chunk_rows(targets.numel(), weight.shape[0], hidden.device)
+        loss, *_ = _linear_cross_entropy(hidden.flatten(0, -2), weight, targets.flatten(), ignore_index, rows,
                                          with_grad)
     return loss
 

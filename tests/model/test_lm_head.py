@@ -42,6 +42,53 @@ def test_loss_and_gradients_equal_plain_cross_entropy_fp64(chunk_rows, ignored):
         assert fused_grads[0][targets == IGNORE_INDEX].abs().max() == 0
 
 
+def test_no_target_gives_torch_s_nan_loss_and_zero_gradients_fp64():
+    """Every target ignored: F.cross_entropy's mean over no target is NaN and its gradients are zero; the fused
+    loss's were NaN (0 / 0 scaled every gradient), which one such micro-batch spreads to every weight."""
+    hidden, weight, targets = problem()
+    targets[:] = IGNORE_INDEX
+    expected = reference(hidden, weight, targets)
+    want = torch.autograd.grad(expected, (hidden, weight))
+    loss = linear_cross_entropy(hidden, weight, targets, chunk_rows=8)
+    got = torch.autograd.grad(loss, (hidden, weight))
+    assert expected.isnan() and loss.isnan()
+    for g, w in zip(got, want, strict=True):
+        assert w.abs().max() == 0
+        torch.testing.assert_close(g, w, rtol=0, atol=0)
+
+
+def test_rows_of_one_token_train_with_finite_zero_gradients():
+    """``labels`` on rows of one token: no position has a next token to predict, as in transformers."""
+    torch.manual_seed(0)
+    config = IsoLLMConfig(vocab_size=V, hidden_size=D, intermediate_size=32, num_hidden_layers=1,
+                          num_attention_heads=2, num_key_value_heads=1)
+    model = IsoLLMForCausalLM(config).double().train()
+    ids = torch.randint(0, V, (3, 1))
+    model(ids, labels=ids).loss.backward()
+    for name, p in model.named_parameters():
+        assert p.grad is None or p.grad.abs().max() == 0, name
+
+
+def test_the_cuda_weight_gradient_gemm_signature():
+    """The CUDA path accumulates the weight gradient in fp32 inside the GEMM through ``addmm``'s ``out_dtype``
+    overload (``aten::addmm.dtype_out``); CPU has no kernel for it, its meta form checks that the call is accepted."""
+    acc = torch.zeros(5, 4, dtype=torch.float32, device="meta")
+    a = torch.empty(5, 3, dtype=torch.bfloat16, device="meta")
+    b = torch.empty(3, 4, dtype=torch.bfloat16, device="meta")
+    out = torch.addmm(acc, a, b, out_dtype=torch.float32, out=acc)
+    assert out.dtype == torch.float32 and out.shape == (5, 4)
+
+
+def test_default_chunks_are_equal_and_within_the_logits_budget():
+    from llm.model.lm_head import LOGITS_PER_CHUNK, default_chunk_rows
+    cuda = torch.device("cuda")
+    rows = default_chunk_rows(32 * 2048, 151_936, cuda)
+    chunks = -(-32 * 2048 // rows)
+    assert chunks == 19 and 32 * 2048 - (chunks - 1) * rows > 0.9 * rows  # no small last chunk
+    assert rows * 151_936 <= LOGITS_PER_CHUNK["cuda"]
+    assert default_chunk_rows(10, 50, torch.device("cpu")) == 10
+
+
 def test_batched_targets_and_no_grad():
     hidden, weight, targets = problem()
     expected = reference(hidden, weight, targets)
