@@ -166,7 +166,9 @@ class ModelConfig:
     """Learning-rate multiplier of the focus apertures sigma."""
     iso_tanh_chunk_size: int = 64
     """Chunk length of the linear-time iso_tanh attention (exact inside a chunk, carried state across).
-    An execution setting (results equal up to rounding), so not an option of the iso_tanh variant."""
+    An execution setting (results equal up to rounding), so not an option of the iso_tanh variant. Work per
+    token grows with ``chunk_size + D``, matmul efficiency with the chunk: 64 or 128 on a GPU, chosen by
+    ``bench/bench_attention.py --tune 64,128`` (64 is not a GPU measurement at this commit)."""
 
     # --- Parametrization: how init, learning rates and multipliers scale with width ---
     parametrization: str = "standard"
