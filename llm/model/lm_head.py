@@ -10,11 +10,17 @@ backward pass then only scales them by the incoming gradient.
 The chunk loop is a ``torch.library`` custom op, so a compiled caller holds it as one opaque node rather than
 breaking its graph or unrolling the loop. ``train.compile`` compiles the decoder layers only: the loss op runs
 outside them, eagerly, its chunk loop in Python. On CUDA each chunk's softmax and gradient run as their own
-compiled kernel (``compiled_chunk_loss_and_grad``) that reads the half-precision logits and writes their
+compiled kernel (``compiled``) that reads the half-precision logits and writes their
 half-precision gradient, with the softmax statistics in fp32 in registers: no fp32 copy of the chunk's logits.
 
 The result equals ``F.cross_entropy((hidden @ weight.T).float(), targets, ignore_index=...)`` (the mean over
 targets != ``ignore_index``), in value and in gradient: tests/model/test_lm_head.py checks it in fp64.
+
+``fp8`` (``ModelConfig.lm_head_precision``): each chunk's logits come from a rowwise-scaled FP8 matmul
+(``F.scaled_mm``, e4m3 operands, fp32 accumulation, DeepSeek-V3's and torchao's rowwise recipe): the weight (kept in
+bf16, the master copy in fp32) quantised once per call, each chunk's hidden states in the chunk loop. The two
+gradient matmuls stay bf16, as does everything outside the training loss (logits, evaluation). The CPU runs torch's
+reference kernel of the same op (quantised operands, dequantised, fp32 matmul): FP8's numbers at CPU speed.
 """
 
 from __future__ import annotations
@@ -27,6 +33,11 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
+
+from .errors import ConfigError
+
+FP8_MAX = torch.finfo(torch.float8_e4m3fn).max
+"""e4m3's largest finite value (448): each row's largest magnitude is scaled to it."""
 
 IGNORE_INDEX = -100
 """Targets equal to this are left out of the mean (transformers' convention)."""
@@ -45,8 +56,21 @@ def default_chunk_rows(tokens: int, vocab_size: int, device: torch.device) -> in
     """The rows of equal chunks, as few as ``LOGITS_PER_CHUNK`` allows: ``tokens`` split evenly rather than into full
     chunks and a small last one (at 32 x 2048 and Qwen3's vocabulary: 19 chunks of 3,450 rows)."""
     per_chunk = max(MIN_CHUNK_ROWS, LOGITS_PER_CHUNK.get(device.type, LOGITS_PER_CHUNK["cuda"]) // vocab_size)
-    chunks = -(-tokens // per_chunk)
-    return max(1, -(-tokens // max(chunks, 1)))
+    rows = -(-tokens // max(1, -(-tokens // per_chunk)))
+    return min(per_chunk, -(-rows // 16) * 16)  # whole tensor-core tiles (FP8 GEMMs want multiples of 16)
+
+
+def quantize_rowwise(x: Tensor) -> tuple[Tensor, Tensor]:
+    """``x`` ``[rows, d]`` as e4m3 and its fp32 row scales ``[rows, 1]``, ``x ~ x8 * scale``."""
+    scale = x.abs().amax(-1, keepdim=True).float().clamp_min(torch.finfo(torch.float32).tiny) / FP8_MAX
+    return (x / scale).to(torch.float8_e4m3fn), scale
+
+
+def fp8_logits(hidden: Tensor, weight8: Tensor, weight_scale: Tensor) -> Tensor:
+    """``hidden @ weight.T`` in ``hidden``'s dtype from the quantised weight: FP8 operands, fp32 accumulation."""
+    hidden8, hidden_scale = quantize_rowwise(hidden)
+    rowwise = F.ScalingType.RowWise
+    return F.scaled_mm(hidden8, weight8.T, hidden_scale, rowwise, weight_scale.T, rowwise, output_dtype=hidden.dtype)
 
 
 def chunk_loss_and_grad(logits: Tensor, target: Tensor, keep: Tensor, with_grad: bool = True
@@ -67,9 +91,9 @@ def chunk_loss_and_grad(logits: Tensor, target: Tensor, keep: Tensor, with_grad:
 
 
 @functools.cache
-def compiled_chunk_loss_and_grad() -> Callable[..., tuple[Tensor, Tensor | None]]:
-    """``chunk_loss_and_grad`` compiled (CUDA): compiled on first use, then reused by every step."""
-    return torch.compile(chunk_loss_and_grad, fullgraph=True)
+def compiled(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """A chunk kernel (``chunk_loss_and_grad``, ``fp8_logits``) compiled for CUDA on first use, then reused."""
+    return torch.compile(fn, fullgraph=True)
 
 
 OP_NAMESPACE = re.sub(r"\W", "_", __name__)
@@ -79,7 +103,7 @@ registers its own op beside this package's in the same process."""
 
 @torch.library.custom_op(f"{OP_NAMESPACE}::linear_cross_entropy", mutates_args=())
 def _linear_cross_entropy(hidden: Tensor, weight: Tensor, targets: Tensor, ignore_index: int, chunk_rows: int,
-                          with_grad: bool) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+                          with_grad: bool, fp8: bool) -> tuple[Tensor, Tensor, Tensor, Tensor]:
     """``(mean loss, d sum / d hidden, d sum / d weight (at least fp32), number of targets)``; the gradients are
     empty without ``with_grad``. ``hidden`` ``[N, d]``, ``weight`` ``[V, d]`` and ``targets`` ``[N]``."""
     valid = targets != ignore_index
@@ -89,11 +113,14 @@ def _linear_cross_entropy(hidden: Tensor, weight: Tensor, targets: Tensor, ignor
     grad_hidden = torch.empty_like(hidden) if with_grad else hidden.new_empty(0)
     grad_weight = torch.zeros_like(weight, dtype=torch.promote_types(weight.dtype, torch.float32)) \
         if with_grad else weight.new_empty(0)
-    chunk_fn = compiled_chunk_loss_and_grad() if hidden.is_cuda else chunk_loss_and_grad
+    chunk_fn, logits_fn = (compiled(chunk_loss_and_grad), compiled(fp8_logits)) if hidden.is_cuda \
+        else (chunk_loss_and_grad, fp8_logits)
+    weight8 = quantize_rowwise(weight) if fp8 else None
     for start in range(0, hidden.shape[0], chunk_rows):
         rows = slice(start, start + chunk_rows)
         h, keep = hidden[rows], valid[rows, None]
-        loss, grad_logits = chunk_fn(h @ weight.T, safe_targets[rows], keep, with_grad)
+        logits = logits_fn(h, *weight8) if weight8 is not None else h @ weight.T
+        loss, grad_logits = chunk_fn(logits, safe_targets[rows], keep, with_grad)
         total += loss
         if grad_logits is None:
             continue
@@ -111,7 +138,7 @@ def _linear_cross_entropy(hidden: Tensor, weight: Tensor, targets: Tensor, ignor
 
 @_linear_cross_entropy.register_fake
 def _(hidden: Tensor, weight: Tensor, targets: Tensor, ignore_index: int, chunk_rows: int,
-      with_grad: bool) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+      with_grad: bool, fp8: bool) -> tuple[Tensor, Tensor, Tensor, Tensor]:
     grad_weight_dtype = torch.promote_types(weight.dtype, torch.float32)
     return (hidden.new_empty((), dtype=torch.promote_types(hidden.dtype, torch.float32)),
             torch.empty_like(hidden) if with_grad else hidden.new_empty(0),
@@ -130,28 +157,38 @@ def _setup_context(ctx: Any, inputs: tuple[Any, ...], output: tuple[Tensor, ...]
 
 def _backward(ctx: Any, grad_loss: Tensor | None, *_: Tensor | None) -> tuple[Tensor | None, ...]:
     if grad_loss is None:
-        return None, None, None, None, None, None
+        return None, None, None, None, None, None, None
     grad_hidden, grad_weight, count = ctx.saved_tensors
     # With no target (all ignored, rows of one token) both sums are exactly zero and so is F.cross_entropy's
     # gradient: dividing by the count of 0 would make every gradient 0 * inf = NaN.
     scale = grad_loss / count.clamp_min(1)
     return (grad_hidden * scale.to(grad_hidden.dtype), (grad_weight * scale).to(ctx.weight_dtype),
-            None, None, None, None)
+            None, None, None, None, None)
 
 
 _linear_cross_entropy.register_autograd(_backward, setup_context=_setup_context)
 
 
+def check_fp8_device(device: torch.device) -> None:
+    """Refuse ``lm_head_precision=fp8`` on a GPU without FP8 tensor cores (CUDA capability below 8.9)."""
+    if device.type == "cuda" and torch.cuda.get_device_capability(device) < (8, 9):
+        raise ConfigError("lm_head_precision", f"fp8 needs FP8 tensor cores (CUDA capability 8.9+: L4, H100), "
+                          f"which {torch.cuda.get_device_name(device)} lacks; use bf16")
+
+
 def linear_cross_entropy(hidden: Tensor, weight: Tensor, targets: Tensor, ignore_index: int = IGNORE_INDEX,
-                         chunk_rows: int | None = None) -> Tensor:
+                         chunk_rows: int | None = None, fp8: bool = False) -> Tensor:
     """``F.cross_entropy((hidden @ weight.T).float(), targets, ignore_index)`` without the whole logits.
 
     ``hidden``: ``[..., d]``; ``weight``: ``[V, d]``; ``targets``: ``hidden.shape[:-1]``. Under autocast
-    the matmuls run in the autocast dtype, as ``nn.Linear`` would, and the softmax in fp32.
+    the matmuls run in the autocast dtype, as ``nn.Linear`` would, and the softmax in fp32. ``fp8``: the logits
+    from FP8 operands (module docstring); refused on a GPU without FP8 tensor cores.
     """
     if targets.shape != hidden.shape[:-1]:
         raise ValueError(f"targets: expected shape {tuple(hidden.shape[:-1])} (one per hidden state), "
                          f"got {tuple(targets.shape)}")
+    if fp8:
+        check_fp8_device(hidden.device)
     device_type = hidden.device.type
     if torch.is_autocast_enabled(device_type):
         dtype = torch.get_autocast_dtype(device_type)
@@ -160,7 +197,7 @@ def linear_cross_entropy(hidden: Tensor, weight: Tensor, targets: Tensor, ignore
     with torch.autocast(device_type, enabled=False):
         rows = chunk_rows or default_chunk_rows(targets.numel(), weight.shape[0], hidden.device)
         loss, *_ = _linear_cross_entropy(hidden.flatten(0, -2), weight, targets.flatten(), ignore_index, rows,
-                                         with_grad)
+                                         with_grad, fp8)
     return loss
 
 
@@ -172,10 +209,11 @@ class LMHead(nn.Linear):
     from outside) so that wrappers which gather parameters in forward hooks (DeepSpeed ZeRO-3) see it.
     """
 
-    def __init__(self, hidden_size: int, vocab_size: int) -> None:
+    def __init__(self, hidden_size: int, vocab_size: int, precision: str = "bf16") -> None:
         super().__init__(hidden_size, vocab_size, bias=False)
+        self.fp8 = precision == "fp8"
 
     def forward(self, hidden: Tensor, targets: Tensor | None = None) -> Tensor:
         if targets is None:
             return F.linear(hidden, self.weight)
-        return linear_cross_entropy(hidden, self.weight, targets)
+        return linear_cross_entropy(hidden, self.weight, targets, fp8=self.fp8)
