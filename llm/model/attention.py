@@ -64,8 +64,9 @@ key length, i.e. for every generated token. Measured on one H100 (torch 2.11, 13
 FLA_MIN_LENGTH = 8192
 """iso_tanh's form on CUDA outside ``torch.compile``: fla's kernel from this many positions on, the chunked form
 below. 8,192 is where fla's kernel overtook flash attention on an H100 (docs/performance.md, second GPU check), not
-a measured crossover against the chunked form. Under ``torch.compile`` the chunked form always runs: fla's entry
-point is a graph break."""
+a measured crossover against the chunked form: it must be set from ``bench/bench_attention.py`` on a GPU (fla
+against ``chunked_compiled``, now with bf16 operands), which this commit has not run. Under ``torch.compile`` the
+chunked form always runs: fla's entry point is a graph break (no custom op wraps it yet)."""
 
 
 @functools.cache
@@ -75,15 +76,25 @@ def compiled_flex_attention() -> Callable[..., torch.Tensor]:
     return torch.compile(flex_attention, dynamic=False)
 
 
+@functools.cache
+def compiled_create_block_mask() -> Callable[..., BlockMask]:
+    """``create_block_mask`` compiled, as torchtitan builds its masks: uncompiled it evaluates the mask on every
+    ``(query, key)`` pair at once, a dense ``[B, 1, T, T]`` transient (1 GiB at 4 x 16k); compiled, block by block."""
+    return torch.compile(create_block_mask)
+
+
 def document_block_mask(doc_starts: torch.Tensor) -> BlockMask:
-    """FlexAttention's block-sparse form of the block-diagonal causal mask of ``doc_starts`` (``[B, T]``)."""
+    """FlexAttention's block-sparse form of the block-diagonal causal mask of ``doc_starts`` (``[B, T]``); compiled
+    on CUDA (inlined inside a compiled caller). Nothing in it reads a value back: no host sync."""
     document = doc_starts.long().cumsum(-1)
 
     def same_document_causal(b: torch.Tensor, h: torch.Tensor, q: torch.Tensor, kv: torch.Tensor) -> torch.Tensor:
         return (document[b, q] == document[b, kv]) & (q >= kv)
 
     b, t = doc_starts.shape
-    return create_block_mask(same_document_causal, b, None, t, t, device=doc_starts.device)
+    compiled = doc_starts.is_cuda and not torch.compiler.is_compiling()
+    create = compiled_create_block_mask() if compiled else create_block_mask
+    return create(same_document_causal, b, None, t, t, device=doc_starts.device)
 
 
 class StaticKV(NamedTuple):

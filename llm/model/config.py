@@ -120,6 +120,10 @@ class ModelConfig:
     rms_norm_eps: float = 1e-6
     tie_word_embeddings: bool = True
     """Share the input embedding with the LM head (the papers' 83M-250M models do)."""
+    lm_head_precision: str = "bf16"
+    """bf16 | fp8: the training loss's logits matmul in the training precision, or with FP8 operands (rowwise
+    scales, fp32 accumulation; lm_head.py), refused on a GPU without FP8 (CUDA capability below 8.9). On the CPU fp8
+    runs torch's reference kernel of the same matmul. An execution setting, like ``iso_tanh_chunk_size``."""
     qk_norm: bool = True
     """Qwen3's per-head RMSNorm on queries and keys before RoPE."""
     initializer_range: float = 0.02
@@ -166,7 +170,9 @@ class ModelConfig:
     """Learning-rate multiplier of the focus apertures sigma."""
     iso_tanh_chunk_size: int = 64
     """Chunk length of the linear-time iso_tanh attention (exact inside a chunk, carried state across).
-    An execution setting (results equal up to rounding), so not an option of the iso_tanh variant."""
+    An execution setting (results equal up to rounding), so not an option of the iso_tanh variant. Work per
+    token grows with ``chunk_size + D``, matmul efficiency with the chunk: 64 or 128 on a GPU, chosen by
+    ``bench/bench_attention.py --tune 64,128`` (64 is not a GPU measurement at this commit)."""
 
     # --- Parametrization: how init, learning rates and multipliers scale with width ---
     parametrization: str = "standard"
@@ -288,6 +294,7 @@ class ModelConfig:
         check_choice("isogmlp_gate", self.isogmlp_gate, ISOGMLP_GATES)
         check_choice("ffn_init", self.ffn_init, FFN_INITS)
         check_choice("parametrization", self.parametrization, PARAMETRIZATIONS)
+        check_choice("lm_head_precision", self.lm_head_precision, ("bf16", "fp8"))
         self._check_unused_options()
         owned = self.option_owners()
         if self.iso_ln_alpha and not 0.5 <= self.iso_ln_alpha <= 2.0:

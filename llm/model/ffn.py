@@ -183,7 +183,9 @@ class TokenGate(AlphaGate):
 
     def logit(self, x: Tensor, cache: Cache | None, padding_mask: Tensor | None = None,
               doc_starts: Tensor | None = None) -> Tensor:
-        return self.proj(x)
+        # w_a . x + b_a as one reduction over d (compiled: one kernel reading x once), not nn.Linear's GEMM with
+        # N = 1, which fills no tensor core; in x's dtype, fp32 for the autocast residual stream.
+        return torch.linalg.vecdot(x, self.proj.weight[0].to(x.dtype)).unsqueeze(-1) + self.proj.bias
 
 
 class CausalMeanGate(TokenGate):
@@ -201,7 +203,7 @@ class CausalMeanGate(TokenGate):
 
     def logit(self, x: Tensor, cache: Cache | None, padding_mask: Tensor | None = None,
               doc_starts: Tensor | None = None) -> Tensor:
-        logit = _widened(self.proj(x))
+        logit = _widened(super().logit(x, cache))
         if padding_mask is None:  # every position is real: position t has seen t + 1, no mask to apply or sum
             positions = torch.arange(1, x.shape[1] + 1, device=x.device, dtype=logit.dtype)[:, None]
         else:

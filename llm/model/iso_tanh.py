@@ -94,6 +94,16 @@ def _accumulation_dtype(dtype: torch.dtype) -> torch.dtype:
     return torch.promote_types(dtype, torch.float32)
 
 
+def _matmul(a: torch.Tensor, b: torch.Tensor, acc: torch.dtype) -> torch.Tensor:
+    """``a @ b`` (equal batch shapes) in ``acc``. Two half-precision operands stay half on CUDA, the GEMM accumulating
+    and writing fp32 (``bmm``'s ``out_dtype``): no fp32 copies, no TF32. Otherwise both are cast to ``acc`` (the CPU
+    has no ``out_dtype`` kernel), so ``train.tf32`` rounds only products that have an fp32 operand anyway."""
+    if a.is_cuda and a.dtype == b.dtype != acc:
+        out = torch.bmm(a.reshape(-1, *a.shape[-2:]), b.reshape(-1, *b.shape[-2:]), out_dtype=acc)
+        return out.view(*a.shape[:-1], b.shape[-1])
+    return a.to(acc) @ b.to(acc)
+
+
 def _iso_tanh_gain(r2: torch.Tensor) -> torch.Tensor:
     """``g(|s|) = tanh(|s|)/|s|`` from ``r2 = |s|^2`` (isotropic-deep-learning eq. 16 over ``|s|``).
 
@@ -172,7 +182,7 @@ def _exclusive_cumsum(x: torch.Tensor, block: int = 16) -> torch.Tensor:
     return (within + before).flatten(-3, -2)[..., :n, :]
 
 
-def _packed_chunk_sums(kc: torch.Tensor, vkc: torch.Tensor, doc_starts: torch.Tensor, grp: int,
+def _packed_chunk_sums(kc: torch.Tensor, vkc: torch.Tensor, doc_starts: torch.Tensor, grp: int, acc: torch.dtype,
                        ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """``iso_tanh_chunked``'s carried sums when documents are packed (``doc_starts`` ``[B, n, c]`` per chunk).
 
@@ -189,7 +199,7 @@ def _packed_chunk_sums(kc: torch.Tensor, vkc: torch.Tensor, doc_starts: torch.Te
     first = torch.where(doc_starts, position, c).amin(-1, keepdim=True)  # [B, n, 1]; c: none starts here
     last = torch.where(doc_starts, position, -1).amax(-1, keepdim=True)  # -1: none starts here
     tail = (position >= last).to(kc.dtype)  # [B, n, c]
-    tail_sums = ((kc * tail[:, None, ..., None]).transpose(-1, -2) @ vkc).flatten(-2)  # [B, Hkv, n, 2D^2]
+    tail_sums = _matmul((kc * tail[:, None, ..., None]).transpose(-1, -2), vkc, acc).flatten(-2)  # [B, Hkv, n, 2D^2]
     prefix = _exclusive_cumsum(tail_sums)
     chunk = torch.arange(n, device=kc.device)
     opened = torch.where(doc_starts.any(-1), chunk, 0).cummax(-1).values  # [B, n]: last chunk with a start
@@ -216,7 +226,8 @@ def iso_tanh_chunked(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, chunk_si
     All chunks are processed at once (no Python loop over T): the per-chunk sums ``k^T [v | k]`` are
     turned into the state before each chunk by an exclusive prefix sum over chunks, which keeps
     ``T / chunk_size`` states of ``D x 2D`` in memory. Sums are accumulated in fp32 (fp64 stays fp64)
-    whatever the input dtype; ``out`` is returned in the input dtype, the final state in fp32.
+    whatever the input dtype; on CUDA the products of two inputs (scores, chunk sums) take them as they are,
+    bf16 with fp32 accumulation (``_matmul``). ``out`` is returned in the input dtype, the final state in fp32.
 
     ``state``: the sums over earlier tokens (``None`` = start of sequence), so a sequence split in
     pieces and fed with the carried state gives the output of the whole.
@@ -239,37 +250,38 @@ def iso_tanh_chunked(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, chunk_si
     n = -(-t // c)
 
     def chunks(x: torch.Tensor) -> torch.Tensor:  # [B, heads, T, D] -> [B, heads, n, c, D]
-        x = x.to(acc)
         if n * c > t:  # zero keys and values add nothing to any sum; padded queries are dropped
             x = F.pad(x, (0, 0, 0, n * c - t))
         return x.unflatten(2, (n, c))
 
     # A group's queries share their KV head's keys and state: stack them as the rows of one chunk,
     # [B, Hkv, n, grp * c, D], so every product below is a plain batched matmul without expanding k, v.
-    qc = (chunks(q) * d**-0.5).unflatten(1, (hkv, grp)).transpose(2, 3).flatten(3, 4)
+    # The 1/sqrt(D) of the scores is applied to the fp32 products, not rounded into half-precision queries.
+    qc = chunks(q).unflatten(1, (hkv, grp)).transpose(2, 3).flatten(3, 4)
+    q_acc, scale = qc.to(acc), d**-0.5
     kc, vc = chunks(k), chunks(v)
     vkc = torch.cat([vc, kc], dim=-1)  # [v | k]: one matmul gives S and G together
 
     position = torch.arange(grp * c, device=q.device) % c
     hidden = torch.arange(c, device=q.device) > position[:, None]  # causal mask inside a chunk
     if doc_starts is None:
-        chunk_sums = kc.transpose(-1, -2) @ vkc  # [B, Hkv, n, D, 2D]
+        chunk_sums = _matmul(kc.transpose(-1, -2), vkc, acc)  # [B, Hkv, n, D, 2D]
         before = _exclusive_cumsum(chunk_sums.flatten(-2)).unflatten(-1, (d, 2 * d))
         if state is not None:  # without one the sums before the first chunk are zero: nothing to add
             before = before + init[:, :, None]
         final = before[:, :, -1] + chunk_sums[:, :, -1]
-        inter = qc @ before  # [q^T S | q^T G] over the chunks before, per row
+        inter = (q_acc @ before) * scale  # [q^T S | q^T G] / sqrt(D) over the chunks before, per row
     else:
         if state is not None:
             raise ValueError("iso_tanh_chunked: packed documents (doc_starts) start from no state")
         starts = F.pad(doc_starts, (0, n * c - t)).view(b, n, c)
-        before, final, continues, same = _packed_chunk_sums(kc, vkc, starts, grp)
-        inter = (qc @ before) * continues
+        before, final, continues, same = _packed_chunk_sums(kc, vkc, starts, grp, acc)
+        inter = (q_acc @ before) * continues * scale
         hidden = hidden | ~same
-    scores = (qc @ kc.transpose(-1, -2)).masked_fill_(hidden, 0.0)  # [B, Hkv, n, grp * c, c]
+    scores = (_matmul(qc, kc.transpose(-1, -2), acc) * scale).masked_fill_(hidden, 0.0)  # [B, Hkv, n, grp * c, c]
 
-    numerator = scores @ vc + inter[..., :d]
-    r2 = scores.square().sum(-1) + (qc * inter[..., d:]).sum(-1)  # |s_i|^2 = q_i^T G_i q_i / D
+    numerator = _matmul(scores, vc, acc) + inter[..., :d]
+    r2 = scores.square().sum(-1) + (q_acc * inter[..., d:]).sum(-1) * scale  # |s_i|^2 = q_i^T G_i q_i / D
     out = _iso_tanh_gain(r2).unsqueeze(-1) * numerator
     out = out.unflatten(3, (grp, c)).transpose(2, 3).reshape(b, h, n * c, d)[:, :, :t]
     return out.to(q.dtype), _unpack_state(final)

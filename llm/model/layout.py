@@ -30,12 +30,13 @@ class PackedDocuments(NamedTuple):
 def document_starts(position_ids: torch.Tensor, batch: int) -> torch.Tensor | None:
     """``[batch, T]`` bool, True at the first token of each document; None when every row is one sequence.
 
-    Deciding "one sequence" reads one bool back from the device, once per forward: the unpacked fast path is
-    worth it (a plain ``arange`` is what ``generate()`` and most callers pass). Under ``torch.compile`` nothing
-    branches on data: the starts are returned as they are, a single document being a row with one start.
+    "One sequence" (the unpacked fast path, for a plain ``arange``) is decided only on the CPU, where reading the
+    bool back costs no device sync. On a GPU, and under ``torch.compile``, nothing branches on data: the starts
+    are returned as they are, a single document being a row with one start (the same outputs, through the packed
+    forms), so a training step never waits on the device here.
     """
     restarts = _restarts(position_ids)
-    if not torch.compiler.is_compiling() and not bool(restarts.any()):
+    if restarts.device.type == "cpu" and not torch.compiler.is_compiling() and not bool(restarts.any()):
         return None
     return F.pad(restarts, (1, 0), value=True).expand(batch, -1)
 

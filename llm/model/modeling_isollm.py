@@ -225,7 +225,7 @@ class IsoLLMForCausalLM(PreTrainedModel, GenerationMixin):
     def __init__(self, config: IsoLLMConfig) -> None:
         super().__init__(config)
         self.model = IsoLLMModel(config)
-        self.lm_head = LMHead(config.hidden_size, config.vocab_size)
+        self.lm_head = LMHead(config.hidden_size, config.vocab_size, config.lm_head_precision)
         self.post_init()  # transformers' init (normal(0, initializer_range), norms to 1) and weight tying
         self.logit_multiplier = 1 / config.width_multiplier  # muP's output multiplier (1 under standard)
         with torch.no_grad():

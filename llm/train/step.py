@@ -25,6 +25,7 @@ from llm.config import RunConfig
 from llm.data.packing import model_inputs
 from llm.metrics.gradnorm import GroupGradNorms
 from llm.model.config import ConfigError
+from llm.model.lm_head import IGNORE_INDEX
 from llm.train.deepspeed_step import deepspeed_backward, deepspeed_engine
 from llm.train.distributed import all_ranks_agree, is_distributed
 
@@ -70,6 +71,9 @@ class StepResult:
     """False on every rank when the applied update left a non-finite parameter on any rank."""
     write_failed: bool = False
     """True on every rank when any rank passed ``write_failed`` (it could not write a run-directory file)."""
+    no_target_batches: int = 0
+    """Micro-batches, over all ranks, whose targets were all ``IGNORE_INDEX``: their loss is NaN (a mean over no
+    target, as ``F.cross_entropy`` gives), their gradient zero; ``loss`` is the mean over the other micro-batches."""
 
 
 def gradient_accumulation_steps(config: RunConfig, world_size: int) -> int:
@@ -84,11 +88,11 @@ def gradient_accumulation_steps(config: RunConfig, world_size: int) -> int:
     return accum
 
 
-def _all_reduce_step_scalars(loss: torch.Tensor, *flags: bool) -> torch.Tensor:
+def _all_reduce_step_scalars(loss: torch.Tensor, *flags: bool | torch.Tensor) -> torch.Tensor:
     """``[loss averaged over ranks, each flag's count over ranks]`` in one all-reduce, left on the device: the flags
     ride on the collective the loss needs anyway (a count > 0 means some rank set the flag), and the host copy is
     made once per step with the gradient norms (``train_step``)."""
-    packed = torch.stack([loss, *(loss.new_tensor(float(flag)) for flag in flags)])
+    packed = torch.stack([loss, *(torch.as_tensor(flag, dtype=loss.dtype, device=loss.device) for flag in flags)])
     if is_distributed():
         dist.all_reduce(packed, op=dist.ReduceOp.SUM)
         packed[0] /= dist.get_world_size()
@@ -129,7 +133,7 @@ def train_step(model: nn.Module, batches: list[torch.Tensor], optimizer: torch.o
     ``tf32``: the forward and backward passes run their fp32 matmuls on TF32 tensor cores (``tf32_matmuls``).
     """
     model.train()
-    loss_sum = torch.zeros((), device=accelerator.device)
+    loss_sum, target_batches = torch.zeros((), device=accelerator.device), torch.zeros((), device=accelerator.device)
     engine, group_norms = deepspeed_engine(model), None
     for batch in batches:
         with accelerator.accumulate(model), tf32_matmuls(accelerator.device, tf32):
@@ -138,9 +142,12 @@ def train_step(model: nn.Module, batches: list[torch.Tensor], optimizer: torch.o
                 accelerator.backward(loss)
             else:  # the engine steps on the boundary; the group norms are read before, focus clipped after
                 group_norms = deepspeed_backward(engine, loss, accelerator.sync_gradients, grad_groups)
-            loss_sum += loss.detach()
+            has_targets = (batch[:, 1:] != IGNORE_INDEX).any()
+            loss_sum += torch.where(has_targets, loss.detach(), 0)
+            target_batches += has_targets
     this_rank_stops = stop_requested is not None and stop_requested()
-    scalars = _all_reduce_step_scalars(loss_sum / len(batches), this_rank_stops, write_failed)
+    scalars = _all_reduce_step_scalars(loss_sum / target_batches, this_rank_stops, write_failed,
+                                       len(batches) - target_batches)
     if engine is None and grad_groups is not None:
         group_norms = grad_groups.norms()
     norm = accelerator.clip_grad_norm_(model.parameters(), grad_clip if grad_clip > 0 else math.inf)
@@ -149,7 +156,7 @@ def train_step(model: nn.Module, batches: list[torch.Tensor], optimizer: torch.o
     on_device = [scalars, torch.as_tensor(norm, dtype=torch.float32, device=scalars.device).reshape(1)]
     if group_norms is not None:
         on_device.append(group_norms.to(scalars.device))
-    mean_loss, stops, write_fails, grad_norm, *groups = torch.cat(on_device).tolist()
+    mean_loss, stops, write_fails, no_targets, grad_norm, *groups = torch.cat(on_device).tolist()
     stop, any_write_failed = stops > 0, write_fails > 0
     if grad_groups is not None:
         grad_groups.record(groups if group_norms is not None else None)
@@ -160,4 +167,4 @@ def train_step(model: nn.Module, batches: list[torch.Tensor], optimizer: torch.o
         params_finite = _parameters_finite(model)
     optimizer.zero_grad(set_to_none=True)
     return StepResult(loss=mean_loss, grad_norm=grad_norm, skipped=skipped, stop=stop, params_finite=params_finite,
-                      write_failed=any_write_failed)
+                      write_failed=any_write_failed, no_target_batches=int(no_targets))

@@ -88,13 +88,14 @@ def _train(run: Run, teardown: ExitStack) -> bool:
         tokens_per_s = interval_tokens / max(interval_time, 1e-9)
         progress.update(result.loss, tokens_per_s)
 
-        if state.step % config.train.log_every == 0 or state.step == run.max_steps or result.skipped:
+        if (state.step % config.train.log_every == 0 or state.step == run.max_steps or result.skipped
+                or result.no_target_batches):
             memory, memory_kind = peak_memory(device)
             log.log("train", state.step, state.tokens, loss=result.loss,
                     ppl=math.exp(min(result.loss, 700.0)), lr=lr, **grad_stats,
                     tokens_per_s=tokens_per_s, mfu=mfu(tokens_per_s, run.flops_per_token, run.peak_flops),
                     peak_mem_bytes=memory, peak_mem_kind=memory_kind, data_wait_s=data_wait,
-                    skipped_steps=state.skipped_steps)
+                    skipped_steps=state.skipped_steps, no_target_batches=result.no_target_batches)
             interval_tokens, interval_time, data_wait = 0, 0.0, 0.0
 
         if not result.params_finite:

@@ -271,6 +271,29 @@ def test_tf32_matmuls_stay_below_the_bf16_outputs_rounding() -> None:
     assert 1e-5 < rel(tf32) < rel(ref.to(torch.bfloat16)) / 2  # cut operands (not fp32's 1e-7), below bf16's
 
 
+def test_the_half_precision_gemm_with_fp32_output_signature() -> None:
+    """On CUDA the chunked form multiplies two bf16 inputs with ``bmm``'s ``out_dtype`` overload (``aten::bmm.dtype``,
+    fp32 accumulated and written); CPU has no kernel for it, its meta form checks that the call is accepted."""
+    a = torch.empty(3, 5, 4, dtype=torch.bfloat16, device="meta")
+    b = torch.empty(3, 4, 6, dtype=torch.bfloat16, device="meta")
+    out = torch.bmm(a, b, out_dtype=torch.float32)
+    assert out.dtype == torch.float32 and out.shape == (3, 5, 6)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("packed", [False, True])
+def test_bf16_operands_on_cuda_stay_within_the_outputs_rounding(packed: bool) -> None:
+    """bf16 q, k, v multiplied as they are (fp32 accumulation), against fp64, plain and packed."""
+    q, k, v = (x.to("cuda", torch.bfloat16) for x in make_qkv(2048, dtype=torch.float32))
+    starts = torch.zeros(B, 2048, dtype=torch.bool, device="cuda")
+    starts[:, [0, 700, 1500]] = True
+    ref = iso_tanh_chunked(*(x.double() for x in (q, k, v)), 64, doc_starts=starts if packed else None)[0]
+    out = iso_tanh_chunked(q, k, v, 64, doc_starts=starts if packed else None)[0]
+    assert ((out.double() - ref).norm() / ref.norm()).item() < 2 * ((ref.to(torch.bfloat16).double() - ref).norm()
+                                                                   / ref.norm()).item()
+
+
 def test_bad_inputs_raise() -> None:
     q, k, v = make_qkv(5)
     with pytest.raises(ValueError, match="chunk_size"):

@@ -8,6 +8,7 @@ from dataclasses import replace
 import pytest
 import torch
 import torch.nn.functional as F
+from torch.fx.experimental.proxy_tensor import make_fx
 
 from llm.model.config import ConfigError, ModelConfig
 from llm.model.ffn import (
@@ -104,6 +105,18 @@ def test_isogmlp_gates_follow_their_definitions():
     feature = build(ffn="isogmlp", isogmlp_gate="feature_mean").alpha_gate
     w, b = feature.proj.weight.item(), feature.proj.bias.item()
     torch.testing.assert_close(feature(x), torch.sigmoid(w * x.mean(dim=-1, keepdim=True) + b))
+
+
+@pytest.mark.parametrize("gate", ["token", "causal_mean"])
+def test_isogmlp_gate_is_one_reduction_not_a_gemm(gate):
+    """The d -> 1 logit is a multiply and a sum over d (one reduction compiled), equal to the affine map in fp64."""
+    proj = build(ffn="isogmlp", isogmlp_gate=gate).alpha_gate
+    x = inputs()
+    graph = make_fx(lambda t: proj.logit(t, None))(x).graph
+    assert not {str(n.target) for n in graph.nodes} & {"aten.mm.default", "aten.addmm.default", "aten.bmm.default"}
+    if gate == "token":
+        torch.testing.assert_close(proj.logit(x, None), F.linear(x, proj.proj.weight, proj.proj.bias),
+                                   rtol=1e-14, atol=1e-15)
 
 
 @pytest.mark.parametrize("gate", sorted(ISOGMLP_GATES))

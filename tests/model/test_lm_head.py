@@ -7,7 +7,15 @@ import torch
 import torch.nn.functional as F
 
 from llm.model import IsoLLMConfig, IsoLLMForCausalLM
-from llm.model.lm_head import IGNORE_INDEX, linear_cross_entropy
+from llm.model.config import ConfigError
+from llm.model.lm_head import (
+    FP8_MAX,
+    IGNORE_INDEX,
+    check_fp8_device,
+    fp8_logits,
+    linear_cross_entropy,
+    quantize_rowwise,
+)
 
 N, D, V = 37, 16, 50  # N not a multiple of any chunk size below
 
@@ -40,6 +48,53 @@ def test_loss_and_gradients_equal_plain_cross_entropy_fp64(chunk_rows, ignored):
         torch.testing.assert_close(got, want, rtol=1e-12, atol=1e-15)
     if ignored:  # an ignored target contributes no gradient to its hidden state
         assert fused_grads[0][targets == IGNORE_INDEX].abs().max() == 0
+
+
+def test_no_target_gives_torch_s_nan_loss_and_zero_gradients_fp64():
+    """Every target ignored: F.cross_entropy's mean over no target is NaN and its gradients are zero; the fused
+    loss's were NaN (0 / 0 scaled every gradient), which one such micro-batch spreads to every weight."""
+    hidden, weight, targets = problem()
+    targets[:] = IGNORE_INDEX
+    expected = reference(hidden, weight, targets)
+    want = torch.autograd.grad(expected, (hidden, weight))
+    loss = linear_cross_entropy(hidden, weight, targets, chunk_rows=8)
+    got = torch.autograd.grad(loss, (hidden, weight))
+    assert expected.isnan() and loss.isnan()
+    for g, w in zip(got, want, strict=True):
+        assert w.abs().max() == 0
+        torch.testing.assert_close(g, w, rtol=0, atol=0)
+
+
+def test_rows_of_one_token_train_with_finite_zero_gradients():
+    """``labels`` on rows of one token: no position has a next token to predict, as in transformers."""
+    torch.manual_seed(0)
+    config = IsoLLMConfig(vocab_size=V, hidden_size=D, intermediate_size=32, num_hidden_layers=1,
+                          num_attention_heads=2, num_key_value_heads=1)
+    model = IsoLLMForCausalLM(config).double().train()
+    ids = torch.randint(0, V, (3, 1))
+    model(ids, labels=ids).loss.backward()
+    for name, p in model.named_parameters():
+        assert p.grad is None or p.grad.abs().max() == 0, name
+
+
+def test_the_cuda_weight_gradient_gemm_signature():
+    """The CUDA path accumulates the weight gradient in fp32 inside the GEMM through ``addmm``'s ``out_dtype``
+    overload (``aten::addmm.dtype_out``); CPU has no kernel for it, its meta form checks that the call is accepted."""
+    acc = torch.zeros(5, 4, dtype=torch.float32, device="meta")
+    a = torch.empty(5, 3, dtype=torch.bfloat16, device="meta")
+    b = torch.empty(3, 4, dtype=torch.bfloat16, device="meta")
+    out = torch.addmm(acc, a, b, out_dtype=torch.float32, out=acc)
+    assert out.dtype == torch.float32 and out.shape == (5, 4)
+
+
+def test_default_chunks_are_equal_and_within_the_logits_budget():
+    from llm.model.lm_head import LOGITS_PER_CHUNK, default_chunk_rows
+    cuda = torch.device("cuda")
+    rows = default_chunk_rows(32 * 2048, 151_936, cuda)
+    chunks = -(-32 * 2048 // rows)
+    assert chunks == 19 and 32 * 2048 - (chunks - 1) * rows > 0.9 * rows  # no small last chunk
+    assert rows * 151_936 <= LOGITS_PER_CHUNK["cuda"]
+    assert default_chunk_rows(10, 50, torch.device("cpu")) == 16 and rows % 16 == 0  # one chunk; whole tiles
 
 
 def test_batched_targets_and_no_grad():
@@ -128,3 +183,45 @@ def test_torch_compile_training_step_equals_eager(checkpoint_every: int):
     torch.testing.assert_close(compiled_loss, eager_loss, rtol=1e-5, atol=0)
     for got, want in zip(compiled_grads, eager_grads, strict=True):
         torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-6)
+
+
+def test_fp8_matmul_is_torch_s_public_rowwise_scaled_mm():
+    """``F.scaled_mm`` with rowwise scales (public in torch 2.13): its call as the head makes it, on the meta device
+    (no kernel needed) and on the CPU, whose kernel is the dequantised fp32 matmul the FP8 head's numbers are."""
+    a = torch.randn(48, 32, dtype=torch.bfloat16)
+    w = torch.randn(80, 32, dtype=torch.bfloat16)
+    w8, w_scale = quantize_rowwise(w)
+    assert w8.dtype == torch.float8_e4m3fn and w_scale.shape == (80, 1)
+    assert (w8.float().abs().amax(-1) == FP8_MAX).all()  # each row's largest magnitude at e4m3's largest value
+    meta = fp8_logits(a.to("meta"), w8.to("meta"), w_scale.to("meta"))
+    assert meta.shape == (48, 80) and meta.dtype == torch.bfloat16
+    a8, a_scale = quantize_rowwise(a)
+    dequantised = (a8.float() * a_scale) @ (w8.float() * w_scale).T
+    torch.testing.assert_close(fp8_logits(a, w8, w_scale).float(), dequantised, rtol=2**-8, atol=1e-6)
+
+
+def test_fp8_head_loss_within_half_a_percent_of_bf16():
+    """The FP8 logits' loss and gradients against bf16's, at logits of a trained head's spread (std ~3)."""
+    g = torch.Generator().manual_seed(0)
+    hidden = torch.randn(512, 64, generator=g).requires_grad_()
+    weight = (0.4 * torch.randn(1000, 64, generator=g)).requires_grad_()
+    targets = torch.randint(0, 1000, (512,), generator=g)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        bf16 = linear_cross_entropy(hidden, weight, targets, chunk_rows=128)
+        fp8 = linear_cross_entropy(hidden, weight, targets, chunk_rows=128, fp8=True)
+    assert abs(fp8.item() - bf16.item()) < 0.005 * bf16.item()
+    for got, want in zip(torch.autograd.grad(fp8, (hidden, weight)), torch.autograd.grad(bf16, (hidden, weight)),
+                         strict=True):
+        assert ((got - want).norm() / want.norm()).item() < 0.05
+
+
+def test_fp8_is_refused_in_one_line_on_a_gpu_without_it(monkeypatch):
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (8, 0))
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: "NVIDIA A100")
+    with pytest.raises(ConfigError, match=r"lm_head_precision: fp8 needs FP8 tensor cores .* A100 lacks"):
+        check_fp8_device(torch.device("cuda"))
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (9, 0))
+    check_fp8_device(torch.device("cuda"))
+    with pytest.raises(ConfigError, match="lm_head_precision: unknown value 'fp16'"):
+        IsoLLMConfig(vocab_size=V, hidden_size=D, num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=1,
+                     lm_head_precision="fp16").validate()

@@ -9,12 +9,13 @@ import torch
 import torch.nn.functional as F
 from test_attention import torch_linear_attn
 from test_modeling import VARIANTS, VOCAB, build, tokens, variant_id
+from torch.nn.attention.flex_attention import create_mask
 from transformers import DataCollatorWithFlattening
 
 from llm.model import IsoLLMCache
 from llm.model.attention import ATTN_SCORING_REGISTRY, SoftmaxScoring, document_block_mask
 from llm.model.iso_tanh import iso_tanh_chunked, iso_tanh_linear_attention, iso_tanh_naive
-from llm.model.layout import PackedDocuments
+from llm.model.layout import PackedDocuments, document_starts, same_document
 
 ROWS = [[5, 1, 9, 3, 6], [4, 8, 2, 10]]
 """Document lengths per row (24 tokens each). With iso_tanh's chunk of 4: starts inside a chunk, two in one
@@ -197,3 +198,27 @@ def test_positions_that_restart_after_the_cache_are_refused(attn_scoring):
             assert all(torch.equal(a, b) for a, b in zip(own.tensors(), state, strict=True))
             torch.testing.assert_close(given, model(ids[:, 5:], attention_mask=attention_mask, cache=own).logits,
                                        rtol=0, atol=1e-12)
+
+
+def test_document_starts_reads_nothing_back_off_the_cpu():
+    """On a device (here ``meta``, which cannot be read back at all) the starts come without the one-sequence check's
+    host sync; on the CPU, where that check is free, an ``arange`` is still the unpacked forward (None)."""
+    positions = torch.arange(16)[None].expand(2, -1)
+    assert document_starts(positions, 2) is None
+    starts = document_starts(positions.to("meta"), 2)
+    assert starts.device.type == "meta" and starts.shape == (2, 16)
+
+
+@pytest.mark.slow
+def test_compiled_document_block_mask_equals_the_dense_mask_and_never_syncs():
+    """The block mask traced whole (``fullgraph=True``: a value read back would break the graph), as it is compiled
+    on CUDA; its blocks are those of the dense block-diagonal causal mask, and its mask is that mask, elementwise."""
+    starts = torch.zeros(2, 512, dtype=torch.bool)
+    starts[:, 0] = True
+    starts[0, [100, 130, 400]] = True
+    starts[1, 257] = True
+    mask = torch.compile(document_block_mask, fullgraph=True)(starts)
+    dense = same_document(starts).tril()[:, None]
+    assert torch.equal(create_mask(mask.mask_mod, 2, 1, 512, 512), dense)
+    blocks = dense.unflatten(2, (4, 128)).unflatten(4, (4, 128)).any(dim=(3, 5))
+    assert torch.equal(mask.to_dense().bool(), blocks)

@@ -28,7 +28,8 @@ from llm.train.trainer import fit
 
 TRAIN_KEYS = {"kind", "step", "tokens", "loss", "ppl", "lr", "grad_norm", "grad_norm_var_rolling",
               "grad_norm_cv_rolling", "grad_norm_var_run", "grad_norm_cv_run", "grad_norm_nonfinite",
-              "tokens_per_s", "mfu", "peak_mem_bytes", "peak_mem_kind", "data_wait_s", "skipped_steps"}
+              "tokens_per_s", "mfu", "peak_mem_bytes", "peak_mem_kind", "data_wait_s", "skipped_steps",
+              "no_target_batches"}
 GROUP_STATS = ("", "_var_rolling", "_cv_rolling", "_var_run", "_cv_run", "_nonfinite")
 ISOGMLP_GROUP_KEYS = {f"grad_norm_{group}{stat}" for group in ("embedding", "attention", "ffn", "ffn_mixing", "norm")
                       for stat in GROUP_STATS}

@@ -14,10 +14,11 @@ from torch import nn
 
 from llm.config import load_config
 from llm.metrics.gradnorm import GroupGradNorms, grad_norm_groups
+from llm.model.lm_head import IGNORE_INDEX
 from llm.train.evaluate import evaluate
 from llm.train.optim import multiplier_of
 from llm.train.setup import build_model
-from llm.train.step import train_step
+from llm.train.step import StepResult, train_step
 
 
 @pytest.fixture
@@ -27,7 +28,7 @@ def tiny(tiny_overrides: list[str]):
     return config, build_model(config.model)
 
 
-def _one_sgd_step(model: nn.Module, batches: list[torch.Tensor]) -> tuple[nn.Module, float, float]:
+def _sgd_step(model: nn.Module, batches: list[torch.Tensor]) -> tuple[nn.Module, StepResult]:
     """One train_step with SGD(lr=1), so the parameter change is exactly minus the gradient."""
     AcceleratorState._reset_state(True)
     GradientState._reset_state()
@@ -35,9 +36,28 @@ def _one_sgd_step(model: nn.Module, batches: list[torch.Tensor]) -> tuple[nn.Mod
     accelerator.gradient_accumulation_steps = len(batches)
     model = copy.deepcopy(model)
     model, optimizer = accelerator.prepare(model, torch.optim.SGD(model.parameters(), lr=1.0))
-    result = train_step(model, batches, optimizer, accelerator, grad_clip=0.0)
+    return model, train_step(model, batches, optimizer, accelerator, grad_clip=0.0)
+
+
+def _one_sgd_step(model: nn.Module, batches: list[torch.Tensor]) -> tuple[nn.Module, float, float]:
+    model, result = _sgd_step(model, batches)
     assert not result.skipped
     return model, result.loss, result.grad_norm
+
+
+def test_a_micro_batch_without_targets_adds_no_gradient_and_is_counted(tiny) -> None:
+    """Its loss is NaN (as F.cross_entropy's): before, its NaN gradients skipped the step (or, in a loop without the
+    skip, poisoned every weight); now it adds nothing, the step applies the other micro-batch's half gradient."""
+    config, model = tiny
+    batch = torch.randint(0, config.model.vocab_size, (2, 9), generator=torch.Generator().manual_seed(1))
+    no_targets = torch.tensor([[3, IGNORE_INDEX], [5, IGNORE_INDEX]])
+    alone, alone_result = _sgd_step(model, [batch])
+    both, result = _sgd_step(model, [batch, no_targets])
+    assert not result.skipped and result.no_target_batches == 1 and alone_result.no_target_batches == 0
+    assert result.loss == pytest.approx(alone_result.loss, rel=1e-6)
+    for p0, p_alone, p_both in zip(model.parameters(), alone.parameters(), both.parameters(), strict=True):
+        assert torch.isfinite(p_both).all()
+        torch.testing.assert_close(p_both - p0, (p_alone - p0) / 2, rtol=1e-5, atol=1e-7)
 
 
 def test_accumulation_matches_one_big_batch(tiny) -> None:
