@@ -55,18 +55,18 @@ from .layout import PackedDocuments, same_document
 if TYPE_CHECKING:
     from .config import ModelConfig
 
+#: SDPA kernels for one-token decoding: every backend but cuDNN, which builds an execution plan for each new
+#: key length, i.e. for every generated token. Measured on one H100 (torch 2.11, 134m, bf16, 2k context):
+#: 70-90 ms per token with the default choice, 22 ms with these (docs/performance.md, GPU results).
 DECODE_SDPA_BACKENDS = [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
-"""SDPA kernels for one-token decoding: every backend but cuDNN, which builds an execution plan for each new
-key length, i.e. for every generated token. Measured on one H100 (torch 2.11, 134m, bf16, 2k context):
-70-90 ms per token with the default choice, 22 ms with these (docs/performance.md, GPU results)."""
 
 
+#: iso_tanh's form on CUDA outside ``torch.compile``: fla's kernel from this many positions on, the chunked form
+#: below. 8,192 is where fla's kernel overtook flash attention on an H100 (docs/performance.md, second GPU check), not
+#: a measured crossover against the chunked form: it must be set from ``bench/bench_attention.py`` on a GPU (fla
+#: against ``chunked_compiled``, now with bf16 operands), which this commit has not run. Under ``torch.compile`` the
+#: chunked form always runs: fla's entry point is a graph break (no custom op wraps it yet).
 FLA_MIN_LENGTH = 8192
-"""iso_tanh's form on CUDA outside ``torch.compile``: fla's kernel from this many positions on, the chunked form
-below. 8,192 is where fla's kernel overtook flash attention on an H100 (docs/performance.md, second GPU check), not
-a measured crossover against the chunked form: it must be set from ``bench/bench_attention.py`` on a GPU (fla
-against ``chunked_compiled``, now with bf16 operands), which this commit has not run. Under ``torch.compile`` the
-chunked form always runs: fla's entry point is a graph break (no custom op wraps it yet)."""
 
 
 @functools.cache

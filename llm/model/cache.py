@@ -12,10 +12,10 @@ from transformers.cache_utils import Cache
 class LayerState:
     """What one decoder layer carries from one generation step to the next."""
 
+    #: The scoring's ``present``, a tuple of batch-first tensors: ``(k, v)`` for softmax, ``(S, G)`` for iso_tanh.
     attention: tuple[torch.Tensor, ...] | None = None
-    """The scoring's ``present``, a tuple of batch-first tensors: ``(k, v)`` for softmax, ``(S, G)`` for iso_tanh."""
+    #: The FFN's own running state (isogmlp's causal_mean gate keeps its prefix sum here).
     ffn: dict[str, torch.Tensor] = field(default_factory=dict)
-    """The FFN's own running state (isogmlp's causal_mean gate keeps its prefix sum here)."""
 
 
 @dataclass
@@ -23,16 +23,16 @@ class StaticDecoding:
     """A static cache's bookkeeping for one-token steps, on the device: no step reads a number back to the host,
     so the step can be captured once as a CUDA graph and replayed for every token."""
 
+    #: ``[1]`` long: where the next token's key and value go in the softmax buffers (the tokens seen so far).
     slot: torch.Tensor
-    """``[1]`` long: where the next token's key and value go in the softmax buffers (the tokens seen so far)."""
+    #: ``[B, capacity]`` bool: the slots that hold a real (not padding) token's key; a row's count of them is
+    #: also its next real token's position.
     real_keys: torch.Tensor
-    """``[B, capacity]`` bool: the slots that hold a real (not padding) token's key; a row's count of them is
-    also its next real token's position."""
+    #: ``[B, 1, 1, capacity]`` bool, set by each step (``static_decoding.decode_step``) for every softmax layer: the
+    #: real slots and the new token's own, so that a padded one sees a key (not 0/0).
     visible: torch.Tensor | None = None
-    """``[B, 1, 1, capacity]`` bool, set by each step (``static_decoding.decode_step``) for every softmax layer: the
-    real slots and the new token's own, so that a padded one sees a key (not 0/0)."""
+    #: The captured step on CUDA (``static_decoding.static_step``): the graph, its input buffers and its output.
     graph: tuple | None = None
-    """The captured step on CUDA (``static_decoding.static_step``): the graph, its input buffers and its output."""
 
 
 class IsoLLMCache(Cache):
@@ -60,8 +60,8 @@ class IsoLLMCache(Cache):
         super().__init__(layers=[LayerState() for _ in range(num_layers)])
         self.seen_tokens = 0
         self.max_length = max_length
+        #: Set after the prompt of a static cache (``max_length``).
         self.decoding: StaticDecoding | None = None
-        """Set after the prompt of a static cache (``max_length``)."""
 
     def get_seq_length(self, layer_idx: int = 0) -> int:
         return self.seen_tokens

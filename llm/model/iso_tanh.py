@@ -31,15 +31,15 @@ import torch.nn.functional as F
 
 from .isotropic import tanh_ratio
 
+#: ``(S, G)``, each ``[B, Hkv, D, D]`` in fp32 (fp64 for fp64 inputs): ``sum_j k_j v_j^T`` and
+#: ``sum_j k_j k_j^T`` over every token seen so far.
 IsoTanhState = tuple[torch.Tensor, torch.Tensor]
-"""``(S, G)``, each ``[B, Hkv, D, D]`` in fp32 (fp64 for fp64 inputs): ``sum_j k_j v_j^T`` and
-``sum_j k_j k_j^T`` over every token seen so far."""
 
+#: fla's ``chunk_linear_attn`` signature: ``(q, k, v, scale, initial_state, output_final_state,
+#: normalize, cu_seqlens=None) -> (o, final_state)`` on ``[B, T, H, K]`` tensors, ``o_i = sum_{j<=i} scale (q_i.k_j)
+#: v_j`` plus the initial state's contribution ``scale q_i^T state``; with ``cu_seqlens`` (B = 1), the sum restarts
+#: at each cut.
 LinearAttention = Callable[..., tuple[torch.Tensor, torch.Tensor | None]]
-"""fla's ``chunk_linear_attn`` signature: ``(q, k, v, scale, initial_state, output_final_state,
-normalize, cu_seqlens=None) -> (o, final_state)`` on ``[B, T, H, K]`` tensors, ``o_i = sum_{j<=i} scale (q_i.k_j)
-v_j`` plus the initial state's contribution ``scale q_i^T state``; with ``cu_seqlens`` (B = 1), the sum restarts
-at each cut."""
 
 
 @functools.cache

@@ -53,9 +53,9 @@ def mup_scaled_parameters(model: nn.Module) -> list[nn.Parameter]:
     return [module.get_parameter(name) for module in model.modules() for name in getattr(module, "MUP_SCALED", ())]
 
 
+#: The name under which the installed transformers' ``generate()`` hands the state to ``forward`` and reads it
+#: back from the output: ``cache`` from 5.24 on, ``past_key_values`` before (read off its public output class).
 CACHE_ARG = "cache" if "cache" in {f.name for f in dataclasses.fields(CausalLMOutputWithPast)} else "past_key_values"
-"""The name under which the installed transformers' ``generate()`` hands the state to ``forward`` and reads it
-back from the output: ``cache`` from 5.24 on, ``past_key_values`` before (read off its public output class)."""
 
 
 PACKED_WITH_STATE = (
