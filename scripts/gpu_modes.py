@@ -43,11 +43,10 @@ PARTS = {1: ("env", "step", "fp8", "long"), 2: ("env", "train"), 3: ("env", "com
 """The GPU check's stages by device call (``--part``); the dry run takes every stage in one. Part 1 is the short
 GPU part (issue 47: 6 minutes at most with the machine's start-up): the headline rows, the FP8 head, long context."""
 
-FP8_HEAD = ("lm_head_dtype", "fp8")
+FP8_HEAD = ("lm_head_precision", "fp8")
 """FP8 head rows: the ModelConfig field and value of the FP8 LM head (issue 47, item 3), set on a copy of
-swiglu+softmax by ``--extra-row "swiglu+softmax fp8-head:FIELD=VALUE"``. Until ModelConfig has this field, the
-fp8 and fp8_loss stages are skipped and say so; if the field lands under another name or value, change it here
-only."""
+swiglu+softmax by ``--extra-row "swiglu+softmax fp8-head:FIELD=VALUE"`` (``ModelConfig.lm_head_precision``; the
+fp8 and fp8_loss stages are skipped, and say so, for a ModelConfig without it)."""
 
 FP8_LOSS_TOLERANCE = (0.05, 0.005)
 """The FP8 head's loss against bf16's (fp8_loss stage): |difference| at step 1, and the relative difference of

@@ -22,6 +22,8 @@ version() { "$PYTHON" -c 'import importlib.metadata as m, sys; print(m.version(s
 rm -rf "$DEST" && mkdir -p "$DEST"
 pins=()
 for name in "${BINARY[@]}"; do pins+=("$name==$(version "$name")"); done
+# liger-kernel (the gpu extra's, for bench_train_step's Liger row) is not in the CPU environment: its pin is read
+pins+=("$(grep '^liger-kernel==' constraints.txt)")  # from constraints.txt (pure Python, needs torch and triton)
 "$PYTHON" -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
     --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 \
     --platform any -d "$DEST" "${pins[@]}"
