@@ -10,7 +10,7 @@ backward pass then only scales them by the incoming gradient.
 The chunk loop is a ``torch.library`` custom op, so a compiled caller holds it as one opaque node rather than
 breaking its graph or unrolling the loop. ``train.compile`` compiles the decoder layers only: the loss op runs
 outside them, eagerly, its chunk loop in Python. On CUDA each chunk's softmax and gradient run as their own
-compiled kernel (``compiled``) that reads the half-precision logits and writes their
+compiled kernel (``compiled(chunk_loss_and_grad)``) that reads the half-precision logits and writes their
 half-precision gradient, with the softmax statistics in fp32 in registers: no fp32 copy of the chunk's logits.
 
 The result equals ``F.cross_entropy((hidden @ weight.T).float(), targets, ignore_index=...)`` (the mean over
