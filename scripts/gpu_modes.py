@@ -112,7 +112,7 @@ DRY = Mode(
     name="dry-run",
     budget_s=480,
     boxes={"env": 30, "step": 90, "fp8": 30, "long": 40, "pytest": 90, "train": 200, "compile": 150, "attention": 60,
-           "fp8_loss": 60, "step_more": 60, "generate": 40, "batch": 60},
+           "fp8_loss": 120, "step_more": 60, "generate": 40, "batch": 60},
     step_args=_bench("--seq", "32", "--batch", "2", "--packed-docs", "8", "--qwen3", "loss-inside", "liger",
                      "--profile", device=CPU),
     train_steps=20,
