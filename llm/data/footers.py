@@ -146,8 +146,7 @@ def _cached_or_read(files: Sequence[str], cache_dir: str | None) -> dict[str, Fo
         for file, fp in zip(files, prints, strict=True):
             if fp is not None and file in cached and cached[file][0] == fp:
                 found[file] = cached[file][1]
-    missing = [file for file in files if file not in found]
-    if missing:
+    if missing := [file for file in files if file not in found]:
         with ThreadPoolExecutor(min(FOOTER_THREADS, len(missing))) as pool:
             found.update(zip(missing, pool.map(lambda file: Footer.of(read_metadata(file)), missing),
                              strict=True))

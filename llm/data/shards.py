@@ -155,8 +155,7 @@ class PreparedTokens(TokenSource):
                                 f"data.{key} is {getattr(data_cfg, key)}; prepare again")
         # the validation set is read from data.source, so tokens prepared from another source would not
         # have its held-out documents removed (or would train on another corpus than the one evaluated)
-        difference = _source_difference(self.index["source"], data_source(data_cfg).identity())
-        if difference:
+        if difference := _source_difference(self.index["source"], data_source(data_cfg).identity()):
             raise DataError(f"data.prepared: {self.root} was prepared from another source than data.source "
                             f"({difference}); prepare again")
         self.cfg = data_cfg
@@ -216,9 +215,7 @@ class PreparedTokens(TokenSource):
 
     def node_windows(self, node: int, num_nodes: int, state: State | None) -> Iterator[tuple[np.ndarray, State]]:
         state = state or START
-        taken = state["taken"]
-        for position in node_positions(state, node, num_nodes):
-            taken += 1
+        for taken, position in enumerate(node_positions(state, node, num_nodes), start=state["taken"] + 1):
             yield self.window(position), {**state, "taken": taken}
 
     def reshard(self, states: list[State | None], num_nodes: int) -> list[State]:

@@ -218,10 +218,8 @@ def source_files(source: Source) -> tuple[str, tuple[str, ...]]:
     return kind, files
 
 
-@functools.cache
-def _resolve_once(source: str, name: str | None, split: str, text_column: str, id_column: str | None,
-                  data_format: str | None, cache_dir: str) -> Source:
-    return resolve_source(source, name, split, text_column, id_column, data_format, cache_dir)
+# ``resolve_source`` once per process for each set of arguments (``data_source``)
+_resolve_once = functools.cache(resolve_source)
 
 
 def data_source(data_cfg: DataConfig) -> Source:
