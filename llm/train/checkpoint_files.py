@@ -26,11 +26,9 @@ from llm.data.cache_io import file_checksum
 from llm.errors import IsollmWarning, one_line
 from llm.train.distributed import gather_messages, is_main_process
 
-__all__ = [
-    "MANIFEST", "MODEL_DIR", "POINTER", "CheckpointError", "CheckpointWarning", "checkpoint_name", "checkpoint_names",
-    "fsync_path", "latest_checkpoint", "pointer_target", "prune",
-    "usable_checkpoints", "verify_checkpoint", "write_manifest", "write_pointer",
-]
+__all__ = ["MANIFEST", "MODEL_DIR", "POINTER", "CheckpointError", "CheckpointWarning", "checkpoint_name",
+           "checkpoint_names", "fsync_path", "latest_checkpoint", "pointer_target", "prune", "usable_checkpoints",
+           "verify_checkpoint", "write_manifest", "write_pointer"]
 
 POINTER = "latest"
 MANIFEST = "manifest.json"
@@ -160,12 +158,9 @@ def usable_checkpoints(ckpt_dir: str | Path, *, all_ranks: bool = False) -> Iter
     and every rank takes its verdict (one read of the checkpoint, not one per rank, and the same decision
     everywhere)."""
     ckpt_dir = Path(ckpt_dir)
-    candidates = _complete_dirs(ckpt_dir)
     target = pointer_target(ckpt_dir, warn=True)
-    if target is not None and ckpt_dir / target in candidates:
-        candidates.remove(ckpt_dir / target)
-        candidates.insert(0, ckpt_dir / target)
-    for candidate in candidates:
+    # the pointer's target first, the others newest first (``sorted`` is stable)
+    for candidate in sorted(_complete_dirs(ckpt_dir), key=lambda path: path.name != target):
         error = None
         if not all_ranks or is_main_process():
             try:

@@ -27,6 +27,7 @@ model config: every module lists them in ``LR_MULTIPLIERS`` (parameter name -> m
 from __future__ import annotations
 
 import math
+from contextlib import suppress
 
 import torch
 from torch import nn
@@ -46,10 +47,8 @@ def multiplier_of(model: nn.Module) -> dict[int, str]:
     fields: dict[int, str] = {}
     for module in model.modules():
         for name, field in getattr(module, "LR_MULTIPLIERS", {}).items():
-            try:
+            with suppress(AttributeError):  # an ablated parameter (iso_ln with a fixed alpha has no alpha_raw)
                 fields[id(module.get_parameter(name))] = field
-            except AttributeError:  # an ablated parameter (iso_ln with a fixed alpha has no alpha_raw)
-                continue
     return fields
 
 
