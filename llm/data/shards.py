@@ -22,6 +22,7 @@ of nodes starts from the first position no node took, skipping those taken beyon
 
 from __future__ import annotations
 
+import itertools
 import json
 from collections.abc import Iterator
 from pathlib import Path
@@ -224,12 +225,9 @@ class PreparedTokens(TokenSource):
 
 def node_positions(state: State, node: int, num_nodes: int) -> Iterator[int]:
     """Node ``node``'s positions of the global shuffled order that it has not taken yet, in order."""
-    first, skip = state["from"], state["skip"]
-    skipped = set(skip)
-    k = _class_index(first, node, num_nodes, skip, state["taken"])
-    while True:
+    first, skipped = state["from"], set(state["skip"])
+    for k in itertools.count(_class_index(first, node, num_nodes, state["skip"], state["taken"])):
         position = first + node + num_nodes * k
-        k += 1
         if position not in skipped:
             yield position
 

@@ -52,8 +52,7 @@ def load_tokenizer(spec: str | None = None) -> Tokenizer:
     """A tokenizer from a local tokenizer.json, a directory holding one, or a hub id (downloaded only when
     named explicitly); None: the offline Qwen3 files, else the hub's Qwen/Qwen3-0.6B."""
     if spec is None:
-        offline = _offline_qwen3_file()
-        if offline is not None:
+        if (offline := _offline_qwen3_file()) is not None:
             return Tokenizer.from_file(str(offline))
         try:
             return Tokenizer.from_pretrained(DEFAULT_HUB_TOKENIZER)
