@@ -127,9 +127,8 @@ def verify_checkpoint(path: str | Path) -> None:
     """Raise ``CheckpointError`` unless every file of the manifest exists with its size and checksum and
     the safetensors files parse. (Manifests written before checksums, sizes only, are checked by size.)"""
     path = Path(path)
-    manifest = path / MANIFEST
     try:
-        entries = json.loads(manifest.read_text())
+        entries = json.loads((path / MANIFEST).read_text())
         entries = {rel: entry if isinstance(entry, dict) else {"size": entry} for rel, entry in entries.items()}
     except (OSError, ValueError, AttributeError) as err:
         raise CheckpointError(f"{path}: unreadable {MANIFEST} ({one_line(err)})") from None
@@ -137,8 +136,7 @@ def verify_checkpoint(path: str | Path) -> None:
         file = path / rel
         if not file.is_file():
             raise CheckpointError(f"{path}: {rel} is missing (its {MANIFEST} lists it)")
-        actual = file.stat().st_size
-        if actual != entry.get("size"):
+        if (actual := file.stat().st_size) != entry.get("size"):
             raise CheckpointError(f"{path}: {rel} has {actual} bytes, expected {entry.get('size')}")
         if "xxh3_128" in entry and file_checksum(file, xxhash.xxh3_128) != entry["xxh3_128"]:
             raise CheckpointError(f"{path}: {rel} does not match its checksum in {MANIFEST} (altered on disk)")
