@@ -25,9 +25,9 @@ from llm.model.config import ConfigError
 
 __all__ = ["main"]
 
+# Flags that stand for a ``data.*`` override.
 SHORTCUTS = (("source", "data.source"), ("name", "data.name"), ("tokenizer", "data.tokenizer"),
              ("val_bucket", "data.val_bucket"))
-"""Flags that stand for a ``data.*`` override."""
 
 
 def _data_config(args: argparse.Namespace) -> DataConfig:

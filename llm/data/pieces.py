@@ -41,21 +41,21 @@ from llm.data.sources import Source, resolve_source, source_files
 
 __all__ = ["Batch", "Piece", "PieceReader", "iter_local_texts", "list_pieces", "read_errors", "read_piece"]
 
+# Rows by column: ``text`` and, when the source has one, the id column.
 Batch = dict[str, list]
-"""Rows by column: ``text`` and, when the source has one, the id column."""
 
 
 @dataclass(frozen=True)
 class Piece:
     file: str
+    # The file's format: parquet, json (JSON Lines) or text.
     kind: str
-    """The file's format: parquet, json (JSON Lines) or text."""
+    # Parquet row group; 0 for a line-oriented file (one piece per file).
     group: int
-    """Parquet row group; 0 for a line-oriented file (one piece per file)."""
+    # Length in the piece's unit: rows (parquet) or bytes (jsonl, txt).
     size: int
-    """Length in the piece's unit: rows (parquet) or bytes (jsonl, txt)."""
+    # Bytes on disk (a row group's compressed size).
     num_bytes: int
-    """Bytes on disk (a row group's compressed size)."""
 
 
 @functools.cache

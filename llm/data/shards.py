@@ -44,8 +44,8 @@ from llm.data.tokenizer import encode_documents, tokenizer_identity, top_id
 
 __all__ = ["FORMAT", "INDEX_FILE", "START", "PreparedTokens", "continue_positions", "node_positions", "prepare"]
 
+# A node's state before its first window.
 START: State = {"from": 0, "skip": [], "taken": 0}
-"""A node's state before its first window."""
 
 
 def prepare(data_cfg: DataConfig, tokenizer: Tokenizer, out_dir: str | Path, max_tokens: int | None = None
