@@ -26,13 +26,13 @@ __all__ = [
 ]
 
 
+# An override giving ``TrainConfig.validate`` the training budget it requires where nothing is trained (a size
+# preset is only a ``model:`` section; a hub model has no run config); files or overrides that set one win.
 PLACEHOLDER_BUDGET = "train.max_steps=1"
-"""An override giving ``TrainConfig.validate`` the training budget it requires where nothing is trained (a size
-preset is only a ``model:`` section; a hub model has no run config); files or overrides that set one win."""
+# ``data.format`` -> how its documents are read (llm.data.sources), for local files whatever their suffix
+# (WikiText-2's ``wiki.test.raw`` is text). Here, so that the config validates it without importing the data
+# layer.
 FORMAT_NAMES = {"text": "text", "parquet": "parquet", "jsonl": "json", "json": "json"}
-"""``data.format`` -> how its documents are read (llm.data.sources), for local files whatever their suffix
-(WikiText-2's ``wiki.test.raw`` is text). Here, so that the config validates it without importing the data
-layer."""
 
 
 def _check_at_least(section: object, low: int, *names: str) -> None:
@@ -44,61 +44,61 @@ def _check_at_least(section: object, low: int, *names: str) -> None:
 
 @dataclass
 class DataConfig:
+    # A hub dataset id, or a local parquet/jsonl/json/txt file, directory or glob.
     source: str = "HuggingFaceFW/fineweb"
-    """A hub dataset id, or a local parquet/jsonl/json/txt file, directory or glob."""
+    # Format of local files: text | parquet | jsonl | json; None: from each file's suffix (a ``.raw``
+    # file, as WikiText-2 ships, needs ``text``).
     format: str | None = None
-    """Format of local files: text | parquet | jsonl | json; None: from each file's suffix (a ``.raw``
-    file, as WikiText-2 ships, needs ``text``)."""
+    # Hub config name (FineWeb: sample-10BT, CC-MAIN-2024-10, ...); ignored for local files.
     name: str | None = "sample-10BT"
-    """Hub config name (FineWeb: sample-10BT, CC-MAIN-2024-10, ...); ignored for local files."""
     split: str = "train"
     text_column: str = "text"
+    # Column hashed for the validation split; documents without it are hashed by their text.
     id_column: str | None = "id"
-    """Column hashed for the validation split; documents without it are hashed by their text."""
+    # Hub id, tokenizer.json or directory; None: the Qwen3 files of the `offline` extra, else the hub.
     tokenizer: str | None = None
-    """Hub id, tokenizer.json or directory; None: the Qwen3 files of the `offline` extra, else the hub."""
+    # Tokens a model sees per sequence; windows hold seq_len + 1 tokens (inputs and shifted targets).
     seq_len: int = 2048
-    """Tokens a model sees per sequence; windows hold seq_len + 1 tokens (inputs and shifted targets)."""
+    # Score each document packed into a window as if alone, in training and validation alike: positions restart
+    # after every EOS (``llm.data.packing``), and attention, iso_tanh's state and IsoGMLP's causal gates restart
+    # with them. Off, a token sees the documents packed before it in its window. On by default because the FFN
+    # variants that mix positions (IsoGMLP's gates) would otherwise be compared partly on cross-document mixing.
+    # Runs saved before this option existed read back as false (they trained without it).
     document_masking: bool = True
-    """Score each document packed into a window as if alone, in training and validation alike: positions restart
-    after every EOS (``llm.data.packing``), and attention, iso_tanh's state and IsoGMLP's causal gates restart
-    with them. Off, a token sees the documents packed before it in its window. On by default because the FFN
-    variants that mix positions (IsoGMLP's gates) would otherwise be compared partly on cross-document mixing.
-    Runs saved before this option existed read back as false (they trained without it)."""
+    # Data order seed, separate from the model seed so every run of a comparison sees the same data.
     seed: int = 0
-    """Data order seed, separate from the model seed so every run of a comparison sees the same data."""
+    # Windows permuted together by the deterministic window-level shuffle; 1 disables it.
     shuffle_block: int = 256
-    """Windows permuted together by the deterministic window-level shuffle; 1 disables it."""
+    # Shuffle the order of pieces (parquet row groups, jsonl/txt files) per epoch with ``seed`` before the
+    # epoch is split among ranks x workers (exactly resumable).
     shuffle_shards: bool = True
-    """Shuffle the order of pieces (parquet row groups, jsonl/txt files) per epoch with ``seed`` before the
-    epoch is split among ranks x workers (exactly resumable)."""
+    # One document in ``val_bucket`` (by hash) is held out for validation and never trained on.
     val_bucket: int = 1000
-    """One document in ``val_bucket`` (by hash) is held out for validation and never trained on."""
+    # Size of the fixed validation set, materialised once and shared by every variant and rank.
     val_tokens: int = 1_048_576
-    """Size of the fixed validation set, materialised once and shared by every variant and rank."""
+    # DataLoader workers per process; each reads a disjoint subset of the stream.
     num_workers: int = 0
-    """DataLoader workers per process; each reads a disjoint subset of the stream."""
+    # Source rows read per batched tokenizer call (validation rows dropped first); also the re-read
+    # granularity of a resume.
     tokenize_batch: int = 64
-    """Source rows read per batched tokenizer call (validation rows dropped first); also the re-read
-    granularity of a resume."""
+    # A longer document is tokenized in parts of at most ``max_doc_chars`` characters (about 250k Qwen3
+    # tokens; FineWeb's documents average ~3k characters), cut before a word, so one huge document (a text file
+    # without blank lines is one) costs a tokenizer call what a batch does; every part is kept, and the tokens
+    # are the whole document's. Training and validation documents alike.
     max_doc_chars: int = 1_000_000
-    """A longer document is tokenized in parts of at most ``max_doc_chars`` characters (about 250k Qwen3
-    tokens; FineWeb's documents average ~3k characters), cut before a word, so one huge document (a text file
-    without blank lines is one) costs a tokenizer call what a batch does; every part is kept, and the tokens
-    are the whole document's. Training and validation documents alike."""
+    # Directory of pre-tokenized uint32 tokens written by `isollm-data prepare`; overrides streaming, and a run
+    # reading it resumes with any number of processes and workers.
     prepared: str | None = None
-    """Directory of pre-tokenized uint32 tokens written by `isollm-data prepare`; overrides streaming, and a run
-    reading it resumes with any number of processes and workers."""
+    # Where the materialised validation set (keyed by source, tokenizer and seq_len) and what the parquet
+    # footers say (keyed by the files, each checked by size and mtime or hub blob id) are cached; shared by the
+    # ranks of a job (the main process writes first), later jobs and ``isollm-data plan`` / ``prepare``.
     cache_dir: str = "data_cache"
-    """Where the materialised validation set (keyed by source, tokenizer and seq_len) and what the parquet
-    footers say (keyed by the files, each checked by size and mtime or hub blob id) are cached; shared by the
-    ranks of a job (the main process writes first), later jobs and ``isollm-data plan`` / ``prepare``."""
+    # Retries of a failed streaming read (connection drop, timeout, unreadable shard) before the run stops
+    # with a ``DataError`` naming the shard; each retry re-opens the shard at the last good position. Counted
+    # per failure: a successful read resets it, so transient drops over a long run never add up.
     read_retries: int = 5
-    """Retries of a failed streaming read (connection drop, timeout, unreadable shard) before the run stops
-    with a ``DataError`` naming the shard; each retry re-opens the shard at the last good position. Counted
-    per failure: a successful read resets it, so transient drops over a long run never add up."""
+    # Sleep before retry k (1-based) is ``retry_backoff_s * 2**(k - 1)``: 1+2+4+8+16 s over the defaults.
     retry_backoff_s: float = 1.0
-    """Sleep before retry k (1-based) is ``retry_backoff_s * 2**(k - 1)``: 1+2+4+8+16 s over the defaults."""
 
     def validate(self) -> DataConfig:
         if self.format is not None:
@@ -111,57 +111,57 @@ class DataConfig:
 
 @dataclass
 class TrainConfig:
+    # Peak learning rate (the papers: 3e-4).
     lr: float = 3e-4
-    """Peak learning rate (the papers: 3e-4)."""
+    # Cosine decay ends at lr * min_lr_ratio.
     min_lr_ratio: float = 0.1
-    """Cosine decay ends at lr * min_lr_ratio."""
     warmup_steps: int = 100
+    # Optimizer steps; 0 derives them from ``max_tokens``.
     max_steps: int = 0
-    """Optimizer steps; 0 derives them from ``max_tokens``."""
+    # Token budget of the run (used when max_steps is 0); the same for every run of a comparison.
     max_tokens: int = 0
-    """Token budget of the run (used when max_steps is 0); the same for every run of a comparison."""
+    # Tokens per optimizer step over all processes; gradient accumulation makes up the difference.
     global_batch_tokens: int = 524_288
-    """Tokens per optimizer step over all processes; gradient accumulation makes up the difference."""
+    # Sequences per forward pass per process.
     micro_batch_size: int = 8
-    """Sequences per forward pass per process."""
+    # Decoupled weight decay of matrices; norms, biases, gains and embeddings get none.
     weight_decay: float = 0.1
-    """Decoupled weight decay of matrices; norms, biases, gains and embeddings get none."""
     beta1: float = 0.9
     beta2: float = 0.95
     eps: float = 1e-8
+    # Clip the global gradient norm to this; 0 disables clipping (the pre-clip norm is logged).
     grad_clip: float = 1.0
-    """Clip the global gradient norm to this; 0 disables clipping (the pre-clip norm is logged)."""
+    # auto (bf16 autocast on GPU, fp32 elsewhere) | fp32 | bf16 (bf16 autocast on any device).
     precision: str = "auto"
-    """auto (bf16 autocast on GPU, fp32 elsewhere) | fp32 | bf16 (bf16 autocast on any device)."""
+    # On CUDA, the training step's fp32 matmuls run on TF32 tensor cores (fp32 accumulation, 10-bit operands).
+    # Under bf16 autocast those are only iso_tanh's running sums, whose bf16-born operands TF32 holds exactly (1.13x
+    # on the swiglu+iso_tanh step); with ``precision: fp32``, every matmul, as nanoGPT trains. Evaluation and
+    # the metrics always run full fp32; false keeps the step there too.
     tf32: bool = True
-    """On CUDA, the training step's fp32 matmuls run on TF32 tensor cores (fp32 accumulation, 10-bit operands).
-    Under bf16 autocast those are only iso_tanh's running sums, whose bf16-born operands TF32 holds exactly (1.13x
-    on the swiglu+iso_tanh step); with ``precision: fp32``, every matmul, as nanoGPT trains. Evaluation and
-    the metrics always run full fp32; false keeps the step there too."""
+    # torch.compile each decoder layer (in place, one compiled graph shared by all layers).
     compile: bool = False
-    """torch.compile each decoder layer (in place, one compiled graph shared by all layers)."""
+    # Recompute every n-th decoder layer in the backward pass instead of keeping its activations (non-reentrant
+    # ``torch.utils.checkpoint`` through transformers' ``activation_checkpointing_enable``): 0 off, 1 every layer,
+    # n layers 0, n, 2n, ... Same loss and gradients; less activation memory (``isollm-params --plan``) for time.
     activation_checkpointing: int = 0
-    """Recompute every n-th decoder layer in the backward pass instead of keeping its activations (non-reentrant
-    ``torch.utils.checkpoint`` through transformers' ``activation_checkpointing_enable``): 0 off, 1 every layer,
-    n layers 0, n, 2n, ... Same loss and gradients; less activation memory (``isollm-params --plan``) for time."""
     log_every: int = 10
     eval_every: int = 200
     checkpoint_every: int = 500
+    # Keep the newest K complete checkpoints.
     keep_checkpoints: int = 3
-    """Keep the newest K complete checkpoints."""
+    # Rolling window (steps) of the gradient-norm variance and coefficient of variation.
     grad_norm_window: int = 100
-    """Rolling window (steps) of the gradient-norm variance and coefficient of variation."""
+    # Stop after this many consecutive non-finite losses or gradients (each one is skipped).
     max_bad_steps: int = 5
-    """Stop after this many consecutive non-finite losses or gradients (each one is skipped)."""
+    # How long a rank waits in a collective (all-reduce, barrier) before the run fails with one line: a peer that
+    # died or is stuck ends the whole run in bounded time. Long enough for rank 0 to build the validation set or
+    # write a checkpoint while the others wait; raise it if that takes longer on your storage.
     collective_timeout_s: float = 900.0
-    """How long a rank waits in a collective (all-reduce, barrier) before the run fails with one line: a peer that
-    died or is stuck ends the whole run in bounded time. Long enough for rank 0 to build the validation set or
-    write a checkpoint while the others wait; raise it if that takes longer on your storage."""
+    # After SIGTERM/SIGINT a run finishes its step, checkpoints and exits 0; a rank still running this long after
+    # the signal (blocked in a collective whose peer is gone) exits 1 with one line instead of hanging.
     stop_grace_s: float = 300.0
-    """After SIGTERM/SIGINT a run finishes its step, checkpoints and exits 0; a rank still running this long after
-    the signal (blocked in a collective whose peer is gone) exits 1 with one line instead of hanging."""
+    # Token vectors per layer used for the isotropy metrics at each eval.
     isotropy_samples: int = 2048
-    """Token vectors per layer used for the isotropy metrics at each eval."""
 
     def validate(self) -> TrainConfig:
         # NaN and inf would fail plain comparisons too (a NaN grad_clip silently disables clipping), but are
@@ -196,17 +196,17 @@ class TrainConfig:
 
 @dataclass
 class RunConfig:
+    # Run directory name under ``out_dir``.
     name: str = "run"
-    """Run directory name under ``out_dir``."""
     out_dir: str = "runs"
+    # Model-initialisation and dropout seed (the data order has its own, ``data.seed``).
     seed: int = 0
-    """Model-initialisation and dropout seed (the data order has its own, ``data.seed``)."""
+    # true: continue from the newest usable checkpoint in the run directory (none there yet: start at step
+    # 0; only unusable ones: refuse, naming them, rather than overwrite them); restart: the same, but start at
+    # step 0 over unusable checkpoints.
     resume: bool | str = False
-    """true: continue from the newest usable checkpoint in the run directory (none there yet: start at step
-    0; only unusable ones: refuse, naming them, rather than overwrite them); restart: the same, but start at
-    step 0 over unusable checkpoints."""
+    # Accelerate trackers besides metrics.jsonl: tensorboard, wandb (the `track` extra), or none.
     trackers: list[str] = field(default_factory=lambda: ["tensorboard"])
-    """Accelerate trackers besides metrics.jsonl: tensorboard, wandb (the `track` extra), or none."""
     wandb_project: str = "isollm"
     model: ModelConfig = field(default_factory=ModelConfig)
     data: DataConfig = field(default_factory=DataConfig)

@@ -42,8 +42,7 @@ def offline_unless_reachable() -> str | None:
 
     if constants.is_offline_mode():
         return None
-    reason = hub_unreachable()
-    if reason is not None:
+    if (reason := hub_unreachable()) is not None:
         os.environ["HF_HUB_OFFLINE"] = "1"  # for processes started from here (data workers) and later imports
         constants.HF_HUB_OFFLINE = True  # read at each request by huggingface_hub and transformers
         if "datasets.config" in sys.modules:  # datasets copies the setting when imported

@@ -41,14 +41,14 @@ __all__ = ["MODES", "MemoryPlan", "activation_bytes", "checkpointed_layers", "la
            "recompute_bytes"]
 
 MODES = ("single", "ddp", "fsdp2", "zero2", "zero3")
+# ``reduce_bucket_size`` of launch/deepspeed/zero2.json and zero3.json.
 REDUCE_BUCKET_ELEMENTS = 50_000_000
-"""``reduce_bucket_size`` of launch/deepspeed/zero2.json and zero3.json."""
 RESERVED_FRACTION = 0.1
 ACTIVATION_BYTES = {"fp32": 4.0, "bf16": 3.0}
 
+# Elements per token per layer kept by the FFN block, per intermediate width (its norm keeps 2 per hidden
+# width): SwiGLU keeps its gate and up projections, their product and the down projection's input.
 FFN_ACTIVATIONS = {"swiglu": 4, "isogmlp": 7, "iso_ln": 6, "iso_mlp": 2}
-"""Elements per token per layer kept by the FFN block, per intermediate width (its norm keeps 2 per hidden
-width): SwiGLU keeps its gate and up projections, their product and the down projection's input."""
 
 
 def _layer_elements(config: ModelConfig, seq_len: int) -> float:
@@ -90,8 +90,8 @@ class MemoryPlan:
     gradients: float
     optimizer: float
     activations: float
+    # The fused LM head's chunk of logits with its gradient, and the embedding gradient it computes.
     logits: float
-    """The fused LM head's chunk of logits with its gradient, and the embedding gradient it computes."""
 
     @property
     def total(self) -> float:

@@ -25,9 +25,9 @@ from llm.model.config import ConfigError
 
 __all__ = ["main"]
 
+# Flags that stand for a ``data.*`` override.
 SHORTCUTS = (("source", "data.source"), ("name", "data.name"), ("tokenizer", "data.tokenizer"),
              ("val_bucket", "data.val_bucket"))
-"""Flags that stand for a ``data.*`` override."""
 
 
 def _data_config(args: argparse.Namespace) -> DataConfig:
@@ -141,8 +141,7 @@ def main(argv: list[str] | None = None) -> int:
     # Overrides may also follow options (``plan SRC --world-size 2 data.seed=1``): argparse fills a positional
     # list only from the arguments before the first option, and leaves later ones unrecognised.
     args, extra = parser.parse_known_args(argv)
-    stray = [arg for arg in extra if arg.startswith("-") or "=" not in arg or not hasattr(args, "overrides")]
-    if stray:
+    if stray := [arg for arg in extra if arg.startswith("-") or "=" not in arg or not hasattr(args, "overrides")]:
         parser.error(f"unrecognized arguments: {' '.join(stray)}")
     if extra:
         args.overrides = [*args.overrides, *extra]

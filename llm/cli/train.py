@@ -84,8 +84,7 @@ def main(argv: list[str] | None = None) -> int:
 def _record_exit(code: int) -> None:
     """Under launch/supervise.sh (``ISOLLM_EXIT_DIR`` set), write this rank's exit code and the node's rank count
     there: it exits 0 when every rank did, whatever the launcher's own status after a signal."""
-    directory = os.environ.get("ISOLLM_EXIT_DIR")
-    if directory:
+    if directory := os.environ.get("ISOLLM_EXIT_DIR"):
         rank, ranks = os.environ.get("LOCAL_RANK", "0"), os.environ.get("LOCAL_WORLD_SIZE", "1")
         Path(directory, f"rank{rank}").write_text(f"{code} {ranks}\n")
 

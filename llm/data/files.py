@@ -12,12 +12,12 @@ import fsspec
 
 __all__ = ["CONTENT_KEYS", "Fingerprint", "file_size", "fingerprints", "open_file"]
 
+# Keys of fsspec's file info that change with a file's content: a local file's modification time, a hub file's
+# git blob id (and xet hash), an object store's ETag or modification time.
 CONTENT_KEYS = ("mtime", "blob_id", "xet_hash", "ETag", "etag", "LastModified", "last_modified", "md5")
-"""Keys of fsspec's file info that change with a file's content: a local file's modification time, a hub file's
-git blob id (and xet hash), an object store's ETag or modification time."""
 
+# A file's size and the ``CONTENT_KEYS`` its filesystem reports.
 Fingerprint = dict[str, int | float | str]
-"""A file's size and the ``CONTENT_KEYS`` its filesystem reports."""
 
 
 def open_file(file: str) -> BinaryIO:

@@ -40,20 +40,20 @@ from llm.errors import one_line
 __all__ = ["FOOTER_THREADS", "FORMAT", "Footer", "footer_cache_path", "footers", "parquet_metadata", "read_cache",
            "read_metadata", "write_cache"]
 
+# Footers read at once (one request each on the hub).
 FOOTER_THREADS = 32
-"""Footers read at once (one request each on the hub)."""
+# Layout of a footer cache file; a file of another is rebuilt.
 FORMAT = 1
-"""Layout of a footer cache file; a file of another is rebuilt."""
 
 
 @dataclass(frozen=True)
 class Footer:
     """What a parquet file's footer says about the file, without its statistics and encodings."""
 
+    # (name, arrow type) of each column.
     columns: tuple[tuple[str, str], ...]
-    """(name, arrow type) of each column."""
+    # (rows, compressed bytes of all columns) of each row group.
     row_groups: tuple[tuple[int, int], ...]
-    """(rows, compressed bytes of all columns) of each row group."""
 
     @property
     def num_rows(self) -> int:
@@ -73,8 +73,8 @@ class Footer:
         return cls(columns, groups)
 
 
+# This process's footers by file (the first listing of a source fills it; its files are not re-checked).
 _KNOWN: dict[str, Footer] = {}
-"""This process's footers by file (the first listing of a source fills it; its files are not re-checked)."""
 
 
 def read_metadata(file: str) -> pq.FileMetaData:
@@ -146,8 +146,7 @@ def _cached_or_read(files: Sequence[str], cache_dir: str | None) -> dict[str, Fo
         for file, fp in zip(files, prints, strict=True):
             if fp is not None and file in cached and cached[file][0] == fp:
                 found[file] = cached[file][1]
-    missing = [file for file in files if file not in found]
-    if missing:
+    if missing := [file for file in files if file not in found]:
         with ThreadPoolExecutor(min(FOOTER_THREADS, len(missing))) as pool:
             found.update(zip(missing, pool.map(lambda file: Footer.of(read_metadata(file)), missing),
                              strict=True))

@@ -41,21 +41,21 @@ from llm.data.sources import Source, resolve_source, source_files
 
 __all__ = ["Batch", "Piece", "PieceReader", "iter_local_texts", "list_pieces", "read_errors", "read_piece"]
 
+# Rows by column: ``text`` and, when the source has one, the id column.
 Batch = dict[str, list]
-"""Rows by column: ``text`` and, when the source has one, the id column."""
 
 
 @dataclass(frozen=True)
 class Piece:
     file: str
+    # The file's format: parquet, json (JSON Lines) or text.
     kind: str
-    """The file's format: parquet, json (JSON Lines) or text."""
+    # Parquet row group; 0 for a line-oriented file (one piece per file).
     group: int
-    """Parquet row group; 0 for a line-oriented file (one piece per file)."""
+    # Length in the piece's unit: rows (parquet) or bytes (jsonl, txt).
     size: int
-    """Length in the piece's unit: rows (parquet) or bytes (jsonl, txt)."""
+    # Bytes on disk (a row group's compressed size).
     num_bytes: int
-    """Bytes on disk (a row group's compressed size)."""
 
 
 @functools.cache
@@ -227,10 +227,7 @@ class PieceReader:
     def __init__(self, source: Source, data_cfg: DataConfig) -> None:
         self.source = source
         self.pieces = list_pieces(source)
-        self.batch_size = data_cfg.tokenize_batch
-        self.max_bytes = data_cfg.max_doc_chars
-        self.retries = data_cfg.read_retries
-        self.backoff_s = data_cfg.retry_backoff_s
+        self.cfg = data_cfg
 
     def label(self, piece: Piece) -> str:
         """The piece as a user finds it: its file (a hub file by URL), and the row group when there are
@@ -244,29 +241,25 @@ class PieceReader:
         """(position before, rows, position after) from ``start`` to ``hi`` of piece ``piece``; a failed read
         (``read_errors()``) is retried from the position after the last good batch, as ``data.read_retries`` and
         ``data.retry_backoff_s`` say, so the rows continue exactly as if nothing had failed."""
-        failures = 0
-        reader = read_piece(self.source, self.pieces[piece], start, hi, self.batch_size, self.max_bytes)
+        failures, retries = 0, self.cfg.read_retries
         while True:
             try:
-                before, rows, after = next(reader)
-            except StopIteration:
+                for before, rows, after in read_piece(self.source, self.pieces[piece], start, hi,
+                                                      self.cfg.tokenize_batch, self.cfg.max_doc_chars):
+                    failures = 0
+                    yield before, rows, after
+                    start = after
                 return
             except read_errors() as err:
                 failures += 1
                 reason = f"{type(err).__name__}: {' '.join(str(err).split())}"
                 label = self.label(self.pieces[piece])
-                if failures > self.retries:
-                    raise DataError(f"data.source: could not read {label} after {self.retries} retries "
-                                    f"({reason})") from err
-                delay = self.backoff_s * 2 ** (failures - 1)
+                if failures > retries:
+                    raise DataError(f"data.source: could not read {label} after {retries} retries ({reason})") from err
+                delay = self.cfg.retry_backoff_s * 2 ** (failures - 1)
                 warnings.warn(f"data.source: reading {label} failed ({reason}); retry {failures} of "
-                              f"{self.retries} in {delay:g} s from the last good position", DataWarning, stacklevel=2)
+                              f"{retries} in {delay:g} s from the last good position", DataWarning, stacklevel=2)
                 time.sleep(delay)
-                reader = read_piece(self.source, self.pieces[piece], start, hi, self.batch_size, self.max_bytes)
-                continue
-            failures = 0
-            yield before, rows, after
-            start = after
 
 
 def iter_local_texts(files: list[str], text_column: str = "text", batch_size: int = 256) -> Iterator[str]:

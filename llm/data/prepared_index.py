@@ -22,10 +22,10 @@ from llm.errors import one_line
 __all__ = ["CHECKSUM", "FORMAT", "INDEX_FILE", "file_problems", "read_index", "verify"]
 
 INDEX_FILE = "index.json"
+# Layout version written to the index; the reader refuses any other.
 FORMAT = 2
-"""Layout version written to the index; the reader refuses any other."""
+# A file entry's key of the file's checksum.
 CHECKSUM = "xxh3_64"
-"""A file entry's key of the file's checksum."""
 FIELDS = {"tokenizer": str, "val_bucket": int, "max_doc_chars": int, "source": dict, "files": list, "pieces": list}
 
 

@@ -22,6 +22,7 @@ of nodes starts from the first position no node took, skipping those taken beyon
 
 from __future__ import annotations
 
+import itertools
 import json
 from collections.abc import Iterator
 from pathlib import Path
@@ -43,8 +44,8 @@ from llm.data.tokenizer import encode_documents, tokenizer_identity, top_id
 
 __all__ = ["FORMAT", "INDEX_FILE", "START", "PreparedTokens", "continue_positions", "node_positions", "prepare"]
 
+# A node's state before its first window.
 START: State = {"from": 0, "skip": [], "taken": 0}
-"""A node's state before its first window."""
 
 
 def prepare(data_cfg: DataConfig, tokenizer: Tokenizer, out_dir: str | Path, max_tokens: int | None = None
@@ -155,8 +156,7 @@ class PreparedTokens(TokenSource):
                                 f"data.{key} is {getattr(data_cfg, key)}; prepare again")
         # the validation set is read from data.source, so tokens prepared from another source would not
         # have its held-out documents removed (or would train on another corpus than the one evaluated)
-        difference = _source_difference(self.index["source"], data_source(data_cfg).identity())
-        if difference:
+        if difference := _source_difference(self.index["source"], data_source(data_cfg).identity()):
             raise DataError(f"data.prepared: {self.root} was prepared from another source than data.source "
                             f"({difference}); prepare again")
         self.cfg = data_cfg
@@ -216,9 +216,7 @@ class PreparedTokens(TokenSource):
 
     def node_windows(self, node: int, num_nodes: int, state: State | None) -> Iterator[tuple[np.ndarray, State]]:
         state = state or START
-        taken = state["taken"]
-        for position in node_positions(state, node, num_nodes):
-            taken += 1
+        for taken, position in enumerate(node_positions(state, node, num_nodes), start=state["taken"] + 1):
             yield self.window(position), {**state, "taken": taken}
 
     def reshard(self, states: list[State | None], num_nodes: int) -> list[State]:
@@ -227,12 +225,9 @@ class PreparedTokens(TokenSource):
 
 def node_positions(state: State, node: int, num_nodes: int) -> Iterator[int]:
     """Node ``node``'s positions of the global shuffled order that it has not taken yet, in order."""
-    first, skip = state["from"], state["skip"]
-    skipped = set(skip)
-    k = _class_index(first, node, num_nodes, skip, state["taken"])
-    while True:
+    first, skipped = state["from"], set(state["skip"])
+    for k in itertools.count(_class_index(first, node, num_nodes, state["skip"], state["taken"])):
         position = first + node + num_nodes * k
-        k += 1
         if position not in skipped:
             yield position
 

@@ -34,28 +34,28 @@ from llm.data.footers import Footer, footers
 
 __all__ = ["FORMATS", "FORMAT_NAMES", "Source", "data_source", "resolve_source", "source_files"]
 
+# File suffix -> how its documents are read.
 FORMATS = {".parquet": "parquet", ".jsonl": "json", ".json": "json", ".txt": "text"}
-"""File suffix -> how its documents are read."""
+# Arrow types a parquet text column may have.
 TEXT_TYPES = ("string", "large_string")
-"""Arrow types a parquet text column may have."""
 
 
 @dataclass(frozen=True)
 class Source:
     """A resolved document source: where its files come from, their format, and which columns hold what."""
 
+    # Hub dataset id or local repository directory; for plain local files, their format.
     path: str
-    """Hub dataset id or local repository directory; for plain local files, their format."""
+    # Config name of a repository (FineWeb: sample-10BT); None for plain local files.
     name: str | None
-    """Config name of a repository (FineWeb: sample-10BT); None for plain local files."""
     split: str
     text_column: str
     id_column: str | None
+    # Plain local files in sorted order (empty for a repository: ``source_files`` resolves those).
     data_files: tuple[str, ...] = ()
-    """Plain local files in sorted order (empty for a repository: ``source_files`` resolves those)."""
+    # Where the parquet footers of the files are cached across processes (``data.cache_dir``); None: read by
+    # every process. Not part of what the source is.
     cache_dir: str | None = field(default=None, compare=False)
-    """Where the parquet footers of the files are cached across processes (``data.cache_dir``); None: read by
-    every process. Not part of what the source is."""
 
     @property
     def is_local(self) -> bool:
@@ -218,10 +218,8 @@ def source_files(source: Source) -> tuple[str, tuple[str, ...]]:
     return kind, files
 
 
-@functools.cache
-def _resolve_once(source: str, name: str | None, split: str, text_column: str, id_column: str | None,
-                  data_format: str | None, cache_dir: str) -> Source:
-    return resolve_source(source, name, split, text_column, id_column, data_format, cache_dir)
+# ``resolve_source`` once per process for each set of arguments (``data_source``)
+_resolve_once = functools.cache(resolve_source)
 
 
 def data_source(data_cfg: DataConfig) -> Source:

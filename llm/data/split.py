@@ -25,8 +25,8 @@ from llm.data.pieces import Piece
 
 __all__ = ["NodeShare", "Segment", "epoch_order", "node_segments", "node_shares"]
 
+# (index of the piece in source order, first unit, end unit) within the piece.
 Segment = tuple[int, int, int]
-"""(index of the piece in source order, first unit, end unit) within the piece."""
 
 
 def epoch_order(num_pieces: int, seed: int, epoch: int, shuffle: bool) -> list[int]:
@@ -57,12 +57,12 @@ def node_segments(pieces: Sequence[Piece], order: list[int], node: int, num_node
 class NodeShare:
     """What one node reads of one epoch."""
 
+    # Rows (parquet) or bytes (jsonl, txt) of its share.
     units: int
-    """Rows (parquet) or bytes (jsonl, txt) of its share."""
+    # Bytes on disk of its share (a row range counts its fraction of the row group's bytes).
     share_bytes: float
-    """Bytes on disk of its share (a row range counts its fraction of the row group's bytes)."""
+    # Bytes it reads: whole row groups for parquet, its byte ranges for line-oriented files.
     read_bytes: int
-    """Bytes it reads: whole row groups for parquet, its byte ranges for line-oriented files."""
 
     @property
     def amplification(self) -> float:

@@ -94,9 +94,8 @@ class TrainLoader:
                 self.states[0] = state
                 yield batch
             return
-        dataset = _NodeBatches(self, list(self.states), self.next_worker)
-        loader = DataLoader(dataset, batch_size=None, num_workers=self.cfg.num_workers,
-                            worker_init_fn=_quiet_tokenizers)
+        loader = DataLoader(_NodeBatches(self, list(self.states), self.next_worker), batch_size=None,
+                            num_workers=self.cfg.num_workers, worker_init_fn=_quiet_tokenizers)
         for batch, worker, state in loader:
             self.states[worker] = state
             self.next_worker = (worker + 1) % self.workers

@@ -75,38 +75,32 @@ class StreamingTokens(TokenSource):
                             state)
 
 
-def _pieces(source: StreamingTokens, node: int, num_nodes: int, start: State, max_epochs: int | None
-            ) -> Iterator[tuple[int, State, int, np.ndarray]]:
-    """(epoch, chunk position, offset, tokens[offset:]) over epochs, from a window-start state."""
+def _windows(source: StreamingTokens, node: int, num_nodes: int, width: int, start: State,
+             max_epochs: int | None) -> Iterator[tuple[np.ndarray, State]]:
+    """(window of ``width`` tokens, state where the next window starts) over epochs, from a window-start state;
+    a final partial window is dropped."""
     epoch, pos, offset = start["epoch"], start["pos"], start["offset"]
+    parts: list[np.ndarray] = []
+    have = 0
     while max_epochs is None or epoch < max_epochs:
         empty = pos is None
         for chunk_pos, tokens in source.chunks(epoch, node, num_nodes, pos):
             empty = False
-            yield epoch, chunk_pos, offset, tokens[offset:]
+            i = offset  # the tokens of the chunk before ``offset`` went into windows before ``start``
+            while i < len(tokens):
+                take = min(width - have, len(tokens) - i)
+                parts.append(tokens[i : i + take])
+                have += take
+                i += take
+                if have == width:
+                    yield np.concatenate(parts), {"epoch": epoch, "pos": chunk_pos, "offset": i}
+                    parts, have = [], 0
             offset = 0
         if empty:
             raise DataError(f"data: node {node} of {num_nodes} (rank x worker) got no training documents in epoch "
                             f"{epoch} from a source of {len(source.pieces)} piece(s); use fewer ranks/workers or "
                             "more data")
         epoch, pos, offset = epoch + 1, None, 0
-
-
-def _windows(source: StreamingTokens, node: int, num_nodes: int, width: int, start: State,
-             max_epochs: int | None) -> Iterator[tuple[np.ndarray, State]]:
-    """(window of ``width`` tokens, state where the next window starts); a final partial window is dropped."""
-    parts: list[np.ndarray] = []
-    have = 0
-    for epoch, pos, offset, tokens in _pieces(source, node, num_nodes, start, max_epochs):
-        i = 0
-        while i < len(tokens):
-            take = min(width - have, len(tokens) - i)
-            parts.append(tokens[i : i + take])
-            have += take
-            i += take
-            if have == width:
-                yield np.concatenate(parts), {"epoch": epoch, "pos": pos, "offset": offset + i}
-                parts, have = [], 0
 
 
 def iter_windows(

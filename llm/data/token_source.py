@@ -26,8 +26,8 @@ class TokenSource(ABC):
     """Windows of training tokens for one node, with an exact resumable position."""
 
     cfg: DataConfig
+    # Whether a position can continue with another number of nodes (``reshard``).
     resharding = False
-    """Whether a position can continue with another number of nodes (``reshard``)."""
 
     @abstractmethod
     def node_windows(self, node: int, num_nodes: int, state: State | None) -> Iterator[tuple[np.ndarray, State]]:

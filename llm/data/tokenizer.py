@@ -24,15 +24,15 @@ __all__ = ["DEFAULT_HUB_TOKENIZER", "EOS_TOKEN", "TOKENIZATION", "as_transformer
            "eos_id", "ids_past", "load_tokenizer", "padded_vocab_size", "text_parts", "tokenizer_identity", "top_id",
            "train_tokenizer"]
 
+# End-of-document token: Qwen3's, and the one special token our trained BPE gets (same name, so eos_id is
+# one lookup for both).
 EOS_TOKEN = "<|endoftext|>"
-"""End-of-document token: Qwen3's, and the one special token our trained BPE gets (same name, so eos_id is
-one lookup for both)."""
 DEFAULT_HUB_TOKENIZER = "Qwen/Qwen3-0.6B"
+# How documents become tokens: a long document whole, in ``text_parts`` of ``max_doc_chars`` characters (once, it
+# was cut to its first ``max_doc_chars``), and a long txt paragraph cut at lines (``llm.data.pieces``). Recorded in
+# the validation cache's key: change it with ``encode_documents``, ``text_parts`` or how txt records are cut, so that
+# a cache of another scheme is never read.
 TOKENIZATION = "whole documents in text_parts; txt paragraphs cut at lines past max_doc_chars bytes"
-"""How documents become tokens: a long document whole, in ``text_parts`` of ``max_doc_chars`` characters (once, it
-was cut to its first ``max_doc_chars``), and a long txt paragraph cut at lines (``llm.data.pieces``). Recorded in
-the validation cache's key: change it with ``encode_documents``, ``text_parts`` or how txt records are cut, so that
-a cache of another scheme is never read."""
 
 
 def _offline_qwen3_file() -> Path | None:
@@ -52,8 +52,7 @@ def load_tokenizer(spec: str | None = None) -> Tokenizer:
     """A tokenizer from a local tokenizer.json, a directory holding one, or a hub id (downloaded only when
     named explicitly); None: the offline Qwen3 files, else the hub's Qwen/Qwen3-0.6B."""
     if spec is None:
-        offline = _offline_qwen3_file()
-        if offline is not None:
+        if (offline := _offline_qwen3_file()) is not None:
             return Tokenizer.from_file(str(offline))
         try:
             return Tokenizer.from_pretrained(DEFAULT_HUB_TOKENIZER)

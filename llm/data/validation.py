@@ -112,7 +112,6 @@ def build_val_windows(data_cfg: DataConfig, tokenizer: Tokenizer) -> torch.Tenso
         raise DataError(f"data.val_tokens: the held-out documents of {data_cfg.source} ({docs} docs, 1 in "
                         f"{data_cfg.val_bucket}) hold {have} tokens, fewer than {need} ({num_windows} window(s) of "
                         f"{width}); lower data.val_tokens or data.val_bucket")
-    flat = torch.from_numpy(np.concatenate(parts)[:need].astype(np.int64))
-    windows = flat.view(num_windows, width).clone()
+    windows = torch.from_numpy(np.concatenate(parts)[:need].astype(np.int64)).view(num_windows, width)
     write_atomically(path, lambda tmp: torch.save({"windows": windows, "blake2b": _windows_digest(windows)}, tmp))
     return windows

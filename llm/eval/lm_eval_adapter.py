@@ -62,12 +62,10 @@ def run_lm_eval(model: nn.Module, tokenizer: Any, tasks: list[str], *, num_fewsh
     lm = HFLM(pretrained=model, tokenizer=tokenizer, batch_size=batch_size, device=device,
               max_length=model.config.max_position_embeddings)
     task_manager = TaskManager(include_path=include_path, include_defaults=include_defaults)
-    unknown = [t for t in tasks if t not in task_manager.all_tasks]
-    if unknown:
+    if unknown := [t for t in tasks if t not in task_manager.all_tasks]:
         raise EvalError(f"--tasks: unknown task(s) {', '.join(unknown)} (see lm_eval --tasks list)")
-    out = lm_eval.simple_evaluate(model=lm, tasks=_load_tasks(task_manager, tasks), num_fewshot=num_fewshot,
-                                  limit=limit, task_manager=task_manager)
-    return out["results"]
+    return lm_eval.simple_evaluate(model=lm, tasks=_load_tasks(task_manager, tasks), num_fewshot=num_fewshot,
+                                   limit=limit, task_manager=task_manager)["results"]
 
 
 def _load_tasks(task_manager: Any, tasks: list[str]) -> list[Any]:

@@ -65,10 +65,9 @@ def read_metrics(run_dir: str | Path, problems: list[str] | None = None) -> list
     """The rows of ``run_dir/metrics.jsonl`` (FileNotFoundError when there is none). A line that is not a JSON
     object (cut off by a kill or a full disk, or damaged) is skipped, and named by file and line number in
     ``problems`` when given."""
-    run_dir = Path(run_dir)
-    path = run_dir / "metrics.jsonl"
+    path = Path(run_dir) / "metrics.jsonl"
     if not path.is_file():
-        raise FileNotFoundError(f"{run_dir}: no metrics.jsonl (not a run directory)")
+        raise FileNotFoundError(f"{path.parent}: no metrics.jsonl (not a run directory)")
     rows: list[dict[str, Any]] = []
     for lineno, line in enumerate(path.read_text(errors="replace").splitlines(), start=1):
         if not line.strip():

@@ -110,8 +110,7 @@ def measure_matmul_flops(n: int = 1024, dtype: torch.dtype = torch.float32,
                          device: str | torch.device = "cpu", repeats: int = 5) -> float:
     """Best FLOP/s of ``repeats`` timed ``[n, n] @ [n, n]`` matmuls (after one warm-up) on ``device``."""
     device = torch.device(device)
-    a = torch.randn(n, n, device=device).to(dtype)
-    b = torch.randn(n, n, device=device).to(dtype)
+    a, b = torch.randn(2, n, n, device=device).to(dtype)
     synchronize = torch.get_device_module(device).synchronize  # a GPU's matmul returns before it is done
     torch.mm(a, b)
     synchronize(device)

@@ -36,8 +36,8 @@ from typing import Any
 import torch
 from torch import nn
 
+# Parameter groups with their own gradient-norm statistics (``grad_norm_groups``).
 GRAD_NORM_GROUPS = ("embedding", "attention", "ffn", "ffn_mixing", "norm")
-"""Parameter groups with their own gradient-norm statistics (``grad_norm_groups``)."""
 
 
 def _variance_and_cv(mean: float, squared_deviations: float, n: int) -> tuple[float, float]:
@@ -64,8 +64,8 @@ class GradNormTracker:
         self._count = 0  # Welford state of the post-warmup norms
         self._mean = 0.0
         self._m2 = 0.0
+        # Number of non-finite norms seen (skipped updates).
         self.nonfinite = 0
-        """Number of non-finite norms seen (skipped updates)."""
 
     def update(self, step: int, norm: float) -> dict[str, float]:
         """Record the norm of optimizer step ``step`` (1-based: steps done including this one); return the

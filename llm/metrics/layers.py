@@ -17,10 +17,10 @@ from torch import nn
 from llm.data.packing import model_inputs
 from llm.metrics.isotropy import isotropy_metrics
 
+# Keys of ``mlp.diagnostics(x)`` that go into a layer row (the variant decides which exist).
 FFN_DIAGNOSTIC_KEYS = ("alpha", "beta", "pathway_ratio")
-"""Keys of ``mlp.diagnostics(x)`` that go into a layer row (the variant decides which exist)."""
+# Keys of ``isotropy_metrics``: all NaN for hidden states that are not finite.
 ISOTROPY_KEYS = ("isoscore", "mean_cos", "eff_rank", "basis_alignment")
-"""Keys of ``isotropy_metrics``: all NaN for hidden states that are not finite."""
 
 
 def _isotropy_or_nan(points: torch.Tensor) -> dict[str, float]:

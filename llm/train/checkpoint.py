@@ -178,9 +178,8 @@ def load_checkpoint(path: str | Path, *, accelerator: Accelerator, loader: Any, 
     path = Path(path)
     saved = asdict(load_config(str(path / "config.yaml"), saved_run=True).model)  # schema fills newer fields
     current = asdict(config.model)
-    diffs = [f"{k} (checkpoint {saved.get(k)!r}, config {current.get(k)!r})"
-             for k in sorted(set(saved) | set(current)) if saved.get(k) != current.get(k)]
-    if diffs:
+    if diffs := [f"{k} (checkpoint {saved.get(k)!r}, config {current.get(k)!r})"
+                 for k in sorted(set(saved) | set(current)) if saved.get(k) != current.get(k)]:
         raise ConfigError("model", f"checkpoint {path} has a different model: {', '.join(diffs)}")
     saved_world = len(list((path / "state").glob("data_rank*.pt")))
     # every rank's loader state: a run resumed with another number of processes continues the global data

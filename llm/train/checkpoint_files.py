@@ -26,11 +26,9 @@ from llm.data.cache_io import file_checksum
 from llm.errors import IsollmWarning, one_line
 from llm.train.distributed import gather_messages, is_main_process
 
-__all__ = [
-    "MANIFEST", "MODEL_DIR", "POINTER", "CheckpointError", "CheckpointWarning", "checkpoint_name", "checkpoint_names",
-    "fsync_path", "latest_checkpoint", "pointer_target", "prune",
-    "usable_checkpoints", "verify_checkpoint", "write_manifest", "write_pointer",
-]
+__all__ = ["MANIFEST", "MODEL_DIR", "POINTER", "CheckpointError", "CheckpointWarning", "checkpoint_name",
+           "checkpoint_names", "fsync_path", "latest_checkpoint", "pointer_target", "prune", "usable_checkpoints",
+           "verify_checkpoint", "write_manifest", "write_pointer"]
 
 POINTER = "latest"
 MANIFEST = "manifest.json"
@@ -129,9 +127,8 @@ def verify_checkpoint(path: str | Path) -> None:
     """Raise ``CheckpointError`` unless every file of the manifest exists with its size and checksum and
     the safetensors files parse. (Manifests written before checksums, sizes only, are checked by size.)"""
     path = Path(path)
-    manifest = path / MANIFEST
     try:
-        entries = json.loads(manifest.read_text())
+        entries = json.loads((path / MANIFEST).read_text())
         entries = {rel: entry if isinstance(entry, dict) else {"size": entry} for rel, entry in entries.items()}
     except (OSError, ValueError, AttributeError) as err:
         raise CheckpointError(f"{path}: unreadable {MANIFEST} ({one_line(err)})") from None
@@ -139,8 +136,7 @@ def verify_checkpoint(path: str | Path) -> None:
         file = path / rel
         if not file.is_file():
             raise CheckpointError(f"{path}: {rel} is missing (its {MANIFEST} lists it)")
-        actual = file.stat().st_size
-        if actual != entry.get("size"):
+        if (actual := file.stat().st_size) != entry.get("size"):
             raise CheckpointError(f"{path}: {rel} has {actual} bytes, expected {entry.get('size')}")
         if "xxh3_128" in entry and file_checksum(file, xxhash.xxh3_128) != entry["xxh3_128"]:
             raise CheckpointError(f"{path}: {rel} does not match its checksum in {MANIFEST} (altered on disk)")
@@ -160,12 +156,9 @@ def usable_checkpoints(ckpt_dir: str | Path, *, all_ranks: bool = False) -> Iter
     and every rank takes its verdict (one read of the checkpoint, not one per rank, and the same decision
     everywhere)."""
     ckpt_dir = Path(ckpt_dir)
-    candidates = _complete_dirs(ckpt_dir)
     target = pointer_target(ckpt_dir, warn=True)
-    if target is not None and ckpt_dir / target in candidates:
-        candidates.remove(ckpt_dir / target)
-        candidates.insert(0, ckpt_dir / target)
-    for candidate in candidates:
+    # the pointer's target first, the others newest first (``sorted`` is stable)
+    for candidate in sorted(_complete_dirs(ckpt_dir), key=lambda path: path.name != target):
         error = None
         if not all_ranks or is_main_process():
             try:

@@ -27,8 +27,8 @@ from torch import nn
 from llm.metrics.gradnorm import GroupGradNorms
 from llm.train.optim import clipped_modules
 
+# ``clipped_modules`` of each engine's model, found at its first step (not a walk over every module per step).
 _CLIPPED: weakref.WeakKeyDictionary[nn.Module, list[nn.Module]] = weakref.WeakKeyDictionary()
-"""``clipped_modules`` of each engine's model, found at its first step (not a walk over every module per step)."""
 
 
 def deepspeed_engine(model: nn.Module) -> nn.Module | None:

@@ -25,8 +25,8 @@ import psutil
 __all__ = ["LEASE_S", "RunLock", "RunLockedError"]
 
 LOCK_FILE = "run.lock"
+# A holder renews its lease every ``LEASE_S / 10`` seconds; a lock not renewed for ``LEASE_S`` is stale.
 LEASE_S = 600.0
-"""A holder renews its lease every ``LEASE_S / 10`` seconds; a lock not renewed for ``LEASE_S`` is stale."""
 
 
 class RunLockedError(RuntimeError):

@@ -21,9 +21,9 @@ from llm.data.tokenizer import EOS_TOKEN, as_transformers_tokenizer, eos_id
 
 __all__ = ["quiet_progress_bars", "save_model_dir"]
 
+# The class written to ``tokenizer_config.json``: transformers 4 and 5 both know it (5 writes its own
+# ``TokenizersBackend``, which 4 cannot load), and it runs no code from the directory.
 TOKENIZER_CLASS = "PreTrainedTokenizerFast"
-"""The class written to ``tokenizer_config.json``: transformers 4 and 5 both know it (5 writes its own
-``TokenizersBackend``, which 4 cannot load), and it runs no code from the directory."""
 
 
 @contextmanager

@@ -27,6 +27,7 @@ model config: every module lists them in ``LR_MULTIPLIERS`` (parameter name -> m
 from __future__ import annotations
 
 import math
+from contextlib import suppress
 
 import torch
 from torch import nn
@@ -36,9 +37,9 @@ from llm.model.modeling_isollm import mup_scaled_parameters
 
 __all__ = ["build_optimizer", "lr_multiplier", "multiplier_of", "param_groups", "schedule_warnings", "set_schedule"]
 
+# ``ModelConfig`` multiplier field -> optimizer group name, in group order.
 MULTIPLIER_GROUPS = {"mixing_lr_mult": "mixing", "focus_mu_lr_mult": "focus_mu",
                      "focus_sigma_lr_mult": "focus_sigma"}
-"""``ModelConfig`` multiplier field -> optimizer group name, in group order."""
 
 
 def multiplier_of(model: nn.Module) -> dict[int, str]:
@@ -46,10 +47,8 @@ def multiplier_of(model: nn.Module) -> dict[int, str]:
     fields: dict[int, str] = {}
     for module in model.modules():
         for name, field in getattr(module, "LR_MULTIPLIERS", {}).items():
-            try:
+            with suppress(AttributeError):  # an ablated parameter (iso_ln with a fixed alpha has no alpha_raw)
                 fields[id(module.get_parameter(name))] = field
-            except AttributeError:  # an ablated parameter (iso_ln with a fixed alpha has no alpha_raw)
-                continue
     return fields
 
 

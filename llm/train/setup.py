@@ -97,8 +97,7 @@ def _lock_run_dir(run_dir: Path) -> RunLock | None:
             error = ("held", str(err))
         except OSError as err:
             error = ("write", f"could not create the lock of {run_dir} ({one_line(err)})")
-    errors = gather_messages(error)
-    if errors:
+    if errors := gather_messages(error):
         kind, message = errors[0]
         raise ConfigError("name", message) if kind == "held" else TrainingError(message)
     return lock
@@ -132,8 +131,7 @@ def _prepare_run_dir(config: RunConfig, step: int) -> None:
             truncate_metrics(config.run_dir / "metrics.jsonl", step)
         except OSError as err:
             error = f"could not write to {config.run_dir} ({one_line(err)}); nothing in it was changed"
-    errors = gather_messages(error)
-    if errors:
+    if errors := gather_messages(error):
         raise TrainingError(errors[0])
 
 
@@ -176,18 +174,18 @@ class Run:
 
     config: RunConfig
     accelerator: Accelerator
+    # As prepared by Accelerate, its decoder layers compiled when ``train.compile``: what the steps and
+    # evaluations run, checkpoints save and the isotropy report reads.
     model: nn.Module
-    """As prepared by Accelerate, its decoder layers compiled when ``train.compile``: what the steps and
-    evaluations run, checkpoints save and the isotropy report reads."""
     optimizer: torch.optim.Optimizer
     tokenizer: Tokenizer
     loader: TrainLoader
     batches: Iterator[torch.Tensor]
     val_windows: torch.Tensor
+    # The fixed isotropy batch: the first ``micro_batch_size`` validation windows.
     val_batch: torch.Tensor
-    """The fixed isotropy batch: the first ``micro_batch_size`` validation windows."""
+    # The EOS id that separates masked documents (``data.document_masking``), or None.
     document_eos: int | None
-    """The EOS id that separates masked documents (``data.document_masking``), or None."""
     log: MetricsLog
     state: TrainerState
     grad_norms: GradNormTracker
@@ -196,15 +194,14 @@ class Run:
     accum: int
     max_steps: int
     flops_per_token: float
+    # Of all ranks together.
     peak_flops: float
-    """Of all ranks together."""
     last_checkpoint: Path | None
 
     def stop_on_log_failure(self) -> None:
         """Raise the same ``TrainingError`` on every rank when rank 0 could not write metrics.jsonl. A collective:
         every rank calls it at the same point."""
-        errors = gather_messages(self.log.failure)
-        if errors:
+        if errors := gather_messages(self.log.failure):
             raise TrainingError(f"{errors[0]}; the rows and checkpoints written before it are intact (last "
                                 f"checkpoint: {self.last_checkpoint or 'none'})")
 
@@ -332,14 +329,11 @@ def setup_run(config: RunConfig, teardown: ExitStack) -> Run:
     with tf32_matmuls(device, config.train.tf32):  # the peak of the precision the step's fp32 matmuls run at
         peak = peak_flops(device, config.train.autocast_dtype(device.type) or torch.float32) * world_size
     run = Run(
-        config=config, accelerator=accelerator, model=model, optimizer=optimizer,
-        tokenizer=tokenizer, loader=loader, val_windows=val_windows,
-        val_batch=val_windows[: config.train.micro_batch_size, :-1].to(device), batches=iter(loader), log=log,
-        document_eos=eos_id(tokenizer) if config.data.document_masking else None,
+        config=config, accelerator=accelerator, model=model, optimizer=optimizer, tokenizer=tokenizer, loader=loader,
+        val_windows=val_windows, val_batch=val_windows[: config.train.micro_batch_size, :-1].to(device), log=log,
+        document_eos=eos_id(tokenizer) if config.data.document_masking else None, batches=iter(loader),
         state=state, grad_norms=grad_norms, group_grad_norms=group_grad_norms, engine=engine, accum=accum,
-        max_steps=max_steps, flops_per_token=fpt,
-        peak_flops=peak,
-        last_checkpoint=resume_from)
+        max_steps=max_steps, flops_per_token=fpt, peak_flops=peak, last_checkpoint=resume_from)
     run.stop_on_log_failure()  # metrics.jsonl opened and its meta row written, or every rank stops here
     if (mismatch := disagreement({"max_steps": max_steps, "start_step": state.step, "micro_batches": accum})):
         raise TrainingError(mismatch)
