@@ -4,7 +4,7 @@
     python scripts/gpu_check.py --dry-run OUTDIR    # every stage at tiny size on CPU (fp32, no fla)
 
 On a GPU the stages come in five parts, each within one device call of 10 minutes (``PARTS``, gpu_modes.py):
-1 = the short part (issue 47: about 6 minutes with the machine's start-up): step (the headline rows, first), fp8
+1 = the short part (about 6 minutes with the machine's start-up): step (the headline rows, first), fp8
 and long; 2 = train; 3 = compile, attention and fp8_loss; 4 = step_more and generate; 5 = pytest and batch; env
 runs in each.
 The boxes are set from the GPU checks (2026-11-25, one H100 whose host took ~18 s to import torch and the
@@ -174,7 +174,7 @@ class Check:
 
         if FP8_HEAD[0] not in {f.name for f in fields(ModelConfig)}:
             result.status = "skipped"
-            result.notes.append(f"- ModelConfig has no field `{FP8_HEAD[0]}` yet (the FP8 LM head, issue 47 item 3; "
+            result.notes.append(f"- ModelConfig has no field `{FP8_HEAD[0]}` yet (the FP8 LM head, lm_head.py; "
                                 "scripts/gpu_modes.py FP8_HEAD names it)")
         return result.status != "skipped"
 

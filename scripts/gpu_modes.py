@@ -41,16 +41,16 @@ class Mode:
 PARTS = {1: ("env", "step", "fp8", "long"), 2: ("env", "train"), 3: ("env", "compile", "attention", "fp8_loss"),
          4: ("env", "step_more", "generate"), 5: ("env", "pytest", "batch")}
 """The GPU check's stages by device call (``--part``); the dry run takes every stage in one. Part 1 is the short
-GPU part (issue 47: 6 minutes at most with the machine's start-up): the headline rows, the FP8 head, long context."""
+GPU part (6 minutes at most with the machine's start-up): the headline rows, the FP8 head, long context."""
 
 FP8_HEAD = ("lm_head_precision", "fp8")
-"""FP8 head rows: the ModelConfig field and value of the FP8 LM head (issue 47, item 3), set on a copy of
+"""FP8 head rows: the ModelConfig field and value of the FP8 LM head (lm_head.py), set on a copy of
 swiglu+softmax by ``--extra-row "swiglu+softmax fp8-head:FIELD=VALUE"`` (``ModelConfig.lm_head_precision``; the
 fp8 and fp8_loss stages are skipped, and say so, for a ModelConfig without it)."""
 
 FP8_LOSS_TOLERANCE = (0.05, 0.005)
 """The FP8 head's loss against bf16's (fp8_loss stage): |difference| at step 1, and the relative difference of
-the mean loss over the last 10 of 200 steps (issue 47: within 0.5%)."""
+the mean loss over the last 10 of 200 steps (the target: within 0.5%)."""
 
 
 def fp8_row() -> str:

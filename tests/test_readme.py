@@ -1,5 +1,5 @@
 """Every command of README.md's fenced shell blocks runs as written on a fresh copy of the checkout beside the
-shipped FineWeb sample (``../shared/data/fineweb-sample``), in README order (issue 49).
+shipped FineWeb sample (``../shared/data/fineweb-sample``), in README order.
 
 The commands are read from the README itself, so this test follows it as it changes: a new command runs here,
 or is listed in ``EXCLUDED`` with the reason it cannot (a GPU, a cluster, the network or the hub). Runs are

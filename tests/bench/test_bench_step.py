@@ -99,8 +99,8 @@ def test_a_row_that_recompiles_fails_loudly_instead_of_running_eagerly() -> None
 
 
 def test_the_step_runs_forward_and_backward_in_the_trainers_tf32_scope() -> None:
-    """As llm.train.step.train_step: the backward pass too runs its fp32 matmuls at TF32 (before issue 47 the
-    bench wrapped only the forward). The scope acts on CUDA only, so the step is told its device is CUDA while
+    """As llm.train.step.train_step: the backward pass too runs its fp32 matmuls at TF32 (the
+    bench once wrapped only the forward). The scope acts on CUDA only, so the step is told its device is CUDA while
     its tensors stay on the CPU (fp32: no autocast), and the backward records the precision it ran under."""
     seen: dict[str, str] = {}
 

@@ -1,5 +1,5 @@
 """compare's plots stay readable with long row labels: no two text boxes overlap, every label is whole, legends
-sit outside the axes and name the band; a variant's rows at several sizes share its hue (issue 49)."""
+sit outside the axes and name the band; a variant's rows at several sizes share its hue."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The model card names its training data only when the run's metrics show training on it (issue 49)."""
+"""The model card names its training data only when the run's metrics show training on it."""
 
 from __future__ import annotations
 

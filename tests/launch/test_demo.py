@@ -1,4 +1,4 @@
-"""``make demo``'s console: one line per stage or logged step of the two runs, with the time left (issue 49)."""
+"""``make demo``'s console: one line per stage or logged step of the two runs, with the time left."""
 
 from __future__ import annotations
 

@@ -74,7 +74,7 @@ def test_gpu_mode_needs_a_part(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) 
         s for s in module.Check.STAGES if s != "env"]  # every stage in exactly one part
     for stages in module.PARTS.values():  # each part within one call's budget
         assert sum(module.GPU.boxes[s] for s in stages) <= module.GPU.budget_s
-    assert sum(module.GPU.boxes[s] for s in module.PARTS[1]) <= 6 * 60  # the short GPU part (issue 47, item 8)
+    assert sum(module.GPU.boxes[s] for s in module.PARTS[1]) <= 6 * 60  # the short GPU part fits 6 minutes
 
 
 def script_module(name: str):

@@ -77,8 +77,8 @@ def test_sigterm_checkpoints_and_exits_0(run_overrides: list[str], tmp_path: Pat
 
 def test_resume_by_name_reads_the_runs_config_and_applies_the_overrides_on_top(run_overrides: list[str],
                                                                                 tmp_path: Path, monkeypatch) -> None:
-    """``train.py name=X resume=true`` without --config continues runs/X from its config.yaml, the overrides on top
-    (issue 49), in the directory where it found it: here a run directory moved after its first steps."""
+    """``train.py name=X resume=true`` without --config continues runs/X from its config.yaml, the overrides on top,
+    in the directory where it found it: here a run directory moved after its first steps."""
     assert main([*run_overrides, "train.max_steps=2"]) == 0
     (tmp_path / "moved").mkdir()
     (tmp_path / "runs").rename(tmp_path / "moved" / "runs")
