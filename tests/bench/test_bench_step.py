@@ -62,7 +62,7 @@ def test_the_bench_writes_one_csv_line_per_row_with_its_paired_ratio(tmp_path) -
         "variant", "tokens_per_s", "ratio", "ratio_ci_low", "ratio_ci_high", "rounds", "mfu")
     rows = {line[0]: line for line in lines[1:]}
     assert list(rows) == ["swiglu+softmax", "swiglu+softmax batch 4", "transformers Qwen3 (loss compiled)"]
-    assert float(rows["swiglu+softmax batch 4"][1]) > float(rows["swiglu+softmax"][1])  # tokens/s of 4 x 16
+    assert float(rows["swiglu+softmax batch 4"][1]) > 0  # its own tokens/s (a speed order would be a timed test)
     assert rows["swiglu+softmax"][2:6] == ["1.0", "1.0", "1.0", "3"]  # the baseline over itself, every round
     low, ratio, high = (float(rows["transformers Qwen3 (loss compiled)"][i]) for i in (3, 2, 4))
     assert 0 < low <= ratio <= high and rows["swiglu+softmax"][6] == ""  # no datasheet MFU on CPU
