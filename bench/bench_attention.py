@@ -17,12 +17,15 @@ divided by the implementation's: above 1 means faster (smaller) than SDPA.
 Implementations:
   sdpa        softmax through F.scaled_dot_product_attention (``SoftmaxScoring``)
   naive       iso_tanh_naive, the O(T^2) reference (skipped above ``--naive-max-t``)
-  chunked     iso_tanh_chunked, all chunks at once (what ``IsoTanhScoring`` runs eagerly below ``FLA_MIN_LENGTH``)
-  chunked_compiled  the same under ``torch.compile`` (what ``train.compile`` runs at every length)
+  chunked     iso_tanh_chunked, all chunks at once (what ``IsoTanhScoring`` runs eagerly on CPU, and on CUDA below
+              ``FLA_MIN_LENGTH``)
+  chunked_compiled  the same under ``torch.compile`` (what ``train.compile`` runs there)
   chunk_loop  iso_tanh_chunked called once per chunk with the carried state: the Python-loop
               alternative to the vectorised form, for comparison
-  fla         iso_tanh through flash-linear-attention's chunked Triton kernel (what ``IsoTanhScoring``
-              runs eagerly on CUDA from ``FLA_MIN_LENGTH`` on; needs fla-core and a GPU)
+  fla         iso_tanh through flash-linear-attention's chunked Triton kernel, llm/model/fla_kernel.py's custom
+              ops (what ``IsoTanhScoring`` runs eagerly on CUDA from ``FLA_MIN_LENGTH`` on; needs fla-core and a GPU)
+  fla_compiled  the same under ``torch.compile`` (``fullgraph=True``: the ops compile without a graph break),
+              what ``train.compile`` runs on CUDA from ``FLA_MIN_LENGTH`` on
 """
 
 from __future__ import annotations
@@ -40,14 +43,14 @@ import torch
 
 from llm.model.attention import SoftmaxScoring
 from llm.model.config import ModelConfig
+from llm.model.fla_kernel import fla_kernel
 from llm.model.iso_tanh import (
-    fla_chunk_linear_attn,
     iso_tanh_chunked,
     iso_tanh_linear_attention,
     iso_tanh_naive,
 )
 
-IMPLS = ("sdpa", "naive", "chunked", "chunked_compiled", "chunk_loop", "fla")
+IMPLS = ("sdpa", "naive", "chunked", "chunked_compiled", "chunk_loop", "fla", "fla_compiled")
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
 Attention = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
 
@@ -62,7 +65,7 @@ def chunk_loop(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, chunk_size: in
 
 
 def fla_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-    kernel = fla_chunk_linear_attn()
+    kernel = fla_kernel()
     if kernel is None:
         raise RuntimeError("fla: flash-linear-attention is not importable (pip install -e '.[gpu]', on a GPU)")
     return iso_tanh_linear_attention(q, k, v, None, kernel)[0]
@@ -81,6 +84,7 @@ def attention_fn(impl: str, chunk_size: int) -> Attention:
         "chunked_compiled": torch.compile(chunked, fullgraph=True),
         "chunk_loop": lambda q, k, v: chunk_loop(q, k, v, chunk_size),
         "fla": fla_attention,
+        "fla_compiled": torch.compile(fla_attention, fullgraph=True),
     }[impl]
 
 
@@ -202,8 +206,8 @@ def main() -> None:
     unknown = set(args.impls) - set(IMPLS)
     if unknown or "sdpa" not in args.impls:
         parser.error(f"--impls: must include sdpa and name only {', '.join(IMPLS)}")
-    if "fla" in args.impls and args.device != "cuda":
-        parser.error("--impls fla: flash-linear-attention's kernels run on --device cuda only")
+    if any("fla" in impl for impl in args.impls) and args.device != "cuda":
+        parser.error("--impls fla, fla_compiled: flash-linear-attention's kernels run on --device cuda only")
     torch.set_num_threads(args.threads)
     if args.worker:
         print(json.dumps(measure(args)))

@@ -36,8 +36,8 @@ Stages, in order (a stage that fails or runs out of time is recorded and the nex
              also with its fp32 matmuls in full fp32 (``--no-tf32``): where their time goes, what TF32 gives
   compile    train.py with train.compile=true through DDP, FSDP2 and ZeRO-3 (one process, 20 steps; dry run: DDP
              alone, 4 steps), each run's losses against an eager DDP run's
-  attention  bench/bench_attention.py: fwd+bwd time and memory, iso_tanh compiled (chunked) and via fla against
-             SDPA (flash), T=2k-32k
+  attention  bench/bench_attention.py: fwd+bwd time and memory, iso_tanh compiled, chunked and through fla's
+             custom ops, against SDPA (flash), T=2k-32k
   fp8_loss   train.py through DDP, 200 steps, with bf16's LM head and with the FP8 head: the losses after
   generate   bench/bench_generate.py: decode tokens/s and state, softmax KV cache against the iso_tanh state,
              each with the growing cache and a static one (one CUDA graph per token), context 4k-32k

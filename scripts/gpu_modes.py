@@ -84,8 +84,8 @@ GPU = Mode(
     train_overrides=_train_overrides("--config", "configs/sizes/134m.yaml", steps=100, seq=1024, micro=8,
                                      val_tokens=16384),
     train_configs=(*COMPARED, "single_gpu", "deepspeed_zero2"),
-    attention_args=["--device", "cuda", "--dtype", "bf16", "--impls", "sdpa,chunked_compiled,fla", "--batch", "4",
-                    "--heads", "8", "--head-dim", "64", "--lengths", "2048,4096,8192,16384,32768"],
+    attention_args=["--device", "cuda", "--dtype", "bf16", "--impls", "sdpa,chunked_compiled,fla_compiled",
+                    "--batch", "4", "--heads", "8", "--head-dim", "64", "--lengths", "2048,4096,8192,16384,32768"],
     generate_args=["--device", "cuda", "--dtype", "bf16", "--preset", "134m", "--contexts", "4096", "8192", "16384",
                    "32768", "--new-tokens", "32"],
     step_more_args=tuple(

@@ -220,9 +220,10 @@ def targets(logs: Path) -> list[str]:
                 rows.append((f"iso_tanh ({linear}) faster than SDPA at T={t}", f"{speedup:.2f}x", speedup > 1))
                 memory = impls[linear]["mib"] / max(impls["sdpa"]["mib"], 1e-9)
                 rows.append((f"iso_tanh ({linear}) memory <= SDPA's at T={t}", f"{memory:.2f}x", memory <= 1))
-            forms = {impl: f["ms"] for impl, f in impls.items() if impl in ("chunked_compiled", "fla")}
-            if len(forms) == 2:  # eager CUDA picks fla from FLA_MIN_LENGTH on (attention.py): the measured choice?
-                picked, fastest = "fla" if int(t) >= FLA_MIN_LENGTH else "chunked_compiled", min(forms, key=forms.get)
+            forms = {impl: f["ms"] for impl, f in impls.items() if impl in ("chunked_compiled", "fla_compiled")}
+            if len(forms) == 2:  # CUDA picks fla from FLA_MIN_LENGTH on (attention.py): the measured choice?
+                picked = "fla_compiled" if int(t) >= FLA_MIN_LENGTH else "chunked_compiled"
+                fastest = min(forms, key=forms.get)
                 rows.append((f"iso_tanh's form at T={t}: FLA_MIN_LENGTH={FLA_MIN_LENGTH} picks {picked}; fastest",
                              fastest, picked == fastest))
         if not any(int(t) >= TARGETS["linear_from_t"] for t in json.loads(attention.read_text())):

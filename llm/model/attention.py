@@ -41,10 +41,10 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.nn.attention.flex_attention import BlockMask, create_block_mask, flex_attention
 
 from .cache import StaticDecoding
+from .fla_kernel import fla_kernel
 from .iso_tanh import (
     IsoTanhState,
     check_qkv,
-    fla_chunk_linear_attn,
     iso_tanh_chunked,
     iso_tanh_linear_attention,
     iso_tanh_recurrent,
@@ -61,11 +61,10 @@ if TYPE_CHECKING:
 DECODE_SDPA_BACKENDS = [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
 
 
-#: iso_tanh's form on CUDA outside ``torch.compile``: fla's kernel from this many positions on, the chunked form
-#: below. 8,192 is where fla's kernel overtook flash attention on an H100 (docs/performance.md, second GPU check), not
-#: a measured crossover against the chunked form: it must be set from ``bench/bench_attention.py`` on a GPU (fla
-#: against ``chunked_compiled``, now with bf16 operands), which this commit has not run. Under ``torch.compile`` the
-#: chunked form always runs: fla's entry point is a graph break (no custom op wraps it yet).
+#: iso_tanh's form on CUDA, compiled or not: fla's kernel from this many positions on, the chunked form below. 8,192
+#: is where fla's kernel overtook flash attention on an H100 (docs/performance.md, second GPU check), not a measured
+#: crossover against the chunked form: it must be set from ``bench/bench_attention.py`` on a GPU (fla against
+#: ``chunked_compiled``, with bf16 operands), which has not run since fla became a custom op (fla_kernel.py).
 FLA_MIN_LENGTH = 8192
 
 
@@ -207,14 +206,14 @@ class IsoTanhScoring(nn.Module):
     """iso_tanh attention (isotropic-deep-learning eq. 28); ``past`` / ``present`` is ``(S, G)``.
 
     Training and prefill: ``iso_tanh_chunked`` with ``config.iso_tanh_chunk_size``, or fla's chunked
-    linear-attention kernel on CUDA outside ``torch.compile`` from ``FLA_MIN_LENGTH`` positions on. A single token
-    after a past (generation): ``iso_tanh_recurrent``.
+    linear-attention kernel on CUDA from ``FLA_MIN_LENGTH`` positions on (a custom op: compiled layers trace
+    it). A single token after a past (generation): ``iso_tanh_recurrent``.
     """
 
     def __init__(self, config: ModelConfig) -> None:
         super().__init__()
         self.chunk_size = config.iso_tanh_chunk_size
-        self.linear_attn = fla_chunk_linear_attn() if torch.cuda.is_available() else None
+        self.linear_attn = fla_kernel() if torch.cuda.is_available() else None
 
     def extra_repr(self) -> str:
         return f"chunk_size={self.chunk_size}"
@@ -232,10 +231,9 @@ class IsoTanhScoring(nn.Module):
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, past: IsoTanhState | None = None,
                 use_cache: bool = False, padding_mask: torch.Tensor | None = None,
                 documents: PackedDocuments | None = None) -> tuple[torch.Tensor, IsoTanhState | None]:
-        long_eager = q.is_cuda and q.shape[2] >= FLA_MIN_LENGTH and not torch.compiler.is_compiling()
-        kernel = self.linear_attn if long_eager else None
+        kernel = self.linear_attn if q.is_cuda and q.shape[2] >= FLA_MIN_LENGTH else None
         if documents is not None:  # packed documents: each form restarts its sums at every document start
-            if kernel is not None and not use_cache:  # fla's varlen input (cu_seqlens); it returns no state
+            if kernel is not None and not use_cache:  # fla's varlen kernels return no state
                 return iso_tanh_linear_attention(q, k, v, None, kernel, documents.starts)[0], None
             out, state = iso_tanh_chunked(q, k, v, self.chunk_size, doc_starts=documents.starts)
             return out, (state if use_cache else None)

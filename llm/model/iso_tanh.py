@@ -13,7 +13,7 @@ linear time. The forms, which give the same output (tests/model/test_attention.p
 - ``iso_tanh_naive``: the O(T^2) reference, from the masked score rows as written;
 - ``iso_tanh_chunked``: exact scores inside chunks, the running sums between them (training, prefill);
 - ``iso_tanh_recurrent``: one token at a time with an O(1) state ``(S, G)`` (generation, no KV cache);
-- ``iso_tanh_linear_attention``: through a linear-attention kernel (fla's ``chunk_linear_attn`` on GPU).
+- ``iso_tanh_linear_attention``: through a linear-attention kernel (fla's, fla_kernel.py, on GPU).
 
 The state is kept per KV head: the query heads of a group read the same sums. Internally the two sums
 travel as one ``[..., D, 2D]`` matrix ``[S | G] = sum_j k_j [v_j | k_j]^T``, so one matmul with
@@ -35,25 +35,12 @@ from .isotropic import tanh_ratio
 #: ``sum_j k_j k_j^T`` over every token seen so far.
 IsoTanhState = tuple[torch.Tensor, torch.Tensor]
 
-#: fla's ``chunk_linear_attn`` signature: ``(q, k, v, scale, initial_state, output_final_state,
-#: normalize, cu_seqlens=None) -> (o, final_state)`` on ``[B, T, H, K]`` tensors, ``o_i = sum_{j<=i} scale (q_i.k_j)
-#: v_j`` plus the initial state's contribution ``scale q_i^T state``; with ``cu_seqlens`` (B = 1), the sum restarts
-#: at each cut.
+#: A linear-attention kernel ``(q, k, v, scale, initial_state, doc_starts) -> (o, final_state)`` on ``[B, T, H, K]``
+#: tensors: ``o_i = sum_{j<=i} scale (q_i.k_j) v_j`` plus the initial state's ``scale q_i^T state``, and the final
+#: ``state + sum_j k_j v_j^T``; with ``doc_starts`` (``[B, T]`` bool, no initial state) the sums restart at every
+#: True and every row start, and the final state is None. fla's kernel: fla_kernel.py; the tests' torch one:
+#: tests/model/test_attention.py.
 LinearAttention = Callable[..., tuple[torch.Tensor, torch.Tensor | None]]
-
-
-@functools.cache
-def fla_chunk_linear_attn() -> LinearAttention | None:
-    """flash-linear-attention's chunked Triton kernel (``pip install fla-core``), or None without it.
-
-    Imported on first call, not with this module: importing fla takes seconds, and a CPU run never
-    uses it.
-    """
-    try:
-        from fla.ops.linear_attn import chunk_linear_attn
-    except (ImportError, RuntimeError):  # no fla, no triton, or triton without a GPU driver: torch serves
-        return None
-    return chunk_linear_attn
 
 
 _P = ParamSpec("_P")
@@ -324,15 +311,16 @@ def iso_tanh_linear_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     """iso_tanh through a linear-attention kernel ``LA_i(q, k, v) = sum_{j<=i} (q_i.k_j/sqrt(D)) v_j``.
 
     One call ``LA(q, k, [v | k])`` gives the numerator ``sum_j s_ij v_j`` and ``G_i q_i / sqrt(D)``,
-    whence ``|s_i|^2 = q_i . LA(q, k, k)_i / sqrt(D)``. ``linear_attn`` is fla's ``chunk_linear_attn``
-    on GPU; any function with its signature works (the tests pass a plain-torch one). Kernels want
+    whence ``|s_i|^2 = q_i . LA(q, k, k)_i / sqrt(D)``. ``linear_attn`` is fla's kernel (fla_kernel.py)
+    on GPU; any ``LinearAttention`` works (the tests pass a plain-torch one). Kernels want
     equal head counts, so k and v are expanded to the query heads and the state back to one per KV head.
 
-    ``doc_starts`` (``[B, T]`` bool, packed documents, no ``state``): the rows are flattened into one sequence
-    cut at every document start (the kernel's varlen ``cu_seqlens``, found with one host sync), so each
-    document's sums start from zero; the state returned is then None.
+    ``doc_starts`` (``[B, T]`` bool, packed documents, no ``state``): the kernel restarts its sums at every
+    document start, so each document's sums start from zero; the state returned is then None.
     """
-    b, h, hkv, t, d = check_qkv(q, k, v)
+    b, h, hkv, _, d = check_qkv(q, k, v)
+    if doc_starts is not None and state is not None:
+        raise ValueError("iso_tanh_linear_attention: packed documents (doc_starts) start from no state")
     grp = h // hkv
     acc = _accumulation_dtype(q.dtype)
     init = None if state is None else _pack_state(state, b, hkv, d, q.new_empty(0, dtype=acc))
@@ -341,18 +329,7 @@ def iso_tanh_linear_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     vk = torch.cat([v, k], dim=-1).repeat_interleave(grp, dim=1)
     k = vk[..., d:]  # the expanded keys, already in [v | k]
     q_, k_, vk_ = (x.transpose(1, 2) for x in (q, k, vk))  # [B, T, H, *], the kernel's layout
-    if doc_starts is None:
-        la, final = linear_attn(q_, k_, vk_, scale=d**-0.5, initial_state=init, output_final_state=True,
-                                normalize=False)
-    else:
-        if state is not None:
-            raise ValueError("iso_tanh_linear_attention: packed documents (doc_starts) start from no state")
-        cuts = doc_starts.clone()
-        cuts[:, 0] = True  # every row starts a sequence of its own
-        cu_seqlens = F.pad(cuts.flatten().nonzero().flatten(), (0, 1), value=b * t)
-        la, final = linear_attn(*(x.reshape(1, b * t, *x.shape[2:]) for x in (q_, k_, vk_)), scale=d**-0.5,
-                                output_final_state=False, normalize=False, cu_seqlens=cu_seqlens)
-        la = la.view(b, t, h, 2 * d)
+    la, final = linear_attn(q_, k_, vk_, d**-0.5, init, doc_starts)
     la = la.transpose(1, 2).to(acc)  # [B, H, T, 2D]
     r2 = (q.to(acc) * la[..., d:]).sum(-1, keepdim=True) * d**-0.5
     out = _iso_tanh_gain(r2) * la[..., :d]

@@ -171,7 +171,8 @@ def test_targets_read_the_form_choice_decoding_and_step_more_figures(tmp_path: P
     check = script_module("gpu_runs")
     form = {"sdpa": {"ms": 4.0, "mib": 100.0}, "chunked_compiled": {"ms": 3.0, "mib": 90.0}}
     (tmp_path / "attention.json").write_text(json.dumps({
-        "2048": {**form, "fla": {"ms": 5.0, "mib": 80.0}}, "16384": {**form, "fla": {"ms": 2.0, "mib": 120.0}}}))
+        "2048": {**form, "fla_compiled": {"ms": 5.0, "mib": 80.0}},
+        "16384": {**form, "fla_compiled": {"ms": 2.0, "mib": 120.0}}}))
     paired = {"median": 0.9, "low": 0.85, "high": 0.95, "rounds": 32}
     decode = {"softmax": {"static": {"tokens_per_s": 100.0}}, "iso_tanh": {"static": {"vs_softmax": paired}}}
     (tmp_path / "generate.json").write_text(json.dumps({"4096": decode, "16384": decode}))
@@ -180,8 +181,8 @@ def test_targets_read_the_form_choice_decoding_and_step_more_figures(tmp_path: P
     rows = "\n".join(check.targets(tmp_path))
     picks = f"FLA_MIN_LENGTH={check.FLA_MIN_LENGTH} picks"
     assert f"| iso_tanh's form at T=2048: {picks} chunked_compiled; fastest | chunked_compiled | met |" in rows
-    assert f"| iso_tanh's form at T=16384: {picks} fla; fastest | fla | met |" in rows
-    assert "| iso_tanh (fla) memory <= SDPA's at T=16384 | 1.20x | NOT met |" in rows
+    assert f"| iso_tanh's form at T=16384: {picks} fla_compiled; fastest | fla_compiled | met |" in rows
+    assert "| iso_tanh (fla_compiled) memory <= SDPA's at T=16384 | 1.20x | NOT met |" in rows
     assert "| iso_tanh decodes >= softmax's tokens/s at context 16384 (static cache) | 0.900x [0.850, 0.950] " \
            "| NOT met |" in rows
     assert "context 4096" not in rows

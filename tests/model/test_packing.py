@@ -2,12 +2,10 @@
 
 from __future__ import annotations
 
-from itertools import pairwise
-
 import pytest
 import torch
 import torch.nn.functional as F
-from test_attention import torch_linear_attn
+from test_linear_attention import torch_linear_attn
 from test_modeling import VARIANTS, VOCAB, build, tokens, variant_id
 from torch.nn.attention.flex_attention import create_mask
 from transformers import DataCollatorWithFlattening
@@ -101,21 +99,11 @@ def test_chunked_iso_tanh_restarts_its_sums_at_every_document(chunk):
         torch.testing.assert_close(s[row], last.transpose(-1, -2) @ v[row, :, 24 - lengths[-1]:], rtol=0, atol=1e-12)
 
 
-def varlen_linear_attn(q, k, v, scale, initial_state=None, output_final_state=False, normalize=True,
-                       cu_seqlens=None):
-    """``torch_linear_attn`` run on each cut of ``cu_seqlens``, as fla's kernel treats varlen input (B = 1)."""
-    assert cu_seqlens is not None and q.shape[0] == 1 and initial_state is None and not output_final_state
-    bounds = cu_seqlens.tolist()
-    assert bounds[0] == 0 and bounds[-1] == q.shape[1] and bounds == sorted(set(bounds))
-    return torch.cat([torch_linear_attn(q[:, a:b], k[:, a:b], v[:, a:b], scale, normalize=normalize)[0]
-                      for a, b in pairwise(bounds)], dim=1), None
-
-
 def test_linear_attention_form_cuts_the_kernel_at_every_document():
-    """The GPU form's mapping onto fla's varlen input (rows flattened, one cut per document and per row) against
-    the reference on each document; fla's own kernel with these cuts: fla_interpreted.py."""
+    """The GPU form with a kernel that restarts its sums at each document start, against the reference on each
+    document; fla's own kernel, its rows flattened and cut per document and per row: fla_interpreted.py."""
     q, k, v, starts = packed_qkv()
-    out, state = iso_tanh_linear_attention(q, k, v, None, varlen_linear_attn, doc_starts=starts)
+    out, state = iso_tanh_linear_attention(q, k, v, None, torch_linear_attn, doc_starts=starts)
     assert state is None
     assert_each_document_alone(out, q, k, v)
 
