@@ -110,6 +110,7 @@ def _run_and_capture(step: Callable[..., torch.Tensor], inputs: tuple[torch.Tens
     with torch.cuda.stream(stream):
         output = step(*inputs)
     torch.cuda.current_stream().wait_stream(stream)
+    output.record_stream(torch.cuda.current_stream())  # allocated on the side stream, used and freed on this one
     buffers = tuple(x.clone() for x in inputs)
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
