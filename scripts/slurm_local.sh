@@ -8,9 +8,9 @@
 # One slurmctld and two slurmd (`slurmd -N n1`, `slurmd -N n2`), each on its own port, all on 127.0.0.1,
 # with their own munged (own key and socket), config, state, logs and pid files under $ISOLLM_SLURM_DIR
 # (default /tmp/isollm-slurm): a system Slurm or munge on this machine is left alone. n1 and n2 resolve to
-# 127.0.0.1 through /etc/hosts (added once). `up` installs slurm-wlm and munge with apt-get when they are
-# absent and it runs as root, and is idempotent: a cluster already up is left as it is. `down` cancels the
-# cluster's jobs, then stops the daemons it started, by the pids they wrote.
+# 127.0.0.1 through /etc/hosts (added by `up`, removed by `down`). `up` installs slurm-wlm and munge with
+# apt-get when they are absent and it runs as root, and is idempotent: a cluster already up is left as it is. `down` cancels the
+# cluster's jobs, then stops the daemons it started, by the pids they wrote, and removes the /etc/hosts lines.
 # Ports (override by environment): SLURMCTLD_PORT (default 16817), SLURMD_PORT (n1; n2 takes the next one).
 set -euo pipefail
 
@@ -44,6 +44,15 @@ hosts_entries() {
         grep -qE "^[^#]*[[:space:]]$node([[:space:]]|\$)" /etc/hosts && die "/etc/hosts names $node with another address"
         echo "127.0.0.1 $node  # scripts/slurm_local.sh" >> /etc/hosts
     done
+}
+
+remove_hosts_entries() {
+    # The lines hosts_entries added, and no other. /etc/hosts is rewritten in place (cat >), not replaced
+    # (sed -i renames a new file over it), since a container bind-mounts it.
+    grep -q '# scripts/slurm_local.sh$' /etc/hosts 2>/dev/null && [[ -w /etc/hosts ]] || return 0
+    local kept
+    kept="$(grep -v '# scripts/slurm_local.sh$' /etc/hosts)"
+    printf '%s\n' "$kept" > /etc/hosts
 }
 
 write_config() {
@@ -128,7 +137,7 @@ up() {
 }
 
 down() {
-    [[ -f "$SLURM_CONF" ]] || { echo "slurm_local.sh: not up"; return; }
+    [[ -f "$SLURM_CONF" ]] || { remove_hosts_entries; echo "slurm_local.sh: not up"; return; }
     if alive "$DIR/slurmctld.pid"; then
         local jobs
         mapfile -t jobs < <(squeue -h -o %i 2>/dev/null)
@@ -144,6 +153,7 @@ down() {
         wait_until 20 bash -c "! kill -0 $pid" || kill -KILL "$pid" 2>/dev/null || true
     done
     rm -f "$DIR"/*.pid
+    remove_hosts_entries
     echo "slurm_local.sh: down"
 }
 
