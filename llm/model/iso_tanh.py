@@ -8,7 +8,8 @@ are a per-query scalar times the raw scores,
     |s_i|^2 = q_i^T G_i q_i / D,   S_i = sum_{j<=i} k_j v_j^T,   G_i = sum_{j<=i} k_j k_j^T,
 
 with ``g(r) = tanh(r) / r`` (``g(0) = 1``). Both running sums are linear attention, so iso_tanh runs in
-linear time. The forms, which give the same output (tests/model/test_attention.py, in fp64):
+linear time. The forms, which give the same output (tests/model/test_attention.py and
+test_linear_attention.py, in fp64):
 
 - ``iso_tanh_naive``: the O(T^2) reference, from the masked score rows as written;
 - ``iso_tanh_chunked``: exact scores inside chunks, the running sums between them (training, prefill);
@@ -39,7 +40,7 @@ IsoTanhState = tuple[torch.Tensor, torch.Tensor]
 #: tensors: ``o_i = sum_{j<=i} scale (q_i.k_j) v_j`` plus the initial state's ``scale q_i^T state``, and the final
 #: ``state + sum_j k_j v_j^T``; with ``doc_starts`` (``[B, T]`` bool, no initial state) the sums restart at every
 #: True and every row start, and the final state is None. fla's kernel: fla_kernel.py; the tests' torch one:
-#: tests/model/test_attention.py.
+#: tests/model/test_linear_attention.py.
 LinearAttention = Callable[..., tuple[torch.Tensor, torch.Tensor | None]]
 
 
