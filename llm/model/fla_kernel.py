@@ -1,10 +1,10 @@
 """fla's chunked linear-attention kernel (flash-linear-attention, ``pip install fla-core``) as torch custom ops.
 
 fla's entry point ``chunk_linear_attn`` is ``torch.compiler.disable``-d, so a compiled layer that called it broke
-its graph in two around every iso_tanh attention. Here its forward and backward kernels are two ops of the
-``isollm`` namespace (``torch.library.custom_op``) with fake implementations for their shapes and the backward
-registered as the forward's gradient: ``torch.compile`` traces a layer through them whole (``fullgraph=True``),
-forward and backward, and calls fla's Triton kernels as opaque functions.
+its graph in two around every iso_tanh attention. Here its forward and backward kernels are two ops
+(``torch.library.custom_op``, in this module's namespace) with fake implementations for their shapes and the
+backward registered as the forward's gradient: ``torch.compile`` traces a layer through them whole
+(``fullgraph=True``), forward and backward, and calls fla's Triton kernels as opaque functions.
 
 fla's kernels are its module-level functions ``chunk_simple_gla_fwd`` / ``chunk_simple_gla_bwd`` (linear attention
 is simple GLA without a gate, which is what ``chunk_linear_attn`` calls), pinned by pyproject's ``fla-core<0.7``.
@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import re
 from collections.abc import Callable
 from typing import Any
 
@@ -25,6 +26,10 @@ import torch.nn.functional as F
 
 #: fla's chunk length (its own default): the kernels tile the sequence by it.
 FLA_CHUNK = 64
+
+#: The ops' namespace, from this module's name, as lm_head.py's: the hub's copy of this file
+#: (``trust_remote_code``) registers its own ops beside this package's in the same process.
+OP_NAMESPACE = re.sub(r"\W", "_", __name__)
 
 
 @functools.cache
@@ -64,7 +69,7 @@ def _kernel_layout(doc_starts: torch.Tensor | None, *xs: torch.Tensor) -> list[t
     return [(x if doc_starts is None else x.flatten(0, 1)[None]).contiguous() for x in xs]
 
 
-@torch.library.custom_op("isollm::fla_linear_attn", mutates_args=())
+@torch.library.custom_op(f"{OP_NAMESPACE}::fla_linear_attn", mutates_args=())
 def fla_linear_attn(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float,
                     initial_state: torch.Tensor | None, doc_starts: torch.Tensor | None
                     ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -92,7 +97,7 @@ def _(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float, initial_s
     return o, q.new_empty(q.shape[0], q.shape[2], q.shape[3], v.shape[3], dtype=torch.float32)
 
 
-@torch.library.custom_op("isollm::fla_linear_attn_backward", mutates_args=())
+@torch.library.custom_op(f"{OP_NAMESPACE}::fla_linear_attn_backward", mutates_args=())
 def fla_linear_attn_backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float,
                              initial_state: torch.Tensor | None, doc_starts: torch.Tensor | None,
                              grad_out: torch.Tensor, grad_final: torch.Tensor | None

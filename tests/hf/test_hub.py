@@ -75,7 +75,7 @@ def test_hub_directory_holds_config_auto_map_and_code(saved):
     assert card.startswith("---\nlibrary_name: ") and "No training run was recorded" in card
     assert f'from_pretrained("{directory}", trust_remote_code=True)' in card
     for name in ("modeling_isollm.py", "configuration_isollm.py", "config.py", "attention.py", "iso_tanh.py",
-                 "fused_ops.py", "lm_head.py", "cache.py", "ffn.py", "linear.py", "isotropic.py"):
+                 "fused_ops.py", "lm_head.py", "cache.py", "ffn.py", "linear.py", "isotropic.py", "fla_kernel.py"):
         assert "import llm" not in (directory / name).read_text()
         assert "from llm" not in (directory / name).read_text()
 
