@@ -233,7 +233,12 @@ def compile_decoder_layers(model: IsoLLMForCausalLM, **compile_kwargs: Any) -> N
     place the wrappers' hooks (DDP, FSDP2, ZeRO-3) stay on the call path. The embedding, the document masks (built
     once per forward) and the fused loss (a custom op) run around them. Not ``fullgraph``: a wrapper's hooks traced
     with a layer may break its graph; the bare layer compiles whole (tests/model/test_compile.py).
-    ``compile_kwargs`` go to ``torch.compile``."""
+    ``compile_kwargs`` go to ``torch.compile``.
+
+    Past dynamo's recompile limit (8 graphs per code object) a layer would run eagerly behind a log warning, and
+    the run would log eager speed under a config that says compiled; it is made an error instead. The option is
+    ``torch._dynamo.config``'s (no public equivalent): tests/model/test_compile.py fails the day it goes."""
+    torch._dynamo.config.fail_on_recompile_limit_hit = True
     for layer in model.model.layers:
         layer.compile(**compile_kwargs)
 

@@ -71,6 +71,20 @@ def test_train_compile_compiles_the_decoder_layer_once_for_every_layer():
     assert len(graphs) == 1
 
 
+def test_train_compile_fails_past_the_recompile_limit_instead_of_running_eagerly(monkeypatch):
+    """A layer recompiled past dynamo's limit raises, not a warning and an eager layer under ``train.compile``."""
+    monkeypatch.setattr(torch._dynamo.config, "fail_on_recompile_limit_hit", False)  # restored after the test
+    monkeypatch.setattr(torch._dynamo.config, "recompile_limit", 1)
+    torch._dynamo.reset()
+    model = build(num_hidden_layers=1).train()
+    compile_decoder_layers(model, backend="eager", dynamic=False)
+    assert torch._dynamo.config.fail_on_recompile_limit_hit
+    model(torch.zeros(1, 4, dtype=torch.long))
+    with pytest.raises(Exception, match="recompile_limit"):
+        model(torch.zeros(1, 5, dtype=torch.long))  # a second static shape: a second graph, past the limit of 1
+    torch._dynamo.reset()
+
+
 def test_the_loss_kernel_compiled_equals_eager():
     """The fused loss's chunk kernel as CUDA runs it (compiled: the gradient's onehot as a comparison the
     compiler fuses) against eager's scatter, fp64."""
