@@ -71,17 +71,17 @@ def test_train_compile_compiles_the_decoder_layer_once_for_every_layer():
     assert len(graphs) == 1
 
 
-def test_train_compile_fails_past_the_recompile_limit_instead_of_running_eagerly(monkeypatch):
+def test_train_compile_fails_past_the_recompile_limit_instead_of_running_eagerly():
     """A layer recompiled past dynamo's limit raises, not a warning and an eager layer under ``train.compile``."""
-    monkeypatch.setattr(torch._dynamo.config, "fail_on_recompile_limit_hit", False)  # restored after the test
-    monkeypatch.setattr(torch._dynamo.config, "recompile_limit", 1)
     torch._dynamo.reset()
     model = build(num_hidden_layers=1).train()
-    compile_decoder_layers(model, backend="eager", dynamic=False)
-    assert torch._dynamo.config.fail_on_recompile_limit_hit
-    model(torch.zeros(1, 4, dtype=torch.long))
-    with pytest.raises(Exception, match="recompile_limit"):
-        model(torch.zeros(1, 5, dtype=torch.long))  # a second static shape: a second graph, past the limit of 1
+    # config.patch restores both options after (pytest's monkeypatch would hide them from torch's config module)
+    with torch._dynamo.config.patch(fail_on_recompile_limit_hit=False, recompile_limit=1):
+        compile_decoder_layers(model, backend="eager", dynamic=False)
+        assert torch._dynamo.config.fail_on_recompile_limit_hit
+        model(torch.zeros(1, 4, dtype=torch.long))
+        with pytest.raises(Exception, match="recompile_limit"):
+            model(torch.zeros(1, 5, dtype=torch.long))  # a second static shape: a second graph, past the limit of 1
     torch._dynamo.reset()
 
 
