@@ -56,21 +56,47 @@ def bootstrap_medians(values: Sequence[float], resamples: int = RESAMPLES, seed:
     return sorted(statistics.median(rng.choices(values, k=n)) for _ in range(resamples))
 
 
+def _percentile_interval(sorted_medians: Sequence[float], confidence: float) -> tuple[float, float]:
+    """The percentile interval that holds ``confidence`` of the sorted bootstrap medians."""
+    tail, n = (1 - confidence) / 2, len(sorted_medians)
+    return sorted_medians[int(tail * n)], sorted_medians[min(n - 1, int((1 - tail) * n))]
+
+
 def median_interval(values: Sequence[float], confidence: float = CONFIDENCE, resamples: int = RESAMPLES,
                     seed: int = SEED) -> PairedRatio:
     """The median of ``values`` and the percentile-bootstrap ``confidence`` interval of the median."""
     if not values:
         raise ValueError("no rounds to summarise")
-    medians = bootstrap_medians(values, resamples, seed)
-    tail = (1 - confidence) / 2
-    low = medians[int(tail * resamples)]
-    high = medians[min(resamples - 1, int((1 - tail) * resamples))]
-    return PairedRatio(statistics.median(values), low, high, len(values))
+    return PairedRatio(statistics.median(values), *_percentile_interval(bootstrap_medians(values, resamples, seed),
+                                                                        confidence), len(values))
 
 
 def paired_ratio(row_seconds: Sequence[float], baseline_seconds: Sequence[float]) -> PairedRatio:
     """``row``'s speed over ``baseline``'s, paired per round: median and 95% interval."""
     return median_interval(round_ratios(row_seconds, baseline_seconds))
+
+
+def grouped_interval(groups: Sequence[Sequence[float]], confidence: float = CONFIDENCE, resamples: int = RESAMPLES,
+                     seed: int = SEED) -> PairedRatio:
+    """The median of every group's values pooled, and a two-stage bootstrap interval of it: each resample draws
+    the groups with replacement, then each drawn group's values with replacement (a cluster bootstrap).
+
+    A group is one process pair's per-round ratios (bench_trees.py ``--processes``). An offset that stays with one
+    process for its whole run (its memory placement, say) is the same in every round of its group, so resampling
+    rounds alone would read it as signal; drawing the groups puts it into the interval. With two groups the
+    interval spans about the two groups' medians.
+    """
+    if not groups or not all(groups):
+        raise ValueError("no rounds to summarise (an empty group)")
+    rng = random.Random(seed)
+
+    def resample() -> float:
+        return statistics.median([v for group in rng.choices(groups, k=len(groups))
+                                  for v in rng.choices(group, k=len(group))])
+
+    pooled = [v for group in groups for v in group]
+    medians = sorted(resample() for _ in range(resamples))
+    return PairedRatio(statistics.median(pooled), *_percentile_interval(medians, confidence), len(pooled))
 
 
 def verdict(ratio: PairedRatio, target: float) -> bool | None:

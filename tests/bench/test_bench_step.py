@@ -4,6 +4,8 @@ row that recompiles failing loudly (bench/step_rows.py)."""
 from __future__ import annotations
 
 import csv
+import random
+import statistics
 import subprocess
 import sys
 from fractions import Fraction
@@ -39,6 +41,23 @@ def test_the_bootstrap_of_the_median_follows_its_exact_distribution() -> None:
     assert paired.median_interval(values) == paired.PairedRatio(1.0, 0.9, 1.2, 3)
     ten = [0.95 + 0.01 * i for i in range(10)]
     assert paired.median_interval(ten) == paired.median_interval(list(reversed(ten)))  # seeded, order-free
+
+
+def test_the_grouped_interval_holds_an_offset_that_stays_with_one_process() -> None:
+    """Two process pairs whose rounds differ by a fixed 2% offset: resampling the pooled rounds calls the middle
+    sure, and the interval misses both processes' medians; drawing the processes first holds both."""
+    rng = random.Random(0)
+    groups = [[offset + rng.gauss(0, 0.005) for _ in range(60)] for offset in (1.00, 1.02)]
+    own = [statistics.median(group) for group in groups]
+    pooled = paired.median_interval(groups[0] + groups[1])
+    grouped = paired.grouped_interval(groups)
+    assert grouped.median == pooled.median and grouped.rounds == 120
+    assert not pooled.low <= own[0] and not own[1] <= pooled.high
+    assert grouped.low <= own[0] < own[1] <= grouped.high
+    one = paired.grouped_interval([groups[0]])  # one process pair: the rounds' bootstrap, in other draws
+    assert one.median == paired.median_interval(groups[0]).median and one.low < one.median < one.high
+    with pytest.raises(ValueError, match="empty group"):
+        paired.grouped_interval([groups[0], []])
 
 
 def test_a_target_is_met_only_when_the_interval_clears_it() -> None:
