@@ -40,7 +40,7 @@ from llm.data.sources import data_source
 from llm.data.split import epoch_order
 from llm.data.streaming import StreamingTokens
 from llm.data.token_source import State, TokenSource, block_permutation
-from llm.data.tokenizer import encode_documents, tokenizer_identity, top_id
+from llm.data.tokenizer import TOKENIZATION, encode_documents, tokenizer_identity, top_id
 
 __all__ = ["FORMAT", "INDEX_FILE", "START", "PreparedTokens", "continue_positions", "node_positions", "prepare"]
 
@@ -87,7 +87,7 @@ def prepare(data_cfg: DataConfig, tokenizer: Tokenizer, out_dir: str | Path, max
                 break
         pieces.append({"file": k, "start": start, "num_tokens": written[k] - start, "num_docs": docs})
     index = {"format": FORMAT, "source": stream.source.identity(), "tokenizer": tokenizer_identity(tokenizer),
-             "val_bucket": data_cfg.val_bucket, "max_doc_chars": data_cfg.max_doc_chars,
+             "val_bucket": data_cfg.val_bucket, "max_doc_chars": data_cfg.max_doc_chars, "tokenization": TOKENIZATION,
              "max_tokens": max_tokens,
              "files": [{"tokens": f"tokens_{k:05d}.bin", "num_tokens": n, CHECKSUM: digest.hexdigest()}
                        for k, (n, digest) in enumerate(zip(written, digests, strict=True))],
@@ -150,6 +150,10 @@ class PreparedTokens(TokenSource):
         if self.index["tokenizer"] != tokenizer_identity(tokenizer):
             raise DataError(f"data.prepared: {self.root} was tokenized with another tokenizer "
                              "than data.tokenizer")
+        if self.index.get("tokenization") != TOKENIZATION:  # its held-out documents were cut by another rule
+            raise DataError(f"data.prepared: {self.root} was prepared with another document tokenization "
+                            f"({self.index.get('tokenization', 'not recorded')!r}, now {TOKENIZATION!r}); "
+                            "prepare again")
         for key in ("val_bucket", "max_doc_chars"):
             if self.index[key] != getattr(data_cfg, key):
                 raise DataError(f"data.prepared: {self.root} was prepared with {key} {self.index[key]}, "

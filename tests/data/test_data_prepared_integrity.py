@@ -203,3 +203,15 @@ def test_prepare_writes_no_empty_token_file(tmp_path: Path, data_cfg: DataConfig
     assert sorted(p.name for p in out.iterdir()) == [INDEX_FILE, "tokens_00000.bin"]
     assert next(iter(loader(data_cfg, bpe, out))).shape == (4, data_cfg.seq_len + 1)
     assert verify(out, capsys)[0] == 0
+
+
+def test_tokens_prepared_under_another_document_rule_are_refused(prepared: Path, data_cfg: DataConfig,
+                                                                   bpe: Tokenizer) -> None:
+    """An index from before txt paragraphs were cut at max_doc_chars (no ``tokenization`` recorded) held out other
+    documents than today's validation set, so its training tokens could hold validation text: refused."""
+    loader(data_cfg, bpe, prepared)  # today's index loads
+    index = json.loads((prepared / INDEX_FILE).read_text())
+    del index["tokenization"]
+    (prepared / INDEX_FILE).write_text(json.dumps(index))
+    with pytest.raises(DataError, match="another document tokenization .'not recorded'.*prepare again"):
+        loader(data_cfg, bpe, prepared)
