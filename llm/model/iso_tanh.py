@@ -244,9 +244,11 @@ def iso_tanh_chunked(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, chunk_si
 
     # A group's queries share their KV head's keys and state: stack them as the rows of one chunk,
     # [B, Hkv, n, grp * c, D], so every product below is a plain batched matmul without expanding k, v.
-    # The 1/sqrt(D) of the scores is applied to the fp32 products, not rounded into half-precision queries.
+    # The 1/sqrt(D) is applied once, in the accumulation dtype: to the fp32 copy of the queries (q_acc, which
+    # reads the carried sums) and to the in-chunk scores' fp32 products, never rounded into half-precision queries.
     qc = chunks(q).unflatten(1, (hkv, grp)).transpose(2, 3).flatten(3, 4)
-    q_acc, scale = qc.to(acc), d**-0.5
+    scale = d**-0.5
+    q_acc = qc.to(acc) * scale
     kc, vc = chunks(k), chunks(v)
     vkc = torch.cat([vc, kc], dim=-1)  # [v | k]: one matmul gives S and G together
 
@@ -258,18 +260,18 @@ def iso_tanh_chunked(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, chunk_si
         if state is not None:  # without one the sums before the first chunk are zero: nothing to add
             before = before + init[:, :, None]
         final = before[:, :, -1] + chunk_sums[:, :, -1]
-        inter = (q_acc @ before) * scale  # [q^T S | q^T G] / sqrt(D) over the chunks before, per row
+        inter = q_acc @ before  # [q^T S | q^T G] / sqrt(D) over the chunks before, per row
     else:
         if state is not None:
             raise ValueError("iso_tanh_chunked: packed documents (doc_starts) start from no state")
         starts = F.pad(doc_starts, (0, n * c - t)).view(b, n, c)
         before, final, continues, same = _packed_chunk_sums(kc, vkc, starts, grp, acc)
-        inter = (q_acc @ before) * continues * scale
+        inter = (q_acc @ before) * continues
         hidden = hidden | ~same
     scores = (_matmul(qc, kc.transpose(-1, -2), acc) * scale).masked_fill_(hidden, 0.0)  # [B, Hkv, n, grp * c, c]
 
     numerator = _matmul(scores, vc, acc) + inter[..., :d]
-    r2 = scores.square().sum(-1) + (q_acc * inter[..., d:]).sum(-1) * scale  # |s_i|^2 = q_i^T G_i q_i / D
+    r2 = scores.square().sum(-1) + (q_acc * inter[..., d:]).sum(-1)  # |s_i|^2 = q_i^T G_i q_i / D
     out = _iso_tanh_gain(r2).unsqueeze(-1) * numerator
     out = out.unflatten(3, (grp, c)).transpose(2, 3).reshape(b, h, n * c, d)[:, :, :t]
     return out.to(q.dtype), _unpack_state(final)
