@@ -7,11 +7,11 @@
 
 Two versions of the ``llm`` package cannot share one Python process, so each row runs in its own worker process
 (bench/tree_worker.py), started in its tree with that tree's ``llm`` and presets: for each variant ``--processes``
-workers in this tree and as many in the baseline tree. The workers build the same model from the same seed and the same batch,
-and take one warm-up step. Then every round asks each worker in turn (in an order rotated from round to round) for
-one timed step; only one worker computes at a time, so they do not share the CPU, and both sides pay the same
-process overheads, which stay outside the timed step. ``ratio`` is this tree's tokens/s over the baseline tree's
-for the same variant, per round, summarised as the median over rounds with a 95% interval (bench/paired.py).
+workers in this tree and as many in the baseline tree. The workers build the same model from the same seed and the
+same batch, and take one warm-up step. Then every round asks each worker in turn (in an order rotated from round to
+round) for one timed step; only one worker computes at a time, so they do not share the CPU, and both sides pay the
+same process overheads, which stay outside the timed step. ``ratio`` is this tree's tokens/s over the baseline
+tree's for the same variant, per round, summarised as the median over rounds with a 95% interval (bench/paired.py).
 
 A process keeps some offset for its whole life (where its memory landed, say): two workers of the same commit
 read 0.993x and 1.006x over 60 rounds on a quiet CPU (docs/performance.md), with intervals that resampling rounds

@@ -213,5 +213,5 @@ def test_tokens_prepared_under_another_document_rule_are_refused(prepared: Path,
     index = json.loads((prepared / INDEX_FILE).read_text())
     del index["tokenization"]
     (prepared / INDEX_FILE).write_text(json.dumps(index))
-    with pytest.raises(DataError, match="another document tokenization .'not recorded'.*prepare again"):
+    with pytest.raises(DataError, match=r"another document tokenization \('not recorded'.*prepare again"):
         loader(data_cfg, bpe, prepared)

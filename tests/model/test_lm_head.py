@@ -209,6 +209,7 @@ def test_fp8_head_loss_within_half_a_percent_of_bf16():
     with torch.autocast("cpu", dtype=torch.bfloat16):
         bf16 = linear_cross_entropy(hidden, weight, targets, chunk_rows=128)
         fp8 = linear_cross_entropy(hidden, weight, targets, chunk_rows=128, fp8=True)
+    assert fp8.item() != bf16.item()  # the FP8 logits did run: their rounding moves the loss
     assert abs(fp8.item() - bf16.item()) < 0.005 * bf16.item()
     for got, want in zip(torch.autograd.grad(fp8, (hidden, weight)), torch.autograd.grad(bf16, (hidden, weight)),
                          strict=True):
@@ -225,3 +226,11 @@ def test_fp8_is_refused_in_one_line_on_a_gpu_without_it(monkeypatch):
     with pytest.raises(ConfigError, match="lm_head_precision: unknown value 'fp16'"):
         IsoLLMConfig(vocab_size=V, hidden_size=D, num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=1,
                      lm_head_precision="fp16").validate()
+
+
+def test_the_config_field_reaches_the_head():
+    """``lm_head_precision`` switches the model's head to the FP8 logits (``LMHead.fp8``), and bf16 leaves it off."""
+    shape = dict(vocab_size=64, hidden_size=16, intermediate_size=32, num_hidden_layers=1, num_attention_heads=2,
+                 num_key_value_heads=1)
+    assert IsoLLMForCausalLM(IsoLLMConfig(**shape, lm_head_precision="fp8")).lm_head.fp8
+    assert not IsoLLMForCausalLM(IsoLLMConfig(**shape)).lm_head.fp8
