@@ -202,9 +202,9 @@ def plot_scaling(series: Sequence[ScalingSeries], path: Path, colours: Mapping[s
         params = [float(row.params_non_embedding or 0) for row in found.rows]
         ax.errorbar(params, [row.val_loss_mean for row in found.rows], marker="o", capsize=3, linestyle="none",
                     yerr=[0.0 if math.isnan(row.val_loss_std) else row.val_loss_std for row in found.rows],
-                    color=colours[found.rows[-1].variant], label=f"{found.label} (b = {found.exponent:.3f})")
+                    color=colours[found.label], label=f"{found.label} (b = {found.exponent:.3f})")
         ax.plot(params, [found.coefficient * n ** found.exponent for n in params], linestyle="--",
-                color=colours[found.rows[-1].variant])
+                color=colours[found.label])
     ax.set(xscale="log", yscale="log", xlabel="non-embedding parameters", ylabel="final validation loss (nats/token)",
            title="Scaling: loss = a · N^b per variant")
     for axis in (ax.yaxis.set_major_formatter, ax.yaxis.set_minor_formatter):  # 4.5, not 4.5 x 10^0

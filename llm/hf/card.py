@@ -95,11 +95,11 @@ def run_summary(checkpoint_dir: str | Path) -> RunSummary:
     except (FileNotFoundError, EvalError):  # no metrics.jsonl, or a line of it that is not JSON
         rows = []
     evals = [r for r in step_rows(rows, "eval") if r["step"] <= step]
-    trained = any(0 < r["step"] <= step and r.get("tokens", 0) > 0 for r in step_rows(rows, "train"))
+    tokens = int(state["tokens"])  # what the checkpoint trained on: its data is named only when it did
     config = (checkpoint_dir / "config.yaml").read_text()
-    return RunSummary(name=run_dir.name, step=step, tokens=int(state["tokens"]), config=config,
+    return RunSummary(name=run_dir.name, step=step, tokens=tokens, config=config,
                       val_loss=float(evals[-1]["val_loss"]) if evals else None,
-                      data=yaml.safe_load(config)["data"]["source"] if trained else None)
+                      data=yaml.safe_load(config)["data"]["source"] if tokens > 0 else None)
 
 
 def val_bits_per_byte(checkpoint_dir: str | Path, val_loss: float) -> float | None:

@@ -8,7 +8,6 @@ import json
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -16,7 +15,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from tiny import REPO, TINY_MODEL, metrics_rows
+from tiny import REPO, TINY_MODEL, free_port, metrics_rows
 
 from llm.cli.sweep import main as sweep_main
 from llm.train.checkpoint_files import verify_checkpoint
@@ -86,17 +85,11 @@ def test_sweep_root_flag_and_current_checkout(other_clone: Path, tmp_path: Path,
     assert sweep_main([str(_sweep_file(tmp_path)), "--mode", "print"]) == 2  # no checkout here: one line, exit 2
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 LAUNCHERS = {
     "torchrun.sh": lambda: ["bash", "launch/torchrun.sh", "2"],
     "accelerate launch": lambda: ["bash", "launch/supervise.sh", sys.executable, "-m", "accelerate.commands.launch",
                                   "--config_file", "launch/accelerate/ddp.yaml", "--num_processes", "2",
-                                  "--main_process_port", str(_free_port()), "train.py"],
+                                  "--main_process_port", str(free_port()), "train.py"],
 }
 """The launch lines of docs/distributed.md (``accelerate launch`` through launch/supervise.sh, as documented),
 with this interpreter. Slurm's train.sbatch runs the same supervise.sh line on each node
