@@ -40,6 +40,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import torch
+from omegaconf import OmegaConf
 from paired import paired_ratio, write_csv
 from step_rows import QWEN3_ROWS, Row, check_compiled, make_step, ours, qwen3, strict_compilation
 
@@ -107,7 +108,7 @@ def variant_pairs(parser: argparse.ArgumentParser, args: argparse.Namespace) -> 
 def extra_rows(parser: argparse.ArgumentParser, specs: list[str],
                variants: dict[str, ModelConfig]) -> dict[str, tuple[str, ModelConfig]]:
     """``--extra-row "VARIANT LABEL:FIELD=VALUE[,FIELD=VALUE]"`` -> {"VARIANT LABEL": (VARIANT, its config with
-    those ModelConfig fields set)}; VALUE read as an int or float where it is one."""
+    those ModelConfig fields set, validated)}; VALUE typed as YAML types it (int, float, bool, string)."""
     fields = {f.name for f in dataclasses.fields(ModelConfig)}
     rows = {}
     for spec in specs:
@@ -116,22 +117,12 @@ def extra_rows(parser: argparse.ArgumentParser, specs: list[str],
         if variant not in variants or " " not in name or not assignments:
             parser.error(f"--extra-row: {spec!r} is not 'VARIANT LABEL:FIELD=VALUE[,...]' with VARIANT among the "
                          f"timed variants {list(variants)}")
-        changes = {}
-        for assignment in assignments.split(","):
-            key, _, value = assignment.partition("=")
-            if key not in fields:
-                parser.error(f"--extra-row: {key!r} is not a ModelConfig field (model.*)")
-            changes[key] = next((kind(value) for kind in (int, float) if _parses(kind, value)), value)
-        rows[name] = (variant, dataclasses.replace(variants[variant], **changes))
+        # YAML's typing, as a config override gets it (llm/config.py): "false" is False, not a true string
+        changes = OmegaConf.to_container(OmegaConf.from_dotlist(assignments.split(",")))
+        if unknown := [key for key in changes if key not in fields]:
+            parser.error(f"--extra-row: {unknown[0]!r} is not a ModelConfig field (model.*)")
+        rows[name] = (variant, dataclasses.replace(variants[variant], **changes).validate())
     return rows
-
-
-def _parses(kind: type, value: str) -> bool:
-    try:
-        kind(value)
-    except ValueError:
-        return False
-    return True
 
 
 def comparisons(rows: dict[str, Row], baseline: str, extras: dict[str, tuple[str, ModelConfig]]) -> list[tuple]:

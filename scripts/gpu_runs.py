@@ -168,7 +168,7 @@ def _step_rows(run: dict, mfu_target: bool = True) -> list[tuple[str, str, bool 
         met = ratio.median >= TARGETS["vs_swiglu"] and ratio.low >= TARGETS["vs_swiglu_low"]
         rows.append((f"{name} >= {TARGETS['vs_swiglu']}x swiglu+softmax's tokens/s, lower end >= "
                      f"{TARGETS['vs_swiglu_low']}{at}", str(ratio),
-                     True if met else False if ratio.high < TARGETS["vs_swiglu"] else None))
+                     True if met else verdict(ratio, TARGETS["vs_swiglu"])))
     for name in [n for n in figures if n.endswith(" fp8-head")]:
         of, mfu = _mfu(run, name)
         rows.append((f"{name} MFU >= {TARGETS['mfu_fp8']:.0%} of {of}{at}", _percent(mfu),

@@ -16,6 +16,8 @@ import step_rows
 import torch
 from tiny import REPO
 
+from llm.model import ModelConfig
+
 
 def test_ratios_pair_rounds_so_that_load_between_rounds_cancels() -> None:
     """The baseline's round 2 ran under twice the load, and so did the row's: per round the row is 1.25x as fast.
@@ -160,3 +162,21 @@ def test_the_qwen3_rows_compute_the_same_loss_as_ours_would() -> None:
         losses[kind] = row.loss().item()
         assert row.tokens == 16
     assert losses["loss-inside"] == pytest.approx(losses["loss-outside"], rel=1e-6)
+
+
+def test_an_extra_row_types_its_values_as_a_config_override_does() -> None:
+    """``--extra-row`` values are YAML-typed and validated: "false" is False (a string "false" would be truthy)."""
+    import argparse
+
+    import bench_train_step
+
+    base = {"swiglu+softmax": ModelConfig(vocab_size=64, hidden_size=16, intermediate_size=32, num_hidden_layers=1,
+                                          num_attention_heads=2, num_key_value_heads=1)}
+    rows = bench_train_step.extra_rows(argparse.ArgumentParser(), [
+        "swiglu+softmax untied:tie_word_embeddings=false,iso_tanh_chunk_size=32,lm_head_precision=fp8"], base)
+    variant, config = rows["swiglu+softmax untied"]
+    assert variant == "swiglu+softmax"
+    assert config.tie_word_embeddings is False and config.iso_tanh_chunk_size == 32
+    assert config.lm_head_precision == "fp8"
+    with pytest.raises(SystemExit):
+        bench_train_step.extra_rows(argparse.ArgumentParser(), ["swiglu+softmax x:no_such_field=1"], base)
