@@ -52,8 +52,12 @@ def main() -> None:
         if device.type == "cuda":
             torch.cuda.synchronize()
         start = time.perf_counter()
-        with tf32_matmuls(device), torch.autocast(device.type, dtype=dtype, enabled=dtype != torch.float32):
-            model(batch[:, :-1], shift_labels=batch[:, 1:]).loss.backward()
+        # step_rows.make_step's step, written out: step_rows imports this tree's llm APIs, which an older
+        # baseline tree may lack. As the trainer: forward under autocast, backward outside it, both under TF32.
+        with tf32_matmuls(device):
+            with torch.autocast(device.type, dtype=dtype, enabled=dtype != torch.float32):
+                loss = model(batch[:, :-1], shift_labels=batch[:, 1:]).loss
+            loss.backward()
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
         if device.type == "cuda":
