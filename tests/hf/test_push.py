@@ -185,7 +185,7 @@ def test_run_summary_reads_the_last_eval_up_to_the_checkpoint_as_compare_does(tm
     checkpoint = run_dir / "checkpoints" / "step_4"
     checkpoint.mkdir(parents=True)
     (checkpoint / "trainer.json").write_text(json.dumps({"state": {"step": 4, "tokens": 256}}))
-    (checkpoint / "config.yaml").write_text("name: tiny\n")
+    (checkpoint / "config.yaml").write_text(config := "name: tiny\ndata:\n  source: fineweb\n")
     meta = {"kind": "meta", "step": 0, "tokens": 0, "variant": "swiglu+softmax",
             "config": {"model": {}, "data": {}, "train": {}}}
     metrics = run_dir / "metrics.jsonl"
@@ -197,11 +197,13 @@ def test_run_summary_reads_the_last_eval_up_to_the_checkpoint_as_compare_does(tm
         {"kind": "eval", "step": 6, "tokens": 384, "val_loss": 3.0},
     ]) + '{"kind": "eval", "st')
     run = run_summary(checkpoint)
-    assert (run.name, run.step, run.tokens, run.config, run.val_loss) == ("tiny", 4, 256, "name: tiny\n", 3.5)
+    assert (run.name, run.step, run.tokens, run.config, run.val_loss) == ("tiny", 4, 256, config, 3.5)
+    assert run.data == "fineweb"  # trained (256 tokens in the checkpoint): its data is named
     metrics.write_text(json.dumps(meta) + "\n")
     assert run_summary(checkpoint).val_loss is None
     metrics.unlink()
     assert run_summary(checkpoint).val_loss is None
+    assert run_summary(checkpoint).data == "fineweb"  # without metrics.jsonl too: the checkpoint says it trained
 
 
 def _closed_port() -> int:
