@@ -53,7 +53,7 @@ def _evaluate_parser() -> argparse.ArgumentParser:
     parser.add_argument("--temperature", type=at_least(0.0, float), default=0.0,
                         help="0: greedy; > 0: seeded sampling")
     parser.add_argument("--seed", type=int, default=0, help="sampling seed")
-    parser.add_argument("--text", metavar="FILE", help="instead: every token of a text file (llm.eval.text_file)")
+    parser.add_argument("--text", metavar="FILE", help="instead: the perplexity of a text file (llm.eval.text_file)")
     parser.add_argument("--stride", type=at_least(1), help="with --text: tokens between windows (data.seq_len / 2)")
     return parser
 
@@ -109,6 +109,8 @@ def _evaluate(argv: list[str]) -> int:
     from llm.eval.evaluate import evaluate_checkpoint, format_report
 
     args = _evaluate_parser().parse_intermixed_args(argv)  # overrides may follow options
+    if args.stride is not None and args.text is None:
+        raise EvalError("--stride: only with --text FILE (the windows over a text file)")
     if args.text is not None:
         from llm.eval.text_file import evaluate_text, format_text_report
 
@@ -158,13 +160,11 @@ def _compare(argv: list[str]) -> int:
 
 
 def _lm_eval(argv: list[str]) -> int:
-    from llm.eval.evaluate import load_model, resolve_checkpoint
+    from llm.eval.evaluate import eval_device, load_model, resolve_checkpoint
     from llm.eval.lm_eval_adapter import hf_tokenizer, run_lm_eval
 
     args = _lm_eval_parser().parse_args(argv)
-    import torch
-
-    device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
+    device = str(eval_device(args.device))  # before the model is loaded
     resolved = resolve_checkpoint(args.target)
     model = load_model(resolved, args.trust_remote_code, device)
     limit = None if args.limit is None else int(args.limit) if args.limit >= 1 else args.limit

@@ -25,6 +25,7 @@ import hashlib
 import json
 import math
 import re
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -276,17 +277,31 @@ def _has_ffn_diagnostics(model: nn.Module) -> bool:
     return layers is not None and all(hasattr(block.mlp, "diagnostics") for block in layers)
 
 
+def eval_device(device: str | None) -> torch.device:
+    """``device`` (default: cuda when available), refused in one line when this torch cannot place a tensor there."""
+    name = device or ("cuda" if torch.cuda.is_available() else "cpu")
+    try:
+        return torch.empty(0, device=name).device
+    except (RuntimeError, AssertionError):  # an unknown name; "Torch not compiled with CUDA enabled"; no such GPU
+        available = ", ".join(["cpu", *(f"cuda:{i}" for i in range(torch.cuda.device_count()))])
+        raise EvalError(f"--device {name}: not a device this torch can use (available: {available})") from None
+
+
 def load_for_eval(target: str, config_files: list[str] | None = None, overrides: list[str] | None = None,
-                  trust_remote_code: bool = False, device: str | None = None
+                  trust_remote_code: bool = False, device: str | None = None,
+                  before_model: Callable[[RunConfig], None] | None = None,
                   ) -> tuple[ResolvedModel, RunConfig, nn.Module, Tokenizer, torch.device]:
     """``target``'s checkpoint, its config (with ``config_files`` and ``overrides``), its model on ``device`` (default:
-    cuda when available) and the tokenizer to evaluate with, refused when it has ids past the model's embedding."""
+    cuda when available) and the tokenizer to evaluate with, refused when it has ids past the model's embedding.
+    ``before_model(config)``: the caller's checks of its input against the config, before the model is loaded."""
     from llm.data import load_tokenizer
     from llm.data.tokenizer import ids_past
 
     resolved = resolve_checkpoint(target)
     config = eval_config(resolved, config_files, overrides)
-    torch_device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    torch_device = eval_device(device)
+    if before_model:
+        before_model(config)
     model = load_model(resolved, trust_remote_code, torch_device)
     # The checkpoint's own tokenizer files unless the user changed data.tokenizer: the config may name
     # a path that no longer exists, and the saved copy is the exact tokenizer the run trained with.

@@ -14,7 +14,9 @@ overlap) each window's first token has no context and is not scored either, as i
 Unlike the recipe's code, which takes one token off each window's count for the label shift even
 where the first label was masked, the mean divides by the tokens actually scored. Bits per byte
 are that sum over the UTF-8 bytes of the scored tokens (``llm.eval.evaluate``'s module docstring).
-The text is one document: no separator is added, so no document masking applies.
+The text is the file's bytes decoded as UTF-8, as training reads a txt file (a CRLF file's carriage returns
+kept), and one document: no separator is added, so no document masking applies. Refused before the model is
+loaded: a ``data.seq_len`` under 2 (a window of one token scores none), a stride over it, an empty file.
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
+from llm.config import RunConfig
 from llm.errors import one_line
 from llm.eval.errors import EvalError
 from llm.eval.evaluate import load_for_eval, token_byte_lengths
@@ -49,20 +52,30 @@ def sliding_window_nll(model: torch.nn.Module, ids: torch.Tensor, seq_len: int, 
 
 
 def evaluate_text(target: str, text_file: str, stride: int | None = None, **load: Any) -> dict[str, Any]:
-    """Score every token of ``text_file`` with ``target`` (``llm.eval.evaluate.resolve_checkpoint``) in windows of its
-    run's ``data.seq_len`` every ``stride`` tokens, in the run's precision; ``load``: ``load_for_eval``'s keywords
-    (config files, overrides, device...). The report: ``tokens`` (scored), ``bytes`` (theirs), ``loss``
-    (nats/token), ``ppl``, ``bits_per_byte``, and what was scored with what."""
-    try:
-        text = Path(text_file).read_text(encoding="utf-8")
+    """Score the tokens of ``text_file`` (the module's docstring) with ``target``
+    (``llm.eval.evaluate.resolve_checkpoint``) in windows of its run's ``data.seq_len`` every ``stride`` tokens, in
+    the run's precision; ``load``: ``load_for_eval``'s keywords (config files, overrides, device...). The report:
+    ``tokens`` (scored), ``bytes`` (theirs), ``loss`` (nats/token), ``ppl``, ``bits_per_byte``, and what was scored
+    with what."""
+    try:  # bytes decoded as training reads a txt file: a CRLF file's \r are text too (read_text would drop them)
+        text = Path(text_file).read_bytes().decode("utf-8")
     except (OSError, UnicodeDecodeError) as err:  # before the model is loaded
         raise EvalError(f"--text {text_file}: not a readable UTF-8 text file ({one_line(err)})") from None
-    resolved, config, model, tokenizer, torch_device = load_for_eval(target, **load)
+    if not text:
+        raise EvalError(f"--text {text_file}: empty, nothing to score")
+
+    def check_windows(config: RunConfig) -> None:
+        if config.data.seq_len < 2:
+            raise EvalError(f"data.seq_len={config.data.seq_len}: a window of one token scores none (--text needs 2 "
+                            "or more)")
+        if (stride or 0) > config.data.seq_len:
+            raise EvalError(f"--stride {stride}: at most the window, data.seq_len={config.data.seq_len}")
+
+    resolved, config, model, tokenizer, torch_device = load_for_eval(target, before_model=check_windows, **load)
     seq_len, stride = config.data.seq_len, stride or config.data.seq_len // 2
     ids = torch.tensor(tokenizer.encode(text, add_special_tokens=False).ids)
-    if stride > seq_len or len(ids) < 2:
-        raise EvalError(f"--stride {stride}: at most the window, data.seq_len={seq_len}" if stride > seq_len else
-                        f"--text {text_file}: {len(ids)} token(s), nothing to score (a token needs one before it)")
+    if len(ids) < 2:  # a file of one token (an empty one was refused before the model was loaded)
+        raise EvalError(f"--text {text_file}: {len(ids)} token(s), nothing to score (a token needs one before it)")
     autocast = config.train.autocast_dtype(torch_device.type)  # the trainer's precision
     with torch.autocast(torch_device.type, dtype=autocast) if autocast else contextlib.nullcontext():
         nll = sliding_window_nll(model, ids, seq_len, stride)

@@ -86,3 +86,46 @@ def test_text_report_and_its_errors(trained_run: Path, text_file: Path, tmp_path
     assert main([str(trained_run), "--text", str(tmp_path / "latin1.raw")]) == 2
     assert "latin1.raw: not a readable UTF-8 text file (UnicodeDecodeError: 'utf-8' codec can't decode" in \
         capsys.readouterr().err
+
+
+def test_text_is_the_files_bytes_as_training_reads_them(trained_run: Path, tmp_path: Path,
+                                                        capsys: pytest.CaptureFixture[str]) -> None:
+    """A CRLF file: its ``\\r`` are scored and counted, as training keeps them (universal newlines dropped them)."""
+    path = tmp_path / "crlf.raw"
+    path.write_bytes(b"The first line of a file.\r\nA second line, with more words.\r\n\r\nA paragraph after it.\r\n")
+    assert main([str(trained_run), "--text", str(path), "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    tokenizer = load_tokenizer(str(trained_run / "checkpoints" / "step_00000004" / "model"))
+    ids = tokenizer.encode(path.read_bytes().decode(), add_special_tokens=False).ids
+    assert report["tokens"] == len(ids) - 1
+    assert report["bytes"] == len(path.read_bytes()) - len(tokenizer.decode(ids[:1]).encode())
+
+
+AVAILABLE = ", ".join(["cpu", *(f"cuda:{i}" for i in range(torch.cuda.device_count()))])
+UNUSABLE = f"cuda:{torch.cuda.device_count()}" if torch.cuda.is_available() else "cuda"  # a CPU build: any cuda
+ONE_TOKEN_WINDOW = "data.seq_len=1: a window of one token scores none (--text needs 2 or more)"
+
+
+@pytest.mark.parametrize(("argv", "message"), [
+    (["RUN", "--text", "TEXT", "--stride", "33"], "--stride 33: at most the window, data.seq_len=32"),
+    (["RUN", "--text", "EMPTY"], "--text EMPTY: empty, nothing to score"),
+    (["RUN", "--text", "TEXT", "data.seq_len=1"], ONE_TOKEN_WINDOW),
+    (["RUN", "--text", "TEXT", "--stride", "1", "data.seq_len=1"], ONE_TOKEN_WINDOW),
+    (["RUN", "--stride", "8"], "--stride: only with --text FILE (the windows over a text file)"),
+    (["RUN", "--device", "foo"], f"--device foo: not a device this torch can use (available: {AVAILABLE})"),
+    (["RUN", "--text", "TEXT", "--device", UNUSABLE],
+     f"--device {UNUSABLE}: not a device this torch can use (available: {AVAILABLE})"),
+    (["lm-eval", "RUN", "--tasks", "hellaswag", "--device", "foo"],
+     f"--device foo: not a device this torch can use (available: {AVAILABLE})"),
+])
+def test_bad_text_input_and_device_are_refused_before_the_model_loads(
+        argv: list[str], message: str, trained_run: Path, text_file: Path, tmp_path: Path,
+        monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    def load_model(*args: object, **kwargs: object) -> None:
+        raise AssertionError("the model was loaded")
+
+    monkeypatch.setattr("llm.eval.evaluate.load_model", load_model)
+    (tmp_path / "empty.raw").write_bytes(b"")
+    paths = {"RUN": str(trained_run), "TEXT": str(text_file), "EMPTY": str(tmp_path / "empty.raw")}
+    assert main([paths.get(arg, arg) for arg in argv]) == 2
+    assert capsys.readouterr().err == f"error: {message.replace('EMPTY', paths['EMPTY'])}\n"
