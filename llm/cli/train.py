@@ -5,8 +5,8 @@ Exit codes: 0 done (or stopped by SIGTERM/SIGINT after checkpointing), 1 the run
 or parameters, a checkpoint or run-directory file that could not be written: the lock, a metrics row; every
 rank stops with the same line), 2 bad configuration, arguments or data inputs (a missing or unreadable file, a
 checkpoint that does not fit this launch, a run directory locked by another run, ``resume=true`` over
-checkpoints none of which is usable), reported as one ``error: <field>: <message>`` line before any training
-step. A skipped checkpoint is one ``warning:`` line.
+checkpoints none of which is usable, ``name=NAME resume=true`` of no run), reported as one ``error: <field>:
+<message>`` line before any training step. A skipped checkpoint is one ``warning:`` line.
 """
 
 from __future__ import annotations
@@ -47,13 +47,17 @@ def _report(err: BaseException) -> None:
 def _load(files: list[str], overrides: list[str]) -> RunConfig:
     """The config of ``files`` and ``overrides``. Without files, ``resume=true`` (or restart) and ``name=NAME`` start
     from the run directory's own config.yaml (``out_dir``/NAME/config.yaml) when it exists, the overrides applied on
-    top; a run not begun yet is configured by the overrides alone."""
+    top; a run not begun yet is configured by the overrides alone when they name its data (``data.source`` or
+    ``data.prepared``): without them, NAME is taken for a run to continue, and its missing config.yaml is an error."""
     given = dict(override.split("=", 1) for override in overrides if "=" in override)
-    resuming = given.get("resume", "").lower() in ("true", "restart")
+    resuming = given.get("resume", "").lower() in ("true", "yes", "on", "restart")  # true to the config too
     if files or not resuming or "name" not in given:
         return load_config(files, overrides)
     out_dir = given.get("out_dir", RunConfig.out_dir)
     saved = Path(out_dir, given["name"], "config.yaml")
+    if not saved.is_file() and not given.keys() & {"data.source", "data.prepared"}:
+        raise ConfigError("name", f"no run {given['name']!r} to resume: {saved.absolute()} does not exist (a new "
+                                  "run with resume=true: give its --config, data.source or data.prepared)")
     if not saved.is_file():
         return load_config(files, overrides)
     # the run continues where its config was found, whatever out_dir it was saved with (a moved run directory)

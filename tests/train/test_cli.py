@@ -11,6 +11,7 @@ import pytest
 from tiny import metrics_rows, start_train_py
 
 from llm.cli.train import main
+from llm.config import RunConfig, load_config, save_config
 
 
 @pytest.mark.parametrize(("override", "field", "message"), [
@@ -41,6 +42,33 @@ def test_batch_that_does_not_divide_fails_before_work(tiny_config, capsys) -> No
     err = capsys.readouterr().err
     assert err.startswith("error: train.global_batch_tokens: 1000 is not a positive multiple")
     assert not Path(config.out_dir).exists()
+
+
+def test_resume_by_name_of_no_run_is_refused(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys) -> None:
+    """``name=nosuch resume=true`` without --config names where it looked for the run rather than starting a default
+    one; a new run whose overrides name its data starts with resume=true, as a requeued job's first launch does."""
+    started: list[RunConfig] = []
+    monkeypatch.setattr("llm.train.trainer.fit", started.append)
+    args = [f"out_dir={tmp_path}", "name=nosuch", "resume=true", "train.max_steps=3"]
+    assert main(args) == 2 and not started
+    assert capsys.readouterr().err == (f"error: name: no run 'nosuch' to resume: {tmp_path / 'nosuch' / 'config.yaml'}"
+                                       " does not exist (a new run with resume=true: give its --config, "
+                                       "data.source or data.prepared)\n")
+    assert main([*args, f"data.source={tmp_path / 'corpus.txt'}"]) == 0
+    assert started[0].data.source == str(tmp_path / "corpus.txt") and started[0].resume is True
+
+
+@pytest.mark.parametrize("resume", ["yes", "on", "ON", "restart"])
+def test_every_true_resume_value_resumes_by_name(resume: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``resume=yes`` and ``resume=on`` are true to the config, so they continue the named run as true does."""
+    (tmp_path / "x").mkdir()
+    save_config(load_config(None, [f"out_dir={tmp_path}", "name=x", "model.ffn=isogmlp", "train.max_steps=2"]),
+                tmp_path / "x" / "config.yaml")
+    started: list[RunConfig] = []
+    monkeypatch.setattr("llm.train.trainer.fit", started.append)
+    assert main([f"out_dir={tmp_path}", "name=x", f"resume={resume}", "train.max_steps=3"]) == 0
+    assert started[0].model.ffn == "isogmlp" and started[0].train.max_steps == 3
+    assert started[0].resume == ("restart" if resume == "restart" else True)
 
 
 @pytest.mark.slow
