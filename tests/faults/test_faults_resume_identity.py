@@ -7,6 +7,7 @@ filled with today's defaults."""
 from __future__ import annotations
 
 import json
+import re
 import resource
 import subprocess
 import sys
@@ -56,8 +57,6 @@ def test_resume_on_another_tokenizer_at_the_same_path_is_refused(run_overrides: 
     assert main([*args, *SAVE]) == 0
     run_dir = tmp_path / "runs" / "t"
     recorded = tokenizer_identity(Tokenizer.from_file(str(bpe)))
-    assert metrics_rows(run_dir, "meta")[0]["data_fingerprints"] == {"tokenizer": recorded, "prepared": None}
-    assert load_run(run_dir).segments[0][1]["data_fingerprint.tokenizer"] == recorded  # compare's history has it
     other = train_tokenizer([str(sorted(corpus.iterdir())[0])], 512, tokenizer)  # one file of three: other merges
     assert other.get_vocab_size() == 512 and (current := tokenizer_identity(other)) != recorded
     before = _files(run_dir)
@@ -67,6 +66,8 @@ def test_resume_on_another_tokenizer_at_the_same_path_is_refused(run_overrides: 
         f"error: data loader state: tokenizer_fingerprint was {recorded!r}, this loader has {current!r}; resume with "
         f"the same data settings"]
     assert _files(run_dir) == before
+    assert metrics_rows(run_dir, "meta")[0]["data_fingerprints"] == {"tokenizer": recorded, "prepared": None}
+    assert load_run(run_dir).segments[0][1]["data_fingerprint.tokenizer"] == recorded  # compare's history has it
 
 
 def test_resume_on_prepared_data_prepared_again_is_refused(run_overrides: list[str], tmp_path: Path,
@@ -82,18 +83,18 @@ def test_resume_on_prepared_data_prepared_again_is_refused(run_overrides: list[s
     prepare(data_cfg, tokenizer, out, max_tokens=20_000)
     assert main([*args, *SAVE]) == 0
     run_dir = tmp_path / "runs" / "p"
-    recorded = metrics_rows(run_dir, "meta")[0]["data_fingerprints"]
-    assert recorded["tokenizer"] == tokenizer_identity(tokenizer) and recorded["prepared"]
-    assert load_run(run_dir).segments[0][1]["data_fingerprint.prepared"] == recorded["prepared"]
     prepare(data_cfg, tokenizer, out, max_tokens=8_000)
     before = _files(run_dir)
     capsys.readouterr()
     assert main([*args, "train.max_steps=4", "resume=true"]) == 2
     [line] = _error_lines(capsys.readouterr().err)
-    prefix = f"error: data loader state: prepared_fingerprint was {recorded['prepared']!r}, this loader has '"
-    assert line.startswith(prefix) and line.endswith("'; resume with the same data settings")
-    assert line[len(prefix):].split("'")[0] != recorded["prepared"]
+    was, now = re.fullmatch(r"error: data loader state: prepared_fingerprint was '(\w+)', this loader has '(\w+)'; "
+                            r"resume with the same data settings", line).groups()
+    assert was != now
     assert _files(run_dir) == before
+    recorded = metrics_rows(run_dir, "meta")[0]["data_fingerprints"]
+    assert recorded == {"tokenizer": tokenizer_identity(tokenizer), "prepared": was}
+    assert load_run(run_dir).segments[0][1]["data_fingerprint.prepared"] == was  # compare's history has it
 
 
 def _limit_file_size() -> None:
