@@ -110,7 +110,7 @@ class TrainLoader:
             # a state saved before the fingerprints were recorded has none to compare
             if state.get(key) != value and (key in state or not key.endswith("_fingerprint")):
                 raise DataError(f"data loader state: {key} was {state.get(key)!r}, this loader has "
-                                 f"{value!r}; resume with the same data settings")
+                                 f"{value!r}; resume with the same data settings and files")
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self._check(state, self._identity())

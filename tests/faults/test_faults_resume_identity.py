@@ -64,7 +64,7 @@ def test_resume_on_another_tokenizer_at_the_same_path_is_refused(run_overrides: 
     assert main([*args, "train.max_steps=4", "resume=true"]) == 2
     assert _error_lines(capsys.readouterr().err) == [
         f"error: data loader state: tokenizer_fingerprint was {recorded!r}, this loader has {current!r}; resume with "
-        f"the same data settings"]
+        f"the same data settings and files"]
     assert _files(run_dir) == before
     assert metrics_rows(run_dir, "meta")[0]["data_fingerprints"] == {"tokenizer": recorded, "prepared": None}
     assert load_run(run_dir).segments[0][1]["data_fingerprint.tokenizer"] == recorded  # compare's history has it
@@ -89,7 +89,7 @@ def test_resume_on_prepared_data_prepared_again_is_refused(run_overrides: list[s
     assert main([*args, "train.max_steps=4", "resume=true"]) == 2
     [line] = _error_lines(capsys.readouterr().err)
     was, now = re.fullmatch(r"error: data loader state: prepared_fingerprint was '(\w+)', this loader has '(\w+)'; "
-                            r"resume with the same data settings", line).groups()
+                            r"resume with the same data settings and files", line).groups()
     assert was != now
     assert _files(run_dir) == before
     recorded = metrics_rows(run_dir, "meta")[0]["data_fingerprints"]
