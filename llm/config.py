@@ -292,9 +292,15 @@ def load_config(files: list[str] | str | None = None, overrides: list[str] | Non
     """YAML files (merged left to right) + ``key.sub=value`` overrides -> a validated ``RunConfig``.
 
     ``saved_run``: the first file is a ``config.yaml`` that a run wrote, read back as ``read_saved`` reads
-    a saved config."""
+    a saved config; one without a section that every run saves is damaged, and refused rather than filled with
+    today's defaults."""
     files = [files] if isinstance(files, str) else list(files or [])
-    return _resolve([read_yaml(Path(f)) for f in files], list(overrides or []), saved_run)
+    layers = [read_yaml(Path(f)) for f in files]
+    if saved_run and (missing := [section for section in ("model", "data", "train")
+                                  if not isinstance(layers[0].get(section), DictConfig)]):
+        raise ConfigError("config", f"{files[0]} lacks the {' and '.join(missing)} section(s) every run saves (the "
+                                    f"file is damaged): restore it, or pass the run's config files with --config")
+    return _resolve(layers, list(overrides or []), saved_run)
 
 
 def read_saved(values: dict[str, Any]) -> RunConfig:

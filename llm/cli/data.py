@@ -52,12 +52,19 @@ def _data_config(args: argparse.Namespace) -> DataConfig:
 
 
 def _prepare(args: argparse.Namespace) -> int:
+    """Prepare into ``--out`` under its lock (``llm.train.lock``): a second prepare into the same directory, which
+    would append to the token files the first one writes, stops in one line naming the first."""
     from llm.data.shards import prepare
     from llm.data.tokenizer import load_tokenizer
+    from llm.train.lock import RunLock
 
     data_cfg = _data_config(args)
     start = time.perf_counter()
-    index = prepare(data_cfg, load_tokenizer(data_cfg.tokenizer), args.out, args.max_tokens)
+    lock = RunLock.acquire(args.out, advice="wait for that prepare to end, or choose another --out")
+    try:
+        index = prepare(data_cfg, load_tokenizer(data_cfg.tokenizer), args.out, args.max_tokens)
+    finally:
+        lock.release()
     tokens = sum(p["num_tokens"] for p in index["pieces"])
     docs = sum(p["num_docs"] for p in index["pieces"])
     seconds = time.perf_counter() - start

@@ -18,8 +18,9 @@ __all__ = ["file_checksum", "warn_rebuilding", "write_atomically"]
 
 
 def write_atomically(path: Path, write: Callable[[Path], object]) -> None:
-    """Write ``path`` by ``write(temporary path)`` in the same directory, then rename it over ``path``: a
-    reader (another rank, a concurrent job) sees the previous file or the whole new one, never a torn one.
+    """Write ``path`` by ``write(temporary path)`` in the same directory, fsync it, then rename it over ``path``: a
+    reader (another rank, a concurrent job) sees the previous file or the whole new one, never a torn one, and
+    neither does a reader after a crash.
     Raises ``OSError`` when the directory cannot be written (the temporary file is removed). The file gets the
     mode ``write`` creates it with (0666 less the umask, as the token files beside an index.json): not mkstemp's
     0600, which left a shared prepared directory or cache unreadable to the others who share it."""
@@ -27,6 +28,8 @@ def write_atomically(path: Path, write: Callable[[Path], object]) -> None:
     tmp = path.with_name(f"{path.name}.{secrets.token_hex(8)}.tmp")  # a name no concurrent writer picks
     try:
         write(tmp)
+        with open(tmp, "rb") as f:
+            os.fsync(f.fileno())
         os.replace(tmp, path)
     except BaseException:
         tmp.unlink(missing_ok=True)

@@ -10,7 +10,9 @@
   line start at or after each multiple of ``data.max_doc_chars`` bytes of the file, when the paragraph started
   at or before the multiple before it. A paragraph shorter than ``max_doc_chars`` bytes is never cut; a longer
   one becomes records of at most about 2 x ``max_doc_chars`` bytes (a line is never cut), so that the nodes that
-  split the file by bytes each get records. Each record is a document, followed by EOS like any other.
+  split the file by bytes each get records. Each record is a document, followed by EOS like any other. A paragraph
+  is stripped of whitespace at its ends only: the records of a cut one join back to it, every character kept (the
+  newline that ends a record and the indent that starts the next).
 
 A position inside a piece is an integer in the piece's unit: the row index, or the byte offset of a record's
 start. ``PieceReader`` yields batches of ``data.tokenize_batch`` records with the position before and after
@@ -124,9 +126,11 @@ def _previous_line_blank(f: BinaryIO, line_start: int) -> bool:
     return True
 
 
-def _records(f: BinaryIO, kind: str, start: int, hi: int, max_bytes: int) -> Iterator[tuple[int, bytes, int]]:
-    """(start byte, raw record, byte where the next record may start) of the records starting in ``[start, hi)``:
-    lines, or paragraphs cut at lines past ``max_bytes`` (the module's docstring)."""
+def _records(f: BinaryIO, kind: str, start: int, hi: int, max_bytes: int
+             ) -> Iterator[tuple[int, bytes, int, tuple[bool, bool]]]:
+    """(start byte, raw record, byte where the next record may start, whether the record starts and ends its
+    paragraph) of the records starting in ``[start, hi)``: lines, or paragraphs cut at lines past ``max_bytes``
+    (the module's docstring)."""
     # Every jsonl line is a record. Whether a txt line starts one depends on where its paragraph started, but only
     # as far as whether that was at or before the multiple of max_bytes before the previous one: read from there,
     # the records before ``start`` dropped (at most 2 x max_bytes and a line more read at the start of a range).
@@ -141,7 +145,7 @@ def _records(f: BinaryIO, kind: str, start: int, hi: int, max_bytes: int) -> Ite
         blank, cut = text and not line.strip(), pos - pos % max_bytes  # cut: the last multiple of max_bytes <= pos
         if not line or blank or after_blank or (previous < cut and paragraph <= cut - max_bytes):
             if lines and first >= start:
-                yield first, b"".join(lines), pos
+                yield first, b"".join(lines), pos, (first == paragraph, not line or blank)
             lines = []
             if not line or pos >= hi:
                 return
@@ -152,10 +156,12 @@ def _records(f: BinaryIO, kind: str, start: int, hi: int, max_bytes: int) -> Ite
         previous, after_blank, pos = pos, blank or not text, pos + len(line)
 
 
-def _decode(source: Source, piece: Piece, raw: bytes) -> tuple[str | None, object]:
-    """(text, id) of one raw record."""
+def _decode(source: Source, piece: Piece, raw: bytes, edges: tuple[bool, bool]) -> tuple[str | None, object]:
+    """(text, id) of one raw record; a txt record is stripped at the ``edges`` (start, end) of its paragraph."""
     if piece.kind == "text":
-        return raw.decode("utf-8", errors="replace").strip(), None
+        text = raw.decode("utf-8", errors="replace")  # a record holds whole lines: no character is split
+        text = text.lstrip() if edges[0] else text
+        return text.rstrip() if edges[1] else text, None
     if not raw.strip():
         return None, None
     try:
@@ -174,10 +180,10 @@ def _lines(source: Source, piece: Piece, start: int, hi: int, batch_size: int, m
     with open_file(piece.file) as f:
         batch: list[tuple[str | None, object]] = []
         first = start
-        for pos, raw, after in _records(f, piece.kind, start, hi, max_bytes):
+        for pos, raw, after, edges in _records(f, piece.kind, start, hi, max_bytes):
             if not batch:
                 first = pos
-            batch.append(_decode(source, piece, raw))
+            batch.append(_decode(source, piece, raw, edges))
             if len(batch) == batch_size:
                 yield first, _columns(source, batch), after
                 batch = []

@@ -164,6 +164,9 @@ class PreparedTokens(TokenSource):
             raise DataError(f"data.prepared: {self.root} was prepared from another source than data.source "
                             f"({difference}); prepare again")
         self.cfg = data_cfg
+        # the index records every token file's checksum: another preparation is another fingerprint
+        self.fingerprints = {"tokenizer": self.index["tokenizer"], "prepared": xxhash.xxh3_64_hexdigest(
+            json.dumps(self.index, sort_keys=True).encode())}
         self.lengths = np.array([p["num_tokens"] for p in self.index["pieces"]], dtype=np.int64)
         self.epoch_tokens = int(self.lengths.sum())
         if self.epoch_tokens == 0:

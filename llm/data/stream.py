@@ -73,7 +73,8 @@ class TrainLoader:
         """What a saved state must match; ``topology=False`` leaves out what a resharded resume may change."""
         fixed = {"seq_len": self.cfg.seq_len, "seed": self.cfg.seed, "shuffle_block": self.cfg.shuffle_block,
                  "shuffle_shards": self.cfg.shuffle_shards, "val_bucket": self.cfg.val_bucket,
-                 "max_doc_chars": self.cfg.max_doc_chars, "prepared": self.cfg.prepared is not None}
+                 "max_doc_chars": self.cfg.max_doc_chars, "prepared": self.cfg.prepared is not None,
+                 **{f"{data}_fingerprint": value for data, value in self.source.fingerprints.items()}}
         if not topology:
             return fixed
         return {"rank": self.rank, "world_size": self.world_size, "num_workers": self.cfg.num_workers,
@@ -106,9 +107,10 @@ class TrainLoader:
 
     def _check(self, state: dict[str, Any], expected: dict[str, Any]) -> None:
         for key, value in expected.items():
-            if state.get(key) != value:
+            # a state saved before the fingerprints were recorded has none to compare
+            if state.get(key) != value and (key in state or not key.endswith("_fingerprint")):
                 raise DataError(f"data loader state: {key} was {state.get(key)!r}, this loader has "
-                                 f"{value!r}; resume with the same data settings")
+                                 f"{value!r}; resume with the same data settings and files")
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self._check(state, self._identity())

@@ -33,7 +33,7 @@ from llm.data.pieces import Piece, PieceReader
 from llm.data.sources import Source, data_source
 from llm.data.split import epoch_order, node_segments
 from llm.data.token_source import State, TokenSource, block_permutation
-from llm.data.tokenizer import encode_documents, eos_id
+from llm.data.tokenizer import encode_documents, eos_id, tokenizer_identity
 from llm.data.validation import split_batch
 
 
@@ -47,6 +47,7 @@ class StreamingTokens(TokenSource):
         self.tokenizer = tokenizer
         self.eos = eos_id(tokenizer)
         self.cfg = data_cfg
+        self.fingerprints = {"tokenizer": tokenizer_identity(tokenizer), "prepared": None}
 
     def piece_docs(self, piece: int, start: int, hi: int) -> Iterator[tuple[int, list[str]]]:
         """(position before the batch, training texts of the batch) of a piece's range: validation documents

@@ -29,10 +29,12 @@ __all__ = ["DEFAULT_HUB_TOKENIZER", "EOS_TOKEN", "TOKENIZATION", "as_transformer
 EOS_TOKEN = "<|endoftext|>"
 DEFAULT_HUB_TOKENIZER = "Qwen/Qwen3-0.6B"
 # How documents become tokens: a long document whole, in ``text_parts`` of ``max_doc_chars`` characters (once, it
-# was cut to its first ``max_doc_chars``), and a long txt paragraph cut at lines (``llm.data.pieces``). Recorded in
-# the validation cache's key: change it with ``encode_documents``, ``text_parts`` or how txt records are cut, so that
-# a cache of another scheme is never read.
-TOKENIZATION = "whole documents in text_parts; txt paragraphs cut at lines past max_doc_chars bytes"
+# was cut to its first ``max_doc_chars``), and a long txt paragraph cut at lines, every character kept
+# (``llm.data.pieces``; once, each part lost its whitespace at a cut). Recorded in the validation cache's key and in
+# prepared indexes: change it with ``encode_documents``, ``text_parts`` or how txt records are cut, so that a cache
+# or prepared directory of another scheme is never read.
+TOKENIZATION = ("whole documents in text_parts; txt paragraphs cut at lines past max_doc_chars bytes, stripped "
+                "at the paragraph's ends only")
 
 
 def _offline_qwen3_file() -> Path | None:

@@ -102,7 +102,8 @@ class RunRecord:
     # (``llm.config.read_saved``); the other fields, and those it did not record, are today's defaults.
     config: RunConfig
     # Each segment's first step and its compared config fields (dotted keys, less ``RESULT_NEUTRAL``, a field
-    # it did not record ``NOT_RECORDED``), in order.
+    # it did not record ``NOT_RECORDED``) with its data's fingerprints (``data_fingerprint.tokenizer`` and
+    # ``data_fingerprint.prepared``, from its meta row), in order.
     segments: list[tuple[int, dict[str, Any]]]
     # Damaged lines of its metrics file, each named by file and line.
     problems: list[str] = field(default_factory=list)
@@ -208,8 +209,11 @@ def _read_config(path: Path, meta: dict[str, Any]) -> tuple[RunConfig, dict[str,
         raise EvalError(f"{path}: today's code cannot read back the meta row's config: {err}") from None
     recorded = flatten_dict({**config, "model": upgrade_saved(dict(config["model"]))})
     flat = flatten_dict({section: asdict(getattr(read, section)) for section in COMPARED_SECTIONS})
-    return read, {key: value if key in recorded else NOT_RECORDED for key, value in flat.items()
-                  if key not in RESULT_NEUTRAL}
+    # the data's identity beyond its settings (the tokenizer's and a prepared index's content), as the segment recorded
+    fingerprints = meta.get("data_fingerprints") or dict.fromkeys(("tokenizer", "prepared"), NOT_RECORDED)
+    return read, {**{key: value if key in recorded else NOT_RECORDED for key, value in flat.items()
+                     if key not in RESULT_NEUTRAL},
+                  **{f"data_fingerprint.{data}": value for data, value in fingerprints.items()}}
 
 
 def load_run(run_dir: str | Path) -> RunRecord:

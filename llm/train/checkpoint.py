@@ -171,12 +171,18 @@ def save_checkpoint(ckpt_dir: str | Path, step: int, *, accelerator: Accelerator
 
 
 def load_checkpoint(path: str | Path, *, accelerator: Accelerator, loader: Any, config: RunConfig) -> dict:
-    """Restore model, optimizer, RNG and this rank's data-loader state from ``path`` (after checking the model
-    config matches: a ``ConfigError`` names every model field that differs); return the saved ``trainer.json``
+    """Restore model, optimizer, RNG and this rank's data-loader state from ``path`` (after checking the seed and the
+    model config match: a ``ConfigError`` names every model field that differs); return the saved ``trainer.json``
     dict. A checkpoint from before the schedule was a function of the step (llm/train/optim.py) also holds a
     scheduler.bin, which nothing reads."""
     path = Path(path)
-    saved = asdict(load_config(str(path / "config.yaml"), saved_run=True).model)  # schema fills newer fields
+    saved_config = load_config(str(path / "config.yaml"), saved_run=True)
+    # the weights and RNG state continue the seed's run whatever the config says: under another seed the run
+    # would be counted as a sample of that seed
+    if saved_config.seed != config.seed:
+        raise ConfigError("seed", f"checkpoint {path} was trained with seed {saved_config.seed}, this run has seed "
+                                  f"{config.seed}: the seed cannot change mid-run; start another run (name=) for it")
+    saved = asdict(saved_config.model)  # schema fills newer fields
     current = asdict(config.model)
     if diffs := [f"{k} (checkpoint {saved.get(k)!r}, config {current.get(k)!r})"
                  for k in sorted(set(saved) | set(current)) if saved.get(k) != current.get(k)]:

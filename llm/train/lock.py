@@ -60,7 +60,9 @@ class RunLock:
         self._renewer.start()
 
     @classmethod
-    def acquire(cls, run_dir: str | Path, lease_s: float = LEASE_S) -> RunLock:
+    def acquire(cls, run_dir: str | Path, lease_s: float = LEASE_S,
+                advice: str = "wait for that run to end, or choose another name=") -> RunLock:
+        """``advice``: what the message of a held lock tells its reader to do."""
         path = Path(run_dir) / LOCK_FILE
         created_dir = not path.parent.exists()
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -73,8 +75,8 @@ class RunLock:
                     holder = cls._holder(path)
                     if holder is not None and not cls._stale(holder):
                         raise RunLockedError(
-                            f"{path.parent} is in use by pid {holder['pid']} on {holder['host']} ({path}); wait for "
-                            f"that run to end, or choose another name=") from None
+                            f"{path.parent} is in use by pid {holder['pid']} on {holder['host']} ({path}); {advice}"
+                        ) from None
                     path.unlink(missing_ok=True)
                     continue
                 try:

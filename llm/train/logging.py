@@ -13,7 +13,6 @@ the run goes on on every rank (``drop_tracker``).
 from __future__ import annotations
 
 import json
-import os
 import resource
 import sys
 import warnings
@@ -24,6 +23,7 @@ import torch
 from accelerate import Accelerator
 from tqdm.auto import tqdm
 
+from llm.data.cache_io import write_atomically
 from llm.errors import IsollmWarning, one_line, stderr_line
 from llm.metrics.layers import flatten_for_tracker
 from llm.train.distributed import is_main_process
@@ -66,9 +66,7 @@ def truncate_metrics(path: str | Path, step: int) -> None:
             continue
         if row.get("kind") == "meta" or row["step"] <= step:
             kept.append(line)
-    tmp = path.with_suffix(".jsonl.tmp")
-    tmp.write_text("".join(line + "\n" for line in kept))
-    os.replace(tmp, path)
+    write_atomically(path, lambda tmp: tmp.write_text("".join(line + "\n" for line in kept)))
 
 
 def drop_tracker(accelerator: Accelerator, tracker: Any, reason: str) -> None:

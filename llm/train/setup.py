@@ -23,6 +23,7 @@ from transformers.utils import flatten_dict
 
 from llm.config import RunConfig, save_config
 from llm.data import TrainLoader, build_train_loader, build_val_windows, eos_id, load_tokenizer
+from llm.data.cache_io import write_atomically
 from llm.data.tokenizer import ids_past
 from llm.errors import one_line
 from llm.metrics.flops import flops_per_token, peak_flops
@@ -122,15 +123,16 @@ def _resume(config: RunConfig, ckpt_dir: Path, accelerator: Accelerator,
 
 
 def _prepare_run_dir(config: RunConfig, step: int) -> None:
-    """config.yaml, and metrics.jsonl cut back to ``step``; a failed write (a full disk) is one
-    ``TrainingError`` on every rank."""
+    """config.yaml, and metrics.jsonl cut back to ``step``, each written whole or not at all (``write_atomically``);
+    a failed write (a full disk) is one ``TrainingError`` on every rank."""
     error = None
     if is_main_process():
         try:
-            save_config(config, config.run_dir / "config.yaml")
+            write_atomically(config.run_dir / "config.yaml", lambda tmp: save_config(config, tmp))
             truncate_metrics(config.run_dir / "metrics.jsonl", step)
         except OSError as err:
-            error = f"could not write to {config.run_dir} ({one_line(err)}); nothing in it was changed"
+            error = (f"could not write to {config.run_dir} ({one_line(err)}); its config.yaml and metrics.jsonl are "
+                     f"each as they were or wholly rewritten, none cut short")
     if errors := gather_messages(error):
         raise TrainingError(errors[0])
 
@@ -328,7 +330,8 @@ def setup_run(config: RunConfig, teardown: ExitStack) -> Run:
             seed=config.seed, params_total=total, params_non_embedding=non_embedding, flops_per_token=fpt,
             world_size=world_size, grad_accum=accum, max_steps=max_steps,
             mixed_precision=accelerator.mixed_precision, engine=engine, engine_requested=asked_engine,
-            resumed_from=str(resume_from) if resume_from else None, config=asdict(config))
+            resumed_from=str(resume_from) if resume_from else None, data_fingerprints=loader.source.fingerprints,
+            config=asdict(config))
 
     device = accelerator.device
     with tf32_matmuls(device, config.train.tf32):  # the peak of the precision the step's fp32 matmuls run at

@@ -12,6 +12,7 @@ from dataclasses import replace
 from itertools import islice, pairwise
 from pathlib import Path
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
@@ -166,10 +167,11 @@ def test_txt_records_are_the_same_whatever_the_ranges(tmp_path: Path) -> None:
         whole = paragraph_records(data, max_bytes)
         ends = sorted({0, len(data), *(rng.randint(0, len(data)) for _ in range(rng.randint(0, 5)))})
         with path.open("rb") as f:
-            assert [(at, raw) for lo, hi in pairwise(ends)
-                    for at, raw, _ in _records(f, "text", lo, hi, max_bytes)] == whole, (data, max_bytes, ends)
+            tiled = [record for lo, hi in pairwise(ends) for record in _records(f, "text", lo, hi, max_bytes)]
+            assert [record[:2] for record in tiled] == whole, (data, max_bytes, ends)
             records = list(_records(f, "text", 0, len(data), max_bytes))
-            for i, (at, _, after) in enumerate(records):
+            assert tiled == records  # the paragraph edges of each record too
+            for i, (at, _, after, _) in enumerate(records):
                 assert [r[:2] for r in _records(f, "text", at, len(data), max_bytes)] == whole[i:]
                 assert [r[:2] for r in _records(f, "text", after, len(data), max_bytes)] == whole[i + 1 :]
 
@@ -190,11 +192,14 @@ def test_text_without_blank_lines_is_cut_at_lines_and_keeps_every_token(tmp_path
     cfg = DataConfig(source=str(path), format="text", max_doc_chars=1000, val_bucket=10**9, seq_len=16,
                      cache_dir=str(tmp_path / "cache"))
     assert len(text) > 20 * cfg.max_doc_chars and "\n\n" not in text
-    documents = [raw.decode().strip() for _, raw in paragraph_records(text.encode(), cfg.max_doc_chars)]
+    records = [raw.decode() for _, raw in paragraph_records(text.encode(), cfg.max_doc_chars)]
+    documents = [records[0].lstrip(), *records[1:-1], records[-1].rstrip()]  # one paragraph: stripped at its ends
     assert len(documents) >= 10 and max(map(len, documents)) > cfg.max_doc_chars  # tokenized in text_parts
     assert max(map(len, documents)) <= 2 * cfg.max_doc_chars + max(map(len, text.splitlines()))
-    assert " ".join(documents).split() == text.split()
+    assert "".join(documents) == text.strip()  # every character, the newlines and indents at the cuts too
     expected = [t for doc in documents for t in [*bpe.encode(doc, add_special_tokens=False).ids, eos_id(bpe)]]
+    # the whole paragraph's tokens, an EOS after each part
+    assert [t for t in expected if t != eos_id(bpe)] == bpe.encode(text.strip(), add_special_tokens=False).ids
     stream = StreamingTokens(cfg, bpe)
     streamed = [int(t) for _, chunk in stream.chunks(0, 0, 1, None) for t in chunk]
     assert streamed == expected
@@ -207,6 +212,33 @@ def test_text_without_blank_lines_is_cut_at_lines_and_keeps_every_token(tmp_path
     width = cfg.seq_len + 1
     held = replace(cfg, val_bucket=1, val_tokens=len(expected) // width * width)
     assert build_val_windows(held, bpe).flatten().tolist() == expected[: held.val_tokens]
+
+
+def test_long_paragraphs_are_cut_keeping_every_character(tmp_path: Path, bpe: Tokenizer) -> None:
+    """Paragraphs of several lines, some over max_doc_chars, between blank lines: the documents of each cut one join
+    back to it, stripped at its ends only (every character kept at a cut: the line's end and the next one's indent),
+    and prepare holds each paragraph's whole tokens, an EOS after each document. Before, each part was stripped, and
+    the whitespace at every cut was lost (WikiText-2 lost 2 tokens under the default max_doc_chars)."""
+    from llm.data.pieces import read_piece
+    from llm.data.tokenizer import eos_id
+
+    rng = random.Random(3)
+    paragraphs = [wikitext_like(rng.randint(1, 80)) for _ in range(12)]
+    path = tmp_path / "wiki.raw"
+    path.write_text(" \n".join(paragraphs))  # a blank line (as WikiText's, one space) between paragraphs
+    cfg = DataConfig(source=str(path), format="text", max_doc_chars=500, val_bucket=10**9, id_column=None)
+    source = resolve_source(str(path), id_column=None, data_format="text")
+    piece = list_pieces(source)[0]
+    documents = [text for _, batch, _ in read_piece(source, piece, 0, piece.size, 7, cfg.max_doc_chars)
+                 for text in batch["text"]]
+    assert len(documents) > len(paragraphs) + 10  # cut many times
+    assert "".join(documents) == "".join(paragraph.strip() for paragraph in paragraphs)
+    whole = [t for paragraph in paragraphs for t in bpe.encode(paragraph.strip(), add_special_tokens=False).ids]
+    tokens = tmp_path / "prepared" / "tokens_00000.bin"
+    index = prepare(cfg, bpe, tmp_path / "prepared")
+    prepared = torch.from_numpy(np.fromfile(tokens, dtype=np.uint32).astype(np.int64)).tolist()
+    assert [t for t in prepared if t != eos_id(bpe)] == whole
+    assert sum(p["num_tokens"] for p in index["pieces"]) == len(whole) + len(documents)
 
 
 def test_a_word_longer_than_max_doc_chars_is_cut_and_kept(bpe: Tokenizer) -> None:

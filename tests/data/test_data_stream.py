@@ -24,7 +24,7 @@ from llm.data.errors import DataError
 from llm.data.shards import FORMAT, INDEX_FILE, PreparedTokens, prepare
 from llm.data.stream import build_train_loader
 from llm.data.streaming import StreamingTokens, iter_windows
-from llm.data.tokenizer import eos_id, load_tokenizer
+from llm.data.tokenizer import eos_id, load_tokenizer, tokenizer_identity
 from llm.data.validation import is_validation
 
 RANKS, WORKERS = 2, 2
@@ -225,3 +225,20 @@ def test_prepare_holds_one_output_open(tmp_path: Path, bpe: Tokenizer) -> None:
         resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
     assert len(index["files"]) == 60 and all(f["num_tokens"] for f in index["files"])
     assert [p["file"] for p in index["pieces"]] == list(range(60))
+
+
+def test_a_loader_state_from_before_the_fingerprints_still_resumes(data_cfg: DataConfig, bpe: Tokenizer) -> None:
+    """A checkpoint written before the data's fingerprints were recorded has none to compare: it resumes as before;
+    a recorded fingerprint that differs is refused naming both."""
+    loader = build_train_loader(data_cfg, bpe, 2, 0, 1)
+    batches = iter(loader)
+    next(batches)
+    state = loader.state_dict()
+    assert state["tokenizer_fingerprint"] == tokenizer_identity(bpe) and state["prepared_fingerprint"] is None
+    older = {key: value for key, value in state.items() if not key.endswith("_fingerprint")}
+    resumed = build_train_loader(data_cfg, bpe, 2, 0, 1)
+    resumed.load_state_dict(older)
+    assert torch.equal(next(iter(resumed)), next(batches))
+    with pytest.raises(DataError, match=r"^data loader state: tokenizer_fingerprint was 'other', this loader has "
+                                        rf"'{tokenizer_identity(bpe)}'; resume with the same data settings and files$"):
+        resumed.load_state_dict({**state, "tokenizer_fingerprint": "other"})

@@ -220,3 +220,24 @@ def test_processes_taking_over_one_stale_lock_at_once_leave_one_holder(tmp_path:
     outcomes = sorted(proc.communicate(timeout=120)[0].strip() for proc in procs)
     assert outcomes == ["refused"] * 5 + ["won"]
     assert not (tmp_path / LOCK_FILE).exists()
+
+
+def test_a_second_prepare_into_one_directory_is_one_line(corpus: Path, bpe: Path, tmp_path: Path, live_pid: int,
+                                                         capsys) -> None:
+    """``isollm-data prepare`` holds its output directory's lock: one into a directory that another prepare holds
+    stops in one line naming it (exit 2) and changes nothing there; a finished prepare leaves no lock. Before, both
+    exited 0 and the token files held both writers' tokens."""
+    from llm.cli.data import main as data_main
+
+    out = tmp_path / "prepared"
+    args = ["prepare", "--out", str(out), "--source", str(corpus), "--tokenizer", str(bpe), "data.val_bucket=10"]
+    assert data_main(args) == 0
+    before = {p.name: p.read_bytes() for p in out.iterdir()}
+    assert "index.json" in before and LOCK_FILE not in before
+    lock = _write_lock(out, live_pid)  # a prepare at work
+    capsys.readouterr()
+    assert data_main(args) == 2
+    assert capsys.readouterr().err.splitlines() == [
+        f"isollm-data prepare: error: {out} is in use by pid {live_pid} on {HOST} ({lock}); wait for that prepare "
+        f"to end, or choose another --out"]
+    assert {p.name: p.read_bytes() for p in out.iterdir() if p != lock} == before

@@ -171,10 +171,13 @@ def test_resume_while_the_disk_is_still_full_is_one_line(run_overrides: list[str
     assert main([*args, "train.max_steps=4", "resume=true"]) == 1
     err = capsys.readouterr().err
     assert "Traceback" not in err
-    assert _error_lines(err) == [
-        f"error: could not write to {run_dir} (OSError: [Errno 28] No space left on device: "
-        f"'{run_dir / 'config.yaml'}'); nothing in it was changed"]
+    [line] = _error_lines(err)
+    assert re.fullmatch(  # config.yaml is written to a temporary file, then renamed
+        re.escape(f"error: could not write to {run_dir} (OSError: [Errno 28] No space left on device: "
+                  f"'{run_dir / 'config.yaml'}") + r"\.[0-9a-f]{16}\.tmp" + re.escape(
+            "'); its config.yaml and metrics.jsonl are each as they were or wholly rewritten, none cut short"), line)
     assert (run_dir / "metrics.jsonl").read_bytes() == before
+    assert sorted(p.name for p in run_dir.iterdir() if p.name.startswith("config.yaml")) == ["config.yaml"]
     assert not (run_dir / "run.lock").exists()
 
 

@@ -1,0 +1,154 @@
+"""A resume continues only what the run was: another seed, another tokenizer at the run's tokenizer path, or its
+``data.prepared`` prepared again are refused in one line naming the recorded and the current value (exit 2), before
+anything in the run directory is written. ``config.yaml`` is written atomically (a file-size limit, as a full disk,
+leaves it whole), and a saved config without one of its sections is refused, naming the file, instead of being
+filled with today's defaults."""
+
+from __future__ import annotations
+
+import json
+import re
+import resource
+import subprocess
+import sys
+from pathlib import Path
+
+from tiny import metrics_rows
+from tokenizers import Tokenizer
+
+from llm.cli.train import main
+from llm.data import train_tokenizer
+from llm.data.shards import prepare
+from llm.data.tokenizer import tokenizer_identity
+from llm.eval.runs import load_run
+from llm.train.lock import LOCK_FILE
+
+SAVE = ["train.max_steps=2", "train.checkpoint_every=2"]
+
+
+def _files(run_dir: Path) -> dict[str, bytes]:
+    """Every file of the run directory and its bytes."""
+    return {str(p.relative_to(run_dir)): p.read_bytes() for p in sorted(run_dir.rglob("*")) if p.is_file()}
+
+
+def _error_lines(err: str) -> list[str]:
+    return [line for line in err.splitlines() if line.startswith("error:")]
+
+
+def test_resume_with_another_seed_is_refused(run_overrides: list[str], tmp_path: Path, capsys) -> None:
+    """Before, it trained on from seed 1's weights, data order and RNG, and compare counted it as seed 2."""
+    assert main([*run_overrides, "name=s", "seed=1", *SAVE]) == 0
+    run_dir = tmp_path / "runs" / "s"
+    before = _files(run_dir)
+    capsys.readouterr()
+    assert main([*run_overrides, "name=s", "seed=2", "train.max_steps=4", "resume=true"]) == 2
+    assert _error_lines(capsys.readouterr().err) == [
+        f"error: seed: checkpoint {run_dir / 'checkpoints' / 'step_00000002'} was trained with seed 1, this run has "
+        f"seed 2: the seed cannot change mid-run; start another run (name=) for it"]
+    assert _files(run_dir) == before
+
+
+def test_resume_on_another_tokenizer_at_the_same_path_is_refused(run_overrides: list[str], corpus: Path, bpe: Path,
+                                                                 tmp_path: Path, capsys) -> None:
+    """Another BPE of the same size at the run's tokenizer path: before, the run resumed on other ids silently."""
+    tokenizer = tmp_path / "tok.json"
+    tokenizer.write_bytes(bpe.read_bytes())
+    args = [*run_overrides, f"data.tokenizer={tokenizer}", "name=t"]
+    assert main([*args, *SAVE]) == 0
+    run_dir = tmp_path / "runs" / "t"
+    recorded = tokenizer_identity(Tokenizer.from_file(str(bpe)))
+    other = train_tokenizer([str(sorted(corpus.iterdir())[0])], 512, tokenizer)  # one file of three: other merges
+    assert other.get_vocab_size() == 512 and (current := tokenizer_identity(other)) != recorded
+    before = _files(run_dir)
+    capsys.readouterr()
+    assert main([*args, "train.max_steps=4", "resume=true"]) == 2
+    assert _error_lines(capsys.readouterr().err) == [
+        f"error: data loader state: tokenizer_fingerprint was {recorded!r}, this loader has {current!r}; resume with "
+        f"the same data settings and files"]
+    assert _files(run_dir) == before
+    assert metrics_rows(run_dir, "meta")[0]["data_fingerprints"] == {"tokenizer": recorded, "prepared": None}
+    assert load_run(run_dir).segments[0][1]["data_fingerprint.tokenizer"] == recorded  # compare's history has it
+
+
+def test_resume_on_prepared_data_prepared_again_is_refused(run_overrides: list[str], tmp_path: Path,
+                                                           capsys) -> None:
+    """``data.prepared`` prepared again with another --max-tokens: before, the run resumed on other tokens."""
+    from llm.config import load_config
+    from llm.data import load_tokenizer
+
+    out = tmp_path / "prepared"
+    args = [*run_overrides, f"data.prepared={out}", "name=p"]
+    data_cfg = load_config([], [*args, *SAVE]).data
+    tokenizer = load_tokenizer(data_cfg.tokenizer)
+    prepare(data_cfg, tokenizer, out, max_tokens=20_000)
+    assert main([*args, *SAVE]) == 0
+    run_dir = tmp_path / "runs" / "p"
+    prepare(data_cfg, tokenizer, out, max_tokens=8_000)
+    before = _files(run_dir)
+    capsys.readouterr()
+    assert main([*args, "train.max_steps=4", "resume=true"]) == 2
+    [line] = _error_lines(capsys.readouterr().err)
+    was, now = re.fullmatch(r"error: data loader state: prepared_fingerprint was '(\w+)', this loader has '(\w+)'; "
+                            r"resume with the same data settings and files", line).groups()
+    assert was != now
+    assert _files(run_dir) == before
+    recorded = metrics_rows(run_dir, "meta")[0]["data_fingerprints"]
+    assert recorded == {"tokenizer": tokenizer_identity(tokenizer), "prepared": was}
+    assert load_run(run_dir).segments[0][1]["data_fingerprint.prepared"] == was  # compare's history has it
+
+
+def _limit_file_size() -> None:
+    """In the child: files may not grow past 1 KiB (a full disk; Python ignores SIGXFSZ, so a write fails with
+    EFBIG); the run's config.yaml holds about 2 KiB."""
+    resource.setrlimit(resource.RLIMIT_FSIZE, (1024, resource.getrlimit(resource.RLIMIT_FSIZE)[1]))
+
+
+def test_config_yaml_is_written_whole_or_not_at_all(run_overrides: list[str], tmp_path: Path) -> None:
+    """Before, config.yaml was written in place: the write that failed left it cut at 1 KiB, and the message said
+    nothing in the directory was changed."""
+    args = [*run_overrides, "name=c", *SAVE]
+    assert main(args) == 0
+    run_dir = tmp_path / "runs" / "c"
+    before = _files(run_dir)
+    assert len(before["config.yaml"]) > 1024
+    resume = [*args, "train.max_steps=4", "resume=true"]
+    proc = subprocess.run([sys.executable, "-c", "import sys; from llm.cli.train import main; sys.exit(main("
+                           f"{json.dumps(resume)}))"], capture_output=True, text=True, timeout=300,
+                          preexec_fn=_limit_file_size)
+    assert proc.returncode == 1, proc.stderr
+    [line] = _error_lines(proc.stderr)
+    assert line.startswith(f"error: could not write to {run_dir} (OSError: [Errno 27] File too large")
+    assert line.endswith("its config.yaml and metrics.jsonl are each as they were or wholly rewritten, none cut short")
+    assert _files(run_dir) == before  # config.yaml whole, no temporary file left, the lock released
+    assert main(resume) == 0  # room again
+
+
+def test_a_saved_config_without_a_section_is_refused(run_overrides: list[str], tmp_path: Path, capsys) -> None:
+    """Before, the model section fell back to today's defaults (and the run then met its checkpoint's model)."""
+    args = [*run_overrides, "name=m"]
+    assert main([*args, *SAVE]) == 0
+    saved = tmp_path / "runs" / "m" / "config.yaml"
+    text = saved.read_text()
+    saved.write_text(text[: text.index("\nmodel:\n") + 1] + text[text.index("\ndata:\n") + 1 :])  # cut at sections
+    before = _files(saved.parent)
+    capsys.readouterr()
+    assert main([*args, "train.max_steps=4", "resume=true"]) == 2
+    assert _error_lines(capsys.readouterr().err) == [
+        f"error: config: {saved} lacks the model section(s) every run saves (the file is damaged): restore it, or "
+        f"pass the run's config files with --config"]
+    assert _files(saved.parent) == before and LOCK_FILE not in before
+
+
+def test_a_saved_config_cut_before_its_train_section_is_refused(run_overrides: list[str], tmp_path: Path,
+                                                               capsys) -> None:
+    """A config cut where its train section began (a write that failed there): before, the resume trained on with
+    today's defaults (global_batch_tokens 524,288, lr 3e-4, warmup 100)."""
+    args = [*run_overrides, "name=n"]
+    assert main([*args, *SAVE]) == 0
+    saved = tmp_path / "runs" / "n" / "config.yaml"
+    text = saved.read_text()
+    saved.write_text(text[: text.index("\ntrain:\n") + 1])
+    capsys.readouterr()
+    assert main([*args, "train.max_steps=4", "resume=true"]) == 2
+    [line] = _error_lines(capsys.readouterr().err)
+    assert line.startswith(f"error: config: {saved} lacks the train section(s) every run saves")
