@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+import yaml
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
@@ -276,7 +277,11 @@ def _resolve(layers: list[DictConfig | dict[str, Any]], overrides: list[str], sa
         for override in overrides:
             if "=" not in override:
                 raise ConfigError(override, "expected key.sub=value")
-            merged = OmegaConf.merge(merged, OmegaConf.from_dotlist([override]))
+            try:
+                merged = OmegaConf.merge(merged, OmegaConf.from_dotlist([override]))
+            except yaml.YAMLError:  # OmegaConf parses the value as YAML and lets the parser's error through
+                key, value = override.split("=", 1)
+                raise ConfigError(key, f"{value!r} is not a YAML value") from None
         config = OmegaConf.to_object(merged)
     except OmegaConfBaseException as err:  # in one line, naming the key
         message = str(err).splitlines()[0]
