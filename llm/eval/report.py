@@ -153,7 +153,8 @@ def _loss_cell(row: VariantSummary, comparison: Comparison) -> str:
 def format_table(comparison: Comparison) -> str:
     """The comparison as a Markdown table with footnotes (also readable as plain text), then, with ``tune``,
     the sensitivity table, and, when a variant comes in several sizes, the scaling table."""
-    rows = [[row.variant, *(row.tuned.get(key, "n/a") for key in comparison.tune), _params(row.params_total),
+    rows = [[row.variant + (f" [{row.key}]" if row.key else ""), *(row.tuned.get(key, "n/a") for key in
+                                                                    comparison.tune), _params(row.params_total),
              _params(row.params_non_embedding), _loss_cell(row, comparison), row.n,
              f"{len(row.diverged)} / {len(row.incomplete)}", *_gap_cells(row, comparison),
              _num(row.training_stability, ".3g"), _num(row.tokens_per_s, ",.0f")] for row in comparison.rows]
@@ -183,6 +184,8 @@ def format_table(comparison: Comparison) -> str:
         f"observed gap"
         + ("" if comparison.target_gap is None else f" and a gap of {comparison.target_gap:g} (--target-gap)")
         + f" (> {MAX_SEEDS:,}: too small to resolve).",
+        *(["[key]: a short name of the row's configuration (less its size), which --baseline accepts."]
+          if any(row.key for row in comparison.rows) else []),
         *([OPTIMISM_NOTE] if comparison.tune else []),
         *(f"Warning: {w}" for w in comparison.warnings),
     ))]
