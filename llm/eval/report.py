@@ -162,6 +162,8 @@ def format_table(comparison: Comparison) -> str:
                     "Diverged / incomplete ⁴", *_gap_header(comparison), "Grad-norm variance after warmup ²",
                     "Tokens/s ³"], rows)
     lines += [*_conclusion(comparison), "", *(f"- {note}" for note in (
+        *(["[key]: a short name of the row's configuration (less its size), which --baseline accepts."]
+          if any(row.key for row in comparison.rows) else []),
         "Final validation loss: mean ± sample std (ddof=1) over the n complete seeds; no std with one seed."
         + (f" Each row at the value of {', '.join(comparison.tune)} with the lowest mean." if comparison.tune
            else ""),
@@ -184,8 +186,6 @@ def format_table(comparison: Comparison) -> str:
         f"observed gap"
         + ("" if comparison.target_gap is None else f" and a gap of {comparison.target_gap:g} (--target-gap)")
         + f" (> {MAX_SEEDS:,}: too small to resolve).",
-        *(["[key]: a short name of the row's configuration (less its size), which --baseline accepts."]
-          if any(row.key for row in comparison.rows) else []),
         *([OPTIMISM_NOTE] if comparison.tune else []),
         *(f"Warning: {w}" for w in comparison.warnings),
     ))]
