@@ -69,7 +69,8 @@ def _compare_parser() -> argparse.ArgumentParser:
     parser.add_argument("--baseline", default=None,
                         help=f"row the p-values test against (default {DEFAULT_BASELINE}, when present): a row label "
                         "as the table prints it (with the differing fields in parentheses where rows share a variant "
-                        "name, e.g. 'swiglu+softmax (train.lr=0.001)'), a variant name or an FFN name of one row, or "
+                        "name, e.g. 'swiglu+softmax (train.lr=0.001)') or the key printed after it ([3fa2c1]), a "
+                        "variant name or an FFN name of one row, or "
                         "of one variant's rows at several model sizes (swiglu: each row is tested against the "
                         "baseline of its size); a name of several rows or of none is an error listing the rows")
     parser.add_argument("--tune", action="append", default=[], metavar="KEY",

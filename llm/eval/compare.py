@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from llm.eval.errors import EvalError
-from llm.eval.grouping import group_runs, model_size, resolve_baseline, series_labels
+from llm.eval.grouping import group_runs, model_size, resolve_baseline, series_key, series_labels
 from llm.eval.runs import NOT_RECORDED, RunRecord
 from llm.eval.stats import Gap, Summary, gap_to_baseline, paired_p_value
 from llm.eval.tune import TunePoint, at_values, choice_warnings, choose, one_seed_warning, tune_points, values_of
@@ -63,6 +63,8 @@ class VariantSummary:
     size: tuple[Any, ...] = ()
     # Its gap to the baseline row of its size; None on a baseline row and when there is none.
     gap: Gap | None = None
+    # Its series' short name (``llm.eval.grouping.series_key``) where its label is more than its variant name.
+    key: str = ""
 
     @property
     def p_value(self) -> float:
@@ -210,7 +212,7 @@ def compare_runs(runs: Sequence[RunRecord], baseline: str | None = None, tune: S
     if shared := [key for key in tune if len({values_of(run, [key]) for run in runs}) == 1]:
         warnings.append(f"--tune {', '.join(shared)}: every run has {at_values(shared, values_of(runs[0], shared))}: "
                         "one value is no choice; the rows are reported at it, untuned")
-    baselines = resolve_baseline(groups, baseline or DEFAULT_BASELINE, series)
+    baselines = resolve_baseline(groups, baseline or DEFAULT_BASELINE, series, tune)
     if not baselines and baseline is not None:
         raise EvalError(f"--baseline {baseline} names no row; the rows are: {', '.join(map(repr, groups))}")
     if not baselines:
@@ -249,6 +251,7 @@ def compare_runs(runs: Sequence[RunRecord], baseline: str | None = None, tune: S
             diverged=[r for r in broken if r.diverged], incomplete=[r for r in broken if not r.diverged],
             tuned=tuned, series=series[label], size=sizes[label],
             gap=_gap(done, base, target_gap) if done and base else None,
+            key="" if label == groups[label][0].variant else series_key(groups[label][0], tune),
         ))
     shown = series[baselines[0]] if len(baselines) > 1 else baselines[0] if baselines else DEFAULT_BASELINE
     return Comparison(baseline=shown, rows=rows, warnings=warnings, tune=tuple(tune),

@@ -10,7 +10,9 @@ may not have used), and a field changed on resume holds its values in order. A r
 (today's name for that configuration), which carries every non-default variant option; rows whose variant names
 coincide but whose configurations differ are labelled with the fields that tell them apart, e.g.
 ``swiglu+softmax (train.lr=0.001)``, and a row of runs whose config changed on resume always with the change, e.g.
-``swiglu+softmax (train.lr=0.003 -> 0.03)``.
+``swiglu+softmax (train.lr=0.003 -> 0.03@5)`` (the value from step 5: runs changed at another step are another
+row). Labels can be long; the table prints a short key of each row whose label is more than its variant name
+(``series_key``), which ``--baseline`` accepts.
 
 A model size is a row's values of ``SIZE_KEYS`` (width and depth; the parameter counts follow from them). Rows that
 differ only there are one *series*, one variant at several sizes (``llm.eval.scaling``), labelled as rows are but
@@ -19,14 +21,15 @@ with the size keys left out of the grouping; each row is compared with the basel
 
 from __future__ import annotations
 
+import hashlib
 import json
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 from llm.eval.errors import EvalError
-from llm.eval.runs import RunRecord
+from llm.eval.runs import NOT_RECORDED, RunRecord
 
-__all__ = ["SIZE_KEYS", "group_runs", "model_size", "resolve_baseline", "series_labels"]
+__all__ = ["SIZE_KEYS", "group_runs", "model_size", "resolve_baseline", "series_key", "series_labels"]
 
 # The config keys of a model's size. ``ffn_param_match`` shrinks a wider FFN inside the model, not in the config,
 # so the rows of every variant at one size share these values.
@@ -39,6 +42,13 @@ Rows = Mapping[str, Sequence[RunRecord]]
 def model_size(run: RunRecord) -> tuple[Any, ...]:
     """The run's values of ``SIZE_KEYS``."""
     return tuple(run.setup[key] for key in SIZE_KEYS)
+
+
+def series_key(run: RunRecord, tune: Sequence[str] = ()) -> str:
+    """A short name of the series of ``run``'s row: a digest of its compared config less ``SIZE_KEYS`` and the
+    tuned keys, the same in every comparison."""
+    setup = {k: v for k, v in run.setup.items() if k not in {*tune, *SIZE_KEYS}}
+    return hashlib.sha256(json.dumps(setup, sort_keys=True).encode()).hexdigest()[:6]
 
 
 def group_runs(runs: Sequence[RunRecord], ignore: Sequence[str] = ()) -> dict[str, list[RunRecord]]:
@@ -73,23 +83,27 @@ def series_labels(rows: Rows, tune: Sequence[str] = ()) -> dict[str, str]:
     return {first[id(run)]: name for name, members in series.items() for run in members}
 
 
-def resolve_baseline(rows: Rows, baseline: str, series: Mapping[str, str]) -> list[str]:
+def resolve_baseline(rows: Rows, baseline: str, series: Mapping[str, str], tune: Sequence[str] = ()) -> list[str]:
     """The labels of the rows ``baseline`` names: one row label, or the rows (one per size) of the one series that
-    ``baseline`` names by its label, its variant name or its FFN name alone (``swiglu`` when one scoring is
-    present). Empty when it names no row; an EvalError listing the series when it names rows of several
-    (any choice among them would be a guess)."""
+    ``baseline`` names by its label, its variant name, its FFN name alone (``swiglu`` when one scoring is present)
+    or its key (``series_key``). Empty when it names no row; an EvalError listing the series and their keys when it
+    names rows of several (any choice among them would be a guess), suggesting ``--tune`` only where they differ
+    in one key that is a choice to tune: not the data, the run's length, or a value changed on resume."""
     if baseline in rows:
         return [baseline]
     for name_of in (lambda label: series[label], lambda label: rows[label][0].variant,
-                    lambda label: rows[label][0].variant.split("+")[0]):
+                    lambda label: rows[label][0].variant.split("+")[0], lambda label: series_key(rows[label][0], tune)):
         matches = [label for label in rows if name_of(label) == baseline]
         if len({series[label] for label in matches}) == 1:
             return matches
         if matches:
-            named = sorted({series[label] for label in matches})
-            setups = [rows[label][0].setup for label in matches]
-            differing = sorted({key for setup in setups for key in setup if setup[key] != setups[0].get(key)})
-            tune = f", or --tune {differing[0]} for each variant at its best value" if len(differing) == 1 else ""
-            raise EvalError(f"baseline {baseline} names {len(named)} rows "
-                            f"({', '.join(map(repr, named))}); pass one of these labels as --baseline{tune}")
+            named = [f"{name!r} [{key}]" for name, key in sorted({(series[label], series_key(rows[label][0], tune))
+                                                                   for label in matches})]
+            runs = [rows[label][0] for label in matches]
+            differing = sorted({key for run in runs for key in run.setup if run.setup[key] != runs[0].setup.get(key)})
+            tunable = len(differing) == 1 and not differing[0].startswith(("data", "train.max_")) and all(
+                differing[0] not in run.changed and run.setup[differing[0]] != NOT_RECORDED for run in runs)
+            tune_ = f", or --tune {differing[0]} for each variant at its best value" if tunable else ""
+            raise EvalError(f"baseline {baseline} names {len(named)} rows ({', '.join(named)}); pass one of these "
+                            f"labels or keys as --baseline{tune_}")
     return []

@@ -153,7 +153,8 @@ def _loss_cell(row: VariantSummary, comparison: Comparison) -> str:
 def format_table(comparison: Comparison) -> str:
     """The comparison as a Markdown table with footnotes (also readable as plain text), then, with ``tune``,
     the sensitivity table, and, when a variant comes in several sizes, the scaling table."""
-    rows = [[row.variant, *(row.tuned.get(key, "n/a") for key in comparison.tune), _params(row.params_total),
+    rows = [[row.variant + (f" [{row.key}]" if row.key else ""), *(row.tuned.get(key, "n/a") for key in
+                                                                    comparison.tune), _params(row.params_total),
              _params(row.params_non_embedding), _loss_cell(row, comparison), row.n,
              f"{len(row.diverged)} / {len(row.incomplete)}", *_gap_cells(row, comparison),
              _num(row.training_stability, ".3g"), _num(row.tokens_per_s, ",.0f")] for row in comparison.rows]
@@ -161,6 +162,8 @@ def format_table(comparison: Comparison) -> str:
                     "Diverged / incomplete ⁴", *_gap_header(comparison), "Grad-norm variance after warmup ²",
                     "Tokens/s ³"], rows)
     lines += [*_conclusion(comparison), "", *(f"- {note}" for note in (
+        *(["[key]: a short name of the row's configuration (less its size), which --baseline accepts."]
+          if any(row.key for row in comparison.rows) else []),
         "Final validation loss: mean ± sample std (ddof=1) over the n complete seeds; no std with one seed."
         + (f" Each row at the value of {', '.join(comparison.tune)} with the lowest mean." if comparison.tune
            else ""),

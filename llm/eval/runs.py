@@ -7,15 +7,24 @@ a line that does not parse is skipped with a warning naming the file and line, a
 (``RunRecord.status``: complete, diverged or incomplete), so the table keeps only complete runs in its statistics
 and lists the others.
 
-A run is read by its whole history: each start (the first and every resume) appends a meta row with the config and
-``max_steps`` in force, so the file is a sequence of segments. The run's end is the last segment's ``max_steps``,
-its final value the eval there, and a run whose last segment stopped short of it is incomplete, whatever an
-earlier segment reached. A resume at or past its ``max_steps`` trained nothing and is not a segment. A field whose
-value changed on resume holds its values in order (``RunRecord.setup``: ``0.003 -> 0.03``), so the run is a row of
-its own labelled with the change (``llm.eval.grouping``), never pooled with runs that ran one configuration. A
-field missing from a segment's saved config (written before the field existed) is ``NOT_RECORDED``, never today's
-default; only the model section is first read as the model reads an old config (``upgrade_saved``: the values
-an old checkpoint provably computes with).
+A line that parses but cannot be a row (a step that is no integer, an eval row without its token count, a loss
+that is missing, null, negative or beyond float32's range, the widest the trainer computes in) is damaged too, and
+skipped so. A NaN or infinite loss is a diverged run's, and kept.
+
+A run is read by the history that produced its final weights: each start (the first and every resume) appends a
+meta row with the config and ``max_steps`` in force at its step, so the file is a sequence of segments. Resuming
+from an earlier checkpoint (a rollback) truncates the train and eval rows past it but keeps every meta row: a
+segment that a later one starts at or before was undone, and is not part of the history. Nor is a resume at or
+past its end (``max_steps``, or for an older writer's meta row that lacks it, its own config's end), which trained
+nothing. The run's identity in a comparison is the sequence of (first step, compared config) of the remaining
+segments (``RunRecord.segments``); its seed is its first segment's (a seed cannot change mid-run: the data order
+comes from the checkpoint). The run's end is the last segment's, its final value the eval there, and a run whose
+last segment stopped short of it is incomplete, whatever an earlier segment reached. A field whose value changed
+on resume holds its values in order, each later one with the step it took effect at (``RunRecord.setup``:
+``0.003 -> 0.03@5``), so the run is a row of its own labelled with the change (``llm.eval.grouping``), never pooled
+with runs that ran one configuration or changed it at another step. A field missing from a segment's saved config
+(written before the field existed) is ``NOT_RECORDED``, never today's default; only the model section is first
+read as the model reads an old config (``upgrade_saved``: the values an old checkpoint provably computes with).
 """
 
 from __future__ import annotations
@@ -60,11 +69,27 @@ NOT_RECORDED = "not recorded"
 SPIKE_FACTOR = 10.0
 SPIKE_WINDOW = 10
 
+# The loss each row kind carries, and the largest one the trainer can log (it computes in float32 at most).
+LOSS_KEYS = {"train": "loss", "eval": "val_loss"}
+FLOAT32_MAX = 3.4028234663852886e38
+
+
+def _damage(row: Any) -> str | None:
+    """Why a parsed metrics line is no row compare can read (module docstring); None when it is one."""
+    if not isinstance(row, dict) or "kind" not in row or not isinstance(row.get("step"), int):
+        return "a line that is not a metrics row (cut off or damaged)"
+    loss = row.get(key := LOSS_KEYS.get(row["kind"], ""))
+    if key and not (type(loss) in (int, float) and (not math.isfinite(loss) or 0 <= loss <= FLOAT32_MAX)):
+        shown = json.dumps(loss) if key in row else "missing"
+        return f"a {row['kind']} row whose {key} is {shown}, not a loss (damaged)"
+    return "an eval row without its token count (damaged)" if row["kind"] == "eval" and type(
+        row.get("tokens")) is not int else None
+
 
 def read_metrics(run_dir: str | Path, problems: list[str] | None = None) -> list[dict[str, Any]]:
     """The rows of ``run_dir/metrics.jsonl`` (FileNotFoundError when there is none). A line that is not a JSON
-    object (cut off by a kill or a full disk, or damaged) is skipped, and named by file and line number in
-    ``problems`` when given."""
+    object (cut off by a kill or a full disk) or not a readable row (``_damage``) is skipped, and named by file and
+    line number in ``problems`` when given."""
     path = Path(run_dir) / "metrics.jsonl"
     if not path.is_file():
         raise FileNotFoundError(f"{path.parent}: no metrics.jsonl (not a run directory)")
@@ -76,10 +101,10 @@ def read_metrics(run_dir: str | Path, problems: list[str] | None = None) -> list
             row = json.loads(line)
         except json.JSONDecodeError:
             row = None
-        if isinstance(row, dict) and "kind" in row and "step" in row:
+        if (problem := _damage(row)) is None:
             rows.append(row)
         elif problems is not None:
-            problems.append(f"{path}:{lineno}: skipped a line that is not a metrics row (cut off or damaged)")
+            problems.append(f"{path}:{lineno}: skipped {problem}")
     return rows
 
 
@@ -105,6 +130,8 @@ class RunRecord:
     # it did not record ``NOT_RECORDED``) with its data's fingerprints (``data_fingerprint.tokenizer`` and
     # ``data_fingerprint.prepared``, from its meta row), in order.
     segments: list[tuple[int, dict[str, Any]]]
+    # The first segment's seed; the segments are those that produced its final weights (module docstring).
+    seed: int
     # Damaged lines of its metrics file, each named by file and line.
     problems: list[str] = field(default_factory=list)
 
@@ -115,22 +142,22 @@ class RunRecord:
         return self.config.model.variant_name
 
     @cached_property
-    def changed(self) -> dict[str, list[Any]]:
-        """The compared config fields whose value changed on a resume -> their values in order."""
-        history = {key: [value for value, _ in groupby(setup[key] for _, setup in self.segments)]
+    def changed(self) -> dict[str, list[tuple[int, Any]]]:
+        """The compared config fields whose value changed on a resume -> (first step, value) of each value in
+        order."""
+        history = {key: [next(run) for _, run in groupby(((step, setup[key]) for step, setup in self.segments),
+                                                         key=lambda step_value: step_value[1])]
                    for key in self.segments[-1][1]}
         return {key: values for key, values in history.items() if len(values) > 1}
 
     @cached_property
     def setup(self) -> dict[str, Any]:
         """What grouping compares: the last segment's config fields, a field that changed on resume as its values
-        in order (``0.003 -> 0.03``). Computed once: grouping reads it for every run and every row."""
-        changed = {key: " -> ".join(map(str, values)) for key, values in self.changed.items()}
+        in order, each later one at the step it took effect (``0.003 -> 0.03@5``). Computed once: grouping reads
+        it for every run and every row."""
+        changed = {key: str(values[0][1]) + "".join(f" -> {value}@{step}" for step, value in values[1:])
+                   for key, values in self.changed.items()}
         return {**self.segments[-1][1], **changed}
-
-    @property
-    def seed(self) -> int:
-        return int(self.meta.get("seed", 0))
 
     @property
     def final_val_loss(self) -> float:
@@ -143,10 +170,8 @@ class RunRecord:
 
     @property
     def last_step(self) -> int:
-        """The step the run was to end at: its last segment's ``max_steps``, else that config's ``train.max_steps``
-        (a run logged before the meta row had it), else the last eval's step (then a cut-off run cannot be told)."""
-        return int(self.meta.get("max_steps") or self.config.train.max_steps
-                   or (self.evals[-1]["step"] if self.evals else 0))
+        """The step the run was to end at: its last segment's end (``_end_step``)."""
+        return _end_step(self.meta, self.config)
 
     @property
     def diverged(self) -> bool:
@@ -197,6 +222,13 @@ class RunRecord:
         return statistics.median(rates) if rates else math.nan
 
 
+def _end_step(meta: dict[str, Any], config: RunConfig) -> int:
+    """The step a segment was to end at: its meta row's ``max_steps``, else (a row logged before it had one) the
+    end its config sets, as the trainer resolves it (``llm.train.setup.resolve_max_steps``)."""
+    train = config.train
+    return int(meta.get("max_steps") or train.max_steps or math.ceil(train.max_tokens / train.global_batch_tokens))
+
+
 def _read_config(path: Path, meta: dict[str, Any]) -> tuple[RunConfig, dict[str, Any]]:
     """A meta row's config as today's code reads it back, and its compared fields (``RunRecord.segments``)."""
     config = meta.get("config")
@@ -229,11 +261,14 @@ def load_run(run_dir: str | Path) -> RunRecord:
     if not metas:
         raise EvalError(f"{path}: no meta row (kind=meta) with the run's variant and seed"
                         f"{' (the file is empty)' if not rows and not problems else ''}")
-    metas = [metas[0], *(meta for meta in metas[1:] if meta["step"] < (meta.get("max_steps") or math.inf))]
+    # Rolled back: a later start at or before a segment's own undid it. A resume at or past its end trained nothing.
+    metas = [meta for i, meta in enumerate(metas) if all(meta["step"] < later["step"] for later in metas[i + 1:])]
     configs = [_read_config(path, meta) for meta in metas]
-    return RunRecord(path=run_dir, meta=metas[-1], train=step_rows(rows, "train"), evals=step_rows(rows, "eval"),
-                     config=configs[-1][0], segments=[(int(meta["step"]), setup) for meta, (_, setup)
-                                                      in zip(metas, configs, strict=True)], problems=problems)
+    kept = [0, *(i for i in range(1, len(metas)) if metas[i]["step"] < _end_step(metas[i], configs[i][0]))]
+    return RunRecord(path=run_dir, meta=metas[kept[-1]], train=step_rows(rows, "train"),
+                     evals=step_rows(rows, "eval"), config=configs[kept[-1]][0],
+                     segments=[(metas[i]["step"], configs[i][1]) for i in kept], seed=int(metas[0].get("seed", 0)),
+                     problems=problems)
 
 
 def expand_run_dirs(patterns: Iterable[str]) -> list[Path]:

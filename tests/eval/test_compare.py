@@ -19,7 +19,7 @@ from llm.config import DataConfig, ModelConfig, RunConfig, TrainConfig
 from llm.eval import plots
 from llm.eval.compare import compare_runs
 from llm.eval.errors import EvalError
-from llm.eval.grouping import group_runs
+from llm.eval.grouping import group_runs, series_key
 from llm.eval.plots import write_plots
 from llm.eval.report import format_table, write_comparison
 from llm.eval.runs import expand_run_dirs, load_run
@@ -283,15 +283,16 @@ def two_baseline_rows(root: Path) -> list[Path]:
 def test_a_baseline_variant_of_several_rows_is_refused(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     dirs = two_baseline_rows(tmp_path / "runs")
     runs = [load_run(d) for d in dirs]
-    labels = "'swiglu+softmax (train.lr=0.001)', 'swiglu+softmax (train.lr=0.003)'"
+    labels = (f"'swiglu+softmax (train.lr=0.001)' [{series_key(runs[3])}], "
+              f"'swiglu+softmax (train.lr=0.003)' [{series_key(runs[0])}]")
     with pytest.raises(EvalError, match=rf"^baseline swiglu\+softmax names 2 rows \({re.escape(labels)}\); "
-                                        r"pass one of these labels as --baseline, or --tune train\.lr for each "
-                                        r"variant at its best value$"):
+                                        r"pass one of these labels or keys as --baseline, or --tune train\.lr for "
+                                        r"each variant at its best value$"):
         compare_runs(runs)
     assert main(["compare", *map(str, dirs), "--out", str(tmp_path / "out"), "--no-plots"]) == 2
     err = capsys.readouterr().err
-    assert err == (f"error: baseline swiglu+softmax names 2 rows ({labels}); pass one of these labels as --baseline, "
-                   "or --tune train.lr for each variant at its best value\n")
+    assert err == (f"error: baseline swiglu+softmax names 2 rows ({labels}); pass one of these labels or keys as "
+                   "--baseline, or --tune train.lr for each variant at its best value\n")
     assert not (tmp_path / "out").exists()
 
 
@@ -311,7 +312,14 @@ def test_a_full_row_label_is_a_baseline(tmp_path: Path, capsys: pytest.CaptureFi
                  "--baseline", baseline]) == 0
     out = capsys.readouterr().out
     assert f"| p vs {baseline} ¹ |" in out
-    assert f"| {baseline} | 83.0M | 12.5M | 4.9267 ± 0.0015 | 3 | 0 / 0 | baseline |" in out
+    key = re.search(rf"^\| {re.escape(baseline)} \[(\w{{6}})\] \| 83.0M \| 12.5M \| 4.9267 ± 0.0015 \| 3 \| 0 / 0 \| "
+                    r"baseline \|", out, re.MULTILINE)[1]
+    assert "| isogmlp+softmax | 83.1M |" in out  # a label that is its variant name needs no key
+    assert "- [key]: a short name of the row's configuration (less its size), which --baseline accepts." in out
+    # the key printed in the table names the row as its whole label does
+    by_key = compare_runs([load_run(d) for d in dirs], baseline=key)
+    assert (by_key.baseline, [row.variant for row in by_key.rows]) == \
+        (baseline, [row.variant for row in comparison.rows])
 
 
 def test_plots_use_the_table_labels_and_colours(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

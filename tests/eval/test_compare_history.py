@@ -51,7 +51,7 @@ def test_a_run_extended_then_killed_is_incomplete(tmp_path: Path) -> None:
     assert done[0].status == "complete" and done[0].final_val_loss == pytest.approx(5.0 - 0.12 + 0.003)
     comparison = compare_runs([killed, *done])
     (row,) = comparison.rows
-    assert row.variant == "swiglu+softmax (train.max_steps=6 -> 12)"
+    assert row.variant == "swiglu+softmax (train.max_steps=6 -> 12@6)"
     assert [run.path.name for run in row.runs] == ["done0", "done1"] and row.incomplete == [killed]
 
 
@@ -64,15 +64,15 @@ def test_a_resume_with_another_lr_is_never_pooled_silently(tmp_path: Path, capsy
     out = tmp_path / "out"
     assert main(["compare", *map(str, dirs), "--out", str(out), "--no-plots", "--baseline",
                  "swiglu+softmax (train.lr=0.003)"]) == 0
-    warning = ("changed: its config changed on resume at step 3 (train.lr=0.003 -> 0.03): a row of its own, "
+    warning = ("changed: its config changed on resume at step 3 (train.lr=0.003 -> 0.03@3): a row of its own, "
                "labelled with the change, never pooled with runs of one configuration")
     assert f"warning: {warning}\n" in capsys.readouterr().err
     table = (out / "comparison.md").read_text()
     assert f"- Warning: {warning}\n" in table
-    assert "| swiglu+softmax (train.lr=0.003 -> 0.03) | " in table and "| swiglu+softmax (train.lr=0.003) | " in table
+    assert "| swiglu+softmax (train.lr=0.003 -> 0.03@3) [" in table and "| swiglu+softmax (train.lr=0.003) [" in table
     tuned = compare_runs([load_run(d) for d in dirs], tune=["train.lr"])
     assert [run.path.name for row in tuned.rows for run in row.runs] == ["s0", "s1", "s2"]
-    assert "changed: --tune at train.lr=0.003 -> 0.03, no one value; left out" in tuned.warnings
+    assert "changed: --tune at train.lr=0.003 -> 0.03@3, no one value; left out" in tuned.warnings
 
 
 def test_a_resume_that_trained_nothing_is_no_segment(tmp_path: Path) -> None:

@@ -81,7 +81,7 @@ def test_scaling_table_and_plot(sizes_root: Path, tmp_path: Path, capsys: pytest
     cells = f"| {gap:+.4f} [{ci.low:+.4f}, {ci.high:+.4f}] | {p:.3g} | {stats.ttest_rel(iso, base).pvalue:.3g} | "
     assert f"| isogmlp+softmax | 4,000,000 | {10.5 * 4e6**-0.054:.4f} ± 0.0030 | 3 {cells}" in table
     scaling_row = next(line for line in table.splitlines() if line.startswith("| isogmlp+softmax | 4,000,000 |"))
-    main_row = next(line for line in table.splitlines() if line.startswith(f"| {label('isogmlp+softmax', 128, 4)} |"))
+    main_row = next(line for line in table.splitlines() if line.startswith(f"| {label('isogmlp+softmax', 128, 4)} ["))
     assert scaling_row.endswith(main_row.split(cells)[1].rsplit(" | ", 2)[0] + " |")  # the same MDE and seeds needed
     assert "| swiglu+softmax | 1,000,000 | " in table and "| 3 | baseline |  |  |  |  |\n" in table
     # the fit once per series, not on each of its rows
