@@ -21,11 +21,11 @@ CSV_COLUMNS = (
     "p_value_paired", "mde", "paired_mde", "seeds_needed", "paired_seeds_needed", "seeds_for_target_gap",
     "paired_seeds_for_target_gap", "training_stability", "tokens_per_s", "final_tokens",
 )
-# What the MDE and the seeds needed rest on, measured by simulating 2-5 seeds per arm (Welch, equal spreads).
+# What the MDEs and the seeds needed rest on; the true power measured as the llm.eval.stats docstring says.
 ASSUMPTIONS = ("Assumptions: the intervals and p-values assume normal seed-to-seed variation; the MDEs and seeds "
                "needed also take the observed spreads as the true ones, which at 2-5 seeds per arm is optimistic: an "
-               "MDE so computed has about 73% true power on average (71-75% by seed count; simulated, Welch's test, "
-               "equal spreads), not 80%.")
+               "MDE so computed has on average about 73% true power by Welch's test (71-75% by seed count) and 58-69% "
+               "by the paired test (2-5 pairs), not 80%.")
 OPTIMISM_NOTE = ("Choosing each variant's value and reporting its loss on the same validation set is optimistic "
                  "(the minimum of noisy means is biased low, more so on a finer grid). The honest protocol: choose "
                  "the values with some seeds (this table), then train fresh seeds at the chosen values and report "
@@ -121,7 +121,7 @@ def _conclusion(comparison: Comparison) -> list[str]:
              f"gaps above {_span([f'{mde:.3g}' for mde in sorted(gap.mde for gap in tested.values())])} nats by "
              "Welch's test" + (f" and {_span([f'{mde:.3g}' for mde in paired_mdes])} paired" if paired_mdes else "")
              + f" with {POWER:.0%} power at the observed spread (taken as true: about 73% on average at 2-5 seeds "
-             "per arm, see Assumptions), and a smaller true gap can go unseen"]
+             "per arm by Welch's test, 58-69% paired; see Assumptions), and a smaller true gap can go unseen"]
     if untested := [row.variant for row in comparison.rows if row.gap is not None and row.variant not in tested]:
         parts.append(f"not testable (fewer than 2 seeds, or no spread): {', '.join(untested)}")
     if left_out := [f"{run.path.name} ({'diverged' if run.diverged else 'incomplete'})"
