@@ -82,9 +82,8 @@ class VariantSummary:
             "variant": self.variant, **self.tuned, "n_seeds": self.n, "seeds": " ".join(str(r.seed) for r in self.runs),
             "diverged": len(self.diverged), "incomplete": len(self.incomplete),
             "params_total": self.params_total, "params_non_embedding": self.params_non_embedding,
-            "val_loss_mean": self.val_loss_mean, "val_loss_std": self.val_loss_std,
-            "training_stability": self.training_stability,
-            "tokens_per_s": self.tokens_per_s, "final_tokens": self.final_tokens,
+            "val_loss_mean": self.val_loss_mean, "val_loss_std": self.val_loss_std, "final_tokens": self.final_tokens,
+            "training_stability": self.training_stability, "tokens_per_s": self.tokens_per_s,
             **{column: math.nan if self.gap is None else getattr(self.gap, field_)
                for column, field_ in GAP_COLUMNS.items()},
         }

@@ -217,10 +217,11 @@ def format_table(comparison: Comparison) -> str:
         "⁵ Paired by seed: the two-sided paired t-test over the per-seed differences, its 95% interval, MDE and "
         "pairs needed (a pair: one seed run by the row and by the baseline). Valid here because a seed fixes the "
         "data order and the validation tokens, so the two runs of a seed share what those add to the loss and it "
-        "cancels in their difference, while pairs of different seeds are independent. n/a where the rows ran other "
-        "seeds or a seed twice, or differ in the data section or world size (a seed then fixes other data: nothing "
-        "is shared), and where the differences do not vary. \"resolved (paired)\" or \"resolved (Welch)\" names "
-        f"the test that resolves the gap at p < {ALPHA}.",
+        "cancels in their difference, while pairs of different seeds are independent. Not valid, so n/a, where a "
+        "row ran a seed twice (its pairs would share a seed) or differs in the data section or world size (a seed "
+        "then fixes other data: nothing cancels, and the pairing is arbitrary); n/a too where the rows ran other "
+        "seeds or the differences do not vary. \"resolved (paired)\" or \"resolved (Welch)\" names the test that "
+        f"resolves the gap at p < {ALPHA}.",
         f"⁶ The smallest true gap the two rows' seeds resolve with {POWER:.0%} probability by each test at p < "
         f"{ALPHA} (Welch's, its df estimated from the seeds; the paired t-test, exact by the noncentral t), taking "
         f"the observed spreads as the true ones (minimum detectable effect); the seeds per arm (the variant and the "
