@@ -5,7 +5,7 @@
 The runs behind docs/results were not kept (only their comparisons and statistics were committed), so ``eval.py
 compare`` cannot be rerun on them. It does not need to be: ``comparison.csv`` keeps each row's mean, sample std
 and seed count at full precision, and those are all that Welch's interval, p-value, minimum detectable effect and
-seeds needed use (``llm.eval.stats``). The paired test needs each seed's loss: SOURCE is a ``stats.md`` written by
+seeds needed use (``llm.eval.stats``). The paired figures need each seed's loss: SOURCE is a ``stats.md`` written by
 docs/results/replicate-cpu/stats.py (its "Val loss per seed" column, 4 decimals) or ``VARIANT=LOSS,LOSS,...`` in
 seed order. A row's per-seed losses are found by variant name and checked against the stored mean (1e-4); every
 run of these comparisons read the same data in the same order on one process, so rows with the same seeds pair up.
@@ -28,7 +28,7 @@ from types import SimpleNamespace
 
 from llm.eval.compare import DEFAULT_BASELINE, Comparison, VariantSummary
 from llm.eval.report import CSV_COLUMNS, write_comparison
-from llm.eval.stats import Summary, gap_to_baseline, paired_p_value
+from llm.eval.stats import Summary, gap_to_baseline
 
 
 def per_seed_losses(sources: list[str]) -> list[tuple[str, list[float]]]:
@@ -44,6 +44,11 @@ def per_seed_losses(sources: list[str]) -> list[tuple[str, list[float]]]:
             if len(cells) == 6 and re.fullmatch(r"[\d.]+(, [\d.]+)+", cells[2]):
                 found.append((cells[0], [float(x) for x in cells[2].split(", ")]))
     return found
+
+
+def _number(cell: str) -> float:
+    """A stored csv cell: empty where undefined (older files wrote nan)."""
+    return float(cell or "nan")
 
 
 def _losses_of(variant: str, mean: float, n: int, found: list[tuple[str, list[float]]]) -> list[float] | None:
@@ -81,7 +86,7 @@ def restat(out: Path, name: str, sources: list[str]) -> None:
     for row in stored:
         variant = row["variant"]
         series, _, size = variant.partition(" (")
-        rows.append((row, series, size, _losses_of(series, float(row["val_loss_mean"]), int(row["n_seeds"]), found)))
+        rows.append((row, series, size, _losses_of(series, _number(row["val_loss_mean"]), int(row["n_seeds"]), found)))
     baselines = {size: (row, losses) for row, series, size, losses in rows if series == DEFAULT_BASELINE}
     summaries = []
     for row, series, size, losses in rows:
@@ -90,19 +95,19 @@ def restat(out: Path, name: str, sources: list[str]) -> None:
         if series != DEFAULT_BASELINE and size in baselines:
             base, base_losses = baselines[size]
             paired = losses and base_losses and row["seeds"] == base["seeds"]
-            gap = gap_to_baseline(*(Summary(float(r["val_loss_mean"]), float(r["val_loss_std"]), int(r["n_seeds"]))
-                                    for r in (row, base)),
-                                  paired_p_value(losses, base_losses) if paired else math.nan)
-            stored_p = float(row["p_value"])
+            gap = gap_to_baseline(*(Summary(_number(r["val_loss_mean"]), _number(r["val_loss_std"]),
+                                            int(r["n_seeds"])) for r in (row, base)),
+                                  (losses, base_losses) if paired else None)
+            stored_p = _number(row["p_value"])
             if not (math.isclose(gap.p_value, stored_p, rel_tol=1e-9) or math.isnan(gap.p_value + stored_p)):
                 sys.exit(f"error: {variant}: Welch p {gap.p_value} from the stored summary, stored {stored_p}")
         summaries.append(VariantSummary(
             variant=row["variant"], runs=[SimpleNamespace(seed=s) for s in seeds],
             params_total=int(row["params_total"]), params_non_embedding=int(row["params_non_embedding"]),
-            val_loss_mean=float(row["val_loss_mean"]), val_loss_std=float(row["val_loss_std"]),
-            training_stability=float(row["training_stability"]), tokens_per_s=float(row["tokens_per_s"]),
+            val_loss_mean=_number(row["val_loss_mean"]), val_loss_std=_number(row["val_loss_std"]),
+            training_stability=_number(row["training_stability"]), tokens_per_s=_number(row["tokens_per_s"]),
             final_tokens=int(row["final_tokens"]), diverged=[None] * int(row.get("diverged", 0)),
-            incomplete=[None] * int(row.get("incomplete", 0)), tuned={key: float(row[key]) for key in tune},
+            incomplete=[None] * int(row.get("incomplete", 0)), tuned={key: _number(row[key]) for key in tune},
             series=series, size=(size,), gap=gap))
     warnings, sensitivity = _kept(md_path.read_text())
     labels = [row["variant"] for row, series, *_ in rows if series == DEFAULT_BASELINE]

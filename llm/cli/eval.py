@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import sys
 from dataclasses import asdict
 from typing import Any
@@ -25,6 +26,16 @@ from llm.eval.errors import EvalError
 from llm.model.config import ConfigError
 
 __all__ = ["main"]
+
+
+def _gap_nats(text: str) -> float:
+    """``--target-gap``: a finite gap > 0 (a gap of 0 or inf has no seed count)."""
+    if not 0 < (value := float(text)) < math.inf:
+        raise argparse.ArgumentTypeError(f"expected a finite gap > 0 nats, got {text}")
+    return value
+
+
+_gap_nats.__name__ = "float"  # argparse names the type in "invalid float value" messages
 
 
 def _common_model_args(parser: argparse.ArgumentParser) -> None:
@@ -77,7 +88,7 @@ def _compare_parser() -> argparse.ArgumentParser:
                         help="config key tuned per variant (repeatable, e.g. --tune train.lr): runs differing only in "
                         "it and the seed are one variant, reported at the value with the lowest mean final val "
                         "loss; adds the sensitivity table and <key>_sensitivity.png")
-    parser.add_argument("--target-gap", type=float, default=None, metavar="NATS",
+    parser.add_argument("--target-gap", type=_gap_nats, default=None, metavar="NATS",
                         help="the smallest gap worth detecting, chosen before the runs: adds the seeds per arm it "
                         "needs at each row's and its baseline's observed spreads (how to choose the seeds: README)")
     parser.add_argument("--out", default="comparison", help="directory for comparison.md/.csv and PNG plots")

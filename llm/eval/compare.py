@@ -24,13 +24,16 @@ from typing import Any
 from llm.eval.errors import EvalError
 from llm.eval.grouping import group_runs, model_size, resolve_baseline, series_key, series_labels
 from llm.eval.runs import NOT_RECORDED, RunRecord
-from llm.eval.stats import Gap, Summary, gap_to_baseline, paired_p_value
+from llm.eval.stats import Gap, Summary, gap_to_baseline
 from llm.eval.tune import TunePoint, at_values, choice_warnings, choose, one_seed_warning, tune_points, values_of
 
 DEFAULT_BASELINE = "swiglu+softmax"
 # comparison.csv column -> the ``Gap`` field it holds (empty where the row has no gap or the field is NaN).
-GAP_COLUMNS = {"gap": "gap", "gap_ci_low": "ci_low", "gap_ci_high": "ci_high", "p_value_paired": "p_paired",
-               "mde": "mde", "seeds_needed": "seeds_needed", "seeds_for_target_gap": "target_seeds"}
+GAP_COLUMNS = {"gap": "gap", "gap_ci_low": "ci_low", "gap_ci_high": "ci_high", "p_value": "p_value",
+               "p_value_paired": "p_paired", "paired_ci_low": "paired_ci_low", "paired_ci_high": "paired_ci_high",
+               "mde": "mde", "paired_mde": "paired_mde", "seeds_needed": "seeds_needed",
+               "paired_seeds_needed": "paired_seeds_needed", "seeds_for_target_gap": "target_seeds",
+               "paired_seeds_for_target_gap": "paired_target_seeds"}
 # Meta-row fields every seed of a row must agree on (besides the final token count). The meta row's
 # ``variant`` is not among them: a run written with older option defaults may carry another name for the
 # same configuration, and a row's name is computed from the configuration its seeds share.
@@ -75,21 +78,18 @@ class VariantSummary:
     def n(self) -> int:
         return len(self.runs)
 
-    def gap_cell(self, field_: str) -> float | str:
-        """The gap's ``field_`` for comparison.csv: empty where there is no gap or the value is NaN."""
-        value = math.nan if self.gap is None else getattr(self.gap, field_)
-        return "" if math.isnan(value) else value
-
     def as_csv_row(self) -> dict[str, Any]:
-        return {
+        """The row for comparison.csv; an undefined (NaN) number is an empty cell."""
+        row = {
             "variant": self.variant, **self.tuned, "n_seeds": self.n, "seeds": " ".join(str(r.seed) for r in self.runs),
             "diverged": len(self.diverged), "incomplete": len(self.incomplete),
             "params_total": self.params_total, "params_non_embedding": self.params_non_embedding,
-            "val_loss_mean": self.val_loss_mean, "val_loss_std": self.val_loss_std,
-            "p_value": self.p_value, "training_stability": self.training_stability,
-            "tokens_per_s": self.tokens_per_s, "final_tokens": self.final_tokens,
-            **{column: self.gap_cell(field_) for column, field_ in GAP_COLUMNS.items()},
+            "val_loss_mean": self.val_loss_mean, "val_loss_std": self.val_loss_std, "final_tokens": self.final_tokens,
+            "training_stability": self.training_stability, "tokens_per_s": self.tokens_per_s,
+            **{column: math.nan if self.gap is None else getattr(self.gap, field_)
+               for column, field_ in GAP_COLUMNS.items()},
         }
+        return {key: "" if isinstance(value, float) and math.isnan(value) else value for key, value in row.items()}
 
 
 @dataclass
@@ -121,8 +121,7 @@ def _gap(done: Sequence[RunRecord], baseline: Sequence[RunRecord], target_gap: f
                        sort_keys=True) for run in [*done, *baseline]}
     paired = len(mine) == len(done) == len(baseline) and mine.keys() == theirs.keys() and len(data) == 1
     return gap_to_baseline(*(Summary.of([run.final_val_loss for run in runs]) for runs in (done, baseline)),
-                           paired_p_value([mine[s] for s in mine], [theirs[s] for s in mine]) if paired else math.nan,
-                           target_gap)
+                           ([mine[s] for s in mine], [theirs[s] for s in mine]) if paired else None, target_gap)
 
 
 def _mean(values: Sequence[float]) -> float:
@@ -199,8 +198,8 @@ def compare_runs(runs: Sequence[RunRecord], baseline: str | None = None, tune: S
     field or its complete seeds on the final token count."""
     if not runs:
         raise EvalError("no runs to compare")
-    if target_gap is not None and not target_gap > 0:
-        raise EvalError(f"--target-gap {target_gap}: expected a gap > 0 nats (the smallest worth detecting)")
+    if target_gap is not None and not 0 < target_gap < math.inf:
+        raise EvalError(f"--target-gap {target_gap}: expected a finite gap > 0 nats (the smallest worth detecting)")
     if unknown := [key for key in tune if key not in runs[0].setup]:
         raise EvalError(f"--tune {unknown[0]}: not a config key that changes results (e.g. train.lr, model.ffn_init)")
     warnings = [problem for run in runs for problem in run.problems]

@@ -17,9 +17,15 @@ __all__ = ["CSV_COLUMNS", "OPTIMISM_NOTE", "format_table", "write_comparison"]
 
 CSV_COLUMNS = (
     "variant", "n_seeds", "seeds", "diverged", "incomplete", "params_total", "params_non_embedding",
-    "val_loss_mean", "val_loss_std", "gap", "gap_ci_low", "gap_ci_high", "p_value", "p_value_paired", "mde",
-    "seeds_needed", "seeds_for_target_gap", "training_stability", "tokens_per_s", "final_tokens",
+    "val_loss_mean", "val_loss_std", "gap", "gap_ci_low", "gap_ci_high", "paired_ci_low", "paired_ci_high", "p_value",
+    "p_value_paired", "mde", "paired_mde", "seeds_needed", "paired_seeds_needed", "seeds_for_target_gap",
+    "paired_seeds_for_target_gap", "training_stability", "tokens_per_s", "final_tokens",
 )
+# What the MDEs and the seeds needed rest on; the true power measured as the llm.eval.stats docstring says.
+ASSUMPTIONS = ("Assumptions: the intervals and p-values assume normal seed-to-seed variation; the MDEs and seeds "
+               "needed also take the observed spreads as the true ones, which at 2-5 seeds per arm is optimistic: an "
+               "MDE so computed has on average about 73% true power by Welch's test (71-75% by seed count) and 58-69% "
+               "by the paired test (2-5 pairs), not 80%.")
 OPTIMISM_NOTE = ("Choosing each variant's value and reporting its loss on the same validation set is optimistic "
                  "(the minimum of noisy means is biased low, more so on a finer grid). The honest protocol: choose "
                  "the values with some seeds (this table), then train fresh seeds at the chosen values and report "
@@ -41,55 +47,86 @@ def _loss(mean: float, std: float) -> str:
     return _num(mean, ".4f") + ("" if math.isnan(std) else f" ± {std:.4f}")
 
 
+def _interval(low: float, high: float) -> str:
+    return "n/a" if math.isnan(low) else f"[{low:+.4f}, {high:+.4f}]"
+
+
 def _gap(gap: Gap) -> str:
-    return f"{gap.gap:+.4f}" + ("" if math.isnan(gap.ci_low) else f" [{gap.ci_low:+.4f}, {gap.ci_high:+.4f}]")
+    return f"{gap.gap:+.4f}" + ("" if math.isnan(gap.ci_low) else f" {_interval(gap.ci_low, gap.ci_high)}")
 
 
-def _seeds(gap: Gap, target: float | None = None) -> str:
-    """The seeds per arm the observed gap needs, or with ``target`` those that gap needs (``Gap.target_seeds``)."""
-    size, needed = (gap.gap, gap.seeds_needed) if target is None else (target, gap.target_seeds)
-    if gap.se == 0:
-        return "zero spread"
-    if needed == math.inf:
-        return f"> {MAX_SEEDS:,}" if size else "none: the gap is 0"
+def _designs(gap: Gap) -> list[tuple[str, float, float]]:
+    """The designs that resolve ``gap`` at p < ALPHA, each with its interval."""
+    return [(design, low, high) for design, p, low, high in (
+        ("Welch", gap.p_value, gap.ci_low, gap.ci_high), ("paired", gap.p_paired, gap.paired_ci_low,
+                                                          gap.paired_ci_high)) if p < ALPHA]
+
+
+def _resolved(gap: Gap) -> str:
+    designs = ", ".join(design for design, *_ in _designs(gap))
+    return f"resolved ({designs})" if designs else "not resolved" if gap.se > 0 else "n/a"
+
+
+def _seeds(gap: Gap, needed: float, size: float) -> str:
+    """A table cell: the seeds (or pairs) per arm ``needed`` for a gap of ``size``."""
+    if gap.se == 0 or needed == math.inf:
+        return "zero spread" if gap.se == 0 else f"> {MAX_SEEDS:,}" if size else "never: the gap is 0"
     return _num(needed, ",.0f")  # NaN: n/a
 
 
 def _gap_cells(row: VariantSummary, comparison: Comparison) -> list[str]:
-    """Gap (95% CI), p, p paired, MDE, seeds needed and, with a target gap, the seeds it needs (``llm.eval.stats``)."""
-    targets = [] if comparison.target_gap is None else [comparison.target_gap]
+    """Gap (Welch's 95% CI), the paired CI, p, p paired, the verdict, MDE, paired MDE, seeds and pairs needed and,
+    with a target gap, the seeds and pairs it needs (``llm.eval.stats``)."""
+    target = comparison.target_gap
     if (gap := row.gap) is None:
-        return ["baseline" if row.variant in comparison.baselines else "n/a", "", "", "", "", *("" for _ in targets)]
-    return [_gap(gap), _num(gap.p_value, ".3g"), _num(gap.p_paired, ".3g"),
-            "zero spread" if gap.se == 0 else _num(gap.mde, ".4f"), _seeds(gap), *(_seeds(gap, t) for t in targets)]
+        return ["baseline" if row.variant in comparison.baselines else "n/a", *[""] * (8 if target is None else 10)]
+    return [_gap(gap), _interval(gap.paired_ci_low, gap.paired_ci_high), _num(gap.p_value, ".3g"),
+            _num(gap.p_paired, ".3g"), _resolved(gap), "zero spread" if gap.se == 0 else _num(gap.mde, ".4f"),
+            _num(gap.paired_mde, ".4f"), _seeds(gap, gap.seeds_needed, gap.gap),
+            _seeds(gap, gap.paired_seeds_needed, gap.gap),
+            *([] if target is None else [_seeds(gap, gap.target_seeds, target),
+                                         _seeds(gap, gap.paired_target_seeds, target)])]
 
 
 def _span(values: Sequence[str]) -> str:
     return values[0] if values[0] == values[-1] else f"{values[0]}-{values[-1]}"
 
 
+def _open(label: str, gap: Gap) -> str:
+    """An unresolved gap, which is no tie: the true one may be anything up to about its MDE."""
+    designs = [("Welch", gap.mde, gap.seeds_needed, "seeds per arm"), ("paired", gap.paired_mde,
+                                                                       gap.paired_seeds_needed, "pairs")]
+    return f"{label} {gap.gap:+.4f} not resolved (" + "; ".join(
+        f"{design}: MDE {mde:.3g}, " + ("no number of seeds resolves a gap of 0" if gap.gap == 0 else
+                                        f"as a true gap it would need {_seeds(gap, needed, gap.gap)} {unit}")
+        for design, mde, needed, unit in designs if not math.isnan(mde)) + ")"
+
+
 def _conclusion(comparison: Comparison) -> list[str]:
-    """One line under the table on what the comparison can and cannot conclude; none without a baseline."""
+    """One line under the table on what the comparison can and cannot conclude, and on which runs it left out;
+    none without a baseline."""
     tested = {row.variant: row.gap for row in comparison.rows if row.gap is not None and row.gap.se > 0}
     if not tested:
         return ["", "Conclusion: no gap can be tested: that needs 2 or more complete seeds in a row and its baseline, "
                     "and losses that vary."] if comparison.baselines else []
-    resolved = [f"{label} {_gap(gap)}" for label, gap in tested.items() if gap.p_value < ALPHA]
-    open_ = {label: gap for label, gap in tested.items() if gap.p_value >= ALPHA}
-    paired = [f"{label} (p {gap.p_paired:.3g})" for label, gap in open_.items() if gap.p_paired < ALPHA]
-    seeds = sorted({row.n for row in comparison.rows if row.variant in tested or row.variant in comparison.baselines})
-    parts = [f"gaps resolved at p < {ALPHA} (Welch): {', '.join(resolved)}" if resolved
-             else f"no gap is resolved at p < {ALPHA} (Welch)"]
-    if open_:  # an unresolved gap is no tie: the true one may be anything up to about its MDE
-        parts.append(", ".join(f"{label} {gap.gap:+.4f} not resolved (MDE {gap.mde:.3g}; as a true gap it would need "
-                               f"{_seeds(gap)} seeds per arm)" for label, gap in open_.items()))
-    if paired:
-        parts.append(f"paired by seed, also {', '.join(paired)}")
-    parts.append(f"with {_span([str(n) for n in seeds])} seeds per arm this comparison resolves gaps above "
-                 f"{_span([f'{mde:.3g}' for mde in sorted(gap.mde for gap in tested.values())])} nats with "
-                 f"{POWER:.0%} power, and a smaller true gap can go unseen")
+    resolved = [f"{label} {gap.gap:+.4f} " + " and ".join(f"resolved ({design}) {_interval(low, high)}"
+                                                         for design, low, high in _designs(gap))
+                for label, gap in tested.items() if _designs(gap)]
+    rows = [row for row in comparison.rows if row.variant in tested or row.variant in comparison.baselines]
+    paired_mdes = sorted(gap.paired_mde for gap in tested.values() if not math.isnan(gap.paired_mde))
+    open_ = [_open(label, gap) for label, gap in tested.items() if not _designs(gap)]
+    parts = [f"at p < {ALPHA}, {', '.join(resolved)}" if resolved else f"no gap is resolved at p < {ALPHA}",
+             *([", ".join(open_)] if open_ else []),
+             f"with {_span([str(n) for n in sorted({row.n for row in rows})])} seeds per arm this comparison resolves "
+             f"gaps above {_span([f'{mde:.3g}' for mde in sorted(gap.mde for gap in tested.values())])} nats by "
+             "Welch's test" + (f" and {_span([f'{mde:.3g}' for mde in paired_mdes])} paired" if paired_mdes else "")
+             + f" with {POWER:.0%} power at the observed spread (taken as true: about 73% on average at 2-5 seeds "
+             "per arm by Welch's test, 58-69% paired; see Assumptions), and a smaller true gap can go unseen"]
     if untested := [row.variant for row in comparison.rows if row.gap is not None and row.variant not in tested]:
         parts.append(f"not testable (fewer than 2 seeds, or no spread): {', '.join(untested)}")
+    if left_out := [f"{run.path.name} ({'diverged' if run.diverged else 'incomplete'})"
+                    for row in rows for run in [*row.diverged, *row.incomplete]]:
+        parts.append(f"the figures rest on complete seeds only, left out: {', '.join(left_out)}")
     return ["", f"Conclusion: {'; '.join(parts)}."]
 
 
@@ -137,8 +174,10 @@ def _scaling(comparison: Comparison) -> list[str]:
 
 
 def _gap_header(comparison: Comparison) -> list[str]:
-    target = [] if comparison.target_gap is None else [f"Seeds for gap {comparison.target_gap:g} ⁶"]
-    return ["Gap (95% CI) ¹", f"p vs {comparison.baseline} ¹", "p paired ⁵", "MDE ⁶", "Seeds needed ⁶", *target]
+    target = [] if comparison.target_gap is None else [f"Seeds for gap {comparison.target_gap:g} ⁶",
+                                                       f"Pairs for gap {comparison.target_gap:g} ⁵ ⁶"]
+    return ["Gap (95% CI) ¹", "Paired 95% CI ⁵", f"p vs {comparison.baseline} ¹", "p paired ⁵", f"At p < {ALPHA} ¹ ⁵",
+            "MDE ⁶", "MDE paired ⁵ ⁶", "Seeds needed ⁶", "Pairs needed ⁵ ⁶", *target]
 
 
 def _loss_cell(row: VariantSummary, comparison: Comparison) -> str:
@@ -178,14 +217,21 @@ def format_table(comparison: Comparison) -> str:
         "⁴ Runs left out of the statistics: a non-finite final validation loss (diverged), or no eval at the "
         "max_steps in force when the run last trained (incomplete: stopped, killed, its metrics file cut off, or "
         "resumed to more steps and not finished).",
-        "⁵ Two-sided paired t-test, where the row ran the baseline's seeds on its data order and validation set "
-        "(n/a otherwise): what the runs of one seed share cancels in each pair. The p column is Welch's either way.",
-        f"⁶ The smallest true gap the two rows' seeds resolve with {POWER:.0%} probability by the table's test "
-        f"(Welch's at p < {ALPHA}, its df estimated from the seeds), taking their spreads as the true ones (minimum "
-        f"detectable effect); the seeds per arm (the variant and the baseline each) that would so resolve the "
-        f"observed gap"
+        "⁵ Paired by seed: the two-sided paired t-test over the per-seed differences, its 95% interval, MDE and "
+        "pairs needed (a pair: one seed run by the row and by the baseline). Valid here because a seed fixes the "
+        "data order and the validation tokens, so the two runs of a seed share what those add to the loss and it "
+        "cancels in their difference, while pairs of different seeds are independent. Not valid, so n/a, where a "
+        "row ran a seed twice (its pairs would share a seed) or differs in the data section or world size (a seed "
+        "then fixes other data: nothing cancels, and the pairing is arbitrary); n/a too where the rows ran other "
+        "seeds or the differences do not vary. \"resolved (paired)\" or \"resolved (Welch)\" names the test that "
+        f"resolves the gap at p < {ALPHA}.",
+        f"⁶ The smallest true gap the two rows' seeds resolve with {POWER:.0%} probability by each test at p < "
+        f"{ALPHA} (Welch's, its df estimated from the seeds; the paired t-test, exact by the noncentral t), taking "
+        f"the observed spreads as the true ones (minimum detectable effect); the seeds per arm (the variant and the "
+        f"baseline each; for the paired test, pairs) that would so resolve the observed gap"
         + ("" if comparison.target_gap is None else f" and a gap of {comparison.target_gap:g} (--target-gap)")
-        + f" (> {MAX_SEEDS:,}: too small to resolve).",
+        + f" (> {MAX_SEEDS:,}: too small to resolve; never: a gap of 0).",
+        ASSUMPTIONS,
         *([OPTIMISM_NOTE] if comparison.tune else []),
         *(f"Warning: {w}" for w in comparison.warnings),
     ))]

@@ -78,12 +78,15 @@ def test_scaling_table_and_plot(sizes_root: Path, tmp_path: Path, capsys: pytest
     p = welch_by_hand(_losses("isogmlp+softmax", 4_000_000), _losses("swiglu+softmax", 4_000_000))
     iso, base = _losses("isogmlp+softmax", 4_000_000), _losses("swiglu+softmax", 4_000_000)
     ci = stats.ttest_ind(iso, base, equal_var=False).confidence_interval(0.95)
-    cells = f"| {gap:+.4f} [{ci.low:+.4f}, {ci.high:+.4f}] | {p:.3g} | {stats.ttest_rel(iso, base).pvalue:.3g} | "
+    paired = stats.ttest_rel(iso, base)
+    paired_ci = paired.confidence_interval(0.95)
+    cells = (f"| {gap:+.4f} [{ci.low:+.4f}, {ci.high:+.4f}] | [{paired_ci.low:+.4f}, {paired_ci.high:+.4f}] | "
+             f"{p:.3g} | {paired.pvalue:.3g} | ")
     assert f"| isogmlp+softmax | 4,000,000 | {10.5 * 4e6**-0.054:.4f} ± 0.0030 | 3 {cells}" in table
     scaling_row = next(line for line in table.splitlines() if line.startswith("| isogmlp+softmax | 4,000,000 |"))
     main_row = next(line for line in table.splitlines() if line.startswith(f"| {label('isogmlp+softmax', 128, 4)} ["))
     assert scaling_row.endswith(main_row.split(cells)[1].rsplit(" | ", 2)[0] + " |")  # the same MDE and seeds needed
-    assert "| swiglu+softmax | 1,000,000 | " in table and "| 3 | baseline |  |  |  |  |\n" in table
+    assert "| swiglu+softmax | 1,000,000 | " in table and "| 3 | baseline |" + "  |" * 8 + "\n" in table
     # the fit once per series, not on each of its rows
     assert "| isogmlp+softmax | 3 | 10.5 | -0.0540 | least squares over 3 sizes |\n" in table
     assert "| swiglu+softmax | 3 | 10 | -0.0500 | least squares over 3 sizes |\n" in table
