@@ -22,7 +22,8 @@ import numpy as np
 from scipy import optimize, stats
 
 __all__ = ["ALPHA", "MAX_SEEDS", "POWER", "Gap", "Summary", "gap_to_baseline", "minimum_detectable_effect",
-           "paired_p_value", "seeds_needed", "welch_power"]
+           "paired_interval", "paired_mde", "paired_p_value", "paired_power", "pairs_needed",
+           "seeds_needed", "welch_power"]
 
 ALPHA, POWER = 0.05, 0.8
 MAX_SEEDS = 100_000  # a gap that needs more seeds per arm is too small to resolve
@@ -128,3 +129,46 @@ def gap_to_baseline(row: Summary, baseline: Summary, p_paired: float = math.nan,
                minimum_detectable_effect(row.std, row.n, baseline.std, baseline.n),
                seeds_needed(gap, row.std, baseline.std), p_paired,
                math.nan if target_gap is None else seeds_needed(target_gap, row.std, baseline.std))
+
+
+# paired design
+def paired_interval(sample: Sequence[float], baseline: Sequence[float]) -> tuple[float, float]:
+    """The paired t-test's 95% interval of the mean difference of two rows' losses in the same seeds' order."""
+    interval = stats.ttest_rel(sample, baseline).confidence_interval(1 - ALPHA)
+    return float(interval.low), float(interval.high)
+
+
+def paired_power(sd: float, n: int) -> Callable[[float], float]:
+    """The power of the two-sided paired t-test at ``ALPHA`` with ``n`` pairs whose differences have true SD
+    ``sd``, as a function of the true gap: the noncentral t with n - 1 df. Its lower tail is taken as the upper
+    tail at the opposite noncentrality (the same number, where scipy's ``nct.cdf`` gives NaN far out in it)."""
+    df = n - 1
+    critical = stats.t.isf(ALPHA / 2, df)
+
+    def power(gap: float) -> float:
+        noncentrality = gap * math.sqrt(n) / sd
+        return float(stats.nct.sf(critical, df, noncentrality) + stats.nct.sf(critical, df, -noncentrality))
+    return power
+
+
+def paired_mde(sd: float, n: int) -> float:
+    """The true gap the paired t-test resolves with probability ``POWER`` with ``n`` pairs of spread ``sd``."""
+    power = paired_power(sd, n)
+    return optimize.brentq(lambda gap: power(gap) - POWER, 0.0, 100 * sd, xtol=1e-12 * sd)  # 2 pairs: 11.5 sd
+
+
+def pairs_needed(gap: float, sd: float) -> float:
+    """The fewest pairs (n >= 2) at which the paired t-test resolves a true ``gap`` with probability ``POWER``
+    when the differences spread by ``sd``; inf when the gap is 0 or needs over ``MAX_SEEDS``."""
+    def resolves(n: int) -> bool:
+        return paired_power(sd, n)(gap) >= POWER
+
+    if gap == 0 or not resolves(MAX_SEEDS):
+        return math.inf
+    low, high = 1, 2  # low never resolves; high doubles until it does, then bisection
+    while not resolves(high):
+        low, high = high, min(2 * high, MAX_SEEDS)
+    while high - low > 1:
+        middle = (low + high) // 2
+        low, high = (low, middle) if resolves(middle) else (middle, high)
+    return high
