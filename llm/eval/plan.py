@@ -110,8 +110,8 @@ def write_plan(comparison: Comparison, plans: list[RowPlan], gap: float, out: st
     out = Path(out)
     with (out / "plan.csv").open("w", newline="") as f:
         csv.writer(f).writerows([["variant", "design", "pilot_seeds", "seeds_per_arm", "more_seeds", "threshold"],
-                                 *([p.row.variant, p.design, p.row.n, p.seeds_per_arm, p.more_seeds, p.threshold]
-                                   for p in plans)])
+                                 *([p.row.variant, p.design, p.row.n, f"{p.seeds_per_arm:g}", p.more_seeds,
+                                    "" if math.isnan(p.threshold) else p.threshold] for p in plans)])
     first, files = 1 + max(run.seed for row in comparison.rows for run in [*row.runs, *row.diverged,
                                                                              *row.incomplete]), {}
     for plan in plans:
