@@ -108,20 +108,22 @@ def write_plan(comparison: Comparison, plans: list[RowPlan], gap: float, out: st
     plan-sweep.yaml (``launch/sweep.py``) with one config under plan-configs/ per new run: the row's saved config
     at a seed no run of the comparison has used, its run directory beside the row's first run's."""
     out = Path(out)
+    first = 1 + max(run.seed for row in comparison.rows for run in [*row.runs, *row.diverged, *row.incomplete])
+    new = []  # (the pilot run whose config it takes, seed, run name)
+    for pilot, seeds in ((p.row.runs[0], range(first, first + p.more_seeds)) for p in plans if p.more_seeds):
+        stem = pilot.path.name.removesuffix(str(pilot.seed))
+        new += [(pilot, seed, f"{stem}{seed}" if stem != pilot.path.name else f"{stem}-s{seed}") for seed in seeds]
+    if taken := [str(pilot.path.parent / name) for pilot, _, name in new if (pilot.path.parent / name).exists()]:
+        raise EvalError(f"{taken[0]}: a run directory the plan would train into exists already")
     with (out / "plan.csv").open("w", newline="") as f:
         csv.writer(f).writerows([["variant", "design", "pilot_seeds", "seeds_per_arm", "more_seeds", "threshold"],
                                  *([p.row.variant, p.design, p.row.n, f"{p.seeds_per_arm:g}", p.more_seeds,
                                     "" if math.isnan(p.threshold) else p.threshold] for p in plans)])
-    first, files = 1 + max(run.seed for row in comparison.rows for run in [*row.runs, *row.diverged,
-                                                                             *row.incomplete]), {}
-    for plan in plans:
-        pilot = plan.row.runs[0]
-        config, stem = read_saved(pilot.meta["config"]), pilot.path.name.removesuffix(str(pilot.seed))
-        for seed in range(first, first + plan.more_seeds):
-            name = f"{stem}{seed}" if stem != pilot.path.name else f"{stem}-s{seed}"
-            files[name] = str((out / "plan-configs" / f"{name}.yaml").resolve())
-            Path(files[name]).parent.mkdir(exist_ok=True)
-            save_config(replace(config, seed=seed, name=name, out_dir=str(pilot.path.parent.resolve())), files[name])
+    files = {name: str((out / "plan-configs" / f"{name}.yaml").resolve()) for _, _, name in new}
+    for pilot, seed, name in new:
+        Path(files[name]).parent.mkdir(exist_ok=True)
+        save_config(replace(read_saved(pilot.meta["config"]), seed=seed, name=name,
+                            out_dir=str(pilot.path.parent.resolve())), files[name])
     text = [f"plan for a {gap:g}-nat gap at {POWER:.0%} power ({ASSUMPTION}):", *(
         f"  {p.row.variant}: {p.design}, {p.row.n} pilot seeds -> " + (f"over {MAX_SEEDS} per arm: not launched"
         if math.isinf(p.seeds_per_arm) else f"{p.seeds_per_arm:g} per arm ({p.more_seeds} more)" + (

@@ -144,3 +144,16 @@ def test_a_bad_gap_fails_in_one_line_before_writing(tmp_path: Path, gap: str,
     assert capsys.readouterr().err.strip().splitlines() == [f"error: --plan {float(gap)}: expected a gap > 0 nats "
                                                             "(the smallest worth detecting)"]
     assert not (tmp_path / "out").exists()
+
+
+def test_a_planned_run_directory_that_exists_is_refused(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    for variant, values in {"swiglu+softmax": BASE, "isogmlp+softmax": SPREAD}.items():
+        for seed, loss in enumerate(values):
+            write_run(tmp_path / "runs", variant, seed, loss)
+    (tmp_path / "runs" / "swiglu_softmax_s3").mkdir()  # not among the runs compared: seed 3 looks free
+    out = tmp_path / "out"
+    assert main(["compare", str(tmp_path / "runs" / "*_s[0-2]"), "--out", str(out), "--no-plots",
+                 "--plan", "0.05"]) == 2
+    assert capsys.readouterr().err.strip().splitlines()[-1] == (
+        f"error: {tmp_path / 'runs' / 'swiglu_softmax_s3'}: a run directory the plan would train into exists already")
+    assert not (out / "plan.csv").exists() and not (out / "plan-configs").exists()
