@@ -1,0 +1,135 @@
+"""The seeds each row needs to resolve a gap, planned from the seeds already run (``eval.py compare --plan GAP``).
+
+The seeds run so far are a pilot: per row, the seeds per arm at which a true gap of GAP nats is resolved with
+``POWER`` under the cheaper valid design (paired where the row pairs with its baseline, ``llm.eval.compare``; Welch
+otherwise), by Stein's two-stage rule: n >= ((t_{1-ALPHA/2,df} + t_{POWER,df}) * s / GAP)^2 with the pilot's SD s
+and its degrees of freedom df (Welch's: Satterthwaite's). The final test is Stein's too: the mean gap over all the
+row's seeds (pilot and new) resolves when beyond ``RowPlan.threshold``, t_{1-ALPHA/2,df} times the pilot's SD over
+sqrt(n). For normal seeds its Type I error is ALPHA and its power at least ``POWER`` whatever the pilot's spread
+(Welch's: within Satterthwaite's approximation; simulated 3.7%), because the mean is independent of the pilot's SD
+that set n. A row whose pilot already has the seeds needs no more, and its final test is the pilot's own t-test.
+
+Simulated at 3 pilot seeds (tests/eval/test_compare_plan_simulation.py), two shortcuts fail: the plug-in plan (the
+pilot's SD taken as the true one, ``llm.eval.stats.pairs_needed``) gives 67% power where it plans 80% at about 30
+pairs, and the ordinary t-test on all seeds (compare's p-values) rejects a true gap of 0 in 6-9% of pilots: its
+spread includes the pilot's, which set how many seeds there are. Stopping where the pilot's p-value is already below
+ALPHA would add a second look. A paired row runs every seed its baseline runs (compare pairs only the same seeds),
+so the baseline runs the most that any row of its size needs.
+"""
+
+from __future__ import annotations
+
+import csv
+import math
+import statistics
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+import numpy as np
+import yaml
+from scipy import stats
+
+from llm.config import read_saved, save_config
+from llm.eval.compare import Comparison, VariantSummary
+from llm.eval.errors import EvalError
+from llm.eval.stats import ALPHA, MAX_SEEDS, POWER
+
+Array = np.ndarray | float  # one pilot, or many at once (tests/eval/test_compare_plan_simulation.py)
+
+ASSUMPTION = ("assumes normal seed effects; Stein's rule: the pilot's t quantiles, not its SD taken as true; the final "
+              "test is Stein's (the mean gap over all seeds beyond the threshold), not compare's p-value")
+
+
+def stein_seeds(gap: float, variance: Array, df: Array) -> Array:
+    """The fewest seeds per arm with (t_{1-ALPHA/2,df} + t_{POWER,df}) * sqrt(variance / n) <= gap."""
+    return np.ceil((stats.t.isf(ALPHA / 2, df) + stats.t.isf(1 - POWER, df)) ** 2 * variance / gap**2)
+
+
+def welch_df(variances: tuple[Array, Array], pilot: tuple[int, int]) -> Array:
+    """Satterthwaite's degrees of freedom of a sum of the two arms' variance estimates (each over its pilot)."""
+    return sum(variances) ** 2 / (variances[0] ** 2 / (pilot[0] - 1) + variances[1] ** 2 / (pilot[1] - 1))
+
+
+def design(gap: float, pilot: tuple[int, int], variances: tuple[Array, Array], difference: Array = math.nan,
+           ) -> tuple[Array, Array]:
+    """Whether each pilot takes the paired design and its seeds per arm (at least the pilot's), from the pilot
+    counts of a row and its baseline, their losses' variances and their differences' (NaN: they do not pair)."""
+    welch = stein_seeds(gap, sum(variances), welch_df(variances, pilot))
+    paired = stein_seeds(gap, difference, pilot[0] - 1)
+    return paired <= welch, np.maximum(pilot[0], np.fmin(paired, welch))
+
+
+def threshold(paired: Array, pilot: tuple[int, int], seeds: tuple[Array, Array], variances: tuple[Array, Array],
+              difference: Array = math.nan) -> Array:
+    """Stein's final test: the mean gap over all ``seeds`` of the row and of its baseline resolves beyond this."""
+    parts = (variances[0] / seeds[0], variances[1] / seeds[1])
+    return np.where(paired, stats.t.isf(ALPHA / 2, pilot[0] - 1) * np.sqrt(difference / seeds[0]),
+                    stats.t.isf(ALPHA / 2, welch_df(parts, pilot)) * np.sqrt(sum(parts)))
+
+
+@dataclass
+class RowPlan:
+    row: VariantSummary
+    design: str  # paired, Welch, or baseline
+    seeds_per_arm: float  # inf: over MAX_SEEDS, not launched
+    threshold: float = math.nan
+
+    @property
+    def more_seeds(self) -> int:
+        return 0 if math.isinf(self.seeds_per_arm) else int(self.seeds_per_arm) - self.row.n
+
+
+def plan_seeds(comparison: Comparison, gap: float) -> list[RowPlan]:
+    """Each baseline, then each row with a gap to it over at least 2 seeds each, planned for ``gap`` (module
+    docstring)."""
+    if not gap > 0:
+        raise EvalError(f"--plan {gap}: expected a gap > 0 nats (the smallest worth detecting)")
+    plans = []
+    for base in (row for row in comparison.rows if row.variant in comparison.baselines):
+        theirs, found = {run.seed: run.final_val_loss for run in base.runs}, []
+        for row in (row for row in comparison.rows if row.gap and row.size == base.size and min(row.n, base.n) > 1):
+            variances = (statistics.variance([run.final_val_loss for run in row.runs]),
+                         statistics.variance(theirs.values()))
+            difference = math.nan if math.isnan(row.gap.p_paired) else \
+                statistics.variance([run.final_val_loss - theirs[run.seed] for run in row.runs])
+            paired, seeds = design(gap, (row.n, base.n), variances, difference)
+            found.append((row, bool(paired), float(seeds) if seeds <= MAX_SEEDS else math.inf, variances, difference))
+        most = max([base.n, *(seeds for _, paired, seeds, *_ in found if math.isfinite(seeds))])
+        plans.append(RowPlan(base, "baseline", most))
+        for row, paired, seeds, variances, difference in found:
+            seeds = most if paired and math.isfinite(seeds) else seeds
+            plans.append(RowPlan(row, "paired" if paired else "Welch", seeds, float(threshold(
+                paired, (row.n, base.n), (seeds, most), variances, difference)) if seeds <= MAX_SEEDS else math.nan))
+    return plans
+
+
+def write_plan(comparison: Comparison, plans: list[RowPlan], gap: float, out: str | Path) -> tuple[str, list[Path]]:
+    """The ``plans`` for ``gap`` as text, and the files written under ``out``: plan.csv and, when seeds are missing,
+    plan-sweep.yaml (``launch/sweep.py``) with one config under plan-configs/ per new run: the row's saved config
+    at a seed no run of the comparison has used, its run directory beside the row's first run's."""
+    out = Path(out)
+    first = 1 + max(run.seed for row in comparison.rows for run in [*row.runs, *row.diverged, *row.incomplete])
+    new = []  # (the pilot run whose config it takes, seed, run name)
+    for pilot, seeds in ((p.row.runs[0], range(first, first + p.more_seeds)) for p in plans if p.more_seeds):
+        stem = pilot.path.name.removesuffix(str(pilot.seed))
+        new += [(pilot, seed, f"{stem}{seed}" if stem != pilot.path.name else f"{stem}-s{seed}") for seed in seeds]
+    if taken := [str(pilot.path.parent / name) for pilot, _, name in new if (pilot.path.parent / name).exists()]:
+        raise EvalError(f"{taken[0]}: a run directory the plan would train into exists already")
+    with (out / "plan.csv").open("w", newline="") as f:
+        csv.writer(f).writerows([["variant", "design", "pilot_seeds", "seeds_per_arm", "more_seeds", "threshold"],
+                                 *([p.row.variant, p.design, p.row.n, f"{p.seeds_per_arm:g}", p.more_seeds,
+                                    "" if math.isnan(p.threshold) else p.threshold] for p in plans)])
+    files = {name: str((out / "plan-configs" / f"{name}.yaml").resolve()) for _, _, name in new}
+    for pilot, seed, name in new:
+        Path(files[name]).parent.mkdir(exist_ok=True)
+        save_config(replace(read_saved(pilot.meta["config"]), seed=seed, name=name,
+                            out_dir=str(pilot.path.parent.resolve())), files[name])
+    text = [f"plan for a {gap:g}-nat gap at {POWER:.0%} power ({ASSUMPTION}):", *(
+        f"  {p.row.variant}: {p.design}, {p.row.n} pilot seeds -> " + (f"over {MAX_SEEDS} per arm: not launched"
+        if math.isinf(p.seeds_per_arm) else f"{p.seeds_per_arm:g} per arm ({p.more_seeds} more)" + (
+            "" if math.isnan(p.threshold) else f", resolved if |final gap| > {p.threshold:.4f}")) for p in plans)]
+    if files:
+        (out / "plan-sweep.yaml").write_text(yaml.safe_dump({"name": f"plan-{gap:g}", "files": {"run": files},
+                                                             "run_name": "{run}"}, sort_keys=False))
+        text.append(f"the {len(files)} missing seeds: python launch/sweep.py {out / 'plan-sweep.yaml'} --mode local")
+    return "\n".join(text), [out / "plan.csv", *([out / "plan-sweep.yaml"] if files else [])]
