@@ -429,7 +429,3 @@ def resolve_intermediate_size(config: ModelConfig) -> int:
     """The h that ``FFN_REGISTRY[config.ffn](config)`` uses (see ``_matched_intermediate_size``)."""
     return _matched_intermediate_size(FFN_REGISTRY[config.ffn], config)
 
-
-def ffn_param_count(config: ModelConfig) -> int:
-    """Parameters of one FFN block as built for ``config`` (after parameter matching)."""
-    return _count_parameters(FFN_REGISTRY[config.ffn], config, resolve_intermediate_size(config))

@@ -8,10 +8,9 @@ are a per-query scalar times the raw scores,
     |s_i|^2 = q_i^T G_i q_i / D,   S_i = sum_{j<=i} k_j v_j^T,   G_i = sum_{j<=i} k_j k_j^T,
 
 with ``g(r) = tanh(r) / r`` (``g(0) = 1``). Both running sums are linear attention, so iso_tanh runs in
-linear time. The forms, which give the same output (tests/model/test_attention.py and
-test_linear_attention.py, in fp64):
+linear time. The forms, which give the output of the O(T^2) reference from the masked score rows
+(``iso_tanh_naive`` in tests/model/reference.py; test_attention.py and test_linear_attention.py, in fp64):
 
-- ``iso_tanh_naive``: the O(T^2) reference, from the masked score rows as written;
 - ``iso_tanh_chunked``: exact scores inside chunks, the running sums between them (training, prefill);
 - ``iso_tanh_recurrent``: one token at a time with an O(1) state ``(S, G)`` (generation, no KV cache);
 - ``iso_tanh_linear_attention``: through a linear-attention kernel (fla's, fla_kernel.py, on GPU).
@@ -132,24 +131,6 @@ def mask_padding(q: torch.Tensor, k: torch.Tensor, real: torch.Tensor) -> tuple[
     """
     keep = real[:, None, :, None]
     return q.masked_fill(~keep, 0.0), k.masked_fill(~keep, 0.0)
-
-
-def iso_tanh_naive(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-    """O(T^2) reference of iso_tanh attention, computed from the masked score rows as written.
-
-    ``w_i = tanh(|s_i|) s_i/|s_i|`` (isotropic-deep-learning eq. 16, 28) with ``s_i`` the scores of
-    query i over keys ``j <= i`` only (the masked entries are absent from the norm, not -inf), and
-    ``f(0) = 0``. Deliberately independent of ``tanh_ratio`` and of the ``(S, G)`` identity it checks.
-    """
-    _, h, hkv, t, d = check_qkv(q, k, v)
-    k = k.repeat_interleave(h // hkv, dim=1)
-    v = v.repeat_interleave(h // hkv, dim=1)
-    visible = torch.ones(t, t, dtype=torch.bool, device=q.device).tril()
-    scores = (q @ k.transpose(-1, -2) / d**0.5).masked_fill(~visible, 0.0)
-    norm = torch.linalg.vector_norm(scores, dim=-1, keepdim=True)
-    safe_norm = torch.where(norm > 0, norm, torch.ones_like(norm))  # keeps the unused branch finite
-    weights = torch.where(norm > 0, torch.tanh(norm) * scores / safe_norm, scores)
-    return weights @ v
 
 
 def _exclusive_cumsum(x: torch.Tensor, block: int = 16) -> torch.Tensor:
