@@ -9,9 +9,9 @@ nothing back to the host, so each has the same shapes, memory and kernels: on CU
 graph and every later one replays it, without a kernel launch per operation (``static_step``).
 
 Why a hand-made capture rather than ``torch.compile(mode="reduce-overhead")``, gpt-fast's way, which captures a
-compiled step as CUDA graphs too: the step here is plain eager code, so decoding on the hub model starts without
-a compilation (minutes for a large model, and again for each new batch size) and without a compiler installed;
-the tests compile it all the same, with ``fullgraph=True``, to prove it capturable.
+compiled step as CUDA graphs too: the step here is plain eager code, so the hub model decodes without a compiler
+and without a compilation per model and batch size; the tests compile it all the same, with ``fullgraph=True``, to
+prove it capturable.
 
 Why the softmax step is two plain matmuls (llm/model/attention.py, ``SoftmaxScoring.static_step``) rather than
 SDPA with a key mask: no SDPA kernel that takes a mask splits the keys over the GPU. The one SDPA picks for a
