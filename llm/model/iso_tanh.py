@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Callable
-from typing import ParamSpec, TypeVar
+from typing import Any, TypeVar
 
 import torch
 import torch.nn.functional as F
@@ -43,11 +43,10 @@ IsoTanhState = tuple[torch.Tensor, torch.Tensor]
 LinearAttention = Callable[..., tuple[torch.Tensor, torch.Tensor | None]]
 
 
-_P = ParamSpec("_P")
 _R = TypeVar("_R")
 
 
-def _without_autocast(fn: Callable[_P, _R]) -> Callable[_P, _R]:
+def _without_autocast(fn: Callable[..., _R]) -> Callable[..., _R]:
     """Run ``fn`` (whose first argument is ``q``) with autocast off on q's device.
 
     The running sums must accumulate in fp32: under a bf16 autocast the matmuls below would
@@ -55,10 +54,9 @@ def _without_autocast(fn: Callable[_P, _R]) -> Callable[_P, _R]:
     """
 
     @functools.wraps(fn)
-    def wrapper(*args: _P.args, **kwargs: _P.kwargs) -> _R:
-        q = args[0] if args else kwargs["q"]
+    def wrapper(q: torch.Tensor, *args: Any, **kwargs: Any) -> _R:
         with torch.autocast(device_type=q.device.type, enabled=False):
-            return fn(*args, **kwargs)
+            return fn(q, *args, **kwargs)
 
     return wrapper
 
@@ -114,11 +112,6 @@ def _pack_state(state: IsoTanhState | None, b: int, hkv: int, d: int, like: torc
     if state is None:
         return like.new_zeros(b, hkv, d, 2 * d)
     return torch.cat(_check_state(state, b, hkv, d), dim=-1).to(like.dtype)
-
-
-def _unpack_state(sg: torch.Tensor) -> IsoTanhState:
-    s, g = sg.chunk(2, dim=-1)
-    return s, g
 
 
 def mask_padding(q: torch.Tensor, k: torch.Tensor, real: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -214,7 +207,7 @@ def iso_tanh_chunked(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, chunk_si
     acc = _accumulation_dtype(q.dtype)
     init = _pack_state(state, b, hkv, d, q.new_empty(0, dtype=acc))
     if t == 0:
-        return q.new_empty(b, h, 0, d), _unpack_state(init)
+        return q.new_empty(b, h, 0, d), init.chunk(2, dim=-1)
     c = min(chunk_size, t)
     n = -(-t // c)
 
@@ -255,7 +248,7 @@ def iso_tanh_chunked(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, chunk_si
     r2 = scores.square().sum(-1) + (q_acc * inter[..., d:]).sum(-1)  # |s_i|^2 = q_i^T G_i q_i / D
     out = _iso_tanh_gain(r2).unsqueeze(-1) * numerator
     out = out.unflatten(3, (grp, c)).transpose(2, 3).reshape(b, h, n * c, d)[:, :, :t]
-    return out.to(q.dtype), _unpack_state(final)
+    return out.to(q.dtype), final.chunk(2, dim=-1)
 
 
 @_without_autocast
@@ -319,4 +312,4 @@ def iso_tanh_linear_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     out = _iso_tanh_gain(r2) * la[..., :d]
     if final is None:
         return out.to(q.dtype), None
-    return out.to(q.dtype), _unpack_state(final.to(acc).view(b, hkv, grp, d, 2 * d)[:, :, 0])
+    return out.to(q.dtype), final.to(acc).view(b, hkv, grp, d, 2 * d)[:, :, 0].chunk(2, dim=-1)
