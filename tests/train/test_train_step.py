@@ -136,7 +136,7 @@ def test_the_parameter_check_finds_any_non_finite_entry(entry: float) -> None:
     """Every tensor's largest |x| (``get_total_norm`` with ord=inf): any NaN or inf entry is found, in any dtype, and
     an entry near fp32's largest is no overflow (a 2-norm of it would be); an empty tensor (a ZeRO-3 placeholder)
     counts as finite."""
-    model = nn.Sequential(nn.Linear(3, 4), nn.Linear(4, 2).to(torch.bfloat16), nn.Linear(0, 2))
+    model = nn.Sequential(nn.Linear(3, 4), nn.Linear(4, 2).to(torch.bfloat16), nn.ParameterList([torch.empty(0)]))
     with torch.no_grad():
         model[1].weight[1, 2] = entry
     assert _parameters_finite(model) == math.isfinite(entry)
