@@ -3,7 +3,8 @@
 ``ATTN_SCORING_REGISTRY`` maps ``ModelConfig.attn_scoring`` to a module built as ``cls(config)`` and
 called as ``forward(q, k, v, past=None, use_cache=False, padding_mask=None, documents=None) -> (out, present)``
 (its static ``document_mask(doc_starts)`` builds the mask ``documents`` carries; ``static_state(present,
-decoding)`` turns a prompt's state into a static cache's, which ``forward`` then advances in place) with
+capacity)`` turns a prompt's state into a static cache's, which ``static_step(q, k, v, state, step) -> out``
+then advances in place, one token per row, as the ``cache.DecodeStep`` it is given says) with
 
 - ``q``: ``[B, H, T, D]``, ``k`` and ``v``: ``[B, Hkv, T, D]`` (grouped-query: query head ``h`` reads
   KV head ``h // (H // Hkv)``, as ``scaled_dot_product_attention(enable_gqa=True)`` does);
@@ -32,7 +33,7 @@ from __future__ import annotations
 import functools
 import math
 from collections.abc import Callable
-from typing import TYPE_CHECKING, NamedTuple
+from typing import TYPE_CHECKING
 
 import torch
 import torch.nn.functional as F
@@ -40,7 +41,7 @@ from torch import nn
 from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.nn.attention.flex_attention import BlockMask, create_block_mask, flex_attention
 
-from .cache import StaticDecoding
+from .cache import DecodeStep
 from .fla_kernel import fla_kernel
 from .iso_tanh import (
     IsoTanhState,
@@ -96,16 +97,6 @@ def document_block_mask(doc_starts: torch.Tensor) -> BlockMask:
     return create(same_document_causal, b, None, t, t, device=doc_starts.device)
 
 
-class StaticKV(NamedTuple):
-    """Softmax's state in a static cache (cache.py): key and value buffers ``[B, Hkv, capacity, D]``, written in
-    place at the slot of each new token (the keys in at least fp32, the scores' precision), and the cache's shared
-    step bookkeeping."""
-
-    keys: torch.Tensor
-    values: torch.Tensor
-    decoding: StaticDecoding
-
-
 def _check_padding_mask(mask: torch.Tensor, q: torch.Tensor, keys: int | None) -> torch.Tensor:
     """Validate a ``[B, T_past + T]`` padding mask for queries ``q`` and ``keys`` keys (None: any past)."""
     b, _, t, _ = q.shape
@@ -139,8 +130,6 @@ class SoftmaxScoring(nn.Module):
                 padding_mask: torch.Tensor | None = None, documents: PackedDocuments | None = None,
                 ) -> tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor] | None]:
         check_qkv(q, k, v)
-        if isinstance(past, StaticKV):
-            return self.static_step(q, k, v, past), past
         if past is not None:
             k = torch.cat([past[0], k], dim=2)
             v = torch.cat([past[1], v], dim=2)
@@ -164,27 +153,28 @@ class SoftmaxScoring(nn.Module):
         return out, ((k, v) if use_cache else None)
 
     @staticmethod
-    def static_state(present: tuple[torch.Tensor, torch.Tensor], decoding: StaticDecoding) -> StaticKV:
-        """The prompt's ``(k, v)`` moved into buffers with the static cache's slots, the keys cast once here rather
-        than the whole buffer at every step."""
+    def static_state(present: tuple[torch.Tensor, torch.Tensor], capacity: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """The prompt's ``(k, v)`` moved into buffers of ``capacity`` slots ``[B, Hkv, capacity, D]``, the keys in at
+        least fp32 (the scores' precision), cast once here rather than the whole buffer at every step."""
         keys, values = present
-        free = decoding.real_keys.shape[1] - keys.shape[2]
-        keys = keys.to(torch.promote_types(keys.dtype, torch.float32))
-        return StaticKV(F.pad(keys, (0, 0, 0, free)), F.pad(values, (0, 0, 0, free)), decoding)
+        free = (0, 0, 0, capacity - keys.shape[2])
+        return F.pad(keys.to(torch.promote_types(keys.dtype, torch.float32)), free), F.pad(values, free)
 
     @staticmethod
-    def static_step(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, past: StaticKV) -> torch.Tensor:
-        """One new token per row written into the buffers at the slot, in place; it sees the step's visible slots.
-        The query heads of a KV head attend as one row of queries, through plain matmuls over every slot, scores and
-        softmax in fp32 and the weights then in the values' dtype, as flash attention keeps them: no SDPA kernel for
-        a key mask splits the keys over the GPU, and the one it chose took 34 ms per token at 32k on an H100."""
-        slot = past.decoding.slot
-        past.keys.index_copy_(2, slot, k.to(past.keys.dtype))
-        past.values.index_copy_(2, slot, v)
+    def static_step(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, state: tuple[torch.Tensor, torch.Tensor],
+                    step: DecodeStep) -> torch.Tensor:
+        """One new token per row written into the buffers at the step's slot, in place; it sees the step's visible
+        slots. The query heads of a KV head attend as one row of queries, through plain matmuls over every slot,
+        scores and softmax in fp32 and the weights then in the values' dtype, as flash attention keeps them: no SDPA
+        kernel for a key mask splits the keys over the GPU, and the one it chose took 34 ms per token at 32k on an
+        H100."""
+        keys, values = state
+        keys.index_copy_(2, step.slot, k.to(keys.dtype))
+        values.index_copy_(2, step.slot, v)
         b, h, _, d = q.shape
-        grouped = q.reshape(b, k.shape[1], -1, d).to(past.keys.dtype) * d**-0.5  # [B, Hkv, H / Hkv, D]
-        scores = (grouped @ past.keys.transpose(-1, -2)).masked_fill_(~past.decoding.visible, -math.inf)
-        return (scores.softmax(-1).to(v.dtype) @ past.values).reshape(b, h, 1, d)
+        grouped = q.reshape(b, k.shape[1], -1, d).to(keys.dtype) * d**-0.5  # [B, Hkv, H / Hkv, D]
+        scores = (grouped @ keys.transpose(-1, -2)).masked_fill_(~step.visible, -math.inf)
+        return (scores.softmax(-1).to(v.dtype) @ values).reshape(b, h, 1, d)
 
     @staticmethod
     def padded(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, padding_mask: torch.Tensor) -> torch.Tensor:
@@ -224,9 +214,15 @@ class IsoTanhScoring(nn.Module):
         return None
 
     @staticmethod
-    def static_state(present: IsoTanhState, decoding: StaticDecoding) -> IsoTanhState:
-        """``(S, G)`` as they are: their size does not grow, and a step without autograd advances them in place."""
+    def static_state(present: IsoTanhState, capacity: int) -> IsoTanhState:
+        """``(S, G)`` as they are: their size does not grow."""
         return present
+
+    @staticmethod
+    def static_step(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, state: IsoTanhState,
+                    step: DecodeStep) -> torch.Tensor:
+        """The recurrent form, which advances ``(S, G)`` in place without autograd; a padded token adds nothing."""
+        return iso_tanh_recurrent(*mask_padding(q, k, step.real), v, state)[0]
 
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, past: IsoTanhState | None = None,
                 use_cache: bool = False, padding_mask: torch.Tensor | None = None,

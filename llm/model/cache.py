@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 import torch
 from transformers.cache_utils import Cache
@@ -10,9 +11,12 @@ from transformers.cache_utils import Cache
 
 @dataclass
 class LayerState:
-    """What one decoder layer carries from one generation step to the next."""
+    """What one decoder layer carries from one generation step to the next, each state passed to its owner (the
+    scoring, the FFN) as an argument. A state of fixed size (iso_tanh's sums without autograd, the FFN's; a
+    static cache's buffers) is advanced in place, so that a static cache's captured step keeps its memory."""
 
-    #: The scoring's ``present``, a tuple of batch-first tensors: ``(k, v)`` for softmax, ``(S, G)`` for iso_tanh.
+    #: The scoring's ``present``, a tuple of batch-first tensors: ``(k, v)`` for softmax (a static cache's
+    #: ``[B, Hkv, max_length, D]`` buffers after the prompt), ``(S, G)`` for iso_tanh.
     attention: tuple[torch.Tensor, ...] | None = None
     #: The FFN's own running state (isogmlp's causal_mean gate keeps its prefix sum here).
     ffn: dict[str, torch.Tensor] = field(default_factory=dict)
@@ -28,11 +32,20 @@ class StaticDecoding:
     #: ``[B, capacity]`` bool: the slots that hold a real (not padding) token's key; a row's count of them is
     #: also its next real token's position.
     real_keys: torch.Tensor
-    #: ``[B, 1, 1, capacity]`` bool, set by each step (``static_decoding.decode_step``) for every softmax layer: the
-    #: real slots and the new token's own, so that a padded one sees a key (not 0/0).
-    visible: torch.Tensor | None = None
     #: The captured step on CUDA (``static_decoding.static_step``): the graph, its input buffers and its output.
     graph: tuple | None = None
+
+
+class DecodeStep(NamedTuple):
+    """One token per row through a static cache: built once per step (``static_decoding.decode_step``) and passed
+    to every layer, whose attention and FFN read it as an argument."""
+
+    #: ``[1]`` long: the buffer slot of the new token's key and value.
+    slot: torch.Tensor
+    #: ``[B, 1, 1, capacity]`` bool: the real slots and the new token's own, so that a padded one sees a key.
+    visible: torch.Tensor
+    #: ``[B, 1]`` bool: whether the new token is real (the padding mask of the step).
+    real: torch.Tensor
 
 
 class IsoLLMCache(Cache):
@@ -71,14 +84,8 @@ class IsoLLMCache(Cache):
 
     def tensors(self) -> list[torch.Tensor]:
         """Every tensor the cache holds, each once: the layers' states and a static cache's step bookkeeping."""
-        held = []
-        for layer in self.layers:
-            states = [*(layer.attention or ()), *layer.ffn.values()]
-            # a static softmax state (StaticKV) also holds the shared StaticDecoding: its tensors are added once
-            held += [state for state in states if isinstance(state, torch.Tensor)]
-        if self.decoding is not None:
-            held += [self.decoding.slot, self.decoding.real_keys]
-        return held
+        held = [state for layer in self.layers for state in (*(layer.attention or ()), *layer.ffn.values())]
+        return held + ([self.decoding.slot, self.decoding.real_keys] if self.decoding is not None else [])
 
     def reorder_cache(self, beam_idx: torch.LongTensor) -> None:
         """Beam search: keep the rows of the surviving beams, in place (a captured step reads the same memory)."""

@@ -219,8 +219,8 @@ class CausalMeanGate(TokenGate):
                 running_sum = running_sum + cache[self.SUM_KEY]
                 positions = positions + cache[self.COUNT_KEY]
             kept = {self.SUM_KEY: running_sum[:, -1:], self.COUNT_KEY: positions.expand_as(running_sum)[:, -1:]}
-            for key, value in kept.items():  # per row (beam search reorders it); in place once kept, as a static
-                if key in cache:  # cache's captured step reads the same memory
+            for key, value in kept.items():  # per row (beam search reorders it); the gate's own state, passed to
+                if key in cache:  # it, is advanced in place once kept (cache.LayerState)
                     cache[key].copy_(value)
                 else:
                     cache[key] = value.clone(memory_format=torch.contiguous_format)
@@ -429,7 +429,3 @@ def resolve_intermediate_size(config: ModelConfig) -> int:
     """The h that ``FFN_REGISTRY[config.ffn](config)`` uses (see ``_matched_intermediate_size``)."""
     return _matched_intermediate_size(FFN_REGISTRY[config.ffn], config)
 
-
-def ffn_param_count(config: ModelConfig) -> int:
-    """Parameters of one FFN block as built for ``config`` (after parameter matching)."""
-    return _count_parameters(FFN_REGISTRY[config.ffn], config, resolve_intermediate_size(config))

@@ -8,10 +8,9 @@ are a per-query scalar times the raw scores,
     |s_i|^2 = q_i^T G_i q_i / D,   S_i = sum_{j<=i} k_j v_j^T,   G_i = sum_{j<=i} k_j k_j^T,
 
 with ``g(r) = tanh(r) / r`` (``g(0) = 1``). Both running sums are linear attention, so iso_tanh runs in
-linear time. The forms, which give the same output (tests/model/test_attention.py and
-test_linear_attention.py, in fp64):
+linear time. The forms, which give the output of the O(T^2) reference from the masked score rows
+(``iso_tanh_naive`` in tests/model/reference.py; test_attention.py and test_linear_attention.py, in fp64):
 
-- ``iso_tanh_naive``: the O(T^2) reference, from the masked score rows as written;
 - ``iso_tanh_chunked``: exact scores inside chunks, the running sums between them (training, prefill);
 - ``iso_tanh_recurrent``: one token at a time with an O(1) state ``(S, G)`` (generation, no KV cache);
 - ``iso_tanh_linear_attention``: through a linear-attention kernel (fla's, fla_kernel.py, on GPU).
@@ -25,7 +24,7 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Callable
-from typing import ParamSpec, TypeVar
+from typing import Any, TypeVar
 
 import torch
 import torch.nn.functional as F
@@ -44,11 +43,10 @@ IsoTanhState = tuple[torch.Tensor, torch.Tensor]
 LinearAttention = Callable[..., tuple[torch.Tensor, torch.Tensor | None]]
 
 
-_P = ParamSpec("_P")
 _R = TypeVar("_R")
 
 
-def _without_autocast(fn: Callable[_P, _R]) -> Callable[_P, _R]:
+def _without_autocast(fn: Callable[..., _R]) -> Callable[..., _R]:
     """Run ``fn`` (whose first argument is ``q``) with autocast off on q's device.
 
     The running sums must accumulate in fp32: under a bf16 autocast the matmuls below would
@@ -56,10 +54,9 @@ def _without_autocast(fn: Callable[_P, _R]) -> Callable[_P, _R]:
     """
 
     @functools.wraps(fn)
-    def wrapper(*args: _P.args, **kwargs: _P.kwargs) -> _R:
-        q = args[0] if args else kwargs["q"]
+    def wrapper(q: torch.Tensor, *args: Any, **kwargs: Any) -> _R:
         with torch.autocast(device_type=q.device.type, enabled=False):
-            return fn(*args, **kwargs)
+            return fn(q, *args, **kwargs)
 
     return wrapper
 
@@ -117,11 +114,6 @@ def _pack_state(state: IsoTanhState | None, b: int, hkv: int, d: int, like: torc
     return torch.cat(_check_state(state, b, hkv, d), dim=-1).to(like.dtype)
 
 
-def _unpack_state(sg: torch.Tensor) -> IsoTanhState:
-    s, g = sg.chunk(2, dim=-1)
-    return s, g
-
-
 def mask_padding(q: torch.Tensor, k: torch.Tensor, real: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """iso_tanh's padding: zero the queries and keys where ``real`` (``[B, T]``) is False.
 
@@ -132,24 +124,6 @@ def mask_padding(q: torch.Tensor, k: torch.Tensor, real: torch.Tensor) -> tuple[
     """
     keep = real[:, None, :, None]
     return q.masked_fill(~keep, 0.0), k.masked_fill(~keep, 0.0)
-
-
-def iso_tanh_naive(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-    """O(T^2) reference of iso_tanh attention, computed from the masked score rows as written.
-
-    ``w_i = tanh(|s_i|) s_i/|s_i|`` (isotropic-deep-learning eq. 16, 28) with ``s_i`` the scores of
-    query i over keys ``j <= i`` only (the masked entries are absent from the norm, not -inf), and
-    ``f(0) = 0``. Deliberately independent of ``tanh_ratio`` and of the ``(S, G)`` identity it checks.
-    """
-    _, h, hkv, t, d = check_qkv(q, k, v)
-    k = k.repeat_interleave(h // hkv, dim=1)
-    v = v.repeat_interleave(h // hkv, dim=1)
-    visible = torch.ones(t, t, dtype=torch.bool, device=q.device).tril()
-    scores = (q @ k.transpose(-1, -2) / d**0.5).masked_fill(~visible, 0.0)
-    norm = torch.linalg.vector_norm(scores, dim=-1, keepdim=True)
-    safe_norm = torch.where(norm > 0, norm, torch.ones_like(norm))  # keeps the unused branch finite
-    weights = torch.where(norm > 0, torch.tanh(norm) * scores / safe_norm, scores)
-    return weights @ v
 
 
 def _exclusive_cumsum(x: torch.Tensor, block: int = 16) -> torch.Tensor:
@@ -233,7 +207,7 @@ def iso_tanh_chunked(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, chunk_si
     acc = _accumulation_dtype(q.dtype)
     init = _pack_state(state, b, hkv, d, q.new_empty(0, dtype=acc))
     if t == 0:
-        return q.new_empty(b, h, 0, d), _unpack_state(init)
+        return q.new_empty(b, h, 0, d), init.chunk(2, dim=-1)
     c = min(chunk_size, t)
     n = -(-t // c)
 
@@ -274,7 +248,7 @@ def iso_tanh_chunked(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, chunk_si
     r2 = scores.square().sum(-1) + (q_acc * inter[..., d:]).sum(-1)  # |s_i|^2 = q_i^T G_i q_i / D
     out = _iso_tanh_gain(r2).unsqueeze(-1) * numerator
     out = out.unflatten(3, (grp, c)).transpose(2, 3).reshape(b, h, n * c, d)[:, :, :t]
-    return out.to(q.dtype), _unpack_state(final)
+    return out.to(q.dtype), final.chunk(2, dim=-1)
 
 
 @_without_autocast
@@ -338,4 +312,4 @@ def iso_tanh_linear_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     out = _iso_tanh_gain(r2) * la[..., :d]
     if final is None:
         return out.to(q.dtype), None
-    return out.to(q.dtype), _unpack_state(final.to(acc).view(b, hkv, grp, d, 2 * d)[:, :, 0])
+    return out.to(q.dtype), final.to(acc).view(b, hkv, grp, d, 2 * d)[:, :, 0].chunk(2, dim=-1)

@@ -35,14 +35,14 @@ from transformers.modeling_layers import GradientCheckpointingLayer
 from transformers.modeling_outputs import CausalLMOutputWithPast
 
 from .attention import ATTN_SCORING_REGISTRY
-from .cache import IsoLLMCache, LayerState
+from .cache import DecodeStep, IsoLLMCache, LayerState
 from .config import ModelConfig
 from .configuration_isollm import IsoLLMConfig
 from .ffn import FFN_REGISTRY
 from .fused_ops import RMSNorm, apply_rotary, rotary_cos_sin
 from .layout import PackedDocuments, document_starts, restarts_between_real_tokens
 from .lm_head import IGNORE_INDEX, LMHead
-from .static_decoding import begin_static_decoding, static_step
+from .static_decoding import static_prompt, static_step
 
 
 def mup_scaled_parameters(model: nn.Module) -> list[nn.Parameter]:
@@ -85,8 +85,10 @@ class IsoLLMAttention(nn.Module):
         self.query_scale = config.query_scale  # muP's attention scale (1 under standard and at the base)
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, state: LayerState | None = None,
-                padding_mask: torch.Tensor | None = None, documents: PackedDocuments | None = None) -> torch.Tensor:
-        """``state``: the layer's generation state (None in training), whose scoring state this call advances."""
+                padding_mask: torch.Tensor | None = None, documents: PackedDocuments | None = None,
+                step: DecodeStep | None = None) -> torch.Tensor:
+        """``state``: the layer's generation state (None in training), whose scoring state this call advances;
+        ``step``: a static cache's one-token step after its prompt (None otherwise)."""
         b, t, _ = x.shape
         qkv = self.qkv_proj(x).view(b, t, self.num_heads + 2 * self.num_kv_heads, self.head_dim)
         q, k, v = qkv.split([self.num_heads, self.num_kv_heads, self.num_kv_heads], dim=2)
@@ -94,7 +96,9 @@ class IsoLLMAttention(nn.Module):
         if self.query_scale != 1.0:  # muP: the scorings divide by sqrt(head_dim), q brings the rest
             q = q * self.query_scale
         k = apply_rotary(self.k_norm(k).transpose(1, 2), cos, sin)
-        if state is None:
+        if step is not None:
+            out = self.scoring.static_step(q, k, v.transpose(1, 2), state.attention, step)
+        elif state is None:
             out, _ = self.scoring(q, k, v.transpose(1, 2), padding_mask=padding_mask, documents=documents)
         else:
             out, state.attention = self.scoring(q, k, v.transpose(1, 2), past=state.attention, use_cache=True,
@@ -118,12 +122,15 @@ class IsoLLMDecoderLayer(GradientCheckpointingLayer):
         self.mlp = FFN_REGISTRY[config.ffn](config)
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, state: LayerState | None = None,
-                padding_mask: torch.Tensor | None = None, documents: PackedDocuments | None = None) -> torch.Tensor:
+                padding_mask: torch.Tensor | None = None, documents: PackedDocuments | None = None,
+                step: DecodeStep | None = None) -> torch.Tensor:
         """``padding_mask``: ``[B, T_past + T]``, True at real tokens (None: all real); ``documents``: the packed
-        documents of each row (None: one per row); see attention.py."""
+        documents of each row (None: one per row); see attention.py. ``step``: a static cache's step (its padding
+        mask is ``step.real``)."""
         ffn_cache = state.ffn if state is not None else None
+        padding_mask = step.real if step is not None else padding_mask
         ffn_mask = padding_mask[:, -x.shape[1]:] if padding_mask is not None else None
-        x = x + self.self_attn(self.input_layernorm(x), cos, sin, state, padding_mask, documents)
+        x = x + self.self_attn(self.input_layernorm(x), cos, sin, state, padding_mask, documents, step)
         return x + self.mlp(self.post_attention_layernorm(x), cache=ffn_cache, padding_mask=ffn_mask,
                             doc_starts=documents.starts if documents is not None else None)
 
@@ -154,10 +161,14 @@ class IsoLLMModel(nn.Module):
         models read them: each document is then scored as if alone. That holds without a cache or padding mask
         only; with either, restarts between real tokens, or after the cache's, are refused rather than attended across.
         """
-        if cache is not None and cache.decoding is not None:
-            return self.norm(static_step(self, input_ids, padding_mask, cache, output_hidden_states)), None
-        x = self.embed_tokens(input_ids)
         t = input_ids.shape[1]
+        if cache is not None and cache.max_length is not None:  # a static cache: its prompt, then one-token steps
+            if cache.seen_tokens:
+                return self.norm(static_step(self, input_ids, padding_mask, cache, output_hidden_states)), None
+            if t > cache.max_length:
+                raise ValueError(f"the prompt has {t} tokens, more than the static cache's max_length "
+                                 f"{cache.max_length}")
+        x = self.embed_tokens(input_ids)
         packed = position_ids is not None and cache is None and padding_mask is None
         if position_ids is not None and not packed and t > 1:  # one token (a decoding step) is not read back
             _refuse_restarts(position_ids, padding_mask, cache)
@@ -175,9 +186,9 @@ class IsoLLMModel(nn.Module):
             if hidden is not None:
                 hidden.append(x)
         if cache is not None:
-            cache.seen_tokens += input_ids.shape[1]
-            if cache.max_length is not None:
-                begin_static_decoding(self, cache, padding_mask, input_ids)
+            if cache.max_length is not None:  # the prompt's states move into the buffers of the steps
+                static_prompt(self, cache, padding_mask, input_ids)
+            cache.seen_tokens += t
         if padding_mask is not None and t > 1:  # one token (a generation step) is its own source: nothing to do
             x = _from_last_real_token(x, padding_mask[:, -t:])
         return self.norm(x), (tuple(hidden) if hidden is not None else None)

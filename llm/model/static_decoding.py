@@ -1,11 +1,17 @@
 """Decoding through a static cache (``IsoLLMCache(num_layers, max_length)``, cache.py), one token per call after
 the prompt, each step one CUDA graph replay.
 
-After the prompt (``begin_static_decoding``) softmax's keys and values move into buffers of ``max_length`` slots
+At the end of the prompt (``static_prompt``) softmax's keys and values move into buffers of ``max_length`` slots
 and the step's bookkeeping (the next slot, which slots hold real tokens) into device tensors. Every step
-(``decode_step``) then updates each state in place and reads nothing back to the host, so each has the same
-shapes, memory and kernels: on CUDA the first step is captured as a graph and every later one replays it, without
-a kernel launch per operation (``static_step``).
+(``decode_step``) then builds one ``cache.DecodeStep`` (the slot, the slots each row sees, whether its token is
+real), which every layer's attention and FFN receive as an argument, updates each state in place and reads
+nothing back to the host, so each has the same shapes, memory and kernels: on CUDA the first step is captured as a
+graph and every later one replays it, without a kernel launch per operation (``static_step``).
+
+Why a hand-made capture rather than ``torch.compile(mode="reduce-overhead")``, gpt-fast's way, which captures a
+compiled step as CUDA graphs too: the step here is plain eager code, so the hub model decodes without a compiler
+and without a compilation per model and batch size; the tests compile it all the same, with ``fullgraph=True``, to
+prove it capturable.
 
 Why the softmax step is two plain matmuls (llm/model/attention.py, ``SoftmaxScoring.static_step``) rather than
 SDPA with a key mask: no SDPA kernel that takes a mask splits the keys over the GPU. The one SDPA picks for a
@@ -26,25 +32,22 @@ from typing import TYPE_CHECKING
 import torch
 import torch.nn.functional as F
 
-from .cache import IsoLLMCache, StaticDecoding
+from .cache import DecodeStep, IsoLLMCache, StaticDecoding
 from .fused_ops import rotary_cos_sin
 
 if TYPE_CHECKING:
     from .modeling_isollm import IsoLLMModel
 
 
-def begin_static_decoding(model: IsoLLMModel, cache: IsoLLMCache, padding_mask: torch.Tensor | None,
-                          input_ids: torch.Tensor) -> None:
-    """After a static cache's prompt: its ``max_length`` slots, and the softmax states moved into buffers of that
-    many."""
-    if cache.seen_tokens > cache.max_length:
-        raise ValueError(f"the prompt has {cache.seen_tokens} tokens, more than the static cache's max_length "
-                         f"{cache.max_length}")
+def static_prompt(model: IsoLLMModel, cache: IsoLLMCache, padding_mask: torch.Tensor | None,
+                  input_ids: torch.Tensor) -> None:
+    """After a static cache's prompt (``input_ids``, its first call): its ``max_length`` slots, the prompt's in
+    them, and each layer's scoring state turned into its static one."""
     real = padding_mask if padding_mask is not None else torch.ones_like(input_ids, dtype=torch.bool)
-    cache.decoding = StaticDecoding(slot=input_ids.new_full((1,), cache.seen_tokens),
+    cache.decoding = StaticDecoding(slot=input_ids.new_full((1,), input_ids.shape[1]),
                                     real_keys=F.pad(real, (0, cache.max_length - real.shape[1])))
     for layer, state in zip(model.layers, cache.layers, strict=True):
-        state.attention = layer.self_attn.scoring.static_state(state.attention, cache.decoding)
+        state.attention = layer.self_attn.scoring.static_state(state.attention, cache.max_length)
 
 
 def static_step(model: IsoLLMModel, input_ids: torch.Tensor, padding_mask: torch.Tensor | None,
@@ -77,16 +80,16 @@ def static_step(model: IsoLLMModel, input_ids: torch.Tensor, padding_mask: torch
 def decode_step(model: IsoLLMModel, input_ids: torch.Tensor, real: torch.Tensor, cache: IsoLLMCache) -> torch.Tensor:
     """One token per row (``input_ids`` ``[B, 1]``; ``real`` ``[B, 1]``, False at padding) through a static
     cache, before the final norm. Every state is updated in place and no value is read back to the host."""
-    step = cache.decoding
-    step.real_keys.index_copy_(1, step.slot, real)
-    own = torch.arange(step.real_keys.shape[1], device=step.slot.device) == step.slot
-    step.visible = (step.real_keys | own)[:, None, None]  # once for every layer
-    position = (step.real_keys.sum(-1, keepdim=True) - 1).clamp_min(0)  # as forward counts real tokens
+    decoding = cache.decoding
+    decoding.real_keys.index_copy_(1, decoding.slot, real)
+    own = torch.arange(decoding.real_keys.shape[1], device=decoding.slot.device) == decoding.slot
+    step = DecodeStep(decoding.slot, (decoding.real_keys | own)[:, None, None], real)  # once for every layer
+    position = (decoding.real_keys.sum(-1, keepdim=True) - 1).clamp_min(0)  # as forward counts real tokens
     x = model.embed_tokens(input_ids)
     cos, sin = rotary_cos_sin(position, model.head_dim, model.rope_theta, x.dtype)
     for layer, state in zip(model.layers, cache.layers, strict=True):
-        x = layer(x, cos, sin, state, real)
-    step.slot.add_(1)
+        x = layer(x, cos, sin, state, step=step)
+    decoding.slot.add_(1)
     return x
 
 

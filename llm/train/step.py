@@ -100,18 +100,15 @@ def _all_reduce_step_scalars(loss: torch.Tensor, *flags: bool | torch.Tensor) ->
 
 
 def _parameters_finite(model: nn.Module) -> bool:
-    """Whether every parameter is finite: one max-abs reduction per tensor (``_foreach_norm`` with ord=inf: no
-    overflow, NaN propagates) and one sync, a fraction of the optimizer's own passes over the parameters.
+    """Whether every parameter is finite: their largest ``|x|`` (``get_total_norm`` with ord=inf, one reduction per
+    tensor: no overflow, NaN propagates) and one sync, a fraction of the optimizer's own passes over the parameters.
     Replicated parameters (one process, DDP) give every rank the same answer with no collective; FSDP2's
     shards (DTensors) are checked locally and agreed over ranks."""
     params = list(model.parameters())
     sharded = any(hasattr(p, "to_local") for p in params)
     local = [p.detach().to_local() if hasattr(p, "to_local") else p.detach() for p in params]
     local = [t for t in local if t.numel()]  # DeepSpeed ZeRO-3 leaves empty placeholders
-    finite = True
-    if local:
-        largest = torch.stack(torch._foreach_norm(local, ord=math.inf))  # each tensor's max |x|; NaN propagates
-        finite = bool(torch.isfinite(largest).all())
+    finite = not local or bool(torch.isfinite(torch.nn.utils.get_total_norm(local, math.inf)))
     return all_ranks_agree(finite, any_rank=False) if sharded else finite
 
 

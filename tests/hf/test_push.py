@@ -217,30 +217,25 @@ def _closed_port() -> int:
 @pytest.mark.parametrize("command", ["push", "eval", "data"])
 def test_an_unreachable_hub_is_one_line_within_seconds(command: str, run_dir: Path, tmp_path: Path) -> None:
     """Issues 29.2 and 31.5: with no hub and no HF_HUB_OFFLINE, huggingface_hub would retry for 25-30 s; a probe
-    answers in seconds, and the one line names the repository, HF_HUB_OFFLINE or what was not uploaded.
+    answers at once, and the one line names the repository, HF_HUB_OFFLINE or what was not uploaded.
 
-    The time is measured against the same command under HF_HUB_OFFLINE=1 (the same imports, no network), so
-    a loaded machine, which slows both, cannot fail it."""
+    The behaviour is checked, not a time (issue 57.6: on a loaded machine the command took 36 s, its offline
+    reference run 15.8): no request was retried, which huggingface_hub logs as "Retrying in Ns" before each
+    backoff. A hang of another kind fails by the subprocess's timeout, 120 s, generous because it only has to
+    tell a hang from a slow start."""
     import os
     import subprocess
     import sys
-    import time
 
     argv = {"push": ["-m", "llm.cli.hub", "push", str(run_dir), REPO_ID],
             "eval": ["eval.py", "someone/not-cached-model", "--samples", "0"],
             "data": ["-m", "llm.cli.data", "plan", "someone/not-cached-dataset", "--world-size", "1"]}[command]
-    env = {**os.environ, "HF_ENDPOINT": f"http://127.0.0.1:{_closed_port()}", "HF_HOME": str(tmp_path / "hf")}
+    env = {**os.environ, "HF_ENDPOINT": f"http://127.0.0.1:{_closed_port()}", "HF_HOME": str(tmp_path / "hf"),
+           "HF_HUB_VERBOSITY": "warning"}  # the level of the hub's retry lines
     env.pop("HF_HUB_OFFLINE", None)
-
-    def run(env: dict[str, str]) -> tuple[subprocess.CompletedProcess, float]:
-        started = time.monotonic()
-        done = subprocess.run([sys.executable, *argv], cwd=Path(__file__).parents[2], env=env, capture_output=True,
-                              text=True, timeout=120, check=False)
-        return done, time.monotonic() - started
-
-    offline, offline_seconds = run({**env, "HF_HUB_OFFLINE": "1"})
-    assert offline.returncode != 0, offline.stderr[-2000:]  # the same failure, reached without the network
-    done, seconds = run(env)
+    done = subprocess.run([sys.executable, *argv], cwd=Path(__file__).parents[2], env=env, capture_output=True,
+                          text=True, timeout=120, check=False)
+    assert "Retrying in" not in done.stderr, done.stderr[-2000:]
     errors = [line for line in done.stderr.splitlines() if "error: " in line]  # isollm-data: "isollm-data plan: error:"
     assert done.returncode != 0 and len(errors) == 1 and "Traceback" not in done.stderr, done.stderr[-2000:]
     expected = {"push": f"error: push to {REPO_ID}: could not reach the hub (127.0.0.1:",
@@ -248,4 +243,3 @@ def test_an_unreachable_hub_is_one_line_within_seconds(command: str, run_dir: Pa
                 "data": "error: data.source: cannot resolve 'someone/not-cached-dataset'"}[command]
     assert expected in errors[0]
     assert ("nothing was uploaded" in errors[0]) if command == "push" else ("HF_HUB_OFFLINE" in errors[0])
-    assert seconds - offline_seconds < 12, (seconds, offline_seconds)  # the hub's retries alone took 25-30 s

@@ -20,10 +20,11 @@ from collections.abc import Iterator
 import fla.ops.common.chunk_h as chunk_h
 import torch
 import triton.language as tl
+from reference import iso_tanh_naive
 from triton.runtime.autotuner import Autotuner
 
 from llm.model.fla_kernel import fla_kernel, fla_linear_attn
-from llm.model.iso_tanh import iso_tanh_linear_attention, iso_tanh_naive, mask_padding
+from llm.model.iso_tanh import iso_tanh_linear_attention, mask_padding
 
 B, H, T, SPLIT, D = 2, 4, 100, 70, 16  # fla tiles the head dimension by 16; 70 and 30 are not multiples of 64
 

@@ -10,13 +10,13 @@ from typing import Any
 import pytest
 import torch
 import torch.nn.functional as F
+from reference import iso_tanh_naive
 
 from llm.model.attention import ATTN_SCORING_REGISTRY, IsoTanhScoring, SoftmaxScoring
 from llm.model.config import ModelConfig
 from llm.model.iso_tanh import (
     _exclusive_cumsum,
     iso_tanh_chunked,
-    iso_tanh_naive,
     iso_tanh_recurrent,
 )
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from reference import iso_tanh_naive
 from test_attention import EXACT, B, config, make_qkv, softmax_reference
 from test_linear_attention import torch_linear_attn
 
@@ -12,7 +13,6 @@ from llm.model.attention import ATTN_SCORING_REGISTRY
 from llm.model.iso_tanh import (
     iso_tanh_chunked,
     iso_tanh_linear_attention,
-    iso_tanh_naive,
     iso_tanh_recurrent,
     mask_padding,
 )

@@ -8,6 +8,7 @@ from dataclasses import replace
 import pytest
 import torch
 import torch.nn.functional as F
+from reference import ffn_param_count
 from torch.fx.experimental.proxy_tensor import make_fx
 
 from llm.model.config import ConfigError, ModelConfig
@@ -15,7 +16,6 @@ from llm.model.ffn import (
     FFN_REGISTRY,
     ISOGMLP_GATES,
     IsoLN,
-    ffn_param_count,
     resolve_intermediate_size,
     swiglu_param_count,
 )

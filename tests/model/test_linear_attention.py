@@ -11,10 +11,11 @@ from pathlib import Path
 
 import pytest
 import torch
+from reference import iso_tanh_naive
 from test_attention import CHUNK, EXACT, config, make_qkv
 
 from llm.model.attention import FLA_MIN_LENGTH, IsoTanhScoring
-from llm.model.iso_tanh import iso_tanh_chunked, iso_tanh_linear_attention, iso_tanh_naive
+from llm.model.iso_tanh import iso_tanh_chunked, iso_tanh_linear_attention
 from llm.model.layout import same_document
 
 

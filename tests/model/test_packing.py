@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.nn.functional as F
+from reference import iso_tanh_naive
 from test_linear_attention import torch_linear_attn
 from test_modeling import VARIANTS, VOCAB, build, tokens, variant_id
 from torch.nn.attention.flex_attention import create_mask
@@ -12,7 +13,7 @@ from transformers import DataCollatorWithFlattening
 
 from llm.model import IsoLLMCache
 from llm.model.attention import ATTN_SCORING_REGISTRY, SoftmaxScoring, document_block_mask
-from llm.model.iso_tanh import iso_tanh_chunked, iso_tanh_linear_attention, iso_tanh_naive
+from llm.model.iso_tanh import iso_tanh_chunked, iso_tanh_linear_attention
 from llm.model.layout import PackedDocuments, document_starts, same_document
 
 ROWS = [[5, 1, 9, 3, 6], [4, 8, 2, 10]]

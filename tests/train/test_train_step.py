@@ -18,7 +18,7 @@ from llm.model.lm_head import IGNORE_INDEX
 from llm.train.evaluate import evaluate
 from llm.train.optim import multiplier_of
 from llm.train.setup import build_model
-from llm.train.step import StepResult, train_step
+from llm.train.step import StepResult, _parameters_finite, train_step
 
 
 @pytest.fixture
@@ -129,3 +129,18 @@ def test_evaluate_rejects_bad_shape(tiny) -> None:
     _, model = tiny
     with pytest.raises(ValueError, match="val_windows"):
         evaluate(model, torch.zeros(5, dtype=torch.long), micro_batch_size=2)
+
+
+@pytest.mark.parametrize("entry", [3e38, math.nan, math.inf, -math.inf])
+def test_the_parameter_check_finds_any_non_finite_entry(entry: float) -> None:
+    """Every tensor's largest |x| (``get_total_norm`` with ord=inf): any NaN or inf entry is found, in any dtype, and
+    an entry near fp32's largest is no overflow (a 2-norm of it would be); an empty tensor (a ZeRO-3 placeholder)
+    counts as finite."""
+    model = nn.Sequential(nn.Linear(3, 4), nn.Linear(4, 2).to(torch.bfloat16), nn.ParameterList([torch.empty(0)]))
+    with torch.no_grad():
+        model[1].weight[1, 2] = entry
+    assert _parameters_finite(model) == math.isfinite(entry)
+    with torch.no_grad():
+        model[1].weight[1, 2] = 0.0
+        model[0].bias[3] = entry
+    assert _parameters_finite(model) == math.isfinite(entry)
