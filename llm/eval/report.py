@@ -56,10 +56,13 @@ def _gap(gap: Gap) -> str:
 
 
 def _designs(gap: Gap) -> list[tuple[str, float, float]]:
-    """The designs that resolve ``gap`` at p < ALPHA, each with its interval."""
-    return [(design, low, high) for design, p, low, high in (
-        ("Welch", gap.p_value, gap.ci_low, gap.ci_high), ("paired", gap.p_paired, gap.paired_ci_low,
-                                                          gap.paired_ci_high)) if p < ALPHA]
+    """The design that decides ``gap``, with its interval, when it resolves it at p < ALPHA. One test, chosen before
+    the losses are seen: the paired one where the rows pair, Welch's otherwise. Calling a gap resolved when either
+    test rejects would be two tries at ALPHA (a true gap of 0 "resolved" more often than ALPHA)."""
+    paired = not math.isnan(gap.p_paired)
+    design, p, low, high = (("paired", gap.p_paired, gap.paired_ci_low, gap.paired_ci_high) if paired else
+                            ("Welch", gap.p_value, gap.ci_low, gap.ci_high))
+    return [(design, low, high)] if p < ALPHA else []
 
 
 def _resolved(gap: Gap) -> str:
@@ -218,13 +221,17 @@ def format_table(comparison: Comparison) -> str:
         "max_steps in force when the run last trained (incomplete: stopped, killed, its metrics file cut off, or "
         "resumed to more steps and not finished).",
         "⁵ Paired by seed: the two-sided paired t-test over the per-seed differences, its 95% interval, MDE and "
-        "pairs needed (a pair: one seed run by the row and by the baseline). Valid here because a seed fixes the "
-        "data order and the validation tokens, so the two runs of a seed share what those add to the loss and it "
-        "cancels in their difference, while pairs of different seeds are independent. Not valid, so n/a, where a "
+        "pairs needed (a pair: one seed run by the row and by the baseline). Valid because pairs of different seeds "
+        "are independent draws; every run of a comparison reads the same data order and validation tokens (data.seed "
+        "and the data section are shared), so a seed fixes the initialisation, and what it adds to the loss cancels "
+        "in a pair as far as both variants draw their shared parameters alike (docs/results/seeds-per-design.md: "
+        "often little). The verdict is one test fixed in advance: paired where the rows pair, Welch's otherwise "
+        "(either one's rejection would be two tries at p < 0.05); the other's figures are shown beside it. Not "
+        "valid, so n/a, where a "
         "row ran a seed twice (its pairs would share a seed) or differs in the data section or world size (a seed "
         "then fixes other data: nothing cancels, and the pairing is arbitrary); n/a too where the rows ran other "
         "seeds or the differences do not vary. \"resolved (paired)\" or \"resolved (Welch)\" names the test that "
-        f"resolves the gap at p < {ALPHA}.",
+        f"decided the gap at p < {ALPHA}.",
         f"⁶ The smallest true gap the two rows' seeds resolve with {POWER:.0%} probability by each test at p < "
         f"{ALPHA} (Welch's, its df estimated from the seeds; the paired t-test, exact by the noncentral t), taking "
         f"the observed spreads as the true ones (minimum detectable effect); the seeds per arm (the variant and the "

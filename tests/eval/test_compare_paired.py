@@ -6,6 +6,7 @@ from __future__ import annotations
 import csv
 import math
 import statistics
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -16,8 +17,10 @@ from test_compare import write_run
 from llm.cli.eval import main
 from llm.eval.compare import compare_runs
 from llm.eval.errors import EvalError
+from llm.eval.report import _resolved
 from llm.eval.runs import load_run
 from llm.eval.stats import (
+    Gap,
     Summary,
     gap_to_baseline,
     paired_interval,
@@ -116,11 +119,22 @@ def test_paired_figures_in_the_csv_and_next_to_welchs(tmp_path: Path) -> None:
     assert "isogmlp+softmax +0.0103 resolved (paired) [" in table and "iso_ln+softmax +0.0500 resolved (Welch) [" \
         in table
     assert "80% power at the observed spread (taken as true: about 73% on average" in table
-    assert "a seed fixes the data order and the validation tokens" in table
+    assert "so a seed fixes the initialisation" in table and "The verdict is one test fixed in advance" in table
     assert "pairs of different seeds are independent" in table and "Not valid, so n/a, where a row ran a seed twice" \
         in table
     assert "Assumptions: the intervals and p-values assume normal seed-to-seed variation; the MDEs and seeds " \
            "needed also take the observed spreads as the true ones" in table
+
+
+def test_the_verdict_is_one_test_fixed_in_advance() -> None:
+    """Where rows pair, the paired test decides, whatever Welch's says; a gap only Welch's test resolves is not
+    resolved there (taking either test's rejection would be two tries at 5%)."""
+    welch_only = Gap(0.1, 0.02, 0.05, 0.15, 0.01, 0.06, 3, p_paired=0.2, paired_ci_low=-0.1, paired_ci_high=0.3)
+    paired_only = replace(welch_only, p_value=0.2, ci_low=-0.1, ci_high=0.3, p_paired=0.01, paired_ci_low=0.05,
+                          paired_ci_high=0.15)
+    unpaired = replace(welch_only, p_paired=math.nan, paired_ci_low=math.nan, paired_ci_high=math.nan)
+    assert [_resolved(gap) for gap in (welch_only, paired_only, unpaired)] == \
+        ["not resolved", "resolved (paired)", "resolved (Welch)"]
 
 
 def test_rows_that_do_not_pair_have_no_paired_figures(tmp_path: Path) -> None:
