@@ -45,61 +45,61 @@ def _check_at_least(section: object, low: int, *names: str) -> None:
 
 @dataclass
 class DataConfig:
-    # A hub dataset id, or a local parquet/jsonl/json/txt file, directory or glob.
     source: str = "HuggingFaceFW/fineweb"
-    # Format of local files: text | parquet | jsonl | json; None: from each file's suffix (a ``.raw``
-    # file, as WikiText-2 ships, needs ``text``).
+    """A hub dataset id, or a local parquet/jsonl/json/txt file, directory or glob."""
     format: str | None = None
-    # Hub config name (FineWeb: sample-10BT, CC-MAIN-2024-10, ...); ignored for local files.
+    """Format of local files: text | parquet | jsonl | json; None: from each file's suffix (a ``.raw``
+    file, as WikiText-2 ships, needs ``text``)."""
     name: str | None = "sample-10BT"
+    """Hub config name (FineWeb: sample-10BT, CC-MAIN-2024-10, ...); ignored for local files."""
     split: str = "train"
     text_column: str = "text"
-    # Column hashed for the validation split; documents without it are hashed by their text.
     id_column: str | None = "id"
-    # Hub id, tokenizer.json or directory; None: the Qwen3 files of the `offline` extra, else the hub.
+    """Column hashed for the validation split; documents without it are hashed by their text."""
     tokenizer: str | None = None
-    # Tokens a model sees per sequence; windows hold seq_len + 1 tokens (inputs and shifted targets).
+    """Hub id, tokenizer.json or directory; None: the Qwen3 files of the `offline` extra, else the hub."""
     seq_len: int = 2048
-    # Score each document packed into a window as if alone, in training and validation alike: positions restart
-    # after every EOS (``llm.data.packing``), and attention, iso_tanh's state and IsoGMLP's causal gates restart
-    # with them. Off, a token sees the documents packed before it in its window. On by default because the FFN
-    # variants that mix positions (IsoGMLP's gates) would otherwise be compared partly on cross-document mixing.
-    # Runs saved before this option existed read back as false (they trained without it).
+    """Tokens a model sees per sequence; windows hold seq_len + 1 tokens (inputs and shifted targets)."""
     document_masking: bool = True
-    # Data order seed, separate from the model seed so every run of a comparison sees the same data.
+    """Score each document packed into a window as if alone, in training and validation alike: positions restart
+    after every EOS (``llm.data.packing``), and attention, iso_tanh's state and IsoGMLP's causal gates restart
+    with them. Off, a token sees the documents packed before it in its window. On by default because the FFN
+    variants that mix positions (IsoGMLP's gates) would otherwise be compared partly on cross-document mixing.
+    Runs saved before this option existed read back as false (they trained without it)."""
     seed: int = 0
-    # Windows permuted together by the deterministic window-level shuffle; 1 disables it.
+    """Data order seed, separate from the model seed so every run of a comparison sees the same data."""
     shuffle_block: int = 256
-    # Shuffle the order of pieces (parquet row groups, jsonl/txt files) per epoch with ``seed`` before the
-    # epoch is split among ranks x workers (exactly resumable).
+    """Windows permuted together by the deterministic window-level shuffle; 1 disables it."""
     shuffle_shards: bool = True
-    # One document in ``val_bucket`` (by hash) is held out for validation and never trained on.
+    """Shuffle the order of pieces (parquet row groups, jsonl/txt files) per epoch with ``seed`` before the
+    epoch is split among ranks x workers (exactly resumable)."""
     val_bucket: int = 1000
-    # Size of the fixed validation set, materialised once and shared by every variant and rank.
+    """One document in ``val_bucket`` (by hash) is held out for validation and never trained on."""
     val_tokens: int = 1_048_576
-    # DataLoader workers per process; each reads a disjoint subset of the stream.
+    """Size of the fixed validation set, materialised once and shared by every variant and rank."""
     num_workers: int = 0
-    # Source rows read per batched tokenizer call (validation rows dropped first); also the re-read
-    # granularity of a resume.
+    """DataLoader workers per process; each reads a disjoint subset of the stream."""
     tokenize_batch: int = 64
-    # A longer document is tokenized in parts of at most ``max_doc_chars`` characters (about 250k Qwen3
-    # tokens; FineWeb's documents average ~3k characters), cut before a word, so one huge document (a text file
-    # without blank lines is one) costs a tokenizer call what a batch does; every part is kept, and the tokens
-    # are the whole document's. Training and validation documents alike.
+    """Source rows read per batched tokenizer call (validation rows dropped first); also the re-read
+    granularity of a resume."""
     max_doc_chars: int = 1_000_000
-    # Directory of pre-tokenized uint32 tokens written by `isollm-data prepare`; overrides streaming, and a run
-    # reading it resumes with any number of processes and workers.
+    """A longer document is tokenized in parts of at most ``max_doc_chars`` characters (about 250k Qwen3
+    tokens; FineWeb's documents average ~3k characters), cut before a word, so one huge document (a text file
+    without blank lines is one) costs a tokenizer call what a batch does; every part is kept, and the tokens
+    are the whole document's. Training and validation documents alike."""
     prepared: str | None = None
-    # Where the materialised validation set (keyed by source, tokenizer and seq_len) and what the parquet
-    # footers say (keyed by the files, each checked by size and mtime or hub blob id) are cached; shared by the
-    # ranks of a job (the main process writes first), later jobs and ``isollm-data plan`` / ``prepare``.
+    """Directory of pre-tokenized uint32 tokens written by `isollm-data prepare`; overrides streaming, and a run
+    reading it resumes with any number of processes and workers."""
     cache_dir: str = "data_cache"
-    # Retries of a failed streaming read (connection drop, timeout, unreadable shard) before the run stops
-    # with a ``DataError`` naming the shard; each retry re-opens the shard at the last good position. Counted
-    # per failure: a successful read resets it, so transient drops over a long run never add up.
+    """Where the materialised validation set (keyed by source, tokenizer and seq_len) and what the parquet
+    footers say (keyed by the files, each checked by size and mtime or hub blob id) are cached; shared by the
+    ranks of a job (the main process writes first), later jobs and ``isollm-data plan`` / ``prepare``."""
     read_retries: int = 5
-    # Sleep before retry k (1-based) is ``retry_backoff_s * 2**(k - 1)``: 1+2+4+8+16 s over the defaults.
+    """Retries of a failed streaming read (connection drop, timeout, unreadable shard) before the run stops
+    with a ``DataError`` naming the shard; each retry re-opens the shard at the last good position. Counted
+    per failure: a successful read resets it, so transient drops over a long run never add up."""
     retry_backoff_s: float = 1.0
+    """Sleep before retry k (1-based) is ``retry_backoff_s * 2**(k - 1)``: 1+2+4+8+16 s over the defaults."""
 
     def validate(self) -> DataConfig:
         if self.format is not None:
@@ -112,57 +112,57 @@ class DataConfig:
 
 @dataclass
 class TrainConfig:
-    # Peak learning rate (the papers: 3e-4).
     lr: float = 3e-4
-    # Cosine decay ends at lr * min_lr_ratio.
+    """Peak learning rate (the papers: 3e-4)."""
     min_lr_ratio: float = 0.1
+    """Cosine decay ends at lr * min_lr_ratio."""
     warmup_steps: int = 100
-    # Optimizer steps; 0 derives them from ``max_tokens``.
     max_steps: int = 0
-    # Token budget of the run (used when max_steps is 0); the same for every run of a comparison.
+    """Optimizer steps; 0 derives them from ``max_tokens``."""
     max_tokens: int = 0
-    # Tokens per optimizer step over all processes; gradient accumulation makes up the difference.
+    """Token budget of the run (used when max_steps is 0); the same for every run of a comparison."""
     global_batch_tokens: int = 524_288
-    # Sequences per forward pass per process.
+    """Tokens per optimizer step over all processes; gradient accumulation makes up the difference."""
     micro_batch_size: int = 8
-    # Decoupled weight decay of matrices; norms, biases, gains and embeddings get none.
+    """Sequences per forward pass per process."""
     weight_decay: float = 0.1
+    """Decoupled weight decay of matrices; norms, biases, gains and embeddings get none."""
     beta1: float = 0.9
     beta2: float = 0.95
     eps: float = 1e-8
-    # Clip the global gradient norm to this; 0 disables clipping (the pre-clip norm is logged).
     grad_clip: float = 1.0
-    # auto (bf16 autocast on GPU, fp32 elsewhere) | fp32 | bf16 (bf16 autocast on any device).
+    """Clip the global gradient norm to this; 0 disables clipping (the pre-clip norm is logged)."""
     precision: str = "auto"
-    # On CUDA, the training step's fp32 matmuls run on TF32 tensor cores (fp32 accumulation, 10-bit operands).
-    # Under bf16 autocast those are only iso_tanh's running sums, whose bf16-born operands TF32 holds exactly (1.13x
-    # on the swiglu+iso_tanh step); with ``precision: fp32``, every matmul, as nanoGPT trains. Evaluation and
-    # the metrics always run full fp32; false keeps the step there too.
+    """auto (bf16 autocast on GPU, fp32 elsewhere) | fp32 | bf16 (bf16 autocast on any device)."""
     tf32: bool = True
-    # torch.compile each decoder layer (in place, one compiled graph shared by all layers).
+    """On CUDA, the training step's fp32 matmuls run on TF32 tensor cores (fp32 accumulation, 10-bit operands).
+    Under bf16 autocast those are only iso_tanh's running sums, whose bf16-born operands TF32 holds exactly (1.13x
+    on the swiglu+iso_tanh step); with ``precision: fp32``, every matmul, as nanoGPT trains. Evaluation and
+    the metrics always run full fp32; false keeps the step there too."""
     compile: bool = False
-    # Recompute every n-th decoder layer in the backward pass instead of keeping its activations (non-reentrant
-    # ``torch.utils.checkpoint`` through transformers' ``activation_checkpointing_enable``): 0 off, 1 every layer,
-    # n layers 0, n, 2n, ... Same loss and gradients; less activation memory (``isollm-params --plan``) for time.
+    """torch.compile each decoder layer (in place, one compiled graph shared by all layers)."""
     activation_checkpointing: int = 0
+    """Recompute every n-th decoder layer in the backward pass instead of keeping its activations (non-reentrant
+    ``torch.utils.checkpoint`` through transformers' ``activation_checkpointing_enable``): 0 off, 1 every layer,
+    n layers 0, n, 2n, ... Same loss and gradients; less activation memory (``isollm-params --plan``) for time."""
     log_every: int = 10
     eval_every: int = 200
     checkpoint_every: int = 500
-    # Keep the newest K complete checkpoints.
     keep_checkpoints: int = 3
-    # Rolling window (steps) of the gradient-norm variance and coefficient of variation.
+    """Keep the newest K complete checkpoints."""
     grad_norm_window: int = 100
-    # Stop after this many consecutive non-finite losses or gradients (each one is skipped).
+    """Rolling window (steps) of the gradient-norm variance and coefficient of variation."""
     max_bad_steps: int = 5
-    # How long a rank waits in a collective (all-reduce, barrier) before the run fails with one line: a peer that
-    # died or is stuck ends the whole run in bounded time. Long enough for rank 0 to build the validation set or
-    # write a checkpoint while the others wait; raise it if that takes longer on your storage.
+    """Stop after this many consecutive non-finite losses or gradients (each one is skipped)."""
     collective_timeout_s: float = 900.0
-    # After SIGTERM/SIGINT a run finishes its step, checkpoints and exits 0; a rank still running this long after
-    # the signal (blocked in a collective whose peer is gone) exits 1 with one line instead of hanging.
+    """How long a rank waits in a collective (all-reduce, barrier) before the run fails with one line: a peer that
+    died or is stuck ends the whole run in bounded time. Long enough for rank 0 to build the validation set or
+    write a checkpoint while the others wait; raise it if that takes longer on your storage."""
     stop_grace_s: float = 300.0
-    # Token vectors per layer used for the isotropy metrics at each eval.
+    """After SIGTERM/SIGINT a run finishes its step, checkpoints and exits 0; a rank still running this long after
+    the signal (blocked in a collective whose peer is gone) exits 1 with one line instead of hanging."""
     isotropy_samples: int = 2048
+    """Token vectors per layer used for the isotropy metrics at each eval."""
 
     def validate(self) -> TrainConfig:
         # NaN and inf would fail plain comparisons too (a NaN grad_clip silently disables clipping), but are
@@ -197,17 +197,17 @@ class TrainConfig:
 
 @dataclass
 class RunConfig:
-    # Run directory name under ``out_dir``.
     name: str = "run"
+    """Run directory name under ``out_dir``."""
     out_dir: str = "runs"
-    # Model-initialisation and dropout seed (the data order has its own, ``data.seed``).
     seed: int = 0
-    # true: continue from the newest usable checkpoint in the run directory (none there yet: start at step
-    # 0; only unusable ones: refuse, naming them, rather than overwrite them); restart: the same, but start at
-    # step 0 over unusable checkpoints.
+    """Model-initialisation and dropout seed (the data order has its own, ``data.seed``)."""
     resume: bool | str = False
-    # Accelerate trackers besides metrics.jsonl: tensorboard, wandb (the `track` extra), or none.
+    """true: continue from the newest usable checkpoint in the run directory (none there yet: start at step
+    0; only unusable ones: refuse, naming them, rather than overwrite them); restart: the same, but start at
+    step 0 over unusable checkpoints."""
     trackers: list[str] = field(default_factory=lambda: ["tensorboard"])
+    """Accelerate trackers besides metrics.jsonl: tensorboard, wandb (the `track` extra), or none."""
     wandb_project: str = "isollm"
     model: ModelConfig = field(default_factory=ModelConfig)
     data: DataConfig = field(default_factory=DataConfig)

@@ -90,8 +90,8 @@ class MemoryPlan:
     gradients: float
     optimizer: float
     activations: float
-    # The fused LM head's chunk of logits with its gradient, and the embedding gradient it computes.
     logits: float
+    """The fused LM head's chunk of logits with its gradient, and the embedding gradient it computes."""
 
     @property
     def total(self) -> float:

@@ -50,10 +50,10 @@ FORMAT = 1
 class Footer:
     """What a parquet file's footer says about the file, without its statistics and encodings."""
 
-    # (name, arrow type) of each column.
     columns: tuple[tuple[str, str], ...]
-    # (rows, compressed bytes of all columns) of each row group.
+    """(name, arrow type) of each column."""
     row_groups: tuple[tuple[int, int], ...]
+    """(rows, compressed bytes of all columns) of each row group."""
 
     @property
     def num_rows(self) -> int:

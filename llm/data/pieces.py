@@ -50,14 +50,14 @@ Batch = dict[str, list]
 @dataclass(frozen=True)
 class Piece:
     file: str
-    # The file's format: parquet, json (JSON Lines) or text.
     kind: str
-    # Parquet row group; 0 for a line-oriented file (one piece per file).
+    """The file's format: parquet, json (JSON Lines) or text."""
     group: int
-    # Length in the piece's unit: rows (parquet) or bytes (jsonl, txt).
+    """Parquet row group; 0 for a line-oriented file (one piece per file)."""
     size: int
-    # Bytes on disk (a row group's compressed size).
+    """Length in the piece's unit: rows (parquet) or bytes (jsonl, txt)."""
     num_bytes: int
+    """Bytes on disk (a row group's compressed size)."""
 
 
 @functools.cache

@@ -28,8 +28,8 @@ class Sample:
     docs: int
     docs_per_unit: float
     tokens_per_unit: float
-    # Coefficient of variation (std / mean) of the documents' token counts.
     tokens_per_doc_cv: float
+    """Coefficient of variation (std / mean) of the documents' token counts."""
 
 
 def sample_rates(data_cfg: DataConfig, sample_docs: int) -> Sample:

@@ -44,18 +44,18 @@ TEXT_TYPES = ("string", "large_string")
 class Source:
     """A resolved document source: where its files come from, their format, and which columns hold what."""
 
-    # Hub dataset id or local repository directory; for plain local files, their format.
     path: str
-    # Config name of a repository (FineWeb: sample-10BT); None for plain local files.
+    """Hub dataset id or local repository directory; for plain local files, their format."""
     name: str | None
+    """Config name of a repository (FineWeb: sample-10BT); None for plain local files."""
     split: str
     text_column: str
     id_column: str | None
-    # Plain local files in sorted order (empty for a repository: ``source_files`` resolves those).
     data_files: tuple[str, ...] = ()
-    # Where the parquet footers of the files are cached across processes (``data.cache_dir``); None: read by
-    # every process. Not part of what the source is.
+    """Plain local files in sorted order (empty for a repository: ``source_files`` resolves those)."""
     cache_dir: str | None = field(default=None, compare=False)
+    """Where the parquet footers of the files are cached across processes (``data.cache_dir``); None: read by
+    every process. Not part of what the source is."""
 
     @property
     def is_local(self) -> bool:

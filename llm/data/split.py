@@ -57,12 +57,12 @@ def node_segments(pieces: Sequence[Piece], order: list[int], node: int, num_node
 class NodeShare:
     """What one node reads of one epoch."""
 
-    # Rows (parquet) or bytes (jsonl, txt) of its share.
     units: int
-    # Bytes on disk of its share (a row range counts its fraction of the row group's bytes).
+    """Rows (parquet) or bytes (jsonl, txt) of its share."""
     share_bytes: float
-    # Bytes it reads: whole row groups for parquet, its byte ranges for line-oriented files.
+    """Bytes on disk of its share (a row range counts its fraction of the row group's bytes)."""
     read_bytes: int
+    """Bytes it reads: whole row groups for parquet, its byte ranges for line-oriented files."""
 
     @property
     def amplification(self) -> float:

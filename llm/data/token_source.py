@@ -26,11 +26,11 @@ class TokenSource(ABC):
     """Windows of training tokens for one node, with an exact resumable position."""
 
     cfg: DataConfig
-    # What the data is beyond its settings: the fingerprint of the tokenizer's serialized content
-    # (``tokenizer_identity``) under "tokenizer", a prepared index's under "prepared" (None when streaming).
     fingerprints: dict[str, str | None]
-    # Whether a position can continue with another number of nodes (``reshard``).
+    """What the data is beyond its settings: the fingerprint of the tokenizer's serialized content
+    (``tokenizer_identity``) under "tokenizer", a prepared index's under "prepared" (None when streaming)."""
     resharding = False
+    """Whether a position can continue with another number of nodes (``reshard``)."""
 
     @abstractmethod
     def node_windows(self, node: int, num_nodes: int, state: State | None) -> Iterator[tuple[np.ndarray, State]]:

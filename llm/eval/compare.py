@@ -45,29 +45,29 @@ class VariantSummary:
     """One row of the comparison table: a variant aggregated over its complete seeds."""
 
     variant: str
-    # The complete runs the statistics use (at the chosen values of the tuned keys).
     runs: list[RunRecord]
+    """The complete runs the statistics use (at the chosen values of the tuned keys)."""
     params_total: int | None
     params_non_embedding: int | None
-    # NaN when no run of the row is complete.
     val_loss_mean: float
-    # Sample standard deviation (ddof=1) over seeds; NaN with a single seed.
+    """NaN when no run of the row is complete."""
     val_loss_std: float
+    """Sample standard deviation (ddof=1) over seeds; NaN with a single seed."""
     training_stability: float
     tokens_per_s: float
     final_tokens: int
     diverged: list[RunRecord] = field(default_factory=list)
     incomplete: list[RunRecord] = field(default_factory=list)
-    # Tuned key -> the chosen value (``--tune``).
     tuned: dict[str, Any] = field(default_factory=dict)
-    # The label of the row's series: the rows that differ from it only in model size (``llm.eval.grouping``).
+    """Tuned key -> the chosen value (``--tune``)."""
     series: str = ""
-    # The row's values of ``llm.eval.grouping.SIZE_KEYS``.
+    """The label of the row's series: the rows that differ from it only in model size (``llm.eval.grouping``)."""
     size: tuple[Any, ...] = ()
-    # Its gap to the baseline row of its size; None on a baseline row and when there is none.
+    """The row's values of ``llm.eval.grouping.SIZE_KEYS``."""
     gap: Gap | None = None
-    # Its series' short name (``llm.eval.grouping.series_key``) where its label is more than its variant name.
+    """Its gap to the baseline row of its size; None on a baseline row and when there is none."""
     key: str = ""
+    """Its series' short name (``llm.eval.grouping.series_key``) where its label is more than its variant name."""
 
     @property
     def p_value(self) -> float:
@@ -94,18 +94,18 @@ class VariantSummary:
 
 @dataclass
 class Comparison:
-    # The baseline row's label, or its series' label when it has a row at several sizes (as given when no row
-    # has it: then there are no p-values).
     baseline: str
+    """The baseline row's label, or its series' label when it has a row at several sizes (as given when no row
+    has it: then there are no p-values)."""
     rows: list[VariantSummary]
     warnings: list[str] = field(default_factory=list)
     tune: tuple[str, ...] = ()
-    # With ``tune``: row label -> its loss at every value tried, in table order (the plots' colours follow it).
     sensitivity: dict[str, list[TunePoint]] = field(default_factory=dict)
-    # The labels of the baseline rows, one per model size, in table order.
+    """With ``tune``: row label -> its loss at every value tried, in table order (the plots' colours follow it)."""
     baselines: tuple[str, ...] = ()
-    # ``compare --target-gap``: the gap whose seeds per arm each row reports (``Gap.target_seeds``).
+    """The labels of the baseline rows, one per model size, in table order."""
     target_gap: float | None = None
+    """``compare --target-gap``: the gap whose seeds per arm each row reports (``Gap.target_seeds``)."""
 
     @property
     def groups(self) -> dict[str, list[RunRecord]]:

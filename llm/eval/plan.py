@@ -70,8 +70,10 @@ def threshold(paired: Array, pilot: tuple[int, int], seeds: tuple[Array, Array],
 @dataclass
 class RowPlan:
     row: VariantSummary
-    design: str  # paired, Welch, or baseline
-    seeds_per_arm: float  # inf: over MAX_SEEDS, not launched
+    design: str
+    """Paired, Welch, or baseline."""
+    seeds_per_arm: float
+    """Inf: over MAX_SEEDS, not launched."""
     threshold: float = math.nan
 
     @property

@@ -119,21 +119,21 @@ class RunRecord:
     """The rows of one run's ``metrics.jsonl``, deduplicated by step (a resumed run re-logs steps)."""
 
     path: Path
-    # The last segment's meta row (module docstring).
     meta: dict[str, Any]
+    """The last segment's meta row (module docstring)."""
     train: list[dict[str, Any]]
     evals: list[dict[str, Any]]
-    # The last segment's ``model``, ``data`` and ``train`` sections as today's code reads them back
-    # (``llm.config.read_saved``); the other fields, and those it did not record, are today's defaults.
     config: RunConfig
-    # Each segment's first step and its compared config fields (dotted keys, less ``RESULT_NEUTRAL``, a field
-    # it did not record ``NOT_RECORDED``) with its data's fingerprints (``data_fingerprint.tokenizer`` and
-    # ``data_fingerprint.prepared``, from its meta row), in order.
+    """The last segment's ``model``, ``data`` and ``train`` sections as today's code reads them back
+    (``llm.config.read_saved``); the other fields, and those it did not record, are today's defaults."""
     segments: list[tuple[int, dict[str, Any]]]
-    # The first segment's seed; the segments are those that produced its final weights (module docstring).
+    """Each segment's first step and its compared config fields (dotted keys, less ``RESULT_NEUTRAL``, a field
+    it did not record ``NOT_RECORDED``) with its data's fingerprints (``data_fingerprint.tokenizer`` and
+    ``data_fingerprint.prepared``, from its meta row), in order."""
     seed: int
-    # Damaged lines of its metrics file, each named by file and line.
+    """The first segment's seed; the segments are those that produced its final weights (module docstring)."""
     problems: list[str] = field(default_factory=list)
+    """Damaged lines of its metrics file, each named by file and line."""
 
     @property
     def variant(self) -> str:

@@ -20,11 +20,11 @@ class ScalingSeries:
     """One variant at two or more model sizes."""
 
     label: str
-    # Its rows with a loss, by non-embedding parameters.
     rows: list[VariantSummary]
+    """Its rows with a loss, by non-embedding parameters."""
     coefficient: float
-    # b of the fit L = a * N^b (negative when the loss falls with size).
     exponent: float
+    """b of the fit L = a * N^b (negative when the loss falls with size)."""
 
 
 def scaling_series(comparison: Comparison) -> list[ScalingSeries]:

@@ -66,12 +66,14 @@ class Gap:
     p_value: float
     mde: float
     seeds_needed: float
-    target_seeds: float = math.nan  # seeds per arm for ``compare --target-gap``; NaN without one
+    target_seeds: float = math.nan
+    """Seeds per arm for ``compare --target-gap``; NaN without one."""
     p_paired: float = math.nan
     paired_ci_low: float = math.nan
     paired_ci_high: float = math.nan
     paired_mde: float = math.nan
-    paired_seeds_needed: float = math.nan  # pairs: a seed of the row and the same seed of the baseline
+    paired_seeds_needed: float = math.nan
+    """Pairs: a seed of the row and the same seed of the baseline."""
     paired_target_seeds: float = math.nan
 
 

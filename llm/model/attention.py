@@ -56,16 +56,16 @@ from .layout import PackedDocuments, same_document
 if TYPE_CHECKING:
     from .config import ModelConfig
 
-#: SDPA kernels for one-token decoding: every backend but cuDNN, which builds an execution plan for each new
-#: key length, i.e. for every generated token. Measured on one H100 (torch 2.11, 134m, bf16, 2k context):
-#: 70-90 ms per token with the default choice, 22 ms with these (docs/performance.md, GPU results).
+# SDPA kernels for one-token decoding: every backend but cuDNN, which builds an execution plan for each new
+# key length, i.e. for every generated token. Measured on one H100 (torch 2.11, 134m, bf16, 2k context):
+# 70-90 ms per token with the default choice, 22 ms with these (docs/performance.md, GPU results).
 DECODE_SDPA_BACKENDS = [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
 
 
-#: iso_tanh's form on CUDA, compiled or not: fla's kernel from this many positions on, the chunked form below. 8,192
-#: is where fla's kernel overtook flash attention on an H100 (docs/performance.md, second GPU check), not a measured
-#: crossover against the chunked form: it must be set from ``bench/bench_attention.py`` on a GPU (fla against
-#: ``chunked_compiled``, with bf16 operands), which has not run since fla became a custom op (fla_kernel.py).
+# iso_tanh's form on CUDA, compiled or not: fla's kernel from this many positions on, the chunked form below. 8,192
+# is where fla's kernel overtook flash attention on an H100 (docs/performance.md, second GPU check), not a measured
+# crossover against the chunked form: it must be set from ``bench/bench_attention.py`` on a GPU (fla against
+# ``chunked_compiled``, with bf16 operands), which has not run since fla became a custom op (fla_kernel.py).
 FLA_MIN_LENGTH = 8192
 
 

@@ -15,11 +15,11 @@ class LayerState:
     scoring, the FFN) as an argument. A state of fixed size (iso_tanh's sums without autograd, the FFN's; a
     static cache's buffers) is advanced in place, so that a static cache's captured step keeps its memory."""
 
-    #: The scoring's ``present``, a tuple of batch-first tensors: ``(k, v)`` for softmax (a static cache's
-    #: ``[B, Hkv, max_length, D]`` buffers after the prompt), ``(S, G)`` for iso_tanh.
     attention: tuple[torch.Tensor, ...] | None = None
-    #: The FFN's own running state (isogmlp's causal_mean gate keeps its prefix sum here).
+    """The scoring's ``present``, a tuple of batch-first tensors: ``(k, v)`` for softmax (a static cache's
+    ``[B, Hkv, max_length, D]`` buffers after the prompt), ``(S, G)`` for iso_tanh."""
     ffn: dict[str, torch.Tensor] = field(default_factory=dict)
+    """The FFN's own running state (isogmlp's causal_mean gate keeps its prefix sum here)."""
 
 
 @dataclass
@@ -27,25 +27,25 @@ class StaticDecoding:
     """A static cache's bookkeeping for one-token steps, on the device: no step reads a number back to the host,
     so the step can be captured once as a CUDA graph and replayed for every token."""
 
-    #: ``[1]`` long: where the next token's key and value go in the softmax buffers (the tokens seen so far).
     slot: torch.Tensor
-    #: ``[B, capacity]`` bool: the slots that hold a real (not padding) token's key; a row's count of them is
-    #: also its next real token's position.
+    """``[1]`` long: where the next token's key and value go in the softmax buffers (the tokens seen so far)."""
     real_keys: torch.Tensor
-    #: The captured step on CUDA (``static_decoding.static_step``): the graph, its input buffers and its output.
+    """``[B, capacity]`` bool: the slots that hold a real (not padding) token's key; a row's count of them is
+    also its next real token's position."""
     graph: tuple | None = None
+    """The captured step on CUDA (``static_decoding.static_step``): the graph, its input buffers and its output."""
 
 
 class DecodeStep(NamedTuple):
     """One token per row through a static cache: built once per step (``static_decoding.decode_step``) and passed
     to every layer, whose attention and FFN read it as an argument."""
 
-    #: ``[1]`` long: the buffer slot of the new token's key and value.
     slot: torch.Tensor
-    #: ``[B, 1, 1, capacity]`` bool: the real slots and the new token's own, so that a padded one sees a key.
+    """``[1]`` long: the buffer slot of the new token's key and value."""
     visible: torch.Tensor
-    #: ``[B, 1]`` bool: whether the new token is real (the padding mask of the step).
+    """``[B, 1, 1, capacity]`` bool: the real slots and the new token's own, so that a padded one sees a key."""
     real: torch.Tensor
+    """``[B, 1]`` bool: whether the new token is real (the padding mask of the step)."""
 
 
 class IsoLLMCache(Cache):
@@ -73,8 +73,8 @@ class IsoLLMCache(Cache):
         super().__init__(layers=[LayerState() for _ in range(num_layers)])
         self.seen_tokens = 0
         self.max_length = max_length
-        #: Set after the prompt of a static cache (``max_length``).
         self.decoding: StaticDecoding | None = None
+        """Set after the prompt of a static cache (``max_length``)."""
 
     def get_seq_length(self, layer_idx: int = 0) -> int:
         return self.seen_tokens

@@ -25,13 +25,13 @@ __all__ = ["ConfigError", "ModelConfig", "check_choice", "upgrade_saved"]
 QWEN3_VOCAB_SIZE = 151_680  # the Qwen3 tokenizer's 151,669 ids padded to a multiple of 128
 
 
-#: ``ModelConfig.parametrization``.
+# ``ModelConfig.parametrization``.
 PARAMETRIZATIONS = ("standard", "mup")
 
-#: ``ModelConfig.ffn_init``: scale-matched constants (default) or the papers' raw formulas.
+# ``ModelConfig.ffn_init``: scale-matched constants (default) or the papers' raw formulas.
 FFN_INITS = ("matched", "paper")
 
-#: The fields that pick a variant, in the order of ``variant_name``.
+# The fields that pick a variant, in the order of ``variant_name``.
 VARIANT_SELECTORS = ("ffn", "attn_scoring", "ffn_linear")
 
 # Prefixes dropped from an option's field name inside a variant name: iso_ln_layernorm -> layernorm.
@@ -101,95 +101,95 @@ def upgrade_saved(values: dict[str, Any]) -> dict[str, Any]:
 @dataclass
 class ModelConfig:
     # --- Sizes (transformers' Qwen3 names) ---
-    #: Rows of the embedding; pad tokenizer vocabularies to a multiple of 128 for fast matmuls.
     vocab_size: int = QWEN3_VOCAB_SIZE
-    #: Width d of the residual stream.
+    """Rows of the embedding; pad tokenizer vocabularies to a multiple of 128 for fast matmuls."""
     hidden_size: int = 768
-    #: Width h of the FFN's hidden layer for SwiGLU; other FFNs shrink it when ``ffn_param_match``.
+    """Width d of the residual stream."""
     intermediate_size: int = 2048
+    """Width h of the FFN's hidden layer for SwiGLU; other FFNs shrink it when ``ffn_param_match``."""
     num_hidden_layers: int = 12
     num_attention_heads: int = 12
-    #: Grouped-query attention: query heads share ``num_attention_heads // num_key_value_heads`` KV heads.
     num_key_value_heads: int = 4
-    #: Per-head width; 0 means ``hidden_size // num_attention_heads``.
+    """Grouped-query attention: query heads share ``num_attention_heads // num_key_value_heads`` KV heads."""
     head_dim: int = 0
-    #: Longest sequence the model is meant for (written to the HF and Qwen3 configs); RoPE angles are
-    #: computed per position, so nothing is sized by it.
+    """Per-head width; 0 means ``hidden_size // num_attention_heads``."""
     max_position_embeddings: int = 4096
+    """Longest sequence the model is meant for (written to the HF and Qwen3 configs); RoPE angles are
+    computed per position, so nothing is sized by it."""
     rope_theta: float = 1_000_000.0
     rms_norm_eps: float = 1e-6
-    #: Share the input embedding with the LM head (the papers' 83M-250M models do).
     tie_word_embeddings: bool = True
-    #: bf16 | fp8: the training loss's logits matmul in the training precision, or with FP8 operands (rowwise
-    #: scales, fp32 accumulation; lm_head.py), refused on a GPU without FP8 (CUDA capability below 8.9). On the CPU fp8
-    #: runs torch's reference kernel of the same matmul. An execution setting, like ``iso_tanh_chunk_size``.
+    """Share the input embedding with the LM head (the papers' 83M-250M models do)."""
     lm_head_precision: str = "bf16"
-    #: Qwen3's per-head RMSNorm on queries and keys before RoPE.
+    """bf16 | fp8: the training loss's logits matmul in the training precision, or with FP8 operands (rowwise
+    scales, fp32 accumulation; lm_head.py), refused on a GPU without FP8 (CUDA capability below 8.9). On the CPU fp8
+    runs torch's reference kernel of the same matmul. An execution setting, like ``iso_tanh_chunk_size``."""
     qk_norm: bool = True
-    #: Std of the normal init of every projection and the embedding.
+    """Qwen3's per-head RMSNorm on queries and keys before RoPE."""
     initializer_range: float = 0.02
+    """Std of the normal init of every projection and the embedding."""
 
     # --- Variants: FFN block, its input projections, attention scoring ---
-    #: FFN block: swiglu | isogmlp | iso_ln | iso_mlp (``ffn.FFN_REGISTRY``).
     ffn: str = "swiglu"
-    #: Attention scoring: softmax | iso_tanh (``attention.ATTN_SCORING_REGISTRY``).
+    """FFN block: swiglu | isogmlp | iso_ln | iso_mlp (``ffn.FFN_REGISTRY``)."""
     attn_scoring: str = "softmax"
-    #: Input projections of any FFN: linear | affine_like | focus (``linear.LINEAR_REGISTRY``).
+    """Attention scoring: softmax | iso_tanh (``attention.ATTN_SCORING_REGISTRY``)."""
     ffn_linear: str = "linear"
-    #: Shrink h of a wider FFN so its parameter count equals SwiGLU's at the same size.
+    """Input projections of any FFN: linear | affine_like | focus (``linear.LINEAR_REGISTRY``)."""
     ffn_param_match: bool = False
-    #: IsoGMLP's alpha input: token (x_t) | causal_mean (mean of x over positions <= t) | feature_mean.
+    """Shrink h of a wider FFN so its parameter count equals SwiGLU's at the same size."""
     isogmlp_gate: str = "token"
-    #: iso_ln ablation: a fixed alpha in [0.5, 2] instead of the learned one; 0 means learned.
+    """IsoGMLP's alpha input: token (x_t) | causal_mean (mean of x over positions <= t) | feature_mean."""
     iso_ln_alpha: float = 0.0
-    #: iso_ln ablation: False drops the LayerNorm of the isotropy pathway.
+    """iso_ln ablation: a fixed alpha in [0.5, 2] instead of the learned one; 0 means learned."""
     iso_ln_layernorm: bool = True
-    #: iso_ln ablation: False drops the isotropy pathway (output ``W_down(alpha*Gated + beta)``).
+    """iso_ln ablation: False drops the LayerNorm of the isotropy pathway."""
     iso_ln_pathway: bool = True
-    #: iso_mlp's radial function: tanh | relu | capped_relu | leaky_relu (``isotropic.ISO_ACTIVATIONS``).
+    """iso_ln ablation: False drops the isotropy pathway (output ``W_down(alpha*Gated + beta)``)."""
     iso_activation: str = "tanh"
-    #: R_0 of iso-ReLU, capped iso-ReLU and iso-leaky-ReLU (isotropic-deep-learning eq. 17-20), in units
-    #: of the initial radius under ``ffn_init=matched`` (docs/ARCHITECTURE.md, "Matched initial scale").
+    """iso_mlp's radial function: tanh | relu | capped_relu | leaky_relu (``isotropic.ISO_ACTIVATIONS``)."""
     iso_r0: float = 0.5
-    #: R_inf of the capped iso-ReLU (isotropic-deep-learning eq. 18), in the same units as ``iso_r0``.
+    """R_0 of iso-ReLU, capped iso-ReLU and iso-leaky-ReLU (isotropic-deep-learning eq. 17-20), in units
+    of the initial radius under ``ffn_init=matched`` (docs/ARCHITECTURE.md, "Matched initial scale")."""
     iso_r_cap: float = 1.0
-    #: alpha of the iso-leaky-ReLU (isotropic-deep-learning eq. 20).
+    """R_inf of the capped iso-ReLU (isotropic-deep-learning eq. 18), in the same units as ``iso_r0``."""
     iso_leaky_slope: float = 0.1
-    #: matched | paper. matched: affine_like and the iso activations are rescaled by constants so that at
-    #: initialisation they see and give the scale ``linear`` / SwiGLU do; paper: the raw formulas.
+    """alpha of the iso-leaky-ReLU (isotropic-deep-learning eq. 20)."""
     ffn_init: str = "matched"
-    #: Learning-rate multiplier of the learned mixing parameters (iso_ln alpha/beta, isogmlp gamma/beta and
-    #: alpha gate): Adam moves a parameter by about lr per step, so at 1x iso_ln's alpha cannot pass 1.49 on the
-    #: 83m schedule; 5x lets it reach the paper's 1.81 with room to spare (docs/ARCHITECTURE.md).
+    """matched | paper. matched: affine_like and the iso activations are rescaled by constants so that at
+    initialisation they see and give the scale ``linear`` / SwiGLU do; paper: the raw formulas."""
     mixing_lr_mult: float = 5.0
-    #: Initial aperture sigma of every focusing neuron (focusing-neuron eq. 6).
+    """Learning-rate multiplier of the learned mixing parameters (iso_ln alpha/beta, isogmlp gamma/beta and
+    alpha gate): Adam moves a parameter by about lr per step, so at 1x iso_ln's alpha cannot pass 1.49 on the
+    83m schedule; 5x lets it reach the paper's 1.81 with room to spare (docs/ARCHITECTURE.md)."""
     focus_sigma_init: float = 0.1
-    #: Learning-rate multiplier of the focus centres mu (the paper: 0.01 against 0.1 globally).
+    """Initial aperture sigma of every focusing neuron (focusing-neuron eq. 6)."""
     focus_mu_lr_mult: float = 0.1
-    #: Learning-rate multiplier of the focus apertures sigma.
+    """Learning-rate multiplier of the focus centres mu (the paper: 0.01 against 0.1 globally)."""
     focus_sigma_lr_mult: float = 0.1
-    #: Chunk length of the linear-time iso_tanh attention (exact inside a chunk, carried state across).
-    #: An execution setting (results equal up to rounding), so not an option of the iso_tanh variant. Work per
-    #: token grows with ``chunk_size + D``, matmul efficiency with the chunk: 64 or 128 on a GPU, chosen by
-    #: ``bench/bench_attention.py --tune 64,128`` (64 is not a GPU measurement at this commit).
+    """Learning-rate multiplier of the focus apertures sigma."""
     iso_tanh_chunk_size: int = 64
+    """Chunk length of the linear-time iso_tanh attention (exact inside a chunk, carried state across).
+    An execution setting (results equal up to rounding), so not an option of the iso_tanh variant. Work per
+    token grows with ``chunk_size + D``, matmul efficiency with the chunk: 64 or 128 on a GPU, chosen by
+    ``bench/bench_attention.py --tune 64,128`` (64 is not a GPU measurement at this commit)."""
 
     # --- Parametrization: how init, learning rates and multipliers scale with width ---
-    #: standard | mup. mup: maximal update parametrization (Tensor Programs V, Yang et al. 2022) relative to
-    #: ``mup_base_hidden_size``, so that a learning rate tuned at the base width carries over to wider models:
-    #: hidden matrices and readouts (each module's ``MUP_SCALED``) start at std ``initializer_range / sqrt(m)``
-    #: and train at lr / m, the logits are multiplied by 1 / m, and attention scores q.k by
-    #: sqrt(mup_base_head_dim) / head_dim instead of 1 / sqrt(head_dim), with m = hidden_size / mup_base_hidden_size.
-    #: Vector-like parameters (embedding, norms, the mixing scalars, focus centres and apertures, biases) keep their
-    #: init and lr (docs/ARCHITECTURE.md, "muP").
     parametrization: str = "standard"
-    #: The width at which ``mup`` equals ``standard`` in init, lr and logits: the width of the lr sweep.
+    """standard | mup. mup: maximal update parametrization (Tensor Programs V, Yang et al. 2022) relative to
+    ``mup_base_hidden_size``, so that a learning rate tuned at the base width carries over to wider models:
+    hidden matrices and readouts (each module's ``MUP_SCALED``) start at std ``initializer_range / sqrt(m)``
+    and train at lr / m, the logits are multiplied by 1 / m, and attention scores q.k by
+    sqrt(mup_base_head_dim) / head_dim instead of 1 / sqrt(head_dim), with m = hidden_size / mup_base_hidden_size.
+    Vector-like parameters (embedding, norms, the mixing scalars, focus centres and apertures, biases) keep their
+    init and lr (docs/ARCHITECTURE.md, "muP")."""
     mup_base_hidden_size: int = 256
-    #: The base model's head_dim: ``mup`` scores q.k * sqrt(mup_base_head_dim) / head_dim, 1 / head_dim as
-    #: heads widen (Tensor Programs V, section 4) and the standard 1 / sqrt(head_dim) at the base (the mup
-    #: package's ``8 / d`` for 64). With QK-norm a bare 1 / head_dim would cap the logits near the norm gains'
-    #: product (about 1): attention 8x colder than standard at head_dim 64, near uniform for a short run.
+    """The width at which ``mup`` equals ``standard`` in init, lr and logits: the width of the lr sweep."""
     mup_base_head_dim: int = 64
+    """The base model's head_dim: ``mup`` scores q.k * sqrt(mup_base_head_dim) / head_dim, 1 / head_dim as
+    heads widen (Tensor Programs V, section 4) and the standard 1 / sqrt(head_dim) at the base (the mup
+    package's ``8 / d`` for 64). With QK-norm a bare 1 / head_dim would cap the logits near the norm gains'
+    product (about 1): attention 8x colder than standard at head_dim 64, near uniform for a short run."""
 
     @property
     def width_multiplier(self) -> float:

@@ -26,9 +26,9 @@ class IsoLLMConfig(ModelConfig, PreTrainedConfig):
     """
 
     model_type = "isollm"
-    # The generation state in the output, which the HF Trainer's evaluation leaves out: ``cache`` from
-    # transformers 5.24 on, ``past_key_values`` before.
     keys_to_ignore_at_inference: ClassVar[list[str]] = ["cache", "past_key_values"]
+    """The generation state in the output, which the HF Trainer's evaluation leaves out: ``cache`` from
+    transformers 5.24 on, ``past_key_values`` before."""
 
     def __post_init__(self, **kwargs: Any) -> None:
         super().__post_init__(**kwargs)

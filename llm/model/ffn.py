@@ -49,16 +49,16 @@ class FeedForward(nn.Module):
     Subclasses define ``forward(x, cache=None, padding_mask=None, doc_starts=None)`` (module docstring).
     """
 
-    #: The fused input projections, in the row order of ``in_proj.weight``.
     PROJECTIONS: ClassVar[tuple[str, ...]]
-    #: The ``ModelConfig`` fields this variant reads besides those of ``LR_MULTIPLIERS`` (``ModelConfig.validate``
-    #: refuses both elsewhere).
+    """The fused input projections, in the row order of ``in_proj.weight``."""
     OPTIONS: ClassVar[tuple[str, ...]] = ()
-    #: Parameter name (relative to the block) -> the ``ModelConfig`` field of its learning-rate multiplier;
-    #: such parameters get their own optimizer group without weight decay (llm/train/optim.py).
+    """The ``ModelConfig`` fields this variant reads besides those of ``LR_MULTIPLIERS`` (``ModelConfig.validate``
+    refuses both elsewhere)."""
     LR_MULTIPLIERS: ClassVar[dict[str, str]] = {}
-    #: The hidden matrices, whose init and lr muP scales with width (``modeling_isollm.mup_scaled_parameters``).
+    """Parameter name (relative to the block) -> the ``ModelConfig`` field of its learning-rate multiplier;
+    such parameters get their own optimizer group without weight decay (llm/train/optim.py)."""
     MUP_SCALED: ClassVar[tuple[str, ...]] = ("in_proj.weight", "down_proj.weight")
+    """The hidden matrices, whose init and lr muP scales with width (``modeling_isollm.mup_scaled_parameters``)."""
 
     def __init__(self, config: ModelConfig, intermediate_size: int | None = None) -> None:
         super().__init__()
@@ -171,12 +171,12 @@ class AlphaGate(nn.Module):
 class TokenGate(AlphaGate):
     """``alpha_t = sigmoid(w_a . x_t + b_a)``: the token's own vector (the causal reading of eq. 3)."""
 
-    #: A width -> 1 readout: Adam moves each weight by about lr and the moves line up with x, so the logit moves
-    #: by about width * lr per step. muP scales its lr by 1/m (Tensor Programs V, Table 3, output weights) and
-    #: its init std by 1/sqrt(m), which keeps the initial logit's spread what it is at the base width; it stays in
-    #: the mixing lr group (``mixing_mup``). ``FeatureMeanGate``'s 1 -> 1 ``proj`` reads a mean, the same size at
-    #: every width: not scaled.
     MUP_SCALED: ClassVar[tuple[str, ...]] = ("proj.weight",)
+    """A width -> 1 readout: Adam moves each weight by about lr and the moves line up with x, so the logit moves
+    by about width * lr per step. muP scales its lr by 1/m (Tensor Programs V, Table 3, output weights) and
+    its init std by 1/sqrt(m), which keeps the initial logit's spread what it is at the base width; it stays in
+    the mixing lr group (``mixing_mup``). ``FeatureMeanGate``'s 1 -> 1 ``proj`` reads a mean, the same size at
+    every width: not scaled."""
 
     def __init__(self, config: ModelConfig) -> None:
         super().__init__(config, config.hidden_size)
@@ -238,7 +238,7 @@ class FeatureMeanGate(AlphaGate):
         return self.proj(x.mean(dim=-1, keepdim=True))
 
 
-#: ``ModelConfig.isogmlp_gate`` -> alpha gate class.
+# ``ModelConfig.isogmlp_gate`` -> alpha gate class.
 ISOGMLP_GATES: dict[str, type[AlphaGate]] = {
     "token": TokenGate,
     "causal_mean": CausalMeanGate,
@@ -369,7 +369,7 @@ class IsoLN(FeedForward):
         return mixing_diagnostics(alpha, beta, alpha * gated, iso)
 
 
-#: ``ModelConfig.ffn`` -> block class, constructed ``(config)``.
+# ``ModelConfig.ffn`` -> block class, constructed ``(config)``.
 FFN_REGISTRY: dict[str, type[FeedForward]] = {
     "swiglu": SwiGLU,
     "isogmlp": IsoGMLP,

@@ -24,11 +24,11 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-#: fla's chunk length (its own default): the kernels tile the sequence by it.
+# fla's chunk length (its own default): the kernels tile the sequence by it.
 FLA_CHUNK = 64
 
-#: The ops' namespace, from this module's name, as lm_head.py's: the hub's copy of this file
-#: (``trust_remote_code``) registers its own ops beside this package's in the same process.
+# The ops' namespace, from this module's name, as lm_head.py's: the hub's copy of this file
+# (``trust_remote_code``) registers its own ops beside this package's in the same process.
 OP_NAMESPACE = re.sub(r"\W", "_", __name__)
 
 

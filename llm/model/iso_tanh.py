@@ -31,15 +31,15 @@ import torch.nn.functional as F
 
 from .isotropic import tanh_ratio
 
-#: ``(S, G)``, each ``[B, Hkv, D, D]`` in fp32 (fp64 for fp64 inputs): ``sum_j k_j v_j^T`` and
-#: ``sum_j k_j k_j^T`` over every token seen so far.
+# ``(S, G)``, each ``[B, Hkv, D, D]`` in fp32 (fp64 for fp64 inputs): ``sum_j k_j v_j^T`` and
+# ``sum_j k_j k_j^T`` over every token seen so far.
 IsoTanhState = tuple[torch.Tensor, torch.Tensor]
 
-#: A linear-attention kernel ``(q, k, v, scale, initial_state, doc_starts) -> (o, final_state)`` on ``[B, T, H, K]``
-#: tensors: ``o_i = sum_{j<=i} scale (q_i.k_j) v_j`` plus the initial state's ``scale q_i^T state``, and the final
-#: ``state + sum_j k_j v_j^T``; with ``doc_starts`` (``[B, T]`` bool, no initial state) the sums restart at every
-#: True and every row start, and the final state is None. fla's kernel: fla_kernel.py; the tests' torch one:
-#: tests/model/test_linear_attention.py.
+# A linear-attention kernel ``(q, k, v, scale, initial_state, doc_starts) -> (o, final_state)`` on ``[B, T, H, K]``
+# tensors: ``o_i = sum_{j<=i} scale (q_i.k_j) v_j`` plus the initial state's ``scale q_i^T state``, and the final
+# ``state + sum_j k_j v_j^T``; with ``doc_starts`` (``[B, T]`` bool, no initial state) the sums restart at every
+# True and every row start, and the final state is None. fla's kernel: fla_kernel.py; the tests' torch one:
+# tests/model/test_linear_attention.py.
 LinearAttention = Callable[..., tuple[torch.Tensor, torch.Tensor | None]]
 
 

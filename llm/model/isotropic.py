@@ -61,9 +61,9 @@ class RadialActivation(nn.Module):
     ``ratio(r) = sigma(r)/r``. ``radius_unit`` and ``gain`` are 1 for the paper's form; ``scale_to``
     sets them for the matched form (module docstring)."""
 
-    #: The ``ModelConfig`` fields this activation reads (``ModelConfig.validate`` refuses them elsewhere), in the
-    #: order its constructor takes them.
     OPTIONS: ClassVar[tuple[str, ...]] = ()
+    """The ``ModelConfig`` fields this activation reads (``ModelConfig.validate`` refuses them elsewhere), in the
+    order its constructor takes them."""
 
     radius_unit: float = 1.0
     gain: float = 1.0
@@ -150,7 +150,7 @@ class IsoCappedReLU(IsoReLU):
         return f"r0={self.r0}, r_cap={self.r_cap}"
 
 
-#: ``ModelConfig.iso_activation`` -> radial activation class (each has ``from_config``).
+# ``ModelConfig.iso_activation`` -> radial activation class (each has ``from_config``).
 ISO_ACTIVATIONS: dict[str, type[RadialActivation]] = {
     "tanh": IsoTanh,
     "relu": IsoReLU,

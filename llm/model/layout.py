@@ -21,10 +21,10 @@ import torch.nn.functional as F
 class PackedDocuments(NamedTuple):
     """The documents packed into each row of a batch, as the decoder's blocks read them."""
 
-    #: ``[B, T]`` bool, True at the first token of each document (the FFNs and iso_tanh read these).
     starts: torch.Tensor
-    #: The scoring's block-diagonal causal mask (``document_mask``), built once per forward for every layer.
+    """``[B, T]`` bool, True at the first token of each document (the FFNs and iso_tanh read these)."""
     attention_mask: Any = None
+    """The scoring's block-diagonal causal mask (``document_mask``), built once per forward for every layer."""
 
 
 def document_starts(position_ids: torch.Tensor, batch: int) -> torch.Tensor | None:

@@ -40,11 +40,11 @@ FOCUS_MU_RANGE = (0.0, 1.0)
 class Projection(nn.Module):
     """A bias-free ``[out, in]`` weight, normal(0, ``initializer_range``); subclasses add their form."""
 
-    #: The ``ModelConfig`` fields this projection reads besides those of ``LR_MULTIPLIERS``
-    #: (``ModelConfig.validate`` refuses both elsewhere).
     OPTIONS: ClassVar[tuple[str, ...]] = ()
-    #: Parameter name -> the ``ModelConfig`` field of its learning-rate multiplier (llm/train/optim.py).
+    """The ``ModelConfig`` fields this projection reads besides those of ``LR_MULTIPLIERS``
+    (``ModelConfig.validate`` refuses both elsewhere)."""
     LR_MULTIPLIERS: ClassVar[dict[str, str]] = {}
+    """Parameter name -> the ``ModelConfig`` field of its learning-rate multiplier (llm/train/optim.py)."""
 
     def __init__(self, in_features: int, out_features: int, config: ModelConfig, groups: int = 1) -> None:
         super().__init__()
@@ -118,10 +118,10 @@ class Focus(Projection):
 
     OPTIONS = ("focus_sigma_init",)
     LR_MULTIPLIERS: ClassVar[dict[str, str]] = {"focus_mu": "focus_mu_lr_mult", "focus_sigma": "focus_sigma_lr_mult"}
-    #: Parameter name -> the range Algorithm 3 clips it to after every update (``clip_parameters_``; under
-    #: DeepSpeed, llm/train/deepspeed_step.py clips the engine's fp32 copies with the same ranges).
     CLIP_RANGES: ClassVar[dict[str, tuple[float, float]]] = {"focus_mu": FOCUS_MU_RANGE,
                                                              "focus_sigma": FOCUS_SIGMA_RANGE}
+    """Parameter name -> the range Algorithm 3 clips it to after every update (``clip_parameters_``; under
+    DeepSpeed, llm/train/deepspeed_step.py clips the engine's fp32 copies with the same ranges)."""
 
     def add_form_parameters(self, config: ModelConfig) -> None:
         self.sigma_init = config.focus_sigma_init
@@ -162,7 +162,7 @@ class Focus(Projection):
             getattr(self, name).clamp_(*bounds)
 
 
-#: ``ModelConfig.ffn_linear`` -> projection class, built ``(in_features, out_features, config, groups)``.
+# ``ModelConfig.ffn_linear`` -> projection class, built ``(in_features, out_features, config, groups)``.
 LINEAR_REGISTRY: dict[str, type[Projection]] = {
     "linear": Linear,
     "affine_like": AffineLike,

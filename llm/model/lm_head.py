@@ -36,19 +36,19 @@ from torch import Tensor, nn
 
 from .errors import ConfigError
 
-#: e4m3's largest finite value (448): each row's largest magnitude is scaled to it.
+# e4m3's largest finite value (448): each row's largest magnitude is scaled to it.
 FP8_MAX = torch.finfo(torch.float8_e4m3fn).max
 
-#: Targets equal to this are left out of the mean (transformers' convention).
+# Targets equal to this are left out of the mean (transformers' convention).
 IGNORE_INDEX = -100
 
-#: Most logits computed at once, per device type. CPU: 8 MiB in fp32, a chunk that stays in cache while it is used.
-#: CUDA: 1 GiB in bf16 (3,533 tokens at Qwen3's vocabulary; the chunk's gradient takes as much again). Each chunk reads
-#: and writes the ``[V, d]`` fp32 weight gradient once (1.2 GB at d = 1,024, inside its GEMM), so the fewer chunks the
-#: less of that traffic: 19 chunks at 32 x 2048 where 2**28 took 37, still a small share of an H100's memory.
+# Most logits computed at once, per device type. CPU: 8 MiB in fp32, a chunk that stays in cache while it is used.
+# CUDA: 1 GiB in bf16 (3,533 tokens at Qwen3's vocabulary; the chunk's gradient takes as much again). Each chunk reads
+# and writes the ``[V, d]`` fp32 weight gradient once (1.2 GB at d = 1,024, inside its GEMM), so the fewer chunks the
+# less of that traffic: 19 chunks at 32 x 2048 where 2**28 took 37, still a small share of an H100's memory.
 LOGITS_PER_CHUNK = {"cpu": 2**21, "cuda": 2**29}
 
-#: Floor on the tokens per chunk, so that the chunk matmuls stay efficient for large vocabularies.
+# Floor on the tokens per chunk, so that the chunk matmuls stay efficient for large vocabularies.
 MIN_CHUNK_ROWS = 128
 
 
@@ -96,8 +96,8 @@ def compiled(fn: Callable[..., Any]) -> Callable[..., Any]:
     return torch.compile(fn, fullgraph=True)
 
 
-#: The custom op's namespace, from this module's name: the hub's copy of this file (``trust_remote_code``)
-#: registers its own op beside this package's in the same process.
+# The custom op's namespace, from this module's name: the hub's copy of this file (``trust_remote_code``)
+# registers its own op beside this package's in the same process.
 OP_NAMESPACE = re.sub(r"\W", "_", __name__)
 
 

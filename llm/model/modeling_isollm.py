@@ -53,8 +53,8 @@ def mup_scaled_parameters(model: nn.Module) -> list[nn.Parameter]:
     return [module.get_parameter(name) for module in model.modules() for name in getattr(module, "MUP_SCALED", ())]
 
 
-#: The name under which the installed transformers' ``generate()`` hands the state to ``forward`` and reads it
-#: back from the output: ``cache`` from 5.24 on, ``past_key_values`` before (read off its public output class).
+# The name under which the installed transformers' ``generate()`` hands the state to ``forward`` and reads it
+# back from the output: ``cache`` from 5.24 on, ``past_key_values`` before (read off its public output class).
 CACHE_ARG = "cache" if "cache" in {f.name for f in dataclasses.fields(CausalLMOutputWithPast)} else "past_key_values"
 
 
@@ -68,7 +68,8 @@ class IsoLLMAttention(nn.Module):
     """Grouped-query attention: fused ``qkv_proj``, Qwen3's per-head ``q_norm``/``k_norm`` before RoPE,
     scoring from ``ATTN_SCORING_REGISTRY[config.attn_scoring]``, ``o_proj``; no biases."""
 
-    MUP_SCALED: ClassVar[tuple[str, ...]] = ("qkv_proj.weight", "o_proj.weight")  # hidden matrices
+    MUP_SCALED: ClassVar[tuple[str, ...]] = ("qkv_proj.weight", "o_proj.weight")
+    """Hidden matrices."""
 
     def __init__(self, config: ModelConfig) -> None:
         super().__init__()
@@ -230,8 +231,8 @@ class IsoLLMForCausalLM(PreTrainedModel, GenerationMixin):
     base_model_prefix = "model"
     _no_split_modules: ClassVar[list[str]] = ["IsoLLMDecoderLayer"]
     supports_gradient_checkpointing = True
-    # A dict in transformers 5; without it tie_word_embeddings is silently ignored.
     _tied_weights_keys: ClassVar[dict[str, str]] = {"lm_head.weight": "model.embed_tokens.weight"}
+    """A dict in transformers 5; without it tie_word_embeddings is silently ignored."""
 
     def __init__(self, config: IsoLLMConfig) -> None:
         super().__init__(config)

@@ -176,18 +176,18 @@ class Run:
 
     config: RunConfig
     accelerator: Accelerator
-    # As prepared by Accelerate, its decoder layers compiled when ``train.compile``: what the steps and
-    # evaluations run, checkpoints save and the isotropy report reads.
     model: nn.Module
+    """As prepared by Accelerate, its decoder layers compiled when ``train.compile``: what the steps and
+    evaluations run, checkpoints save and the isotropy report reads."""
     optimizer: torch.optim.Optimizer
     tokenizer: Tokenizer
     loader: TrainLoader
     batches: Iterator[torch.Tensor]
     val_windows: torch.Tensor
-    # The fixed isotropy batch: the first ``micro_batch_size`` validation windows.
     val_batch: torch.Tensor
-    # The EOS id that separates masked documents (``data.document_masking``), or None.
+    """The fixed isotropy batch: the first ``micro_batch_size`` validation windows."""
     document_eos: int | None
+    """The EOS id that separates masked documents (``data.document_masking``), or None."""
     log: MetricsLog
     state: TrainerState
     grad_norms: GradNormTracker
@@ -196,8 +196,8 @@ class Run:
     accum: int
     max_steps: int
     flops_per_token: float
-    # Of all ranks together.
     peak_flops: float
+    """Of all ranks together."""
     last_checkpoint: Path | None
 
     def stop_on_log_failure(self) -> None:

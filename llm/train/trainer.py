@@ -51,8 +51,8 @@ class FitResult:
     run_dir: Path
     step: int
     tokens: int
-    # A signal on any rank stopped the run (every rank stops at the same step and says so).
     stopped_by_signal: bool
+    """A signal on any rank stopped the run (every rank stops at the same step and says so)."""
     last_checkpoint: Path | None
 
 
