@@ -58,7 +58,7 @@ def test_dry_run_passes_every_stage_and_records_the_engines(tmp_path: Path) -> N
     assert "fsdp2 said: `engine: the launch configuration asked for fsdp2-full_shard, but this run trains with ddp" \
         in report
     saved = {p.parents[2].name: json.loads(p.read_text())["engine"]
-             for p in tmp_path.glob("isollm-gpu-check-*/runs/*/checkpoints/*/trainer.json")}
+             for p in tmp_path.glob("isollm-gpu-check-*/train/*/checkpoints/*/trainer.json")}
     assert set(saved.values()) == {"ddp"} and {"ddp", "fsdp2", "deepspeed_zero3"} <= saved.keys()
 
 
