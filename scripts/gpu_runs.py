@@ -180,6 +180,12 @@ def bench_targets(run: dict, targets: tuple[Target, ...]) -> list[Row]:
     return rows
 
 
+def reference_rows(run: dict) -> list[Row]:
+    """Every row of a bench_train_step run over the reference row it names (its ``reference``), no verdict."""
+    return bench_targets(run, tuple(Target("ratio", name, f["reference"]) for name, f in run["variants"].items()
+                                    if f["reference"] not in (None, name)))
+
+
 def attention_targets(by_length: dict, from_t: int) -> list[Row]:
     """From ``from_t`` on, every iso_tanh form faster than SDPA (paired per round) with no more memory; at every
     length, whether ``FLA_MIN_LENGTH`` picks the faster of the compiled forms (paired)."""
