@@ -12,9 +12,9 @@ cache's whole buffers, the ``(S, G)`` sums for iso_tanh), an exact count rather 
 The four rows of a context decode side by side, one token of each per round, so that "vs softmax" (a scoring's speed
 over softmax's with the same cache at the same context) and "vs growing" (a static cache's over the growing one's)
 are paired per token: the median over the ``--new-tokens`` rounds with its 95% interval (bench/paired.py; at least 6
-tokens); ms/token is the median token's. "vs first" is a row's time per token over its own at the first context,
-unpaired (the contexts run one after the other): flat (1.0x) for iso_tanh, whose step costs the same whatever the
-context, growing for softmax, whose step reads the whole KV cache. """
+tokens); ms/token is the median token's: across contexts (run one after the other, so unpaired: no ratio is
+printed) it stays flat for iso_tanh, whose step costs the same whatever the context, and grows for softmax, whose
+step reads the whole KV cache."""
 
 from __future__ import annotations
 
@@ -72,20 +72,18 @@ def main() -> None:
               .to(device, DTYPES[args.dtype]).eval() for scoring in ("softmax", "iso_tanh")}
     print(f"# generation, {args.preset} ({base.num_hidden_layers} layers, hidden {base.hidden_size}), batch 1, "
           f"{args.dtype}, {device.type}, {args.new_tokens} new tokens after the prompt")
-    print(f"{'context':>8}{'scoring':>10}{'cache':>8}{'prefill s':>11}{'ms/token':>10}{'vs first':>10}"
+    print(f"{'context':>8}{'scoring':>10}{'cache':>8}{'prefill s':>11}{'ms/token':>10}"
           f"{'state MiB':>11}{'vs softmax [95% interval]':>26}{'vs growing [95% interval]':>26}")
-    first: dict[tuple[str, str], float] = {}
     figures: dict[int, dict[str, dict[str, dict[str, float]]]] = {}
     for context in args.contexts:
         prompt = torch.randint(0, base.vocab_size, (1, context), device=device)
         results = decode_rounds(models, prompt, args.new_tokens)
         for (scoring, cache), (prefill, seconds, nbytes) in results.items():
             tps = 1 / statistics.median(seconds)
-            first.setdefault((scoring, cache), tps)
             vs_softmax = paired_ratio(seconds, results["softmax", cache][1])
             vs_growing = paired_ratio(seconds, results[scoring, "growing"][1])
             print(f"{context:>8}{scoring:>10}{cache:>8}{prefill:>11.3f}{1e3 / tps:>10.2f}"
-                  f"{first[scoring, cache] / tps:>9.2f}x{nbytes / 2**20:>11.2f}{vs_softmax!s:>26}{vs_growing!s:>26}")
+                  f"{nbytes / 2**20:>11.2f}{vs_softmax!s:>26}{vs_growing!s:>26}")
             row = {"tokens_per_s": tps, "state_bytes": nbytes, "vs_softmax": asdict(vs_softmax),
                    "vs_growing": asdict(vs_growing)}
             figures.setdefault(context, {}).setdefault(scoring, {})[cache] = row

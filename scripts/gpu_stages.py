@@ -9,7 +9,7 @@ import json
 import shutil
 import sys
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 from gpu_runs import (
@@ -55,7 +55,8 @@ class Mode:
     tolerance: tuple[float, float]
     """Engines' losses against DDP's: |difference| at step 1, relative difference of the last 10 steps' mean."""
     resume_tolerance: float
-    env: dict[str, str] = field(default_factory=dict)
+    env: dict[str, str]
+    """Environment variables of every command."""
 
     def pick(self, gpu: list[str], dry: list[str]) -> list[str]:
         return gpu if self.gpu else dry
