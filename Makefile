@@ -57,8 +57,13 @@ bench: $(STAMP)
 	$(BIN)/python bench/bench_train_step.py --threads 2 --rounds 10 --compile --ffn swiglu isogmlp iso_ln --attn-scoring softmax
 	$(BIN)/python bench/bench_attention.py --threads 2
 	$(BIN)/python bench/bench_generate.py --threads 2
-	$(BIN)/python bench/bench_packing.py --threads 2
-	$(BIN)/python bench/bench_checkpointing.py --threads 2 --rounds 3
+	# document masking (packed documents against one document per row) and activation checkpointing: rows of the step
+	$(BIN)/python bench/bench_train_step.py --threads 2 --seq 1024 --batch 4 --qwen3 --variants swiglu+softmax swiglu+iso_tanh \
+	    --extra-row "swiglu+softmax packed" swiglu+softmax packed_docs=400 --extra-row "swiglu+iso_tanh packed" swiglu+iso_tanh packed_docs=400 \
+	    --extra-row causal_mean swiglu+softmax ffn=isogmlp isogmlp_gate=causal_mean ffn_param_match=true \
+	    --extra-row "causal_mean packed" causal_mean packed_docs=400
+	$(BIN)/python bench/bench_train_step.py --threads 2 --preset 134m --seq 1024 --batch 1 --rounds 6 --qwen3 --variants swiglu+softmax \
+	    --extra-row every_2 swiglu+softmax activation_checkpointing=2 --extra-row full swiglu+softmax activation_checkpointing=1
 	$(BIN)/python bench/bench_data.py
 	$(BIN)/python bench/bench_footers.py
 
@@ -74,7 +79,7 @@ bench-gpu:
 	$(PY) bench/bench_attention.py --device cuda --dtype bf16 --impls sdpa,chunked,fla --lengths 1024,2048,4096,8192,16384
 
 # For a lent GPU machine that reaches no registry: the wheels its image lacks and the FineWeb sample, in .whl/
-# (git-ignored; carry it). There: scripts/gpu_check.sh --part 1, 2, 3 and 4, each writing report.md (docs/performance.md).
+# (git-ignored; carry it). There: scripts/gpu_check.sh --part 1 ... 5, each writing report.md (docs/performance.md).
 gpu-wheels: $(STAMP)
 	scripts/gpu_wheels.sh $(BIN)/python
 

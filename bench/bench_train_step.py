@@ -1,32 +1,44 @@
 """Training-step throughput of every ffn x attn_scoring, next to transformers' Qwen3 and the roofline, with
-each ratio paired per round and given with its 95% interval.
+each row's ratio over its reference row paired per round and given with its 95% interval.
 
     .venv/bin/python bench/bench_train_step.py                 # 6 layers, hidden 384, vocab 8192, 8 x 256
-    .venv/bin/python bench/bench_train_step.py --quick         # 5 rounds
+    .venv/bin/python bench/bench_train_step.py --rounds 6      # the fewest rounds with an interval
     .venv/bin/python bench/bench_train_step.py --device cuda --dtype bf16 --compile --preset 134m --seq 2048
     .venv/bin/python bench/bench_train_step.py --variants swiglu+softmax swiglu+iso_tanh   # named pairs only
-    .venv/bin/python bench/bench_train_step.py --packed-docs 700   # also swiglu's step on packed documents
-    .venv/bin/python bench/bench_train_step.py --no-tf32 swiglu+iso_tanh --profile "swiglu+iso_tanh no-tf32"
-    .venv/bin/python bench/bench_train_step.py --csv step.csv  # one line per row: variant, tokens_per_s, ratio, ...
+    .venv/bin/python bench/bench_train_step.py --extra-row "swiglu+softmax packed" swiglu+softmax packed_docs=700
+    .venv/bin/python bench/bench_train_step.py --extra-row "swiglu+iso_tanh no-tf32" swiglu+iso_tanh tf32=false \
+        --profile "swiglu+iso_tanh no-tf32"
+    .venv/bin/python bench/bench_train_step.py --csv step.csv  # one line per row: variant, reference, ...
 
 Rows and steps: bench/step_rows.py (the trainer's step, its TF32 scope over forward and backward, and every row
-compiled or failing loudly). All rows are built first and then timed in rounds: each round times one step of
-every row, in an order rotated from round to round, so that a change in machine load hits every row of that round
-alike. ``ratio`` is a row's tokens/s over the baseline row's (``--baseline``, default swiglu+softmax), taken within
-each round and then summarised as the median over rounds with a 95% bootstrap interval (bench/paired.py): a
-target counts as met only when the interval's lower end clears it. ``tokens/s`` is the median round's. The
-non-SwiGLU FFNs are parameter-matched (``ffn_param_match``), as in a fair comparison.
+compiled or failing loudly). All rows are built first and then timed in rounds (bench/harness.py): each round
+times one step of every row, in an order rotated from round to round, so that a change in machine load hits every
+row of that round alike. Every row names its ``reference``: a non-SwiGLU FFN with a scoring, swiglu with that
+scoring; an ``--extra-row``, the row it changes; every other row (swiglu with each scoring, transformers' Qwen3
+rows), the baseline (``--baseline``, default swiglu+softmax). ``ratio`` is a row's tokens/s over its reference's,
+taken within each round and then summarised as the median over rounds with its 95% interval (bench/paired.py; at
+least 6 rounds): a target counts as met only when the interval's lower end clears it. ``tokens/s`` is the median
+over rounds of the row's own. The non-SwiGLU FFNs are parameter-matched (``ffn_param_match``), as in a fair
+comparison.
+
+``--extra-row LABEL REFERENCE KEY=VALUE...`` adds a copy of the row REFERENCE (a variant or an earlier extra row)
+with changes: ModelConfig fields (e.g. ``lm_head_precision=fp8``, the FP8 LM head), ``batch=N`` (the micro batch;
+rows differing in batch compare tokens/s), ``packed_docs=MEAN`` (the trainer's inputs for document masking:
+``position_ids`` restarting at documents of MEAN tokens on average, exponential lengths), ``tf32=false`` (fp32
+matmuls in full fp32, ``train.tf32: false``) and ``activation_checkpointing=N`` (every N-th layer keeps only its
+input, ``train.activation_checkpointing``); values typed as a config override types them. E.g. activation
+checkpointing's cost and saving at the 134m preset::
+
+    .venv/bin/python bench/bench_train_step.py --preset 134m --seq 1024 --batch 1 --variants swiglu+softmax \
+        --qwen3 --extra-row every_2 swiglu+softmax activation_checkpointing=2 \
+        --extra-row full swiglu+softmax activation_checkpointing=1
 
 Columns: ``roofline``, the machine's measured matmul FLOP/s (timed in every round, best kept) over the row's
 training FLOPs per token (``llm.metrics.flops``); ``of roofline``: tokens/s over that; on CUDA ``MFU``, against the
 GPU's dense datasheet peak, and ``step MiB``, the step's peak memory above what the resident models hold (the
-largest over rounds); ``first s``: the first step's seconds (compilation, allocator, optimizer state). Rows ending
-in ``packed`` feed the trainer's inputs for document masking (``position_ids`` restarting at documents of
-``--packed-docs`` tokens on average); rows ending in ``no-tf32`` run their fp32 matmuls in full fp32
-(``train.tf32: false``); ``--extra-row`` adds a copy of a variant with model fields changed (e.g. an FP8 LM
-head); ``--also-batch N`` the baseline variant at micro batch N (rows differing in batch compare tokens/s).
-The comparisons below the table pair each such row with the row it changes, swiglu+SCORING with each FFN of that
-scoring, and the baseline with each transformers row (``--qwen3``: bench/step_rows.py, ``QWEN3_ROWS``).
+largest over rounds); ``saved MiB`` (eager rows), what autograd keeps from the forward pass for the backward,
+the weights excluded: the activations, counted exactly through saved-tensor hooks (step_rows.py ``saved_bytes``);
+``first s``: the first step's seconds (compilation, allocator, optimizer state).
 """
 
 from __future__ import annotations
@@ -34,36 +46,41 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
-import statistics
-import time
 from collections.abc import Callable
 from pathlib import Path
 
+import harness
 import torch
+from harness import DTYPES, figures, make_step, packed_positions, synchronize, time_rounds, timed
 from omegaconf import OmegaConf
-from paired import paired_ratio, write_csv
-from step_rows import QWEN3_ROWS, Row, check_compiled, make_step, ours, qwen3, strict_compilation
+from paired import PairedRatio, write_csv
+from step_rows import QWEN3_ROWS, Row, check_compiled, ours, qwen3, saved_bytes, strict_compilation
 
 from llm.config import load_config
-from llm.metrics.flops import flops_per_token, measure_matmul_flops, mfu, peak_flops
+from llm.metrics.flops import flops_per_token, mfu, peak_flops
 from llm.model import ModelConfig
 from llm.model.attention import ATTN_SCORING_REGISTRY
 from llm.model.ffn import FFN_REGISTRY
 from llm.train.step import tf32_matmuls
 
-DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
 ROOFLINE_MATMUL_N = {"cpu": 1024, "cuda": 8192}
 """The roofline's matmul: ``[n, n] @ [n, n]`` in the step's dtype, timed in every round (best kept); on a GPU
 large enough to reach the tensor cores' rate."""
+ROW_KEYS = ("batch", "packed_docs", "tf32", "activation_checkpointing")
+"""``--extra-row`` keys that change the row (``Spec``) rather than the model."""
 
 
-def packed_positions(seq: int, mean_length: int, device: torch.device) -> torch.Tensor:
-    """``[1, seq]`` position ids restarting at documents of ``mean_length`` tokens on average (exponential
-    lengths, fixed seed), as the trainer's document masking gives them."""
-    generator = torch.Generator().manual_seed(0)
-    lengths = (torch.empty(seq).exponential_(1 / mean_length, generator=generator).long() + 1).tolist()
-    positions = torch.cat([torch.arange(n) for n in lengths])[:seq]
-    return positions[None].to(device)
+@dataclasses.dataclass(frozen=True)
+class Spec:
+    """A row of our model to build: its config, what changes its step, and the row its ratio is over."""
+
+    config: ModelConfig
+    reference: str | None
+    batch: int = 0
+    """The micro batch (0: ``--batch``)."""
+    packed_docs: int = 0
+    tf32: bool = True
+    activation_checkpointing: int = 0
 
 
 def top_kernels(step: Callable[[], None], device: torch.device, steps: int = 3, count: int = 10) -> list[str]:
@@ -82,14 +99,9 @@ def top_kernels(step: Callable[[], None], device: torch.device, steps: int = 3, 
     return [f"{t / total:6.1%} {t / steps / 1e3:8.2f} ms  {name[:110]}" for t, name in times[:count]]
 
 
-def synchronize(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize()
-
-
-def variant_pairs(parser: argparse.ArgumentParser, args: argparse.Namespace) -> list[tuple[str, str]]:
-    """(ffn, scoring) pairs to time: ``--variants``, else every ``--ffn`` x ``--attn-scoring``; swiglu with
-    each scoring (the reference of the FFN comparisons) and swiglu+softmax always come first."""
+def variant_specs(parser: argparse.ArgumentParser, args: argparse.Namespace, base: ModelConfig) -> dict[str, Spec]:
+    """The variants to time: ``--variants``, else every ``--ffn`` x ``--attn-scoring``; swiglu with each scoring
+    (the reference of that scoring's FFNs) and swiglu+softmax always come first."""
     if args.variants:
         pairs = []
         for name in args.variants:
@@ -101,54 +113,39 @@ def variant_pairs(parser: argparse.ArgumentParser, args: argparse.Namespace) -> 
     else:
         pairs = [(ffn, scoring) for scoring in args.attn_scoring for ffn in args.ffn]
     scorings = ["softmax", *dict.fromkeys(s for _, s in pairs if s != "softmax")]
-    references = [("swiglu", scoring) for scoring in scorings]
-    return list(dict.fromkeys([*references, *pairs]))
+    pairs = list(dict.fromkeys([*(("swiglu", scoring) for scoring in scorings), *pairs]))
+    return {f"{ffn}+{scoring}": Spec(dataclasses.replace(base, ffn=ffn, attn_scoring=scoring,
+                                                         ffn_param_match=ffn != "swiglu"),
+                                     None if ffn == "swiglu" else f"swiglu+{scoring}") for ffn, scoring in pairs}
 
 
-def extra_rows(parser: argparse.ArgumentParser, specs: list[str],
-               variants: dict[str, ModelConfig]) -> dict[str, tuple[str, ModelConfig]]:
-    """``--extra-row "VARIANT LABEL:FIELD=VALUE[,FIELD=VALUE]"`` -> {"VARIANT LABEL": (VARIANT, its config with
-    those ModelConfig fields set, validated)}; VALUE typed as YAML types it (int, float, bool, string)."""
+def extra_rows(parser: argparse.ArgumentParser, specs: list[list[str]], rows: dict[str, Spec]) -> dict[str, Spec]:
+    """``--extra-row LABEL REFERENCE KEY=VALUE...`` -> {LABEL: REFERENCE's spec with those ModelConfig fields
+    (validated) and ``ROW_KEYS`` changed, over REFERENCE}; VALUE typed as YAML types it (int, float, bool, str)."""
     fields = {f.name for f in dataclasses.fields(ModelConfig)}
-    rows = {}
-    for spec in specs:
-        name, _, assignments = spec.partition(":")
-        variant = name.split(" ")[0]
-        if variant not in variants or " " not in name or not assignments:
-            parser.error(f"--extra-row: {spec!r} is not 'VARIANT LABEL:FIELD=VALUE[,...]' with VARIANT among the "
-                         f"timed variants {list(variants)}")
+    rows = dict(rows)
+    for label, reference, *assignments in (spec + [""] * (2 - len(spec)) for spec in specs):
+        if reference not in rows or label in rows or not assignments:
+            parser.error(f"--extra-row: {' '.join([label, reference, *assignments])!r} is not 'LABEL REFERENCE "
+                         f"KEY=VALUE...' with a new LABEL and REFERENCE among the rows {list(rows)}")
         # YAML's typing, as a config override gets it (llm/config.py): "false" is False, not a true string
-        changes = OmegaConf.to_container(OmegaConf.from_dotlist(assignments.split(",")))
-        if unknown := [key for key in changes if key not in fields]:
-            parser.error(f"--extra-row: {unknown[0]!r} is not a ModelConfig field (model.*)")
-        rows[name] = (variant, dataclasses.replace(variants[variant], **changes).validate())
+        changes = OmegaConf.to_container(OmegaConf.from_dotlist(assignments))
+        if unknown := [key for key in changes if key not in fields | set(ROW_KEYS)]:
+            parser.error(f"--extra-row: {unknown[0]!r} is neither a ModelConfig field (model.*) nor in {ROW_KEYS}")
+        model = {k: v for k, v in changes.items() if k in fields}
+        own = {k: v for k, v in changes.items() if k in ROW_KEYS}
+        rows[label] = dataclasses.replace(rows[reference], **own, reference=reference,
+                                          config=dataclasses.replace(rows[reference].config, **model).validate())
     return rows
 
 
-def comparisons(rows: dict[str, Row], baseline: str, extras: dict[str, tuple[str, ModelConfig]]) -> list[tuple]:
-    """(row, reference) pairs reported below the table (module docstring)."""
-    pairs = [(name, name.removesuffix(" packed")) for name in rows if name.endswith(" packed")]
-    pairs += [(name, name.removesuffix(" no-tf32")) for name in rows if name.endswith(" no-tf32")]
-    pairs += [(name, variant) for name, (variant, _) in extras.items()]
-    pairs += [(name, f"swiglu+{name.split('+')[1]}") for name in rows if "+" in name and " " not in name
-              and not name.startswith("swiglu+") and not name.endswith("+softmax")]
-    pairs += [(baseline, name) for name in rows if name in QWEN3_ROWS.values()]
-    return pairs
-
-
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--preset", default="small-cpu", help="configs/sizes/<preset>.yaml")
+    parser = harness.parser(__doc__)
     parser.add_argument("--set", nargs="+", default=[], metavar="KEY=VALUE",
                         help="config overrides for every row (e.g. model.max_position_embeddings=32768)")
     parser.add_argument("--batch", type=int, default=8)
     parser.add_argument("--seq", type=int, default=256)
-    parser.add_argument("--rounds", type=int, default=10, help="timed rounds (each times one step of every row)")
-    parser.add_argument("--quick", action="store_true", help="5 rounds (wider intervals)")
-    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
-    parser.add_argument("--dtype", choices=DTYPES, default="fp32")
     parser.add_argument("--compile", action="store_true", help="torch.compile every model")
-    parser.add_argument("--threads", type=int, default=0, help="torch threads on CPU (0: torch's default)")
     parser.add_argument("--ffn", nargs="+", choices=FFN_REGISTRY, default=list(FFN_REGISTRY),
                         help="FFN variants to time (swiglu is always included: the ratios need it)")
     parser.add_argument("--attn-scoring", nargs="+", choices=ATTN_SCORING_REGISTRY,
@@ -156,62 +153,39 @@ def main() -> None:
     parser.add_argument("--variants", nargs="+", metavar="FFN+SCORING",
                         help="time exactly these ffn+scoring pairs instead of --ffn x --attn-scoring (swiglu with "
                              "each named scoring is added: the ratios need it)")
-    parser.add_argument("--baseline", default="swiglu+softmax", help="the row every `ratio` is over")
-    parser.add_argument("--also-batch", nargs="+", type=int, default=[], metavar="N",
-                        help="also time the baseline variant at micro batch N (rows '<baseline> batch N')")
-    parser.add_argument("--json", metavar="PATH", help="also write the figures and every round's seconds as JSON")
-    parser.add_argument("--csv", metavar="PATH", help="also write one line per row: " + ", ".join(
-        ("variant", "tokens_per_s", "ratio", "ratio_ci_low", "ratio_ci_high", "rounds", "mfu")))
-    parser.add_argument("--packed-docs", type=int, default=0, metavar="MEAN",
-                        help="also time swiglu with each scoring on packed documents of MEAN tokens on average")
+    parser.add_argument("--baseline", default="swiglu+softmax", help="the reference of rows without their own")
     parser.add_argument("--qwen3", nargs="*", choices=QWEN3_ROWS, default=list(QWEN3_ROWS),
                         help="transformers Qwen3 rows (bare: none; their fp32 logits do not fit a large batch)")
-    parser.add_argument("--no-tf32", nargs="+", default=[], metavar="FFN+SCORING",
-                        help="also time these variants with fp32 matmuls in full fp32 (rows '<name> no-tf32')")
-    parser.add_argument("--extra-row", action="append", default=[], metavar="'VARIANT LABEL:FIELD=VALUE,...'",
-                        help="also time VARIANT with these ModelConfig fields changed, as row 'VARIANT LABEL'")
+    parser.add_argument("--extra-row", nargs="+", action="append", default=[], metavar="LABEL REFERENCE KEY=VALUE",
+                        help="also time row REFERENCE with these changes as row LABEL (module docstring)")
     parser.add_argument("--profile", nargs="*", default=None, metavar="ROW",
                         help="also print the 10 kernels with the most time in these rows' steps (torch.profiler; "
                              "bare: swiglu+softmax)")
-    args = parser.parse_args()
-    if args.threads:
-        torch.set_num_threads(args.threads)
-    rounds = 5 if args.quick else args.rounds
+    args = harness.parse(parser, "--preset", "--rounds", "--device", "--dtype", "--threads", "--json", "--csv",
+                         device="cuda" if torch.cuda.is_available() else "cpu")
+    rounds = args.rounds
     device, dtype = torch.device(args.device), DTYPES[args.dtype]
     base = load_config(f"configs/sizes/{args.preset}.yaml", ["train.max_steps=1", f"data.seq_len={args.seq}",
                                                                    *args.set]).model
-    variants: dict[str, ModelConfig] = {
-        f"{ffn}+{scoring}": dataclasses.replace(base, ffn=ffn, attn_scoring=scoring, ffn_param_match=ffn != "swiglu")
-        for ffn, scoring in variant_pairs(parser, args)
-    }
-    if unknown := set(args.no_tf32) - set(variants):
-        parser.error(f"--no-tf32: {sorted(unknown)} are not among the timed variants {list(variants)}")
-    extras = extra_rows(parser, args.extra_row, variants)
+    specs = extra_rows(parser, args.extra_row, variant_specs(parser, args, base))
     batch = torch.randint(0, base.vocab_size, (args.batch, args.seq + 1), device=device)
-    positions = packed_positions(args.seq, args.packed_docs, device) if args.packed_docs else None
+
+    def build(name: str, spec: Spec) -> Row:
+        ids = torch.randint(0, base.vocab_size, (spec.batch, args.seq + 1), device=device) if spec.batch else batch
+        positions = packed_positions(len(ids), args.seq, spec.packed_docs, device) if spec.packed_docs else None
+        return ours(name, spec.config, ids, args.compile, spec.reference, positions, spec.tf32,
+                    spec.activation_checkpointing)
 
     torch.manual_seed(0)
-    builders: dict[str, Callable[[], Row]] = {}
-    for name, cfg in variants.items():
-        builders[name] = lambda n=name, c=cfg: ours(n, c, batch, args.compile)
-        if positions is not None and name.startswith("swiglu+"):
-            builders[f"{name} packed"] = lambda n=name, c=cfg: ours(f"{n} packed", c, batch, args.compile, positions)
-    builders |= {f"{n} no-tf32": lambda n=n: ours(f"{n} no-tf32", variants[n], batch, args.compile, tf32=False)
-                 for n in args.no_tf32}
-    builders |= {name: lambda n=name, c=cfg: ours(n, c, batch, args.compile) for name, (_, cfg) in extras.items()}
-    if args.also_batch and args.baseline not in variants:
-        parser.error(f"--also-batch: the baseline {args.baseline!r} is not one of our variants {list(variants)}")
-    builders |= {f"{args.baseline} batch {n}": lambda n=n: ours(
-        f"{args.baseline} batch {n}", variants[args.baseline],
-        torch.randint(0, base.vocab_size, (n, args.seq + 1), device=device), args.compile) for n in args.also_batch}
+    builders: dict[str, Callable[[], Row]] = {name: lambda n=name, s=spec: build(n, s) for name, spec in specs.items()}
     builders |= {QWEN3_ROWS[kind]: lambda k=kind: qwen3(k, base, batch, args.compile) for kind in args.qwen3}
     if args.baseline not in builders:
         parser.error(f"--baseline: {args.baseline!r} is not among the rows {list(builders)}")
-    rows, steps, first_step, skipped = {}, {}, {}, {}
+    rows, steps, first_step, saved, skipped = {}, {}, {}, {}, {}
     with strict_compilation(len(builders)):
-        for name, build in builders.items():
+        for name, build_row in builders.items():
             try:
-                rows[name] = build()
+                rows[name] = build_row()
             except ImportError as err:  # Liger-Kernel: the gpu extra's
                 skipped[name] = f"{err.name or err} is not installed"
                 continue
@@ -219,80 +193,76 @@ def main() -> None:
                 skipped[name] = "Liger-Kernel's kernels are Triton's, CUDA only"
                 del rows[name]
                 continue
-            steps[name] = make_step(rows[name], device, dtype)
-            synchronize(device)
-            start = time.perf_counter()
-            steps[name]()  # warm-up: allocator, AdamW state, compilation
-            synchronize(device)
-            first_step[name] = time.perf_counter() - start
+            row = rows[name]
+            steps[name] = make_step(row.model.parameters(), row.loss, device, dtype, row.tf32)
+            first_step[name] = timed(steps[name], device)()  # warm-up: allocator, AdamW state, compilation
             check_compiled(steps[name], name)
-        seconds, peaks, matmul = time_rounds(steps, device, dtype, rounds)
+            saved[name] = None if args.compile else saved_bytes(row) / 2**20  # hooks would recompile the graph
+        seconds, peaks, matmul = time_step_rounds(steps, device, dtype, rounds)
     for name, reason in skipped.items():
         print(f"# skipped {name}: {reason}")
-    report(args, rows, seconds, peaks, first_step, matmul, extras, steps, device, rounds, base)
+    report(args, rows, seconds, peaks, saved, first_step, matmul, steps, device, rounds, base)
 
 
-def time_rounds(steps: dict[str, Callable[[], None]], device: torch.device, dtype: torch.dtype,
-                rounds: int) -> tuple[dict[str, list[float]], dict[str, float], float]:
-    """Every row's seconds per round (rows rotated), each step's peak memory above the resident models (CUDA,
-    MiB, largest over rounds), and the best matmul rate measured in the same rounds; no compilation allowed."""
-    seconds: dict[str, list[float]] = {name: [] for name in steps}
+def time_step_rounds(steps: dict[str, Callable[[], None]], device: torch.device, dtype: torch.dtype,
+                     rounds: int) -> tuple[dict[str, list[float]], dict[str, float], float]:
+    """Every row's seconds per round (bench/harness.py ``time_rounds``), each step's peak memory above the
+    resident models (CUDA, MiB, largest over rounds), and the best rate of the roofline's matmul, timed as one
+    more row of the same rounds (at the steps' fp32 precision); no compilation allowed."""
     peaks = dict.fromkeys(steps, 0.0)
-    rates, names = [], list(steps)
-    matmul_n = ROOFLINE_MATMUL_N.get(device.type, ROOFLINE_MATMUL_N["cpu"])
+    n = ROOFLINE_MATMUL_N.get(device.type, ROOFLINE_MATMUL_N["cpu"])
+    a, b = torch.randn(2, n, n, device=device).to(dtype)
+
+    def measured(name: str) -> Callable[[], float]:
+        def call() -> float:
+            if device.type != "cuda":
+                return timed(steps[name], device)()
+            resident = torch.cuda.memory_allocated()
+            torch.cuda.reset_peak_memory_stats()
+            seconds = timed(steps[name], device)()
+            peaks[name] = max(peaks[name], (torch.cuda.max_memory_allocated() - resident) / 2**20)
+            return seconds
+        return call
+
+    def matmul() -> float:
+        with tf32_matmuls(device):
+            return timed(lambda: torch.mm(a, b), device)()
+
+    torch.mm(a, b)  # its warm-up
     with torch.compiler.set_stance("fail_on_recompile"):
-        for r in range(rounds):
-            for name in names[r % len(names):] + names[:r % len(names)]:  # rotated: no row always goes first
-                synchronize(device)
-                if device.type == "cuda":
-                    resident = torch.cuda.memory_allocated()
-                    torch.cuda.reset_peak_memory_stats()
-                start = time.perf_counter()
-                steps[name]()
-                synchronize(device)
-                seconds[name].append(time.perf_counter() - start)
-                if device.type == "cuda":
-                    peaks[name] = max(peaks[name], (torch.cuda.max_memory_allocated() - resident) / 2**20)
-            with tf32_matmuls(device):  # the roofline's matmul at the steps' fp32 precision
-                rates.append(measure_matmul_flops(n=matmul_n, dtype=dtype, device=device, repeats=1))
-    return seconds, peaks, max(rates)
+        seconds = time_rounds({**{name: measured(name) for name in steps}, None: matmul}, rounds)
+    return seconds, peaks, 2.0 * n**3 / min(seconds.pop(None))
 
 
 def report(args: argparse.Namespace, rows: dict[str, Row], seconds: dict[str, list[float]], peaks: dict[str, float],
-           first_step: dict[str, float], matmul: float, extras: dict, steps: dict, device: torch.device,
-           rounds: int, base: ModelConfig) -> None:
-    """Print the table and the comparisons; write --json and --csv."""
-    per_token = {name: [s / row.tokens for s in seconds[name]] for name, row in rows.items()}
+           saved: dict[str, float | None], first_step: dict[str, float], matmul: float, steps: dict,
+           device: torch.device, rounds: int, base: ModelConfig) -> None:
+    """Print the table; write --json and --csv."""
     with tf32_matmuls(device):
         gpu_peak = peak_flops(device, DTYPES[args.dtype]) if device.type == "cuda" else None
     print(f"# training step, {args.preset} ({base.num_hidden_layers} layers, hidden {base.hidden_size}, "
           f"vocab {base.vocab_size}), batch {args.batch} x {args.seq}, {args.dtype}, {device.type}"
-          f"{', compiled' if args.compile else ''}, {rounds} rounds; ratio: tokens/s over {args.baseline}'s, "
-          f"paired per round, median [95% interval]")
+          f"{', compiled' if args.compile else ''}, {rounds} rounds; ratio: tokens/s over the reference row's "
+          f"(last column), paired per round, median [95% interval]")
     print(f"# measured {args.dtype} matmul ({ROOFLINE_MATMUL_N.get(device.type, 1024)}^3, best of {rounds}): "
           f"{matmul / 1e9:.1f} GFLOP/s")
     cuda = device.type == "cuda"
-    print(f"{'variant':<40}{'tokens/s':>10}{'ratio [95% interval]':>26}{'roofline':>10}{'of roofline':>12}"
-          + (f"{'MFU':>8}{'step MiB':>10}" if cuda else "") + f"{'first s':>9}")
-    figures = {}
+    print(f"{'variant':<40}{'tokens/s':>10}{'ratio [95% interval]':>28}{'roofline':>10}{'of roofline':>12}"
+          + (f"{'MFU':>8}{'step MiB':>10}" if cuda else "") + f"{'saved MiB':>10}{'first s':>9}  over")
+    tokens = {name: row.tokens for name, row in rows.items()}
+    table = {}
     for name, row in rows.items():
-        value = statistics.median(1 / s for s in per_token[name])
-        ratio = paired_ratio(per_token[name], per_token[args.baseline])
+        reference = row.reference or (args.baseline if args.baseline in rows else None)
+        f = table[name] = figures(name, reference, seconds, tokens)
         fpt = flops_per_token(row.config, args.seq, training=True)
-        figures[name] = {"variant": name, "tokens_per_s": value, "ratio": ratio.median, "ratio_ci_low": ratio.low,
-                         "ratio_ci_high": ratio.high, "rounds": ratio.rounds,
-                         "mfu": mfu(value, fpt, gpu_peak) if gpu_peak else None,
-                         "of_roofline": mfu(value, fpt, matmul), "step_peak_mib": peaks[name] if cuda else None,
-                         "first_step_s": first_step[name]}
-        f = figures[name]
-        print(f"{name:<40}{value:>10.0f}{ratio!s:>26}{matmul / fpt:>10.0f}{f['of_roofline']:>11.0%} "
-              + (f"{f['mfu']:>8.1%}{peaks[name]:>10.0f}" if cuda else "") + f"{first_step[name]:>9.1f}")
-    compared = [(row, ref, paired_ratio(per_token[row], per_token[ref]))
-                for row, ref in comparisons(rows, args.baseline, extras) if row in rows and ref in rows]
-    if compared:
-        print("# paired comparisons: row's tokens/s over reference's, median [95% interval]")
-    for row, ref, ratio in compared:
-        print(f"#   {row:<40} over {ref:<40} {ratio}")
+        f |= {"mfu": mfu(f["tokens_per_s"], fpt, gpu_peak) if gpu_peak else None,
+              "of_roofline": mfu(f["tokens_per_s"], fpt, matmul), "step_peak_mib": peaks[name] if cuda else None,
+              "saved_mib": saved[name], "first_step_s": first_step[name]}
+        ratio = PairedRatio(f["ratio"], f["ratio_ci_low"], f["ratio_ci_high"], f["rounds"])
+        memory = (f"{f['mfu']:>8.1%}{peaks[name]:>10.0f}" if cuda else "") + (
+            f"{saved[name]:>10.1f}" if saved[name] is not None else f"{'-':>10}")
+        print(f"{name:<40}{f['tokens_per_s']:>10.0f}{ratio!s:>28}{matmul / fpt:>10.0f}{f['of_roofline']:>11.0%} "
+              f"{memory}{first_step[name]:>9.1f}  {reference}")
     profiled = ["swiglu+softmax"] if args.profile == [] else args.profile or []
     kernels = {row: top_kernels(steps[row], device) for row in profiled if row in steps}
     for row, lines in kernels.items():
@@ -300,13 +270,11 @@ def report(args: argparse.Namespace, rows: dict[str, Row], seconds: dict[str, li
               f"step, name):")
         print("\n".join(f"#   {line}" for line in lines))
     if args.csv:
-        write_csv(Path(args.csv), list(figures.values()))
+        write_csv(Path(args.csv), list(table.values()))
     if args.json:
         Path(args.json).write_text(json.dumps({
             "setup": f"{args.preset}, {args.batch} x {args.seq}", "baseline": args.baseline, "rounds": rounds,
-            "matmul_flops": matmul, "variants": figures, "seconds": seconds,
-            "tokens": {name: row.tokens for name, row in rows.items()}, "top_kernels": kernels,
-            "comparisons": [{"row": row, "reference": ref, **dataclasses.asdict(r)} for row, ref, r in compared],
+            "matmul_flops": matmul, "variants": table, "seconds": seconds, "tokens": tokens, "top_kernels": kernels,
         }, indent=1))
 
 

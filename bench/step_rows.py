@@ -1,7 +1,8 @@
 """The rows bench_train_step.py times: each a model, how it computes its loss, and its training step.
 
-A step is what the trainer does per micro-batch: forward and loss, then backward, both inside the trainer's TF32
-scope (``llm.train.step.tf32_matmuls``, as ``train_step`` wraps them), then fused AdamW (``build_optimizer``'s).
+A step is what the trainer does per micro-batch (bench/harness.py ``make_step``): forward and loss, then backward,
+both inside the trainer's TF32 scope (``llm.train.step.tf32_matmuls``, as ``train_step`` wraps them), then fused
+AdamW (``build_optimizer``'s).
 
 Compilation: ours as ``train.compile`` does (``compile_decoder_layers``), transformers' Qwen3 whole. Dynamo keeps
 its compiled code per Python code object, so every row's decoder layers (one class, one ``forward``) share one
@@ -24,7 +25,6 @@ from transformers import Qwen3Config, Qwen3ForCausalLM
 
 from llm.model import IsoLLMConfig, IsoLLMForCausalLM, ModelConfig
 from llm.train.setup import compile_decoder_layers
-from llm.train.step import tf32_matmuls
 
 QWEN3_ROWS = {
     "loss-outside": "transformers Qwen3 (loss eager, outside)",
@@ -39,8 +39,8 @@ trunk, then Liger-Kernel's fused linear cross-entropy on the last hidden states 
 
 @dataclass
 class Row:
-    """A timed row: the module whose parameters train, a closure computing the loss of the bench's batch, and
-    the model config its FLOPs are counted from."""
+    """A timed row: the module whose parameters train, a closure computing the loss of the bench's batch, the
+    model config its FLOPs are counted from, and the row its ratio is over."""
 
     name: str
     model: nn.Module
@@ -48,6 +48,8 @@ class Row:
     config: ModelConfig
     tokens: int
     """Tokens a step trains on (rows may differ in batch size: their ratios compare tokens/s)."""
+    reference: str | None = None
+    """The row this one's ratio is over (None: the bench's baseline row, or this row where it is the baseline)."""
     tf32: bool = True
 
 
@@ -64,15 +66,20 @@ def qwen3_twin(config: ModelConfig) -> Qwen3ForCausalLM:
     return Qwen3ForCausalLM(hf)
 
 
-def ours(name: str, config: ModelConfig, batch: torch.Tensor, compile_: bool,
-         position_ids: torch.Tensor | None = None, tf32: bool = True) -> Row:
-    """Our model's row; the loss fused with the LM head (``shift_labels``, as the trainer calls it)."""
+def ours(name: str, config: ModelConfig, batch: torch.Tensor, compile_: bool, reference: str | None = None,
+         position_ids: torch.Tensor | None = None, tf32: bool = True, checkpointing: int = 0) -> Row:
+    """Our model's row; the loss fused with the LM head (``shift_labels``, as the trainer calls it); with
+    ``checkpointing`` = N every N-th layer recomputed in the backward (``train.activation_checkpointing``, set
+    before compilation as the trainer sets it)."""
     model = IsoLLMForCausalLM(IsoLLMConfig.from_model_config(config)).to(batch.device).train()
+    if checkpointing:
+        model.activation_checkpointing_enable(every_n_layers=checkpointing)
     if compile_:
         compile_decoder_layers(model)
     inputs, targets = batch[:, :-1], batch[:, 1:]
-    packing = {} if position_ids is None else {"position_ids": position_ids.expand_as(inputs)}
-    return Row(name, model, lambda: model(inputs, shift_labels=targets, **packing).loss, config, inputs.numel(), tf32)
+    packing = {} if position_ids is None else {"position_ids": position_ids}
+    return Row(name, model, lambda: model(inputs, shift_labels=targets, **packing).loss, config, inputs.numel(),
+               reference, tf32)
 
 
 def qwen3(kind: str, config: ModelConfig, batch: torch.Tensor, compile_: bool) -> Row:
@@ -96,22 +103,25 @@ def qwen3(kind: str, config: ModelConfig, batch: torch.Tensor, compile_: bool) -
             def loss() -> torch.Tensor:
                 logits = compiled(inputs).logits
                 return nn.functional.cross_entropy(logits.flatten(0, 1).float(), targets.flatten())
-    return Row(QWEN3_ROWS[kind], model, loss, config, inputs.numel())
+    return Row(QWEN3_ROWS[kind], model, loss, config, inputs.numel())  # over the baseline
 
 
-def make_step(row: Row, device: torch.device, dtype: torch.dtype) -> Callable[[], None]:
-    """One training micro-step of ``row`` as the trainer takes it (module docstring)."""
-    optimizer = torch.optim.AdamW(row.model.parameters(), lr=1e-4, fused=True)
+def saved_bytes(row: Row) -> int:
+    """The bytes autograd keeps from the row's forward pass for its backward (the activations; the weights
+    excluded): each saved tensor's storage counted once through saved-tensor hooks, an exact count."""
+    params = {p.untyped_storage().data_ptr() for p in row.model.parameters()}
+    storages: dict[int, int] = {}
 
-    def step() -> None:
-        with tf32_matmuls(device, row.tf32):
-            with torch.autocast(device.type, dtype=dtype, enabled=dtype != torch.float32):
-                loss = row.loss()
-            loss.backward()
-        optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
+    def pack(t: torch.Tensor) -> torch.Tensor:
+        if t.untyped_storage().data_ptr() not in params:
+            storages[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
+        return t
 
-    return step
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        loss = row.loss()
+    loss.backward()
+    row.model.zero_grad(set_to_none=True)
+    return sum(storages.values())
 
 
 @contextmanager

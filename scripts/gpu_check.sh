@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # Five commands for a lent GPU machine (one H100, no registry, each one device call under 10 minutes): install
-# the carried wheels offline, then run one part of scripts/gpu_check.py's stages into OUTDIR/report.md and
-# OUTDIR/logs.tar.gz: 1 = the short part (headline step rows, FP8 head, long context; ~6 minutes), 2 = train.py
-# through every one-GPU launch config with a resume, 3 = compiled training per engine and attention, 4 = more
-# steps (250m, the variants below target profiled) and generation, 5 = GPU tests, micro batch and Qwen3 rows.
+# the carried wheels offline, then run one part of scripts/gpu_check.py's stage table (scripts/gpu_stages.py;
+# `python scripts/gpu_check.py --list` prints it) into OUTDIR/report.md and OUTDIR/logs.tar.gz: 1 = correctness
+# (GPU tests, every engine with train.compile, the FP8 head), 2 = the headline speed (step rows at 134m 32 x 2048,
+# long context, attention), 3 = generation and the micro batch with the Qwen3 rows, 4 = train.py through every
+# one-GPU launch config with a resume, 5 = the FP8 head's loss and more steps (250m, profiles).
 # `make gpu-wheels` fills .whl/ (carry it); see docs/performance.md, "On a GPU machine".
 #   scripts/gpu_check.sh --part N [OUTDIR]    N in 1 2 3 4 5; OUTDIR: default $OUT
 #   scripts/gpu_check.sh --dry-run [OUTDIR]   every stage at tiny size on CPU (fp32, no fla, no wheels)
