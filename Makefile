@@ -54,7 +54,7 @@ pins:
 # Speed and memory, side by side in one run each (the numbers are ratios, never asserted in tests).
 bench: $(STAMP)
 	$(BIN)/python bench/bench_train_step.py --threads 2 --rounds 12 --profile
-	$(BIN)/python bench/bench_train_step.py --threads 2 --rounds 10 --compile --ffn swiglu isogmlp iso_ln --attn-scoring softmax
+	$(BIN)/python bench/bench_train_step.py --threads 2 --rounds 10 --compile --variants swiglu+softmax isogmlp+softmax iso_ln+softmax
 	$(BIN)/python bench/bench_attention.py --threads 2
 	$(BIN)/python bench/bench_generate.py --threads 2
 	# document masking (packed documents against one document per row) and activation checkpointing: rows of the step
@@ -75,7 +75,7 @@ gpu-constraints.txt: constraints.txt
 # torch is the CPU build): the GPU tests, then the GPU figures of docs/performance.md (bf16, torch.compile, MFU, fla).
 bench-gpu:
 	$(PY) -m pytest -q -m gpu
-	$(PY) bench/bench_train_step.py --device cuda --dtype bf16 --compile --preset 134m --seq 2048 --batch 8 --rounds 10 --ffn swiglu isogmlp iso_ln --attn-scoring softmax iso_tanh
+	$(PY) bench/bench_train_step.py --device cuda --dtype bf16 --compile --preset 134m --seq 2048 --batch 8 --rounds 10 --variants swiglu+softmax isogmlp+softmax iso_ln+softmax swiglu+iso_tanh isogmlp+iso_tanh iso_ln+iso_tanh
 	$(PY) bench/bench_attention.py --device cuda --dtype bf16 --impls sdpa,chunked,fla --lengths 1024,2048,4096,8192,16384
 
 # For a lent GPU machine that reaches no registry: the wheels its image lacks and the FineWeb sample, in .whl/

@@ -19,12 +19,9 @@ compare through their paired ratios over SDPA.
 
 Implementations:
   sdpa        softmax through F.scaled_dot_product_attention (``SoftmaxScoring``)
-  naive       iso_tanh_naive, the O(T^2) reference (skipped above ``--naive-max-t``)
   chunked     iso_tanh_chunked, all chunks at once (what ``IsoTanhScoring`` runs eagerly on CPU, and on CUDA below
               ``FLA_MIN_LENGTH``)
   chunked_compiled  the same under ``torch.compile`` (what ``train.compile`` runs there)
-  chunk_loop  iso_tanh_chunked called once per chunk with the carried state: the Python-loop
-              alternative to the vectorised form, for comparison
   fla         iso_tanh through flash-linear-attention's chunked Triton kernel, llm/model/fla_kernel.py's custom
               ops (what ``IsoTanhScoring`` runs eagerly on CUDA from ``FLA_MIN_LENGTH`` on; needs fla-core and a GPU)
   fla_compiled  the same under ``torch.compile`` (``fullgraph=True``: the ops compile without a graph break),
@@ -48,24 +45,11 @@ from paired import paired_ratio
 from llm.model.attention import SoftmaxScoring
 from llm.model.config import ModelConfig
 from llm.model.fla_kernel import fla_kernel
-from llm.model.iso_tanh import (
-    iso_tanh_chunked,
-    iso_tanh_linear_attention,
-    iso_tanh_naive,
-)
+from llm.model.iso_tanh import iso_tanh_chunked, iso_tanh_linear_attention
 
-IMPLS = ("sdpa", "naive", "chunked", "chunked_compiled", "chunk_loop", "fla", "fla_compiled")
-CHUNKED = ("chunked", "chunked_compiled", "chunk_loop")
+IMPLS = ("sdpa", "chunked", "chunked_compiled", "fla", "fla_compiled")
+CHUNKED = ("chunked", "chunked_compiled")
 Attention = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
-
-
-def chunk_loop(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, chunk_size: int) -> torch.Tensor:
-    outs, state = [], None
-    for lo in range(0, q.shape[2], chunk_size):
-        piece = slice(lo, lo + chunk_size)
-        out, state = iso_tanh_chunked(q[:, :, piece], k[:, :, piece], v[:, :, piece], chunk_size, state)
-        outs.append(out)
-    return torch.cat(outs, dim=2)
 
 
 def fla_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
@@ -83,10 +67,8 @@ def attention_fn(impl: str, chunk_size: int) -> Attention:
 
     return {
         "sdpa": lambda q, k, v: softmax(q, k, v)[0],
-        "naive": iso_tanh_naive,
         "chunked": chunked,
         "chunked_compiled": torch.compile(chunked, fullgraph=True),
-        "chunk_loop": lambda q, k, v: chunk_loop(q, k, v, chunk_size),
         "fla": fla_attention,
         "fla_compiled": torch.compile(fla_attention, fullgraph=True),
     }[impl]
@@ -123,26 +105,19 @@ def compare(args: argparse.Namespace) -> None:
     print(" | ".join([f"{'T':>6}", *(f"{n + ' ms':>40}" for n in rows), *(f"{n + ' MiB':>18}" for n in rows)]))
     by_length: dict[int, dict[str, dict | None]] = {}
     for t in args.lengths:
-        timed_rows = {name: row for name, row in rows.items() if row[0] != "naive" or t <= args.naive_max_t}
-
         def start(impl: str, chunk: int, t: int = t) -> Worker:
             return Worker([sys.executable, __file__, *sys.argv[1:], "--worker", impl, f"--t={t}",
                            f"--chunk-size={chunk or args.chunk_size[0]}"])
 
-        info, seconds = worker_rounds({name: lambda r=row: start(*r) for name, row in timed_rows.items()}, args.rounds)
-        by_length[t] = dict.fromkeys(rows) | {name: {"ms": 1e3 * statistics.median(seconds[name]), "seconds":
-                                                     seconds[name], "mib": info[name]["mib"]} for name in timed_rows}
+        info, seconds = worker_rounds({name: lambda r=row: start(*r) for name, row in rows.items()}, args.rounds)
+        by_length[t] = {name: {"ms": 1e3 * statistics.median(seconds[name]), "seconds": seconds[name],
+                               "mib": info[name]["mib"]} for name in rows}
         ref = by_length[t]["sdpa"]
-        times = [f"{r['ms']:.2f} ({paired_ratio(r['seconds'], ref['seconds'])!s})" if r else "skipped"
-                 for r in by_length[t].values()]
-        mibs = [f"{r['mib']:.1f} ({ref['mib'] / max(r['mib'], 1e-9):.1f}x)" if r else "skipped"
-                for r in by_length[t].values()]
+        times = [f"{r['ms']:.2f} ({paired_ratio(r['seconds'], ref['seconds'])!s})" for r in by_length[t].values()]
+        mibs = [f"{r['mib']:.1f} ({ref['mib'] / max(r['mib'], 1e-9):.1f}x)" for r in by_length[t].values()]
         print(" | ".join([f"{t:>6}", *(f"{c:>40}" for c in times), *(f"{c:>18}" for c in mibs)]), flush=True)
         if args.json:  # after every length, so that a run stopped by a time box keeps what it measured
             Path(args.json).write_text(json.dumps(by_length, indent=1))
-    if "naive" in args.impls and max(args.lengths) > args.naive_max_t:
-        print(f"naive skipped above T={args.naive_max_t}: it holds several B*H*T^2 score tensors "
-              f"(raise --naive-max-t to run it)")
 
 
 def main() -> None:
@@ -159,7 +134,6 @@ def main() -> None:
     parser.add_argument("--head-dim", type=int, default=64)
     parser.add_argument("--chunk-size", type=lambda s: [int(x) for x in s.split(",")],
                         default=[ModelConfig.iso_tanh_chunk_size], help="iso_tanh's chunk size (comma-separated: each)")
-    parser.add_argument("--naive-max-t", type=int, default=4096)
     parser.add_argument("--worker", choices=IMPLS, help=argparse.SUPPRESS)
     parser.add_argument("--t", type=int, help=argparse.SUPPRESS)
     args = harness.parse(parser, "--device", "--dtype", "--rounds", "--threads", "--json")

@@ -100,18 +100,15 @@ def top_kernels(step: Callable[[], None], device: torch.device, steps: int = 3, 
 
 
 def variant_specs(parser: argparse.ArgumentParser, args: argparse.Namespace, base: ModelConfig) -> dict[str, Spec]:
-    """The variants to time: ``--variants``, else every ``--ffn`` x ``--attn-scoring``; swiglu with each scoring
-    (the reference of that scoring's FFNs) and swiglu+softmax always come first."""
-    if args.variants:
-        pairs = []
-        for name in args.variants:
-            ffn, _, scoring = name.partition("+")
-            if ffn not in FFN_REGISTRY or scoring not in ATTN_SCORING_REGISTRY:
-                parser.error(f"--variants: {name!r} is not FFN+SCORING with FFN in {sorted(FFN_REGISTRY)} and "
-                             f"SCORING in {sorted(ATTN_SCORING_REGISTRY)}")
-            pairs.append((ffn, scoring))
-    else:
-        pairs = [(ffn, scoring) for scoring in args.attn_scoring for ffn in args.ffn]
+    """The ``--variants`` to time; swiglu with each scoring (the reference of that scoring's FFNs) and
+    swiglu+softmax always come first."""
+    pairs = []
+    for name in args.variants:
+        ffn, _, scoring = name.partition("+")
+        if ffn not in FFN_REGISTRY or scoring not in ATTN_SCORING_REGISTRY:
+            parser.error(f"--variants: {name!r} is not FFN+SCORING with FFN in {sorted(FFN_REGISTRY)} and "
+                         f"SCORING in {sorted(ATTN_SCORING_REGISTRY)}")
+        pairs.append((ffn, scoring))
     scorings = ["softmax", *dict.fromkeys(s for _, s in pairs if s != "softmax")]
     pairs = list(dict.fromkeys([*(("swiglu", scoring) for scoring in scorings), *pairs]))
     return {f"{ffn}+{scoring}": Spec(dataclasses.replace(base, ffn=ffn, attn_scoring=scoring,
@@ -146,13 +143,10 @@ def main() -> None:
     parser.add_argument("--batch", type=int, default=8)
     parser.add_argument("--seq", type=int, default=256)
     parser.add_argument("--compile", action="store_true", help="torch.compile every model")
-    parser.add_argument("--ffn", nargs="+", choices=FFN_REGISTRY, default=list(FFN_REGISTRY),
-                        help="FFN variants to time (swiglu is always included: the ratios need it)")
-    parser.add_argument("--attn-scoring", nargs="+", choices=ATTN_SCORING_REGISTRY,
-                        default=list(ATTN_SCORING_REGISTRY), help="attention scorings to time")
     parser.add_argument("--variants", nargs="+", metavar="FFN+SCORING",
-                        help="time exactly these ffn+scoring pairs instead of --ffn x --attn-scoring (swiglu with "
-                             "each named scoring is added: the ratios need it)")
+                        default=[f"{ffn}+{scoring}" for scoring in ATTN_SCORING_REGISTRY for ffn in FFN_REGISTRY],
+                        help="the ffn+scoring pairs to time (default: all; swiglu with each named scoring is added: "
+                             "the ratios need it)")
     parser.add_argument("--baseline", default="swiglu+softmax", help="the reference of rows without their own")
     parser.add_argument("--qwen3", nargs="*", choices=QWEN3_ROWS, default=list(QWEN3_ROWS),
                         help="transformers Qwen3 rows (bare: none; their fp32 logits do not fit a large batch)")

@@ -191,13 +191,13 @@ def attention_targets(by_length: dict, from_t: int) -> list[Row]:
     length, whether ``FLA_MIN_LENGTH`` picks the faster of the compiled forms (paired)."""
     rows = []
     for t, impls in by_length.items():
-        for linear in [impl for impl in impls if impl != "sdpa" and impls[impl] and int(t) >= from_t]:
+        for linear in [impl for impl in impls if impl != "sdpa" and int(t) >= from_t]:
             ratio = paired_ratio(impls[linear]["seconds"], impls["sdpa"]["seconds"])
             rows.append((f"iso_tanh ({linear}) faster than SDPA at T={t}", str(ratio), verdict(ratio, 1.0)))
             memory = impls[linear]["mib"] / max(impls["sdpa"]["mib"], 1e-9)
             rows.append((f"iso_tanh ({linear}) memory <= SDPA's at T={t}", f"{memory:.2f}x",
                          "met" if memory <= 1 else "NOT met"))
-        if impls.get("chunked_compiled") and impls.get("fla_compiled"):  # CUDA's choice (attention.py)
+        if {"chunked_compiled", "fla_compiled"} <= impls.keys():  # CUDA's choice (attention.py)
             picked, other = (("fla_compiled", "chunked_compiled") if int(t) >= FLA_MIN_LENGTH else
                              ("chunked_compiled", "fla_compiled"))
             ratio = paired_ratio(impls[picked]["seconds"], impls[other]["seconds"])
