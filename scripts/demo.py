@@ -21,7 +21,6 @@ are passed to both ``train.py`` calls (e.g. ``train.max_steps=50``).
 from __future__ import annotations
 
 import ast
-import contextlib
 import json
 import os
 import socket
@@ -134,13 +133,10 @@ def choose_source() -> tuple[Path, str, list[str]]:
 def progress(run_dir: Path) -> str:
     """Where a run stands, from its metrics.jsonl: its last logged step of all, loss and the time left at its
     last rate (the tokens of the steps left over the logged tokens/s; evaluations add a little)."""
-    metrics = run_dir / "metrics.jsonl"
-    rows = []
-    for line in metrics.read_text().splitlines() if metrics.is_file() else []:
-        with contextlib.suppress(ValueError):  # a line being written
-            rows.append(json.loads(line))
-    meta = [r for r in rows if r["kind"] == "meta"]
-    train = [r for r in rows if r["kind"] == "train"]
+    from llm.eval.runs import read_metrics, step_rows  # skips a line being written
+
+    rows = read_metrics(run_dir) if (run_dir / "metrics.jsonl").is_file() else []
+    meta, train = step_rows(rows, "meta"), step_rows(rows, "train")
     if not meta:
         return f"{run_dir.name}: starting (tokenizer, model, validation set)"
     total = meta[-1]["max_steps"]
