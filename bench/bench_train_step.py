@@ -157,7 +157,6 @@ def main() -> None:
                              "bare: swiglu+softmax)")
     args = harness.parse(parser, "--preset", "--rounds", "--device", "--dtype", "--threads", "--json", "--csv",
                          device="cuda" if torch.cuda.is_available() else "cpu")
-    rounds = args.rounds
     device, dtype = torch.device(args.device), DTYPES[args.dtype]
     base = load_config(f"configs/sizes/{args.preset}.yaml", ["train.max_steps=1", f"data.seq_len={args.seq}",
                                                                    *args.set]).model
@@ -175,27 +174,22 @@ def main() -> None:
     builders |= {QWEN3_ROWS[kind]: lambda k=kind: qwen3(k, base, batch, args.compile) for kind in args.qwen3}
     if args.baseline not in builders:
         parser.error(f"--baseline: {args.baseline!r} is not among the rows {list(builders)}")
-    rows, steps, first_step, saved, skipped = {}, {}, {}, {}, {}
+    rows, steps, first_step, saved = {}, {}, {}, {}
     with strict_compilation(len(builders)):
         for name, build_row in builders.items():
             try:
-                rows[name] = build_row()
-            except ImportError as err:  # Liger-Kernel: the gpu extra's
-                skipped[name] = f"{err.name or err} is not installed"
+                if name == QWEN3_ROWS["liger"] and device.type != "cuda":
+                    raise ImportError("Liger-Kernel's kernels are Triton's, CUDA only")
+                rows[name] = row = build_row()
+            except ImportError as err:  # Liger-Kernel: the gpu extra's, CUDA only
+                print(f"# skipped {name}: {f'{err.name} is not installed' if err.name else err}")
                 continue
-            if name == QWEN3_ROWS["liger"] and device.type != "cuda":
-                skipped[name] = "Liger-Kernel's kernels are Triton's, CUDA only"
-                del rows[name]
-                continue
-            row = rows[name]
             steps[name] = make_step(row.model.parameters(), row.loss, device, dtype, row.tf32)
             first_step[name] = timed(steps[name], device)()  # warm-up: allocator, AdamW state, compilation
             check_compiled(steps[name], name)
             saved[name] = None if args.compile else saved_bytes(row) / 2**20  # hooks would recompile the graph
-        seconds, peaks, matmul = time_step_rounds(steps, device, dtype, rounds)
-    for name, reason in skipped.items():
-        print(f"# skipped {name}: {reason}")
-    report(args, rows, seconds, peaks, saved, first_step, matmul, steps, device, rounds, base)
+        seconds, peaks, matmul = time_step_rounds(steps, device, dtype, args.rounds)
+    report(args, rows, seconds, peaks, saved, first_step, matmul, steps, base)
 
 
 def time_step_rounds(steps: dict[str, Callable[[], None]], device: torch.device, dtype: torch.dtype,
@@ -230,8 +224,9 @@ def time_step_rounds(steps: dict[str, Callable[[], None]], device: torch.device,
 
 def report(args: argparse.Namespace, rows: dict[str, Row], seconds: dict[str, list[float]], peaks: dict[str, float],
            saved: dict[str, float | None], first_step: dict[str, float], matmul: float, steps: dict,
-           device: torch.device, rounds: int, base: ModelConfig) -> None:
+           base: ModelConfig) -> None:
     """Print the table; write --json and --csv."""
+    device, rounds = torch.device(args.device), args.rounds
     with tf32_matmuls(device):
         gpu_peak = peak_flops(device, DTYPES[args.dtype]) if device.type == "cuda" else None
     print(f"# training step, {args.preset} ({base.num_hidden_layers} layers, hidden {base.hidden_size}, "

@@ -33,7 +33,7 @@ from pathlib import Path
 
 import harness
 from harness import DTYPES, Worker, make_step, positive_int, serve, timed, worker_rounds
-from paired import grouped_interval, round_ratios, write_csv
+from paired import csv_row, grouped_interval, round_ratios, write_csv
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -48,28 +48,25 @@ def tree_label(tree: Path) -> str:
 
 def worker(args: argparse.Namespace) -> None:
     """One row: a training step of ``args.worker`` (FFN+SCORING) built from the ``llm`` package of the tree this
-    process runs in (``PYTHONPATH`` and working directory set to it), timed on request (bench/harness.py
-    ``serve``). It uses only what every tree of this repository since the fused loss has (``load_config``,
-    ``IsoLLMForCausalLM(shift_labels=...)``, ``compile_decoder_layers``, ``tf32_matmuls`` in harness.py's
-    ``make_step``), so that an older commit's tree runs it unchanged; bench/ itself is this tree's."""
+    process runs in (``PYTHONPATH`` and working directory set to it), built as bench_train_step.py builds it
+    (step_rows.py ``ours``) and timed on request (bench/harness.py ``serve``). It uses only what every tree of this
+    repository since the fused loss has (``load_config``, ``IsoLLMForCausalLM(shift_labels=...)``,
+    ``compile_decoder_layers``, ``tf32_matmuls`` in harness.py's ``make_step``), so that an older commit's tree runs
+    it unchanged; bench/ itself is this tree's."""
     import dataclasses
 
     import torch
+    from step_rows import ours
 
     from llm.config import load_config
-    from llm.model import IsoLLMConfig, IsoLLMForCausalLM
-    from llm.train.setup import compile_decoder_layers
 
     device, ffn, scoring = torch.device(args.device), *args.worker.split("+")
     base = load_config(f"configs/sizes/{args.preset}.yaml", ["train.max_steps=1"]).model
     config = dataclasses.replace(base, ffn=ffn, attn_scoring=scoring, ffn_param_match=ffn != "swiglu")
     torch.manual_seed(0)
-    model = IsoLLMForCausalLM(IsoLLMConfig.from_model_config(config)).to(device).train()
-    if args.compile:
-        compile_decoder_layers(model)
-    batch = torch.randint(0, config.vocab_size, (args.batch, args.seq + 1), device=device)
-    step = timed(make_step(model.parameters(), lambda: model(batch[:, :-1], shift_labels=batch[:, 1:]).loss,
-                           device, DTYPES[args.dtype]), device)
+    row = ours(args.worker, config, torch.randint(0, config.vocab_size, (args.batch, args.seq + 1), device=device),
+               args.compile)
+    step = timed(make_step(row.model.parameters(), row.loss, device, DTYPES[args.dtype]), device)
     serve(step, {"first_step_s": step()})
 
 
@@ -110,10 +107,7 @@ def main() -> None:
             value = statistics.median(tokens / s for p in range(args.processes) for s in seconds[variant, tree, p])
             first = statistics.mean(info[variant, tree, p]["first_step_s"] for p in range(args.processes))
             print(f"{name:<40}{value:>10.0f}{ratio!s:>26}{first:>9.1f}")
-            figures.append({"variant": name, "reference": f"{variant} @ {labels[baseline]}", "tokens_per_s": value,
-                            "ratio": ratio.median,
-                            "ratio_ci_low": ratio.low, "ratio_ci_high": ratio.high, "rounds": ratio.rounds,
-                            "mfu": None})
+            figures.append(csv_row(name, f"{variant} @ {labels[baseline]}", value, ratio))
     if args.csv:
         write_csv(Path(args.csv), figures)
 

@@ -25,7 +25,7 @@ from collections.abc import Callable, Hashable, Iterable
 from typing import TypeVar
 
 import torch
-from paired import paired_ratio
+from paired import csv_row, paired_ratio
 
 from llm.train.step import tf32_matmuls
 
@@ -117,10 +117,8 @@ def figures(name: str, reference: str | None, seconds: dict[str, list[float]], t
     """A row's figures: its tokens/s (median over rounds) and its ratio over ``reference`` (paired per round, per
     token; itself where None), keyed as bench/paired.py's ``CSV_COLUMNS``."""
     per_token = {key: [s / tokens[key] for s in seconds[key]] for key in (name, reference or name)}
-    ratio = paired_ratio(per_token[name], per_token[reference or name])
-    return {"variant": name, "reference": reference, "tokens_per_s": statistics.median(1 / s for s in per_token[name]),
-            "ratio": ratio.median, "ratio_ci_low": ratio.low, "ratio_ci_high": ratio.high, "rounds": ratio.rounds,
-            "mfu": None}
+    return csv_row(name, reference, statistics.median(1 / s for s in per_token[name]),
+                   paired_ratio(per_token[name], per_token[reference or name]))
 
 
 def make_step(parameters: Iterable[torch.nn.Parameter], loss: Callable[[], torch.Tensor], device: torch.device,

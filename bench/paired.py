@@ -127,6 +127,12 @@ def verdict(ratio: PairedRatio, target: float, low_floor: float | None = None) -
     return "NOT met" if ratio.high < target else "not resolved"
 
 
+def csv_row(variant: str, reference: str | None, tokens_per_s: float, ratio: PairedRatio) -> dict:
+    """A row's figures keyed as ``CSV_COLUMNS`` (``mfu`` None: the bench adds it where it has one)."""
+    return {"variant": variant, "reference": reference, "tokens_per_s": tokens_per_s, "ratio": ratio.median,
+            "ratio_ci_low": ratio.low, "ratio_ci_high": ratio.high, "rounds": ratio.rounds, "mfu": None}
+
+
 def write_csv(path: Path, rows: Sequence[dict]) -> None:
     """``rows`` (dicts with at least ``CSV_COLUMNS``' keys) to ``path``, one line per row, under its headers."""
     with open(path, "w", newline="") as out:
