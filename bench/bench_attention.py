@@ -128,7 +128,6 @@ def main() -> None:
                                                                           and "compiled" not in i],
                         help=f"comma-separated, from {','.join(IMPLS)} (default: all but fla, which needs a GPU, "
                              f"and chunked_compiled, which compiles for minutes on CPU)")
-    parser.add_argument("--batch", type=int, default=1)
     parser.add_argument("--heads", type=int, default=6)
     parser.add_argument("--kv-heads", type=int, default=0, help="0: same as --heads")
     parser.add_argument("--head-dim", type=int, default=64)
@@ -136,7 +135,7 @@ def main() -> None:
                         default=[ModelConfig.iso_tanh_chunk_size], help="iso_tanh's chunk size (comma-separated: each)")
     parser.add_argument("--worker", choices=IMPLS, help=argparse.SUPPRESS)
     parser.add_argument("--t", type=int, help=argparse.SUPPRESS)
-    args = harness.parse(parser, "--device", "--dtype", "--rounds", "--threads", "--json")
+    args = harness.parse(parser, "--batch", "--device", "--dtype", "--rounds", "--threads", "--json", batch=1)
     args.kv_heads = args.kv_heads or args.heads
     unknown = set(args.impls) - set(IMPLS)
     if unknown or "sdpa" not in args.impls:

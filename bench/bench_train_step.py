@@ -51,7 +51,7 @@ from pathlib import Path
 
 import harness
 import torch
-from harness import DTYPES, figures, make_step, packed_positions, synchronize, time_rounds, timed
+from harness import DTYPES, figures, make_step, packed_positions, peak_increase, synchronize, time_rounds, timed
 from omegaconf import OmegaConf
 from paired import PairedRatio, write_csv
 from step_rows import QWEN3_ROWS, Row, check_compiled, ours, qwen3, saved_bytes, strict_compilation
@@ -140,9 +140,6 @@ def main() -> None:
     parser = harness.parser(__doc__)
     parser.add_argument("--set", nargs="+", default=[], metavar="KEY=VALUE",
                         help="config overrides for every row (e.g. model.max_position_embeddings=32768)")
-    parser.add_argument("--batch", type=int, default=8)
-    parser.add_argument("--seq", type=int, default=256)
-    parser.add_argument("--compile", action="store_true", help="torch.compile every model")
     parser.add_argument("--variants", nargs="+", metavar="FFN+SCORING",
                         default=[f"{ffn}+{scoring}" for scoring in ATTN_SCORING_REGISTRY for ffn in FFN_REGISTRY],
                         help="the ffn+scoring pairs to time (default: all; swiglu with each named scoring is added: "
@@ -155,7 +152,8 @@ def main() -> None:
     parser.add_argument("--profile", nargs="*", default=None, metavar="ROW",
                         help="also print the 10 kernels with the most time in these rows' steps (torch.profiler; "
                              "bare: swiglu+softmax)")
-    args = harness.parse(parser, "--preset", "--rounds", "--device", "--dtype", "--threads", "--json", "--csv",
+    args = harness.parse(parser, "--preset", "--batch", "--seq", "--compile", "--rounds", "--device", "--dtype",
+                         "--threads", "--json", "--csv",
                          device="cuda" if torch.cuda.is_available() else "cpu")
     device, dtype = torch.device(args.device), DTYPES[args.dtype]
     base = load_config(f"configs/sizes/{args.preset}.yaml", ["train.max_steps=1", f"data.seq_len={args.seq}",
@@ -203,12 +201,8 @@ def time_step_rounds(steps: dict[str, Callable[[], None]], device: torch.device,
 
     def measured(name: str) -> Callable[[], float]:
         def call() -> float:
-            if device.type != "cuda":
-                return timed(steps[name], device)()
-            resident = torch.cuda.memory_allocated()
-            torch.cuda.reset_peak_memory_stats()
-            seconds = timed(steps[name], device)()
-            peaks[name] = max(peaks[name], (torch.cuda.max_memory_allocated() - resident) / 2**20)
+            peak, seconds = peak_increase(timed(steps[name], device), device)
+            peaks[name] = max(peaks[name], peak / 2**20)  # read on CUDA only (on CPU: the process's, not the step's)
             return seconds
         return call
 

@@ -74,13 +74,11 @@ def main() -> None:
     parser = harness.parser(__doc__)
     parser.add_argument("--baseline-tree", type=Path, required=True, help="a checkout (git worktree) to compare with")
     parser.add_argument("--variants", nargs="+", default=["swiglu+softmax"], metavar="FFN+SCORING")
-    parser.add_argument("--batch", type=int, default=8)
-    parser.add_argument("--seq", type=int, default=256)
     parser.add_argument("--processes", type=positive_int, default=2,
                         help="workers per (variant, tree), paired p with p; their offsets enter the interval")
-    parser.add_argument("--compile", action="store_true", help="compile as train.compile does")
     parser.add_argument("--worker", metavar="FFN+SCORING", help=argparse.SUPPRESS)
-    args = harness.parse(parser, "--preset", "--rounds", "--device", "--dtype", "--threads", "--csv")
+    args = harness.parse(parser, "--preset", "--batch", "--seq", "--compile", "--rounds", "--device", "--dtype",
+                         "--threads", "--csv")
     if args.worker:
         worker(args)
         return

@@ -45,6 +45,9 @@ COMMON = {
     "--preset": {"default": "small-cpu", "help": "configs/sizes/<preset>.yaml"},
     "--rounds": {"type": positive_int, "default": 10, "help": "timed rounds, one call of every row each (paired; "
                                                              "intervals from 6 rounds, bench/paired.py)"},
+    "--batch": {"type": positive_int, "default": 8, "help": "the micro batch (sequences)"},
+    "--seq": {"type": positive_int, "default": 256, "help": "tokens per sequence"},
+    "--compile": {"action": "store_true", "help": "compile as train.compile does (ours per decoder layer)"},
     "--device": {"default": "cpu", "help": "cpu or cuda"},
     "--dtype": {"choices": DTYPES, "default": "fp32"},
     "--threads": {"type": int, "default": 0, "help": "torch threads on CPU (0: torch's default)"},

@@ -12,18 +12,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from gpu_runs import (
-    Row,
-    Target,
-    attention_targets,
-    bench_targets,
-    engine_table,
-    generate_targets,
-    loss_checks,
-    read_run,
-    reference_rows,
-    resume_check,
-)
+import gpu_runs
+from gpu_runs import Row, Target
 
 REPO = Path(__file__).resolve().parents[1]
 PY = sys.executable
@@ -103,7 +93,8 @@ def check_table(checks: list[tuple[str, bool, str]]) -> tuple[list[str], bool]:
 def finished(work: Path, stage: str, done: set[str]) -> dict:
     """The training runs of ``stage`` whose command succeeded."""
     names = [label.removeprefix(f"{stage}-") for label in sorted(done) if label.startswith(f"{stage}-")]
-    return {name: read_run(work / stage / name) for name in names if (work / stage / name / "metrics.jsonl").is_file()}
+    return {name: gpu_runs.read_run(work / stage / name) for name in names
+            if (work / stage / name / "metrics.jsonl").is_file()}
 
 
 def train_checks(m: Mode, work: Path, done: set[str]) -> tuple[list[str], bool]:
@@ -111,9 +102,9 @@ def train_checks(m: Mode, work: Path, done: set[str]) -> tuple[list[str], bool]:
     runs = finished(work, "train", done)
     for name in runs:
         shutil.copy(work / "train" / name / "metrics.jsonl", work / "logs" / f"metrics-{name}.jsonl")
-    checks = loss_checks(runs, m.tolerance, COMPARED[1:])
+    checks = gpu_runs.loss_checks(runs, m.tolerance, COMPARED[1:])
     if "ddp" in runs:
-        checks.append(resume_check(runs["ddp"], runs["ddp-resume"], m.steps // 2, m.resume_tolerance)
+        checks.append(gpu_runs.resume_check(runs["ddp"], runs["ddp-resume"], m.steps // 2, m.resume_tolerance)
                       if "ddp-resume" in runs else ("resume from half-way", False, "the resumed run did not finish"))
     if m.gpu:  # on CPU Accelerate drops FSDP, DeepSpeed: the table and the runs say so
         checks += [(f"{name} trains with the engine its config asked for",
@@ -122,7 +113,7 @@ def train_checks(m: Mode, work: Path, done: set[str]) -> tuple[list[str], bool]:
     said = [f"- {name} said: `{line.strip()}`" for name in runs
             for line in (work / "logs" / f"train-{name}.log").read_text().splitlines() if line.startswith("engine:")]
     table, ok = check_table(checks)
-    return [*engine_table(runs), "", *said, *table], ok
+    return [*gpu_runs.engine_table(runs), "", *said, *table], ok
 
 
 Checks = Callable[[Mode, Path, set[str]], tuple[list[str], bool]]
@@ -135,13 +126,15 @@ def loss_stage(stage: str, reference: str, compared: Callable[[Mode], tuple[str,
     ``tolerance`` is None)."""
     def checks(m: Mode, work: Path, done: set[str]) -> tuple[list[str], bool]:
         runs = finished(work, stage, done)
-        table, ok = check_table(loss_checks(runs, tolerance or m.tolerance, compared(m), reference))
-        return [*engine_table(runs), *table], ok
+        table, ok = check_table(gpu_runs.loss_checks(runs, tolerance or m.tolerance, compared(m), reference))
+        return [*gpu_runs.engine_table(runs), *table], ok
     return checks
 
 
-def json_targets(pattern: str, targets: Callable[[dict], list[Row]]) -> Callable[[Path], list[Row]]:
-    return lambda logs: [row for path in sorted(logs.glob(pattern)) for row in targets(json.loads(path.read_text()))]
+def json_targets(pattern: str, targets: Callable[..., list[Row]], *args: object) -> Callable[[Path], list[Row]]:
+    """The target rows ``targets(run, *args)`` gives for each of the logs' JSON files matching ``pattern``."""
+    return lambda logs: [row for path in sorted(logs.glob(pattern))
+                         for row in targets(json.loads(path.read_text()), *args)]
 
 
 @dataclass(frozen=True)
@@ -232,7 +225,7 @@ LONG = (Target("ratio", "swiglu+iso_tanh", "swiglu+softmax", 1.0),
         Target("memory", "swiglu+iso_tanh", "swiglu+softmax"))
 
 
-@stage("fp8", 1, 55, tail=20, targets=json_targets("fp8-*.json", lambda run: bench_targets(run, FP8_ROWS)))
+@stage("fp8", 1, 55, tail=20, targets=json_targets("fp8-*.json", gpu_runs.bench_targets, FP8_ROWS))
 def fp8_commands(m: Mode) -> list[Command]:
     """swiglu+softmax and its FP8-head copy at 134m, 32 x 2048, paired. Decides: the FP8 head's MFU >= 45% of
     the datasheet."""
@@ -240,7 +233,7 @@ def fp8_commands(m: Mode) -> list[Command]:
                        "--extra-row", "swiglu+softmax fp8-head", "swiglu+softmax", FP8_HEAD)]
 
 
-@stage("step", 2, 170, tail=30, targets=json_targets("step.json", lambda run: bench_targets(run, HEADLINE)))
+@stage("step", 2, 170, tail=30, targets=json_targets("step.json", gpu_runs.bench_targets, HEADLINE))
 def step_commands(m: Mode) -> list[Command]:
     """134m at 32 x 2048: swiglu, isogmlp, iso_ln, iso_mlp with softmax, swiglu+iso_tanh, swiglu with each
     scoring on packed documents, transformers Qwen3 + Liger FLCE (the Qwen3 row that fits at 32): tokens/s, MFU,
@@ -251,7 +244,7 @@ def step_commands(m: Mode) -> list[Command]:
                                                                      "--profile"]), "--csv", "{logs}/step.csv")]
 
 
-@stage("long", 2, 90, tail=12, targets=json_targets("long-*.json", lambda run: bench_targets(run, LONG)))
+@stage("long", 2, 90, tail=12, targets=json_targets("long-*.json", gpu_runs.bench_targets, LONG))
 def long_commands(m: Mode) -> list[Command]:
     """swiglu+softmax against swiglu+iso_tanh at 1 x 16k and 1 x 32k (dry run: 128): step time paired, each
     step's peak memory. Decides: iso_tanh's step faster than softmax's, with no higher peak."""
@@ -260,7 +253,7 @@ def long_commands(m: Mode) -> list[Command]:
             for i, t in enumerate(m.pick([16384, 32768], [128]))]
 
 
-@stage("attention", 2, 240, tail=10, targets=json_targets("attention.json", lambda run: attention_targets(run, 8192)))
+@stage("attention", 2, 240, tail=10, targets=json_targets("attention.json", gpu_runs.attention_targets, 8192))
 def attention_commands(m: Mode) -> list[Command]:
     """bench/bench_attention.py: fwd+bwd time (paired) and memory of iso_tanh through fla's custom ops eager and
     compiled and the compiled chunked form, against SDPA (flash), B=4, 8 heads of 64, T = 2k-32k. Decides:
@@ -272,7 +265,7 @@ def attention_commands(m: Mode) -> list[Command]:
         "--json", "{logs}/attention.json"])]
 
 
-@stage("generate", 3, 200, tail=12, targets=json_targets("generate.json", lambda run: generate_targets(run, 16384)))
+@stage("generate", 3, 200, tail=12, targets=json_targets("generate.json", gpu_runs.generate_targets, 16384))
 def generate_commands(m: Mode) -> list[Command]:
     """bench/bench_generate.py: 134m, decode tokens/s (paired per token) and state, softmax's KV cache against
     iso_tanh's state, each growing and static (one CUDA graph per token), context 4k-32k. Decides: iso_tanh
@@ -286,8 +279,8 @@ def generate_commands(m: Mode) -> list[Command]:
 def batch_targets(logs: Path) -> list[Row]:
     """Each micro batch's row over swiglu+softmax at 32 (reported: the fastest that fits is the finding); at 8,
     swiglu+softmax over each Qwen3 row."""
-    return [*json_targets("batch-0.json", reference_rows)(logs),
-            *json_targets("batch-1.json", lambda run: bench_targets(run, HEADLINE[5:8]))(logs)]
+    return [*json_targets("batch-0.json", gpu_runs.reference_rows)(logs),
+            *json_targets("batch-1.json", gpu_runs.bench_targets, HEADLINE[5:8])(logs)]
 
 
 @stage("batch", 3, 300, tail=20, targets=batch_targets)

@@ -26,12 +26,8 @@ HEADER = """\
 
 def installed() -> dict[str, str]:
     """Canonical name -> public version of every distribution in this environment (local labels dropped)."""
-    found = {}
-    for dist in metadata.distributions():
-        name = canonicalize_name(dist.metadata["Name"])
-        if name not in UNPINNED:
-            found[name] = Version(dist.version).public
-    return found
+    return {name: Version(dist.version).public for dist in metadata.distributions()
+            if (name := canonicalize_name(dist.metadata["Name"])) not in UNPINNED}
 
 
 def read_pins(path: Path) -> dict[str, str]:
