@@ -15,12 +15,12 @@ row is the rate of one worker process and its core): the DataLoader workers per 
 
 from __future__ import annotations
 
-import argparse
 import math
 import tempfile
 import time
 from pathlib import Path
 
+import harness
 from tokenizers import Tokenizer
 
 from llm.config import DataConfig
@@ -47,8 +47,7 @@ def measure(cfg: DataConfig, tok: Tokenizer, micro_batch_size: int, tokens: int)
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = harness.parser(__doc__)
     parser.add_argument("--source", default=str(REPO / "../shared/data/fineweb-sample"))
     parser.add_argument("--seq-len", type=int, default=2048)
     parser.add_argument("--micro-batch-size", type=int, default=8)

@@ -51,10 +51,10 @@ from pathlib import Path
 
 import harness
 import torch
-from harness import DTYPES, figures, make_step, packed_positions, peak_increase, synchronize, time_rounds, timed
+from harness import DTYPES, figures, make_step, peak_increase, synchronize, time_rounds, timed
 from omegaconf import OmegaConf
 from paired import PairedRatio, write_csv
-from step_rows import QWEN3_ROWS, Row, check_compiled, ours, qwen3, saved_bytes, strict_compilation
+from step_rows import QWEN3_ROWS, Row, Spec, check_compiled, ours, qwen3, saved_bytes, strict_compilation
 
 from llm.config import load_config
 from llm.metrics.flops import flops_per_token, mfu, peak_flops
@@ -68,19 +68,6 @@ ROOFLINE_MATMUL_N = {"cpu": 1024, "cuda": 8192}
 large enough to reach the tensor cores' rate."""
 ROW_KEYS = ("batch", "packed_docs", "tf32", "activation_checkpointing")
 """``--extra-row`` keys that change the row (``Spec``) rather than the model."""
-
-
-@dataclasses.dataclass(frozen=True)
-class Spec:
-    """A row of our model to build: its config, what changes its step, and the row its ratio is over."""
-
-    config: ModelConfig
-    reference: str | None
-    batch: int = 0
-    """The micro batch (0: ``--batch``)."""
-    packed_docs: int = 0
-    tf32: bool = True
-    activation_checkpointing: int = 0
 
 
 def top_kernels(step: Callable[[], None], device: torch.device, steps: int = 3, count: int = 10) -> list[str]:
@@ -161,14 +148,9 @@ def main() -> None:
     specs = extra_rows(parser, args.extra_row, variant_specs(parser, args, base))
     batch = torch.randint(0, base.vocab_size, (args.batch, args.seq + 1), device=device)
 
-    def build(name: str, spec: Spec) -> Row:
-        ids = torch.randint(0, base.vocab_size, (spec.batch, args.seq + 1), device=device) if spec.batch else batch
-        positions = packed_positions(len(ids), args.seq, spec.packed_docs, device) if spec.packed_docs else None
-        return ours(name, spec.config, ids, args.compile, spec.reference, positions, spec.tf32,
-                    spec.activation_checkpointing)
-
     torch.manual_seed(0)
-    builders: dict[str, Callable[[], Row]] = {name: lambda n=name, s=spec: build(n, s) for name, spec in specs.items()}
+    builders: dict[str, Callable[[], Row]] = {name: lambda n=name, s=spec: ours(n, s, batch, args.compile)
+                                              for name, spec in specs.items()}
     builders |= {QWEN3_ROWS[kind]: lambda k=kind: qwen3(k, base, batch, args.compile) for kind in args.qwen3}
     if args.baseline not in builders:
         parser.error(f"--baseline: {args.baseline!r} is not among the rows {list(builders)}")

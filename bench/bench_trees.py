@@ -56,7 +56,7 @@ def worker(args: argparse.Namespace) -> None:
     import dataclasses
 
     import torch
-    from step_rows import ours
+    from step_rows import Spec, ours
 
     from llm.config import load_config
 
@@ -64,8 +64,8 @@ def worker(args: argparse.Namespace) -> None:
     base = load_config(f"configs/sizes/{args.preset}.yaml", ["train.max_steps=1"]).model
     config = dataclasses.replace(base, ffn=ffn, attn_scoring=scoring, ffn_param_match=ffn != "swiglu")
     torch.manual_seed(0)
-    row = ours(args.worker, config, torch.randint(0, config.vocab_size, (args.batch, args.seq + 1), device=device),
-               args.compile)
+    row = ours(args.worker, Spec(config), torch.randint(0, config.vocab_size, (args.batch, args.seq + 1),
+                                                         device=device), args.compile)
     step = timed(make_step(row.model.parameters(), row.loss, device, DTYPES[args.dtype]), device)
     serve(step, {"first_step_s": step()})
 

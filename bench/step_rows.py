@@ -20,6 +20,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 
 import torch
+from harness import packed_positions
 from torch import nn
 from transformers import Qwen3Config, Qwen3ForCausalLM
 
@@ -53,6 +54,20 @@ class Row:
     tf32: bool = True
 
 
+@dataclass(frozen=True)
+class Spec:
+    """A row of our model to build: its config, what changes its step, and the row its ratio is over."""
+
+    config: ModelConfig
+    reference: str | None = None
+    """The row its ratio is over (None: the bench's baseline)."""
+    batch: int = 0
+    """The micro batch (0: ``--batch``)."""
+    packed_docs: int = 0
+    tf32: bool = True
+    activation_checkpointing: int = 0
+
+
 def qwen3_twin(config: ModelConfig) -> Qwen3ForCausalLM:
     """transformers' own Qwen3 at our shape (SDPA attention, as ours)."""
     hf = Qwen3Config(
@@ -66,20 +81,22 @@ def qwen3_twin(config: ModelConfig) -> Qwen3ForCausalLM:
     return Qwen3ForCausalLM(hf)
 
 
-def ours(name: str, config: ModelConfig, batch: torch.Tensor, compile_: bool, reference: str | None = None,
-         position_ids: torch.Tensor | None = None, tf32: bool = True, checkpointing: int = 0) -> Row:
-    """Our model's row; the loss fused with the LM head (``shift_labels``, as the trainer calls it); with
-    ``checkpointing`` = N every N-th layer recomputed in the backward (``train.activation_checkpointing``, set
-    before compilation as the trainer sets it)."""
-    model = IsoLLMForCausalLM(IsoLLMConfig.from_model_config(config)).to(batch.device).train()
-    if checkpointing:
-        model.activation_checkpointing_enable(every_n_layers=checkpointing)
+def ours(name: str, spec: Spec, batch: torch.Tensor, compile_: bool) -> Row:
+    """Our model's row of ``spec`` on ``batch`` (a fresh random one where ``spec.batch`` names another size); the
+    loss fused with the LM head (``shift_labels``, as the trainer calls it); with ``activation_checkpointing`` = N
+    every N-th layer recomputed in the backward (``train.activation_checkpointing``, set before compilation as the
+    trainer sets it); with ``packed_docs``, position ids restarting at documents (harness.py ``packed_positions``)."""
+    if spec.batch:
+        batch = torch.randint(0, spec.config.vocab_size, (spec.batch, batch.shape[1]), device=batch.device)
+    model = IsoLLMForCausalLM(IsoLLMConfig.from_model_config(spec.config)).to(batch.device).train()
+    if spec.activation_checkpointing:
+        model.activation_checkpointing_enable(every_n_layers=spec.activation_checkpointing)
     if compile_:
         compile_decoder_layers(model)
     inputs, targets = batch[:, :-1], batch[:, 1:]
-    packing = {} if position_ids is None else {"position_ids": position_ids}
-    return Row(name, model, lambda: model(inputs, shift_labels=targets, **packing).loss, config, inputs.numel(),
-               reference, tf32)
+    positions = packed_positions(*inputs.shape, spec.packed_docs, batch.device) if spec.packed_docs else None
+    return Row(name, model, lambda: model(inputs, position_ids=positions, shift_labels=targets).loss, spec.config,
+               inputs.numel(), spec.reference, spec.tf32)
 
 
 def qwen3(kind: str, config: ModelConfig, batch: torch.Tensor, compile_: bool) -> Row:

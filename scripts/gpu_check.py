@@ -30,9 +30,7 @@ import tarfile
 import time
 from pathlib import Path
 
-from gpu_stages import DRY, DRY_BOX_S, GPU, GPU_BUDGET_S, PY, REPO, STAGES, Mode, Stage
-
-__all__ = ["DRY", "GPU", "GPU_BUDGET_S", "PY", "STAGES", "Stage", "main", "run_stage"]
+from gpu_stages import DRY, DRY_BOX_S, GPU, GPU_BUDGET_S, REPO, STAGES, Mode, Stage
 
 
 def run_stage(stage: Stage, mode: Mode, work: Path, data: Path | None, deadline: float) -> tuple[str, list[str]]:
