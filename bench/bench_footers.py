@@ -19,8 +19,10 @@ from __future__ import annotations
 import argparse
 import statistics
 import tempfile
-import time
 from pathlib import Path
+
+import torch
+from harness import timed
 
 from llm.data.footers import Footer, read_cache, write_cache
 
@@ -46,15 +48,10 @@ def main() -> None:
     names, prints, found = synthetic_listing(args.files, args.row_groups)
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "footers.json"
-        started = time.perf_counter()
-        write_cache(path, names, prints, found)
-        written = time.perf_counter() - started
-        loads = []
-        for _ in range(args.ranks):
-            started = time.perf_counter()
-            loaded = read_cache(path)
-            loads.append(time.perf_counter() - started)
-        assert len(loaded) == args.files
+        cpu = torch.device("cpu")
+        written = timed(lambda: write_cache(path, names, prints, found), cpu)()
+        loads = [timed(lambda: read_cache(path), cpu)() for _ in range(args.ranks)]
+        assert len(read_cache(path)) == args.files
         size = path.stat().st_size
     groups = args.files * args.row_groups
     print(f"# footer cache, {args.files:,} files x {args.row_groups} row groups = {groups:,} row groups")

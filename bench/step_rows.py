@@ -70,15 +70,11 @@ class Spec:
 
 def qwen3_twin(config: ModelConfig) -> Qwen3ForCausalLM:
     """transformers' own Qwen3 at our shape (SDPA attention, as ours)."""
-    hf = Qwen3Config(
-        vocab_size=config.vocab_size, hidden_size=config.hidden_size,
-        intermediate_size=config.intermediate_size, num_hidden_layers=config.num_hidden_layers,
-        num_attention_heads=config.num_attention_heads, num_key_value_heads=config.num_key_value_heads,
-        head_dim=config.resolved_head_dim, max_position_embeddings=config.max_position_embeddings,
-        rms_norm_eps=config.rms_norm_eps, tie_word_embeddings=config.tie_word_embeddings,
-        rope_parameters={"rope_type": "default", "rope_theta": config.rope_theta}, attn_implementation="sdpa",
-    )
-    return Qwen3ForCausalLM(hf)
+    shared = ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
+              "num_key_value_heads", "max_position_embeddings", "rms_norm_eps", "tie_word_embeddings")
+    return Qwen3ForCausalLM(Qwen3Config(**{key: getattr(config, key) for key in shared},
+                                        head_dim=config.resolved_head_dim, attn_implementation="sdpa",
+                                        rope_parameters={"rope_type": "default", "rope_theta": config.rope_theta}))
 
 
 def ours(name: str, spec: Spec, batch: torch.Tensor, compile_: bool) -> Row:

@@ -50,15 +50,14 @@ def run_stage(stage: Stage, mode: Mode, work: Path, data: Path | None, deadline:
             try:
                 code = subprocess.run(argv, cwd=REPO, env=env, stdout=out, stderr=subprocess.STDOUT,
                                       timeout=max(left, 0.1), check=False).returncode
+                note = f"exit code {code}"
             except subprocess.TimeoutExpired:
-                code = None
-        if code is None:
-            status, note = "timeout", f"stopped after {max(left, 0):.0f} s (the stage's time box)"
-        elif code:
-            status, note = ("failed" if status == "ok" else status), f"exit code {code}"
-        else:
+                code, note, status = None, f"stopped after {max(left, 0):.0f} s (the stage's time box)", "timeout"
+        if code == 0:
             done.add(label)
-        notes += [] if label in done else [f"- `{label}`: {note}"]
+        else:  # a timeout stays the stage's status
+            status = "failed" if status == "ok" else status
+            notes.append(f"- `{label}`: {note}")
         if stage.tail:
             text = (logs / f"{label}.log").read_text().splitlines()
             notes += ["```", *[line[:300] for line in text[-stage.tail:]], "```"]
@@ -93,13 +92,12 @@ def write_report(out: Path, mode: Mode, results: list[tuple[Stage, str, float, l
 
 
 def main(argv: list[str] | None = None) -> int:
-    names = [s.name for s in STAGES]
     parts = sorted({s.part for s in STAGES} - {0})
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("out", type=Path, nargs="?", help="folder for report.md and logs.tar.gz")
     parser.add_argument("--dry-run", action="store_true", help="every stage at tiny size on CPU, fp32, no fla")
     parser.add_argument("--part", type=int, choices=parts, help="on a GPU (required there): one device call's stages")
-    parser.add_argument("--stage", action="append", choices=names, help="these stages instead (repeatable)")
+    parser.add_argument("--stage", action="append", choices=[s.name for s in STAGES], help="only these (repeatable)")
     parser.add_argument("--list", action="store_true", help="print the stage table (markdown) and exit")
     parser.add_argument("--data", type=Path, help="FineWeb sample folder (default: .whl/fineweb-sample, else "
                                                   "../shared/data/fineweb-sample)")

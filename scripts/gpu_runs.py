@@ -8,7 +8,6 @@ names (each target's rows named explicitly, with its reference: no row name is p
 
 from __future__ import annotations
 
-import importlib.metadata
 import platform
 import shutil
 import sys
@@ -43,17 +42,16 @@ def read_run(run_dir: Path) -> Run:
 
 def versions() -> None:
     import torch
+    from pins import installed  # a sibling: this runs as a script, from scripts/
 
     print(f"python {platform.python_version()}; torch {torch.__version__}, cuda {torch.version.cuda}")
     if torch.cuda.is_available():
         props = torch.cuda.get_device_properties(0)
         print(f"gpu {props.name}, {props.total_memory / 2**30:.1f} GiB, {props.multi_processor_count} SMs")
+    have = installed()
     for dist in ("transformers", "accelerate", "tokenizers", "triton", "datasets", "deepspeed", "fla-core",
                  "liger-kernel", "omegaconf", "numpy"):
-        try:
-            print(dist, importlib.metadata.version(dist))
-        except importlib.metadata.PackageNotFoundError:
-            print(dist, "MISSING")
+        print(dist, have.get(dist, "MISSING"))
 
 
 def truncate(run: Path, copy: Path, step: int) -> None:
