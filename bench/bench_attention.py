@@ -137,8 +137,7 @@ def main() -> None:
     parser.add_argument("--t", type=int, help=argparse.SUPPRESS)
     args = harness.parse(parser, "--batch", "--device", "--dtype", "--rounds", "--threads", "--json", batch=1)
     args.kv_heads = args.kv_heads or args.heads
-    unknown = set(args.impls) - set(IMPLS)
-    if unknown or "sdpa" not in args.impls:
+    if not {"sdpa"} <= set(args.impls) <= set(IMPLS):
         parser.error(f"--impls: must include sdpa and name only {', '.join(IMPLS)}")
     if any("fla" in impl for impl in args.impls) and args.device != "cuda":
         parser.error("--impls fla, fla_compiled: flash-linear-attention's kernels run on --device cuda only")

@@ -73,10 +73,7 @@ ROW_KEYS = ("batch", "packed_docs", "tf32", "activation_checkpointing")
 def top_kernels(step: Callable[[], None], device: torch.device, steps: int = 3, count: int = 10) -> list[str]:
     """The ``count`` kernels (CUDA) or ops (CPU) with the most self time over ``steps`` steps, torch.profiler's
     figures: where a step's time goes, and so what keeps it from the roofline."""
-    activities = [torch.profiler.ProfilerActivity.CPU]
-    if device.type == "cuda":
-        activities.append(torch.profiler.ProfilerActivity.CUDA)
-    with torch.profiler.profile(activities=activities) as prof:
+    with torch.profiler.profile() as prof:  # CPU, and the GPU where there is one
         for _ in range(steps):
             step()
         synchronize(device)
@@ -232,8 +229,7 @@ def report(args: argparse.Namespace, rows: dict[str, Row], seconds: dict[str, li
     kernels = {row: top_kernels(steps[row], device) for row in profiled if row in steps}
     for row, lines in kernels.items():
         print(f"# the 10 {'kernels' if cuda else 'ops'} with the most self time in {row}'s step (share, ms per "
-              f"step, name):")
-        print("\n".join(f"#   {line}" for line in lines))
+              f"step, name):", *(f"#   {line}" for line in lines), sep="\n")
     if args.csv:
         write_csv(Path(args.csv), list(table.values()))
     if args.json:

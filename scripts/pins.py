@@ -48,11 +48,9 @@ def check(path: Path) -> int:
     problems = [f"{name} {have[name]} is installed but not pinned" for name in sorted(have.keys() - pins.keys())]
     problems += [f"{name} is pinned to {pins[name]} but {have[name]} is installed"
                  for name in sorted(have.keys() & pins.keys()) if Version(have[name]) != Version(pins[name])]
-    for problem in problems:
-        print(f"{path}: {problem}", file=sys.stderr)
     if problems:
-        print(f"{path}: the environment is not the pinned set; run `make pins` from a passing `make test-latest`",
-              file=sys.stderr)
+        print(*(f"{path}: {problem}" for problem in problems), f"{path}: the environment is not the pinned set; run "
+              "`make pins` from a passing `make test-latest`", sep="\n", file=sys.stderr)
     return 1 if problems else 0
 
 
