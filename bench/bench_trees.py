@@ -18,8 +18,9 @@ A process keeps some offset for its whole life (where its memory landed, say): t
 read 0.993x and 1.006x over 60 rounds on a quiet CPU (docs/performance.md), with intervals that resampling rounds
 alone made about that narrow. So each (variant, tree) runs in ``--processes`` workers (default 2), worker p of this
 tree paired with worker p of the baseline, and the interval is a two-stage bootstrap (``grouped_interval``) that
-draws the process pairs, then their rounds: the process offsets are in it. Comparing a tree with itself gives a
-ratio near 1.00 whose interval shows the noise floor.
+draws the process pairs, then their rounds: the process offsets are in it. Comparing a tree with a second checkout
+of its commit (``git worktree add DIR HEAD``) gives a ratio near 1.00 whose interval shows the noise floor; this
+tree itself is refused as the baseline (each worker would be paired with itself: an exact 1.000x, no noise).
 """
 
 from __future__ import annotations
@@ -85,6 +86,8 @@ def main() -> None:
     baseline = args.baseline_tree.resolve()
     if not (baseline / "llm" / "__init__.py").is_file():
         parser.error(f"--baseline-tree: {args.baseline_tree} holds no llm/ package (give a checkout of this repo)")
+    if baseline == REPO:  # its workers would be this tree's: each paired with itself, an exact 1.000x, no noise
+        parser.error(f"--baseline-tree: {args.baseline_tree} is this tree (give another: git worktree add DIR HEAD)")
     labels = {REPO: tree_label(REPO), baseline: tree_label(baseline)}
     # each worker runs in its tree, with that tree's llm and presets
     info, seconds = worker_rounds({(variant, tree, p): lambda v=variant, t=tree: Worker(
