@@ -86,10 +86,8 @@ def flatten_for_tracker(row: dict[str, Any]) -> dict[str, float]:
     """Flat scalars of a metrics.jsonl row for TensorBoard / W&B: top-level numbers by name (but ``step``, which
     the tracker takes separately) and each layer's values as ``iso/layer03/isoscore`` (isotropy) or
     ``ffn/layer03/alpha`` (FFN diagnostics); non-finite values are kept (trackers plot them as gaps)."""
-    flat: dict[str, float] = {
-        key: float(value) for key, value in row.items()
-        if key != "step" and isinstance(value, (int, float)) and not isinstance(value, bool)
-    }
+    flat: dict[str, float] = {key: float(value) for key, value in row.items()
+                              if key != "step" and isinstance(value, (int, float)) and not isinstance(value, bool)}
     for layer_row in row.get("layers", []):
         layer = int(layer_row["layer"])
         for key, value in layer_row.items():
