@@ -149,8 +149,7 @@ class GroupGradNorms:
 
     def __init__(self, groups: dict[str, list[nn.Parameter]], window: int, warmup_steps: int) -> None:
         self.groups = groups
-        self.trackers = {name: GradNormTracker(window, warmup_steps, prefix=f"grad_norm_{name}")
-                         for name in groups}
+        self.trackers = {name: GradNormTracker(window, warmup_steps, prefix=f"grad_norm_{name}") for name in groups}
         self._measured: dict[str, float] = {}
 
     def norms(self, grad_of: Callable[[nn.Parameter], torch.Tensor | None] = lambda p: p.grad) -> torch.Tensor | None:

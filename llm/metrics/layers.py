@@ -56,8 +56,7 @@ def layer_report(model: nn.Module, input_ids: torch.Tensor, samples: int, seed: 
         return hook
 
     blocks = model.model.layers
-    handles = [block.mlp.register_forward_pre_hook(capture(i), with_kwargs=True)
-               for i, block in enumerate(blocks)]
+    handles = [block.mlp.register_forward_pre_hook(capture(i), with_kwargs=True) for i, block in enumerate(blocks)]
     was_training = model.training
     model.eval()
     try:

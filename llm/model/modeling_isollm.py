@@ -60,8 +60,8 @@ CACHE_ARG = "cache" if "cache" in {f.name for f in dataclasses.fields(CausalLMOu
 
 PACKED_WITH_STATE = (
     "position_ids restart between real tokens or after the cache's (packed documents), which are kept apart only "
-    "without a cache "
-    "(use_cache=False) and without padding in attention_mask; score or generate each document in a row of its own")
+    "without a cache (use_cache=False) and without padding in attention_mask; score or generate each document in a "
+    "row of its own")
 
 
 class IsoLLMAttention(nn.Module):

@@ -321,12 +321,11 @@ def setup_run(config: RunConfig, teardown: ExitStack) -> Run:
         main_warning(line)
     total, non_embedding = _print_params(config.model)
     fpt = flops_per_token(config.model, config.data.seq_len)
-    log.log("meta", state.step, state.tokens, name=config.name, variant=config.model.variant_name,
-            seed=config.seed, params_total=total, params_non_embedding=non_embedding, flops_per_token=fpt,
-            world_size=world_size, grad_accum=accum, max_steps=max_steps,
-            mixed_precision=accelerator.mixed_precision, engine=engine, engine_requested=asked_engine,
-            resumed_from=str(resume_from) if resume_from else None, data_fingerprints=loader.source.fingerprints,
-            config=asdict(config))
+    log.log("meta", state.step, state.tokens, name=config.name, variant=config.model.variant_name, seed=config.seed,
+            params_total=total, params_non_embedding=non_embedding, flops_per_token=fpt, world_size=world_size,
+            grad_accum=accum, max_steps=max_steps, mixed_precision=accelerator.mixed_precision, engine=engine,
+            engine_requested=asked_engine, resumed_from=str(resume_from) if resume_from else None,
+            data_fingerprints=loader.source.fingerprints, config=asdict(config))
 
     device = accelerator.device
     with tf32_matmuls(device, config.train.tf32):  # the peak of the precision the step's fp32 matmuls run at
