@@ -64,8 +64,7 @@ _output_lock = threading.Lock()
 
 
 def _write_prefixed(name: str, lines: list[bytes]) -> None:
-    text = "".join(f"[{name}] {line.decode(errors='replace')}\n" for line in lines if line.strip())
-    if text:
+    if text := "".join(f"[{name}] {line.decode(errors='replace')}\n" for line in lines if line.strip()):
         with _output_lock:  # one write per batch of lines: lines of runs side by side stay whole
             sys.stdout.write(text)
             sys.stdout.flush()

@@ -41,8 +41,7 @@ def sample_rates(data_cfg: DataConfig, sample_docs: int) -> Sample:
     docs = units = 0
     batches = (batch for index, piece in enumerate(reader.pieces) for batch in reader.batches(index, 0, piece.size))
     for before, rows, after in batches:
-        texts = [t for t in rows[source.text_column] if t]
-        if texts:
+        if texts := [t for t in rows[source.text_column] if t]:
             lengths.append(encode_documents(tokenizer, texts, eos_id(tokenizer), data_cfg.max_doc_chars)[1])
         docs += len(rows[source.text_column])
         units += after - before

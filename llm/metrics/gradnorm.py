@@ -160,8 +160,7 @@ class GroupGradNorms:
         reduced gradients inside its optimizer)."""
         norms: dict[str, torch.Tensor] = {}
         for name, params in self.groups.items():
-            grads = [g for g in map(grad_of, params) if g is not None]
-            if grads:
+            if grads := [g for g in map(grad_of, params) if g is not None]:
                 norm = torch.nn.utils.get_total_norm(grads)
                 # a DTensor under FSDP2: the norm over all shards
                 norms[name] = (norm.full_tensor() if hasattr(norm, "full_tensor") else norm).float()
