@@ -277,8 +277,7 @@ def expand_run_dirs(patterns: Iterable[str]) -> list[Path]:
     dirs: list[Path] = []
     for pattern in patterns:
         if glob.has_magic(pattern):
-            matches = [Path(m) for m in sorted(glob.glob(pattern)) if (Path(m) / "metrics.jsonl").is_file()]
-            if not matches:
+            if not (matches := [Path(m) for m in sorted(glob.glob(pattern)) if (Path(m) / "metrics.jsonl").is_file()]):
                 raise FileNotFoundError(f"{pattern}: the pattern matches no run directory")
             dirs.extend(matches)
         else:
