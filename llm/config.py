@@ -21,10 +21,8 @@ from omegaconf.errors import OmegaConfBaseException
 
 from llm.model.config import ConfigError, ModelConfig, check_choice, upgrade_saved
 
-__all__ = [
-    "FORMAT_NAMES", "PLACEHOLDER_BUDGET", "ConfigError", "DataConfig", "ModelConfig", "RunConfig", "TrainConfig",
-    "load_config", "read_saved", "read_yaml", "save_config",
-]
+__all__ = ["FORMAT_NAMES", "PLACEHOLDER_BUDGET", "ConfigError", "DataConfig", "ModelConfig", "RunConfig",
+           "TrainConfig", "load_config", "read_saved", "read_yaml", "save_config"]
 
 
 # An override giving ``TrainConfig.validate`` the training budget it requires where nothing is trained (a size

@@ -114,8 +114,7 @@ def plan_memory(config: ModelConfig, mode: str, gpus: int, micro_batch: int, seq
         "ddp": (4 * p, 8 * p, 8 * p),
         "fsdp2": (4 * p / gpus + gathered, 4 * p / gpus, 8 * p / gpus),
         "zero2": ((2 * p + 4 * p / gpus) if half else 4 * p, 4 * p / gpus + bucket, 8 * p / gpus),
-        "zero3": ((6 * p / gpus if half else 4 * p / gpus) + gathered, 4 * p / gpus + bucket, 8 * p / gpus),
-    }[mode]
+        "zero3": ((6 * p / gpus if half else 4 * p / gpus) + gathered, 4 * p / gpus + bucket, 8 * p / gpus)}[mode]
     rows = max(MIN_CHUNK_ROWS, LOGITS_PER_CHUNK["cuda"] // config.vocab_size)
     logits = 2 * 4 * rows * config.vocab_size + 4 * config.vocab_size * config.hidden_size
     return MemoryPlan(weights, gradients, optimizer,

@@ -61,8 +61,7 @@ def _evaluate_parser() -> argparse.ArgumentParser:
     parser.add_argument("--samples", type=at_least(0), default=3,
                         help="generated samples, one per fixed prompt (at most 5; 0: none)")
     parser.add_argument("--max-new-tokens", type=at_least(1), default=32)
-    parser.add_argument("--temperature", type=at_least(0.0, float), default=0.0,
-                        help="0: greedy; > 0: seeded sampling")
+    parser.add_argument("--temperature", type=at_least(0.0, float), default=0.0, help="0: greedy; > 0: seeded sampling")
     parser.add_argument("--seed", type=int, default=0, help="sampling seed")
     parser.add_argument("--text", metavar="FILE", help="instead: the perplexity of a text file (llm.eval.text_file)")
     parser.add_argument("--stride", type=at_least(1), help="with --text: tokens between windows (data.seq_len / 2)")
@@ -133,14 +132,10 @@ def _evaluate(argv: list[str]) -> int:
                                trust_remote_code=args.trust_remote_code, device=args.device)
         print(_json(scored) if args.json else format_text_report(scored), end="\n" if args.json else "")
         return 0
-    report = evaluate_checkpoint(args.target, config_files=args.config, overrides=args.overrides,
-                                 samples=args.samples, max_new_tokens=args.max_new_tokens,
-                                 temperature=args.temperature, seed=args.seed,
+    report = evaluate_checkpoint(args.target, config_files=args.config, overrides=args.overrides, samples=args.samples,
+                                 max_new_tokens=args.max_new_tokens, temperature=args.temperature, seed=args.seed,
                                  trust_remote_code=args.trust_remote_code, device=args.device)
-    if args.json:
-        print(_json(asdict(report)))
-    else:
-        print(format_report(report), end="")
+    print(_json(asdict(report)) if args.json else format_report(report), end="\n" if args.json else "")
     return 0
 
 
@@ -191,8 +186,7 @@ def _lm_eval(argv: list[str]) -> int:
     limit = None if args.limit is None else int(args.limit) if args.limit >= 1 else args.limit
     results = run_lm_eval(model, hf_tokenizer(resolved.model_path, args.trust_remote_code), args.tasks.split(","),
                           num_fewshot=args.num_fewshot, limit=limit, batch_size=args.batch_size,
-                          include_path=args.include_path, include_defaults=not args.no_default_tasks,
-                          device=device)
+                          include_path=args.include_path, include_defaults=not args.no_default_tasks, device=device)
     if args.json:
         print(_json(results))
     else:

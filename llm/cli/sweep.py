@@ -34,17 +34,10 @@ def slurm_array_script(sweep: Sweep) -> str:
     directives = [
         f"--job-name={sweep.name}",
         f"--array=0-{len(sweep.runs) - 1}" + (f"%{s['max_parallel']}" if s["max_parallel"] else ""),
-        f"--nodes={s['nodes']}",
-        "--ntasks-per-node=1",
-        f"--gpus-per-node={s['gpus_per_node']}",
-        f"--cpus-per-task={s['cpus_per_task']}",
-        f"--time={s['time']}",
+        f"--nodes={s['nodes']}", "--ntasks-per-node=1", f"--gpus-per-node={s['gpus_per_node']}",
+        f"--cpus-per-task={s['cpus_per_task']}", f"--time={s['time']}",
         *([f"--partition={s['partition']}"] if s["partition"] else []),
-        "--requeue",
-        "--signal=B:USR1@600",
-        "--open-mode=append",
-        "--output=logs/%x-%A_%a.out",
-    ]
+        "--requeue", "--signal=B:USR1@600", "--open-mode=append", "--output=logs/%x-%A_%a.out"]
     cases = "\n".join(f"    {i}) args=({shlex.join(run.train_args())}) ;;  # {run.name}"
                       for i, run in enumerate(sweep.runs))
     return "\n".join([
@@ -71,8 +64,7 @@ _output_lock = threading.Lock()
 
 
 def _write_prefixed(name: str, lines: list[bytes]) -> None:
-    text = "".join(f"[{name}] {line.decode(errors='replace')}\n" for line in lines if line.strip())
-    if text:
+    if text := "".join(f"[{name}] {line.decode(errors='replace')}\n" for line in lines if line.strip()):
         with _output_lock:  # one write per batch of lines: lines of runs side by side stay whole
             sys.stdout.write(text)
             sys.stdout.flush()

@@ -90,8 +90,7 @@ class Sweep:
     def only(self, names: list[str]) -> Sweep:
         """This sweep cut to the runs named (grid order kept); ``ValueError`` listing the valid names."""
         valid = [run.name for run in self.runs]
-        unknown = [name for name in names if name not in valid]
-        if unknown:
+        if unknown := [name for name in names if name not in valid]:
             raise ValueError(f"--only: no run named {', '.join(unknown)} in {self.source}; "
                              f"valid names: {', '.join(valid)}")
         return replace(self, runs=[run for run in self.runs if run.name in names])
@@ -165,8 +164,7 @@ def expand(spec: dict[str, Any], path: Path, root: Path) -> list[Run]:
         runs.append(Run(_render_name(path, template, axes), [*configs, *(files[a][axes[a]] for a in files)],
                         [*overrides, *(f"{key}={axes[key]}" for key in grid)], axes))
     names = [run.name for run in runs]
-    duplicates = sorted({n for n in names if names.count(n) > 1})
-    if duplicates:
+    if duplicates := sorted({n for n in names if names.count(n) > 1}):
         raise _fail(path, "run_name", f"{template!r} gives several runs the same name ({duplicates[0]!r}); "
                     "include every axis with more than one value")
     return runs
@@ -208,14 +206,12 @@ def load_sweep(path: str | Path, check: bool = True, root: Path | None = None) -
         raise ValueError(f"{path}: not valid YAML ({str(err).splitlines()[0]})") from None
     if not isinstance(spec, dict):
         raise ValueError(f"{path}: expected a mapping at the top level")
-    unknown = sorted(set(spec) - set(SWEEP_KEYS))
-    if unknown:
+    if unknown := sorted(set(spec) - set(SWEEP_KEYS)):
         raise _fail(path, unknown[0], f"unknown key; expected one of: {', '.join(SWEEP_KEYS)}")
     if not spec.get("name") or not re.fullmatch(r"[A-Za-z0-9_.-]+", str(spec["name"])):
         raise _fail(path, "name", f"expected letters, digits, '_', '.', '-', got {spec.get('name')!r}")
     slurm = {**SLURM_DEFAULTS, **(spec.get("slurm") or {})}
-    unknown = sorted(set(slurm) - set(SLURM_DEFAULTS))
-    if unknown:
+    if unknown := sorted(set(slurm) - set(SLURM_DEFAULTS)):
         raise _fail(path, f"slurm.{unknown[0]}", f"unknown key; expected one of: {', '.join(SLURM_DEFAULTS)}")
     runs = expand(spec, path, root)
     if check:

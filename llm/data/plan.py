@@ -41,8 +41,7 @@ def sample_rates(data_cfg: DataConfig, sample_docs: int) -> Sample:
     docs = units = 0
     batches = (batch for index, piece in enumerate(reader.pieces) for batch in reader.batches(index, 0, piece.size))
     for before, rows, after in batches:
-        texts = [t for t in rows[source.text_column] if t]
-        if texts:
+        if texts := [t for t in rows[source.text_column] if t]:
             lengths.append(encode_documents(tokenizer, texts, eos_id(tokenizer), data_cfg.max_doc_chars)[1])
         docs += len(rows[source.text_column])
         units += after - before
@@ -74,10 +73,9 @@ def print_plan(data_cfg: DataConfig, world_size: int, workers: int, sample_docs:
               f"{share.share_bytes:>16,.0f}{share.units * sample.tokens_per_unit:>16,.0f}{share.amplification:>10.2f}x")
     units = [s.units for s in shares]
     mean = sum(units) / nodes
-    print(f"imbalance: the largest share is {max(units) - min(units):,} {unit} above the smallest "
-          f"(max/mean - 1 = {max(units) / mean - 1:.2%}); read amplification: max "
-          f"{max(s.amplification for s in shares):.2f}x, all nodes "
-          f"{sum(s.read_bytes for s in shares) / sum(s.share_bytes for s in shares):.2f}x")
+    print(f"imbalance: the largest share is {max(units) - min(units):,} {unit} above the smallest (max/mean - 1 = "
+          f"{max(units) / mean - 1:.2%}); read amplification: max {max(s.amplification for s in shares):.2f}x, all "
+          f"nodes {sum(s.read_bytes for s in shares) / sum(s.share_bytes for s in shares):.2f}x")
     per_doc = sample.tokens_per_unit / sample.docs_per_unit
     print(f"tokens estimated from {sample.docs:,} document(s): {per_doc:,.0f} tokens per document "
           f"(validation documents, 1 in {data_cfg.val_bucket}, included)")

@@ -148,8 +148,7 @@ class PreparedTokens(TokenSource):
         # the max of each window read (10 us a 2,049-token window on one busy CPU core, 2026-11-26).
         self.top_id = top_id(tokenizer)
         if self.index["tokenizer"] != tokenizer_identity(tokenizer):
-            raise DataError(f"data.prepared: {self.root} was tokenized with another tokenizer "
-                             "than data.tokenizer")
+            raise DataError(f"data.prepared: {self.root} was tokenized with another tokenizer than data.tokenizer")
         if self.index.get("tokenization") != TOKENIZATION:  # its held-out documents were cut by another rule
             raise DataError(f"data.prepared: {self.root} was prepared with another document tokenization "
                             f"({self.index.get('tokenization', 'not recorded')!r}, now {TOKENIZATION!r}); "

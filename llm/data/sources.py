@@ -147,10 +147,9 @@ def _check_text(path: Path) -> tuple[bool, bool]:
         return bool(data.strip()), True
 
 
-def resolve_source(
-    source: str, name: str | None = None, split: str = "train", text_column: str = "text",
-    id_column: str | None = "id", data_format: str | None = None, cache_dir: str | None = None,
-) -> Source:
+def resolve_source(source: str, name: str | None = None, split: str = "train", text_column: str = "text",
+                   id_column: str | None = "id", data_format: str | None = None, cache_dir: str | None = None,
+                   ) -> Source:
     """Validate ``source`` (hub id, local repository directory, or local file/dir/glob) and describe it.
     A repository's files are resolved later, by ``source_files``. ``data_format`` (``data.format``) reads
     local files as that format whatever their suffix; parquet footers are cached in ``cache_dir``."""

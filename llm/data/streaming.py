@@ -104,10 +104,8 @@ def _windows(source: StreamingTokens, node: int, num_nodes: int, width: int, sta
         epoch, pos, offset = epoch + 1, None, 0
 
 
-def iter_windows(
-    source: StreamingTokens, node: int, num_nodes: int, width: int, seed: int, shuffle_block: int,
-    state: State | None = None, max_epochs: int | None = None,
-) -> Iterator[tuple[np.ndarray, State]]:
+def iter_windows(source: StreamingTokens, node: int, num_nodes: int, width: int, seed: int, shuffle_block: int,
+                 state: State | None = None, max_epochs: int | None = None) -> Iterator[tuple[np.ndarray, State]]:
     """One node's shuffled windows, each with the node state after it (resume from it to continue)."""
     state = state or {"block": 0, "index": 0, "start": {"epoch": 0, "pos": None, "offset": 0}}
     block, skip, start = state["block"], state["index"], state["start"]

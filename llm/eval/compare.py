@@ -82,13 +82,11 @@ class VariantSummary:
         """The row for comparison.csv; an undefined (NaN) number is an empty cell."""
         row = {
             "variant": self.variant, **self.tuned, "n_seeds": self.n, "seeds": " ".join(str(r.seed) for r in self.runs),
-            "diverged": len(self.diverged), "incomplete": len(self.incomplete),
-            "params_total": self.params_total, "params_non_embedding": self.params_non_embedding,
-            "val_loss_mean": self.val_loss_mean, "val_loss_std": self.val_loss_std, "final_tokens": self.final_tokens,
+            "diverged": len(self.diverged), "incomplete": len(self.incomplete), "params_total": self.params_total,
+            "params_non_embedding": self.params_non_embedding, "val_loss_mean": self.val_loss_mean,
+            "val_loss_std": self.val_loss_std, "final_tokens": self.final_tokens,
             "training_stability": self.training_stability, "tokens_per_s": self.tokens_per_s,
-            **{column: math.nan if self.gap is None else getattr(self.gap, field_)
-               for column, field_ in GAP_COLUMNS.items()},
-        }
+            **{column: math.nan if self.gap is None else getattr(self.gap, key) for column, key in GAP_COLUMNS.items()}}
         return {key: "" if isinstance(value, float) and math.isnan(value) else value for key, value in row.items()}
 
 
@@ -240,18 +238,15 @@ def compare_runs(runs: Sequence[RunRecord], baseline: str | None = None, tune: S
         summary = Summary.of([r.final_val_loss for r in done])
         base = None if label in baselines else baseline_runs.get(sizes[label])  # the baseline runs of its size
         rows.append(VariantSummary(
-            variant=label, runs=done,
-            params_total=groups[label][0].meta.get("params_total"),
-            params_non_embedding=groups[label][0].meta.get("params_non_embedding"),
-            val_loss_mean=summary.mean, val_loss_std=summary.std,
-            training_stability=_mean([r.stability for r in done]),
+            variant=label, runs=done, params_total=groups[label][0].meta.get("params_total"),
+            params_non_embedding=groups[label][0].meta.get("params_non_embedding"), val_loss_mean=summary.mean,
+            val_loss_std=summary.std, training_stability=_mean([r.stability for r in done]),
             tokens_per_s=_mean([r.tokens_per_s for r in done]),
             final_tokens=_shared(done, "final token count", lambda r: r.final_tokens, label) or 0,
             diverged=[r for r in broken if r.diverged], incomplete=[r for r in broken if not r.diverged],
             tuned=tuned, series=series[label], size=sizes[label],
             gap=_gap(done, base, target_gap) if done and base else None,
-            key="" if label == groups[label][0].variant else series_key(groups[label][0], tune),
-        ))
+            key="" if label == groups[label][0].variant else series_key(groups[label][0], tune)))
     shown = series[baselines[0]] if len(baselines) > 1 else baselines[0] if baselines else DEFAULT_BASELINE
     return Comparison(baseline=shown, rows=rows, warnings=warnings, tune=tuple(tune),
                       sensitivity={row.variant: sensitivity[row.variant] for row in rows if tune},  # table order

@@ -37,13 +37,9 @@ from torch import nn
 from llm.config import PLACEHOLDER_BUDGET, RunConfig, load_config
 from llm.eval.errors import EvalError
 
-DEFAULT_PROMPTS = (
-    "The capital of France is",
-    "Once upon a time,",
-    "The most important thing to remember about machine learning is",
-    "In 1969, the first humans",
-    "Here is a simple recipe for bread:",
-)
+DEFAULT_PROMPTS = ("The capital of France is", "Once upon a time,",
+                   "The most important thing to remember about machine learning is", "In 1969, the first humans",
+                   "Here is a simple recipe for bread:")
 """Fixed prompts for the samples: the same text for every checkpoint, so samples are comparable."""
 
 LAYER_COLUMNS = ("layer", "isoscore", "mean_cos", "eff_rank", "basis_alignment", "alpha", "beta",
@@ -223,8 +219,7 @@ def token_byte_lengths(tokenizer: Tokenizer, size: int) -> torch.Tensor:
     return lengths
 
 
-def bits_per_byte(val_loss: float, val_windows: torch.Tensor,
-                  byte_lengths: torch.Tensor) -> tuple[float, int]:
+def bits_per_byte(val_loss: float, val_windows: torch.Tensor, byte_lengths: torch.Tensor) -> tuple[float, int]:
     """(bits per byte, number of target bytes) from the mean loss in nats over ``val_windows[:, 1:]``."""
     targets = val_windows[:, 1:]
     n_bytes = int(byte_lengths[targets].sum())
@@ -308,8 +303,7 @@ def load_for_eval(target: str, config_files: list[str] | None = None, overrides:
     user_tokenizer = config.data.tokenizer != eval_config(resolved).data.tokenizer
     own_files = resolved.is_local and (Path(resolved.model_path) / "tokenizer.json").is_file()
     try:
-        tokenizer = load_tokenizer(resolved.model_path if own_files and not user_tokenizer
-                                   else config.data.tokenizer)
+        tokenizer = load_tokenizer(resolved.model_path if own_files and not user_tokenizer else config.data.tokenizer)
     except RuntimeError as err:  # an unreachable hub tokenizer: a usage problem, not a crash
         raise EvalError(str(err)) from None
     vocab = model.get_output_embeddings().weight.shape[0]
@@ -352,8 +346,7 @@ def evaluate_checkpoint(target: str, *, samples: int = 3, max_new_tokens: int = 
         variant=model.config.to_model_config().variant_name if model_type == "isollm" else None,
         data_source=config.data.source, val_windows=windows.shape[0], val_tokens=int(metrics["val_tokens"]),
         val_bytes=n_bytes, val_loss=metrics["val_loss"], val_ppl=metrics["val_ppl"], bits_per_byte=bpb,
-        layers=layers, samples=generated, notes=notes,
-    )
+        layers=layers, samples=generated, notes=notes)
 
 
 def _cell(value: Any) -> str:
@@ -364,15 +357,12 @@ def _cell(value: Any) -> str:
 
 def format_report(report: EvalReport) -> str:
     """Human-readable report: summary lines, the per-layer table, samples."""
-    lines = [
-        f"model       {report.model_path}" + (f" (step {report.step})" if report.step is not None else ""),
-        f"variant     {report.variant or report.model_type}",
-        f"data        {report.data_source}: {report.val_windows} windows, "
-        f"{report.val_tokens:,} target tokens, {report.val_bytes:,} bytes",
-        f"val loss    {report.val_loss:.6f} nats/token",
-        f"perplexity  {report.val_ppl:.4f}",
-        f"bits/byte   {report.bits_per_byte:.6f}",
-    ]
+    lines = [f"model       {report.model_path}" + (f" (step {report.step})" if report.step is not None else ""),
+             f"variant     {report.variant or report.model_type}",
+             f"data        {report.data_source}: {report.val_windows} windows, "
+             f"{report.val_tokens:,} target tokens, {report.val_bytes:,} bytes",
+             f"val loss    {report.val_loss:.6f} nats/token", f"perplexity  {report.val_ppl:.4f}",
+             f"bits/byte   {report.bits_per_byte:.6f}"]
     if report.layers:
         keys = [k for k in LAYER_COLUMNS if any(k in row for row in report.layers)]
         table = [keys, *([_cell(row.get(k)) for k in keys] for row in report.layers)]
@@ -380,7 +370,6 @@ def format_report(report: EvalReport) -> str:
         lines += ["", "per-layer report (layer 0 = embedding output; hidden-state isotropy, FFN alpha/beta)"]
         lines += ["  ".join(c.rjust(w) for c, w in zip(r, widths, strict=True)) for r in table]
     if report.samples:
-        lines += ["", "samples"]
-        lines += [f"  {s['prompt']!r} -> {s['completion']!r}" for s in report.samples]
+        lines += ["", "samples", *(f"  {s['prompt']!r} -> {s['completion']!r}" for s in report.samples)]
     lines += [f"note: {n}" for n in report.notes]
     return "\n".join(lines) + "\n"

@@ -180,8 +180,8 @@ def plot_sensitivity(sensitivity: Mapping[str, Sequence[TunePoint]], key: str, p
         ax.errorbar([value for value, _ in finite], [summary.mean for _, summary in finite],
                     yerr=[0.0 if math.isnan(s.std) else s.std for _, s in finite], marker="o", capsize=3,
                     label=label, color=colours[label])
-        diverged = [point.values[0] for point in points if not point.losses and point.diverged]
-        if diverged:  # at the top of the axes, whatever the losses' scale
+        # the values whose runs all diverged, at the top of the axes whatever the losses' scale
+        if diverged := [point.values[0] for point in points if not point.losses and point.diverged]:
             ax.scatter(diverged, [0.97] * len(diverged), marker="x", s=60, color=colours[label],
                        transform=ax.get_xaxis_transform(), clip_on=False)
     values = [point.values[0] for points in sensitivity.values() for point in points]

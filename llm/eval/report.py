@@ -15,12 +15,11 @@ from llm.eval.stats import ALPHA, MAX_SEEDS, POWER, Gap
 
 __all__ = ["CSV_COLUMNS", "OPTIMISM_NOTE", "format_table", "write_comparison"]
 
-CSV_COLUMNS = (
-    "variant", "n_seeds", "seeds", "diverged", "incomplete", "params_total", "params_non_embedding",
-    "val_loss_mean", "val_loss_std", "gap", "gap_ci_low", "gap_ci_high", "paired_ci_low", "paired_ci_high", "p_value",
-    "p_value_paired", "mde", "paired_mde", "seeds_needed", "paired_seeds_needed", "seeds_for_target_gap",
-    "paired_seeds_for_target_gap", "training_stability", "tokens_per_s", "final_tokens",
-)
+CSV_COLUMNS = ("variant", "n_seeds", "seeds", "diverged", "incomplete", "params_total", "params_non_embedding",
+               "val_loss_mean", "val_loss_std", "gap", "gap_ci_low", "gap_ci_high", "paired_ci_low", "paired_ci_high",
+               "p_value", "p_value_paired", "mde", "paired_mde", "seeds_needed", "paired_seeds_needed",
+               "seeds_for_target_gap", "paired_seeds_for_target_gap", "training_stability", "tokens_per_s",
+               "final_tokens")
 # What the MDEs and the seeds needed rest on; the true power measured as the llm.eval.stats docstring says.
 ASSUMPTIONS = ("Assumptions: the intervals and p-values assume normal seed-to-seed variation; the MDEs and seeds "
                "needed also take the observed spreads as the true ones, which at 2-5 seeds per arm is optimistic: an "
@@ -55,19 +54,18 @@ def _gap(gap: Gap) -> str:
     return f"{gap.gap:+.4f}" + ("" if math.isnan(gap.ci_low) else f" {_interval(gap.ci_low, gap.ci_high)}")
 
 
-def _designs(gap: Gap) -> list[tuple[str, float, float]]:
-    """The design that decides ``gap``, with its interval, when it resolves it at p < ALPHA. One test, chosen before
-    the losses are seen: the paired one where the rows pair, Welch's otherwise. Calling a gap resolved when either
-    test rejects would be two tries at ALPHA (a true gap of 0 "resolved" more often than ALPHA)."""
-    paired = not math.isnan(gap.p_paired)
-    design, p, low, high = (("paired", gap.p_paired, gap.paired_ci_low, gap.paired_ci_high) if paired else
-                            ("Welch", gap.p_value, gap.ci_low, gap.ci_high))
-    return [(design, low, high)] if p < ALPHA else []
+def _design(gap: Gap) -> tuple[str, float, float] | None:
+    """The design that decides ``gap``, with its interval, when it resolves it at p < ALPHA; None when it does not.
+    One test, chosen before the losses are seen: the paired one where the rows pair, Welch's otherwise. Calling a
+    gap resolved when either test rejects would be two tries at ALPHA (a true gap of 0 "resolved" more often than
+    ALPHA)."""
+    design, p, low, high = (("Welch", gap.p_value, gap.ci_low, gap.ci_high) if math.isnan(gap.p_paired) else
+                            ("paired", gap.p_paired, gap.paired_ci_low, gap.paired_ci_high))
+    return (design, low, high) if p < ALPHA else None
 
 
 def _resolved(gap: Gap) -> str:
-    designs = ", ".join(design for design, *_ in _designs(gap))
-    return f"resolved ({designs})" if designs else "not resolved" if gap.se > 0 else "n/a"
+    return f"resolved ({found[0]})" if (found := _design(gap)) else "not resolved" if gap.se > 0 else "n/a"
 
 
 def _seeds(gap: Gap, needed: float, size: float) -> str:
@@ -85,10 +83,9 @@ def _gap_cells(row: VariantSummary, comparison: Comparison) -> list[str]:
         return ["baseline" if row.variant in comparison.baselines else "n/a", *[""] * (8 if target is None else 10)]
     return [_gap(gap), _interval(gap.paired_ci_low, gap.paired_ci_high), _num(gap.p_value, ".3g"),
             _num(gap.p_paired, ".3g"), _resolved(gap), "zero spread" if gap.se == 0 else _num(gap.mde, ".4f"),
-            _num(gap.paired_mde, ".4f"), _seeds(gap, gap.seeds_needed, gap.gap),
-            _seeds(gap, gap.paired_seeds_needed, gap.gap),
-            *([] if target is None else [_seeds(gap, gap.target_seeds, target),
-                                         _seeds(gap, gap.paired_target_seeds, target)])]
+            _num(gap.paired_mde, ".4f"),
+            *(_seeds(gap, needed, gap.gap) for needed in (gap.seeds_needed, gap.paired_seeds_needed)),
+            *([] if target is None else [_seeds(gap, n, target) for n in (gap.target_seeds, gap.paired_target_seeds)])]
 
 
 def _span(values: Sequence[str]) -> str:
@@ -112,12 +109,11 @@ def _conclusion(comparison: Comparison) -> list[str]:
     if not tested:
         return ["", "Conclusion: no gap can be tested: that needs 2 or more complete seeds in a row and its baseline, "
                     "and losses that vary."] if comparison.baselines else []
-    resolved = [f"{label} {gap.gap:+.4f} " + " and ".join(f"resolved ({design}) {_interval(low, high)}"
-                                                         for design, low, high in _designs(gap))
-                for label, gap in tested.items() if _designs(gap)]
+    resolved = [f"{label} {gap.gap:+.4f} resolved ({found[0]}) {_interval(*found[1:])}"
+                for label, gap in tested.items() if (found := _design(gap))]
     rows = [row for row in comparison.rows if row.variant in tested or row.variant in comparison.baselines]
     paired_mdes = sorted(gap.paired_mde for gap in tested.values() if not math.isnan(gap.paired_mde))
-    open_ = [_open(label, gap) for label, gap in tested.items() if not _designs(gap)]
+    open_ = [_open(label, gap) for label, gap in tested.items() if not _design(gap)]
     parts = [f"at p < {ALPHA}, {', '.join(resolved)}" if resolved else f"no gap is resolved at p < {ALPHA}",
              *([", ".join(open_)] if open_ else []),
              f"with {_span([str(n) for n in sorted({row.n for row in rows})])} seeds per arm this comparison resolves "
@@ -195,9 +191,8 @@ def _loss_cell(row: VariantSummary, comparison: Comparison) -> str:
 def format_table(comparison: Comparison) -> str:
     """The comparison as a Markdown table with footnotes (also readable as plain text), then, with ``tune``,
     the sensitivity table, and, when a variant comes in several sizes, the scaling table."""
-    rows = [[row.variant + (f" [{row.key}]" if row.key else ""), *(row.tuned.get(key, "n/a") for key in
-                                                                    comparison.tune), _params(row.params_total),
-             _params(row.params_non_embedding), _loss_cell(row, comparison), row.n,
+    rows = [[row.variant + (f" [{row.key}]" if row.key else ""), *(row.tuned.get(k, "n/a") for k in comparison.tune),
+             _params(row.params_total), _params(row.params_non_embedding), _loss_cell(row, comparison), row.n,
              f"{len(row.diverged)} / {len(row.incomplete)}", *_gap_cells(row, comparison),
              _num(row.training_stability, ".3g"), _num(row.tokens_per_s, ",.0f")] for row in comparison.rows]
     lines = _table(["Variant", *comparison.tune, "Params (total)", "Params (non-emb.)", "Val loss (mean ± std)", "n",
@@ -207,8 +202,7 @@ def format_table(comparison: Comparison) -> str:
         *(["[key]: a short name of the row's configuration (less its size), which --baseline accepts."]
           if any(row.key for row in comparison.rows) else []),
         "Final validation loss: mean ± sample std (ddof=1) over the n complete seeds; no std with one seed."
-        + (f" Each row at the value of {', '.join(comparison.tune)} with the lowest mean." if comparison.tune
-           else ""),
+        + (f" Each row at the value of {', '.join(comparison.tune)} with the lowest mean." if comparison.tune else ""),
         f"¹ The row's mean final val loss minus {comparison.baseline}'s"
         f"{' at the same model size' if len(comparison.baselines) > 1 else ''}, with its 95% confidence interval, and "
         "the two-sided Welch t-test (unequal variances) that the interval and ⁶ use too; n/a with fewer than 2 seeds "
@@ -220,16 +214,15 @@ def format_table(comparison: Comparison) -> str:
         "⁴ Runs left out of the statistics: a non-finite final validation loss (diverged), or no eval at the "
         "max_steps in force when the run last trained (incomplete: stopped, killed, its metrics file cut off, or "
         "resumed to more steps and not finished).",
-        "⁵ Paired by seed: the two-sided paired t-test over the per-seed differences, its 95% interval, MDE and "
-        "pairs needed (a pair: one seed run by the row and by the baseline). Valid because pairs of different seeds "
-        "are independent draws; every run of a comparison reads the same data order and validation tokens (data.seed "
-        "and the data section are shared), so a seed fixes the initialisation, and what it adds to the loss cancels "
-        "in a pair as far as both variants draw their shared parameters alike (docs/results/seeds-per-design.md: "
-        "often little). The verdict is one test fixed in advance: paired where the rows pair, Welch's otherwise "
-        "(either one's rejection would be two tries at p < 0.05); the other's figures are shown beside it. Not "
-        "valid, so n/a, where a "
-        "row ran a seed twice (its pairs would share a seed) or differs in the data section or world size (a seed "
-        "then fixes other data: nothing cancels, and the pairing is arbitrary); n/a too where the rows ran other "
+        "⁵ Paired by seed: the two-sided paired t-test over the per-seed differences, its 95% interval, MDE and pairs "
+        "needed (a pair: one seed run by the row and by the baseline). Valid because pairs of different seeds are "
+        "independent draws; every run of a comparison reads the same data order and validation tokens (data.seed and "
+        "the data section are shared), so a seed fixes the initialisation, and what it adds to the loss cancels in a "
+        "pair as far as both variants draw their shared parameters alike (docs/results/seeds-per-design.md: often "
+        "little). The verdict is one test fixed in advance: paired where the rows pair, Welch's otherwise (either "
+        "one's rejection would be two tries at p < 0.05); the other's figures are shown beside it. Not valid, so n/a, "
+        "where a row ran a seed twice (its pairs would share a seed) or differs in the data section or world size (a "
+        "seed then fixes other data: nothing cancels, and the pairing is arbitrary); n/a too where the rows ran other "
         "seeds or the differences do not vary. \"resolved (paired)\" or \"resolved (Welch)\" names the test that "
         f"decided the gap at p < {ALPHA}.",
         f"⁶ The smallest true gap the two rows' seeds resolve with {POWER:.0%} probability by each test at p < "
@@ -238,10 +231,7 @@ def format_table(comparison: Comparison) -> str:
         f"baseline each; for the paired test, pairs) that would so resolve the observed gap"
         + ("" if comparison.target_gap is None else f" and a gap of {comparison.target_gap:g} (--target-gap)")
         + f" (> {MAX_SEEDS:,}: too small to resolve; never: a gap of 0).",
-        ASSUMPTIONS,
-        *([OPTIMISM_NOTE] if comparison.tune else []),
-        *(f"Warning: {w}" for w in comparison.warnings),
-    ))]
+        ASSUMPTIONS, *([OPTIMISM_NOTE] if comparison.tune else []), *(f"Warning: {w}" for w in comparison.warnings)))]
     if comparison.tune:
         lines += _sensitivity(comparison)
     return "\n".join(lines + _scaling(comparison)) + "\n"

@@ -54,11 +54,9 @@ COMPARED_SECTIONS = ("model", "data", "train")
 # Fields that cannot change a run's numbers, so that seeds differing only there are one row: bookkeeping, the
 # chunk length of iso_tanh's chunked form (its forms agree up to rounding) and recomputing activations (bit-identical
 # gradients). ``data.num_workers`` is not among them: ranks x workers sets the data order.
-RESULT_NEUTRAL = frozenset({
-    "data.cache_dir", "data.read_retries", "data.retry_backoff_s",
-    "train.log_every", "train.checkpoint_every", "train.keep_checkpoints", "model.iso_tanh_chunk_size",
-    "train.activation_checkpointing", "train.collective_timeout_s", "train.stop_grace_s",
-})
+RESULT_NEUTRAL = frozenset({"data.cache_dir", "data.read_retries", "data.retry_backoff_s", "train.log_every",
+                            "train.checkpoint_every", "train.keep_checkpoints", "model.iso_tanh_chunk_size",
+                            "train.activation_checkpointing", "train.collective_timeout_s", "train.stop_grace_s"})
 
 # The value of a config field a run's saved config lacks (its code predates the field).
 NOT_RECORDED = "not recorded"
@@ -279,8 +277,7 @@ def expand_run_dirs(patterns: Iterable[str]) -> list[Path]:
     dirs: list[Path] = []
     for pattern in patterns:
         if glob.has_magic(pattern):
-            matches = [Path(m) for m in sorted(glob.glob(pattern)) if (Path(m) / "metrics.jsonl").is_file()]
-            if not matches:
+            if not (matches := [Path(m) for m in sorted(glob.glob(pattern)) if (Path(m) / "metrics.jsonl").is_file()]):
                 raise FileNotFoundError(f"{pattern}: the pattern matches no run directory")
             dirs.extend(matches)
         else:

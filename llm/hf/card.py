@@ -116,9 +116,8 @@ def val_bits_per_byte(checkpoint_dir: str | Path, val_loss: float) -> float | No
         windows = build_val_windows(load_eval_config(resolved).data, tokenizer)
     except (DataError, OSError, RuntimeError):
         return None
-    lengths = token_byte_lengths(tokenizer, max(tokenizer.get_vocab_size(with_added_tokens=True),
-                                                int(windows.max()) + 1))
-    bpb, _ = bits_per_byte(val_loss, windows, lengths)
+    size = max(tokenizer.get_vocab_size(with_added_tokens=True), int(windows.max()) + 1)
+    bpb, _ = bits_per_byte(val_loss, windows, token_byte_lengths(tokenizer, size))
     return None if math.isnan(bpb) else bpb
 
 
@@ -172,17 +171,13 @@ def model_card(config: ModelConfig, *, repo_id: str, run: RunSummary | None = No
     """The ``README.md`` of model ``config`` published as ``repo_id``; ``qwen3`` for the stock-Qwen3 export."""
     total, non_embedding = param_counts(config)
     lines = [
-        _front_matter(config, qwen3, run),
-        f"# isollm {config.variant_name}" + (f" ({run.name})" if run else ""),
-        "",
+        _front_matter(config, qwen3, run), f"# isollm {config.variant_name}" + (f" ({run.name})" if run else ""), "",
         "A Qwen3-style decoder (RMSNorm, rotary positions, grouped-query attention with QK-norm, "
         f"{'tied' if config.tie_word_embeddings else 'untied'} input and output embeddings)"
         + (f" pretrained on {'FineWeb' if _fineweb(run) else 'text'} (`{run.data}`)" if run and run.data else "")
         + " with isollm, a codebase that swaps the feed-forward block and the attention scoring to "
         "compare isotropic variants like for like.",
-        "",
-        "## Variant",
-        "",
+        "", "## Variant", "",
         f"- FFN `{config.ffn}`: `{FFN_EQUATIONS[config.ffn]}`",
         f"- FFN input projections `{config.ffn_linear}`: `{LINEAR_EQUATIONS[config.ffn_linear]}`",
         f"- attention scoring `{config.attn_scoring}`: `{ATTENTION_EQUATIONS[config.attn_scoring]}`",
@@ -192,18 +187,13 @@ def model_card(config: ModelConfig, *, repo_id: str, run: RunSummary | None = No
     if config.ffn == "iso_mlp":
         lines.append(f"- isotropic activation `{config.iso_activation}`")
     lines += [
-        "",
-        "## Size",
-        "",
+        "", "## Size", "",
         "| parameters | non-embedding | layers | hidden | FFN | heads (KV) | head dim | vocabulary | context |",
         "|---|---|---|---|---|---|---|---|---|",
         f"| {total:,} | {non_embedding:,} | {config.num_hidden_layers} | {config.hidden_size} | "
         f"{resolve_intermediate_size(config)} | {config.num_attention_heads} ({config.num_key_value_heads}) | "
         f"{config.resolved_head_dim} | {config.vocab_size:,} | {config.max_position_embeddings:,} |",
-        "",
-        "## Training",
-        "",
-    ]
+        "", "## Training", ""]
     if run is None:
         lines.append("No training run was recorded with this model directory.")
     else:
@@ -212,17 +202,8 @@ def model_card(config: ModelConfig, *, repo_id: str, run: RunSummary | None = No
             f"- final validation loss: {_format(run.val_loss, 4)} nats/token",
             f"- bits per byte: {_format(run.bits_per_byte, 4)} (the same loss over the UTF-8 bytes of the "
             "validation text)",
-            "",
-            "<details><summary>Run config</summary>",
-            "",
-            "```yaml",
-            run.config.rstrip(),
-            "```",
-            "",
-            "</details>",
-        ]
-    lines += ["", _usage(qwen3, repo_id), "## Citation", ""]
-    lines += [f"- {citation}" for citation in _citations(config, run)]
+            "", "<details><summary>Run config</summary>", "", "```yaml", run.config.rstrip(), "```", "", "</details>"]
+    lines += ["", _usage(qwen3, repo_id), "## Citation", "", *(f"- {citation}" for citation in _citations(config, run))]
     return "\n".join(lines) + "\n"
 
 

@@ -48,15 +48,10 @@ def qwen3_config(model: IsoLLMForCausalLM) -> Qwen3Config:
     config = model.config
     check_qwen3_exportable(config)
     return Qwen3Config(
-        intermediate_size=model.model.layers[0].mlp.intermediate_size,
-        head_dim=config.resolved_head_dim,
-        hidden_act="silu",
-        rope_parameters={"rope_type": "default", "rope_theta": config.rope_theta},
-        attention_bias=False,
-        use_sliding_window=False,
-        **{name: getattr(config, name) for name in QWEN3_SHARED_FIELDS},
-        **{name: getattr(config, name, None) for name in ("bos_token_id", "eos_token_id", "pad_token_id")},
-    )
+        intermediate_size=model.model.layers[0].mlp.intermediate_size, head_dim=config.resolved_head_dim,
+        hidden_act="silu", rope_parameters={"rope_type": "default", "rope_theta": config.rope_theta},
+        attention_bias=False, use_sliding_window=False, **{name: getattr(config, name) for name in QWEN3_SHARED_FIELDS},
+        **{name: getattr(config, name, None) for name in ("bos_token_id", "eos_token_id", "pad_token_id")})
 
 
 def qwen3_state_dict(model: IsoLLMForCausalLM) -> dict[str, torch.Tensor]:

@@ -68,9 +68,7 @@ def _iso_tanh_mixing_flops(c: ModelConfig, seq_len: int) -> float:
 
 # Forward FLOPs of the weight-free attention mixing, per token and layer (see the module docstring).
 ATTN_MIXING_FLOPS: dict[str, Callable[[ModelConfig, int], float]] = {
-    "softmax": _softmax_mixing_flops,
-    "iso_tanh": _iso_tanh_mixing_flops,
-}
+    "softmax": _softmax_mixing_flops, "iso_tanh": _iso_tanh_mixing_flops}
 
 
 def flops_per_token(config: ModelConfig, seq_len: int, training: bool = True) -> float:

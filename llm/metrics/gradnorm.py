@@ -149,8 +149,7 @@ class GroupGradNorms:
 
     def __init__(self, groups: dict[str, list[nn.Parameter]], window: int, warmup_steps: int) -> None:
         self.groups = groups
-        self.trackers = {name: GradNormTracker(window, warmup_steps, prefix=f"grad_norm_{name}")
-                         for name in groups}
+        self.trackers = {name: GradNormTracker(window, warmup_steps, prefix=f"grad_norm_{name}") for name in groups}
         self._measured: dict[str, float] = {}
 
     def norms(self, grad_of: Callable[[nn.Parameter], torch.Tensor | None] = lambda p: p.grad) -> torch.Tensor | None:
@@ -161,8 +160,7 @@ class GroupGradNorms:
         reduced gradients inside its optimizer)."""
         norms: dict[str, torch.Tensor] = {}
         for name, params in self.groups.items():
-            grads = [g for g in map(grad_of, params) if g is not None]
-            if grads:
+            if grads := [g for g in map(grad_of, params) if g is not None]:
                 norm = torch.nn.utils.get_total_norm(grads)
                 # a DTensor under FSDP2: the norm over all shards
                 norms[name] = (norm.full_tensor() if hasattr(norm, "full_tensor") else norm).float()

@@ -22,8 +22,7 @@ import torch
 
 def _as_points(X: torch.Tensor) -> torch.Tensor:
     if X.dim() != 2 or X.shape[0] < 2 or X.shape[1] < 2:
-        raise ValueError(f"X: expected a [N, d] point cloud with N >= 2 and d >= 2, "
-                         f"got shape {tuple(X.shape)}")
+        raise ValueError(f"X: expected a [N, d] point cloud with N >= 2 and d >= 2, got shape {tuple(X.shape)}")
     return X.detach().to(torch.float64)
 
 
@@ -161,9 +160,5 @@ def isotropy_metrics(X: torch.Tensor) -> dict[str, float]:
     """All four scores of ``X [N, d]`` keyed as in metrics.jsonl, with one eigen-decomposition."""
     X = _as_points(X)
     spectrum = _covariance_spectrum(X)
-    return {
-        "isoscore": _isoscore_from_spectrum(spectrum, X.shape[0]),
-        "mean_cos": mean_cosine_similarity(X),
-        "eff_rank": _effective_rank_from_spectrum(spectrum),
-        "basis_alignment": basis_alignment(X),
-    }
+    return {"isoscore": _isoscore_from_spectrum(spectrum, X.shape[0]), "mean_cos": mean_cosine_similarity(X),
+            "eff_rank": _effective_rank_from_spectrum(spectrum), "basis_alignment": basis_alignment(X)}

@@ -56,8 +56,7 @@ def layer_report(model: nn.Module, input_ids: torch.Tensor, samples: int, seed: 
         return hook
 
     blocks = model.model.layers
-    handles = [block.mlp.register_forward_pre_hook(capture(i), with_kwargs=True)
-               for i, block in enumerate(blocks)]
+    handles = [block.mlp.register_forward_pre_hook(capture(i), with_kwargs=True) for i, block in enumerate(blocks)]
     was_training = model.training
     model.eval()
     try:
@@ -86,10 +85,8 @@ def flatten_for_tracker(row: dict[str, Any]) -> dict[str, float]:
     """Flat scalars of a metrics.jsonl row for TensorBoard / W&B: top-level numbers by name (but ``step``, which
     the tracker takes separately) and each layer's values as ``iso/layer03/isoscore`` (isotropy) or
     ``ffn/layer03/alpha`` (FFN diagnostics); non-finite values are kept (trackers plot them as gaps)."""
-    flat: dict[str, float] = {
-        key: float(value) for key, value in row.items()
-        if key != "step" and isinstance(value, (int, float)) and not isinstance(value, bool)
-    }
+    flat: dict[str, float] = {key: float(value) for key, value in row.items()
+                              if key != "step" and isinstance(value, (int, float)) and not isinstance(value, bool)}
     for layer_row in row.get("layers", []):
         layer = int(layer_row["layer"])
         for key, value in layer_row.items():

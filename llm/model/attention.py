@@ -245,7 +245,4 @@ class IsoTanhScoring(nn.Module):
         return out, (state if use_cache else None)
 
 
-ATTN_SCORING_REGISTRY: dict[str, type[nn.Module]] = {
-    "softmax": SoftmaxScoring,
-    "iso_tanh": IsoTanhScoring,
-}
+ATTN_SCORING_REGISTRY: dict[str, type[nn.Module]] = {"softmax": SoftmaxScoring, "iso_tanh": IsoTanhScoring}

@@ -240,10 +240,7 @@ class FeatureMeanGate(AlphaGate):
 
 # ``ModelConfig.isogmlp_gate`` -> alpha gate class.
 ISOGMLP_GATES: dict[str, type[AlphaGate]] = {
-    "token": TokenGate,
-    "causal_mean": CausalMeanGate,
-    "feature_mean": FeatureMeanGate,
-}
+    "token": TokenGate, "causal_mean": CausalMeanGate, "feature_mean": FeatureMeanGate}
 
 
 class IsoGMLP(FeedForward):
@@ -370,12 +367,7 @@ class IsoLN(FeedForward):
 
 
 # ``ModelConfig.ffn`` -> block class, constructed ``(config)``.
-FFN_REGISTRY: dict[str, type[FeedForward]] = {
-    "swiglu": SwiGLU,
-    "isogmlp": IsoGMLP,
-    "iso_ln": IsoLN,
-    "iso_mlp": IsoMLP,
-}
+FFN_REGISTRY: dict[str, type[FeedForward]] = {"swiglu": SwiGLU, "isogmlp": IsoGMLP, "iso_ln": IsoLN, "iso_mlp": IsoMLP}
 
 
 # --- Parameter matching ---------------------------------------------------------------------------

@@ -49,8 +49,7 @@ class _RMSNorm(torch.autograd.Function):
         with torch.autocast(x.device.type, enabled=False):  # a backward called inside autocast, too
             grad = grad.to(rstd.dtype)  # bf16 when the weight is (model.to(bf16), FSDP2/DeepSpeed bf16)
             normed = x.to(rstd.dtype) * rstd
-            grad_weight = torch.linalg.vecdot(grad.reshape(-1, x.shape[-1]), normed.reshape(-1, x.shape[-1]),
-                                              dim=0)
+            grad_weight = torch.linalg.vecdot(grad.reshape(-1, x.shape[-1]), normed.reshape(-1, x.shape[-1]), dim=0)
             grad_normed = grad * weight
             # d/dx of x * rstd(x): rstd * (g - normed * mean(g * normed))
             mean_dot = torch.linalg.vecdot(grad_normed, normed).unsqueeze(-1).div_(x.shape[-1])

@@ -152,11 +152,7 @@ class IsoCappedReLU(IsoReLU):
 
 # ``ModelConfig.iso_activation`` -> radial activation class (each has ``from_config``).
 ISO_ACTIVATIONS: dict[str, type[RadialActivation]] = {
-    "tanh": IsoTanh,
-    "relu": IsoReLU,
-    "capped_relu": IsoCappedReLU,
-    "leaky_relu": IsoLeakyReLU,
-}
+    "tanh": IsoTanh, "relu": IsoReLU, "capped_relu": IsoCappedReLU, "leaky_relu": IsoLeakyReLU}
 
 
 def initial_radius(config: ModelConfig, width: int) -> float:

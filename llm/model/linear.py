@@ -163,11 +163,7 @@ class Focus(Projection):
 
 
 # ``ModelConfig.ffn_linear`` -> projection class, built ``(in_features, out_features, config, groups)``.
-LINEAR_REGISTRY: dict[str, type[Projection]] = {
-    "linear": Linear,
-    "affine_like": AffineLike,
-    "focus": Focus,
-}
+LINEAR_REGISTRY: dict[str, type[Projection]] = {"linear": Linear, "affine_like": AffineLike, "focus": Focus}
 
 
 def make_linear(config: ModelConfig, in_features: int, out_features: int, groups: int = 1) -> Projection:

@@ -60,8 +60,8 @@ CACHE_ARG = "cache" if "cache" in {f.name for f in dataclasses.fields(CausalLMOu
 
 PACKED_WITH_STATE = (
     "position_ids restart between real tokens or after the cache's (packed documents), which are kept apart only "
-    "without a cache "
-    "(use_cache=False) and without padding in attention_mask; score or generate each document in a row of its own")
+    "without a cache (use_cache=False) and without padding in attention_mask; score or generate each document in a "
+    "row of its own")
 
 
 class IsoLLMAttention(nn.Module):
@@ -150,8 +150,7 @@ class IsoLLMModel(nn.Module):
 
     def forward(self, input_ids: torch.Tensor, position_ids: torch.Tensor | None = None,
                 cache: IsoLLMCache | None = None, output_hidden_states: bool = False,
-                padding_mask: torch.Tensor | None = None,
-                ) -> tuple[torch.Tensor, tuple[torch.Tensor, ...] | None]:
+                padding_mask: torch.Tensor | None = None) -> tuple[torch.Tensor, tuple[torch.Tensor, ...] | None]:
         """Return ``norm(x_L)`` and, if asked, ``(x_0, ..., x_L)``: the embedding output and every block's
         output, before the final norm (the per-layer isotropy metrics read these).
 
@@ -250,20 +249,12 @@ class IsoLLMForCausalLM(PreTrainedModel, GenerationMixin):
     def get_output_embeddings(self) -> nn.Linear:
         return self.lm_head
 
-    def forward(
-        self,
-        input_ids: torch.LongTensor,
-        attention_mask: torch.Tensor | None = None,
-        position_ids: torch.LongTensor | None = None,
-        cache: IsoLLMCache | None = None,
-        use_cache: bool | None = None,
-        labels: torch.LongTensor | None = None,
-        shift_labels: torch.LongTensor | None = None,
-        output_hidden_states: bool | None = None,
-        logits_to_keep: int = 0,
-        past_key_values: IsoLLMCache | None = None,
-        **kwargs: Any,
-    ) -> CausalLMOutputWithPast:
+    def forward(self, input_ids: torch.LongTensor, attention_mask: torch.Tensor | None = None,
+                position_ids: torch.LongTensor | None = None, cache: IsoLLMCache | None = None,
+                use_cache: bool | None = None, labels: torch.LongTensor | None = None,
+                shift_labels: torch.LongTensor | None = None, output_hidden_states: bool | None = None,
+                logits_to_keep: int = 0, past_key_values: IsoLLMCache | None = None, **kwargs: Any,
+                ) -> CausalLMOutputWithPast:
         """Logits ``[B, T, V]`` (only the last ``logits_to_keep`` positions when > 0, as ``generate()``
         asks) and, given targets, the mean next-token cross-entropy in fp32 over targets != -100.
 

@@ -34,8 +34,7 @@ def set_deepspeed_micro_batch(accelerator: Accelerator, micro_batch_size: int) -
     launch/deepspeed/*.json leave it "auto", which Accelerate fills from the ``batch_size`` of a dataloader
     passed to ``prepare``; the trainer's loader is not prepared (it shards windows itself), so without this
     ``prepare`` refuses the run (found on the first GPU check: on CPU Accelerate drops the plugin)."""
-    plugin = accelerator.state.deepspeed_plugin
-    if plugin is not None:
+    if (plugin := accelerator.state.deepspeed_plugin) is not None:
         plugin.deepspeed_config["train_micro_batch_size_per_gpu"] = micro_batch_size
 
 

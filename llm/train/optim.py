@@ -38,8 +38,7 @@ from llm.model.modeling_isollm import mup_scaled_parameters
 __all__ = ["build_optimizer", "lr_multiplier", "multiplier_of", "param_groups", "schedule_warnings", "set_schedule"]
 
 # ``ModelConfig`` multiplier field -> optimizer group name, in group order.
-MULTIPLIER_GROUPS = {"mixing_lr_mult": "mixing", "focus_mu_lr_mult": "focus_mu",
-                     "focus_sigma_lr_mult": "focus_sigma"}
+MULTIPLIER_GROUPS = {"mixing_lr_mult": "mixing", "focus_mu_lr_mult": "focus_mu", "focus_sigma_lr_mult": "focus_sigma"}
 
 
 def multiplier_of(model: nn.Module) -> dict[int, str]:

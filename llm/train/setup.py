@@ -251,19 +251,15 @@ def setup_run(config: RunConfig, teardown: ExitStack) -> Run:
     run_dir, ckpt_dir = config.run_dir, config.run_dir / "checkpoints"
     device_type = "cuda" if torch.cuda.is_available() else "cpu"
     accelerator = Accelerator(
-        cpu=device_type == "cpu",
-        mixed_precision=_mixed_precision(config, device_type),
+        cpu=device_type == "cpu", mixed_precision=_mixed_precision(config, device_type),
         log_with=config.trackers or None,
-        project_config=ProjectConfiguration(project_dir=str(run_dir),
-                                            logging_dir=str(run_dir / "tensorboard")),
-        kwargs_handlers=[InitProcessGroupKwargs(timeout=timedelta(seconds=config.train.collective_timeout_s))],
-    )
+        project_config=ProjectConfiguration(project_dir=str(run_dir), logging_dir=str(run_dir / "tensorboard")),
+        kwargs_handlers=[InitProcessGroupKwargs(timeout=timedelta(seconds=config.train.collective_timeout_s))])
     teardown.push(lambda exc_type, *_: _leave_process_group(accelerator, failed=exc_type is not None))
     rank, world_size = rank_and_world_size()
     accum = gradient_accumulation_steps(config, world_size)
     accelerator.gradient_accumulation_steps = accum
-    lock = _lock_run_dir(run_dir)
-    if lock is not None:
+    if (lock := _lock_run_dir(run_dir)) is not None:
         teardown.callback(lock.release)
     # Looked at only under the lock: a run of this name ending between an earlier look and the lock would leave
     # checkpoints that this run, starting from step 0, would overwrite.
@@ -290,14 +286,13 @@ def setup_run(config: RunConfig, teardown: ExitStack) -> Run:
     if (mismatch := engine_mismatch(asked_engine, engine)) is not None:
         main_print(mismatch)
 
-    state = TrainerState()
     grad_norms = GradNormTracker(config.train.grad_norm_window, config.train.warmup_steps)
     unwrapped = accelerator.unwrap_model(model)
     group_grad_norms = GroupGradNorms(grad_norm_groups(unwrapped, multiplier_of(unwrapped).keys()),
                                       config.train.grad_norm_window, config.train.warmup_steps)
     resume_from, saved = _resume(config, ckpt_dir, accelerator, loader)
+    state = TrainerState(**saved["state"]) if saved is not None else TrainerState()
     if saved is not None:
-        state = TrainerState(**saved["state"])
         # load_state restored Accelerate's micro-batch counter as the saved run counted it; with another number of
         # processes the micro-batches per step differ, and the counter would put the gradient sync (and so the
         # optimizer step) off the step boundary, ranks updating on unsynchronised gradients
@@ -326,12 +321,11 @@ def setup_run(config: RunConfig, teardown: ExitStack) -> Run:
         main_warning(line)
     total, non_embedding = _print_params(config.model)
     fpt = flops_per_token(config.model, config.data.seq_len)
-    log.log("meta", state.step, state.tokens, name=config.name, variant=config.model.variant_name,
-            seed=config.seed, params_total=total, params_non_embedding=non_embedding, flops_per_token=fpt,
-            world_size=world_size, grad_accum=accum, max_steps=max_steps,
-            mixed_precision=accelerator.mixed_precision, engine=engine, engine_requested=asked_engine,
-            resumed_from=str(resume_from) if resume_from else None, data_fingerprints=loader.source.fingerprints,
-            config=asdict(config))
+    log.log("meta", state.step, state.tokens, name=config.name, variant=config.model.variant_name, seed=config.seed,
+            params_total=total, params_non_embedding=non_embedding, flops_per_token=fpt, world_size=world_size,
+            grad_accum=accum, max_steps=max_steps, mixed_precision=accelerator.mixed_precision, engine=engine,
+            engine_requested=asked_engine, resumed_from=str(resume_from) if resume_from else None,
+            data_fingerprints=loader.source.fingerprints, config=asdict(config))
 
     device = accelerator.device
     with tf32_matmuls(device, config.train.tf32):  # the peak of the precision the step's fp32 matmuls run at

@@ -82,9 +82,8 @@ def gradient_accumulation_steps(config: RunConfig, world_size: int) -> int:
     accum, remainder = divmod(config.train.global_batch_tokens, per_pass)
     if accum < 1 or remainder:
         raise ConfigError("train.global_batch_tokens", (
-            f"{config.train.global_batch_tokens} is not a positive multiple of micro_batch_size * seq_len * "
-            f"processes = {config.train.micro_batch_size} * {config.data.seq_len} * {world_size} "
-            f"= {per_pass}"))
+            f"{config.train.global_batch_tokens} is not a positive multiple of micro_batch_size * seq_len * processes "
+            f"= {config.train.micro_batch_size} * {config.data.seq_len} * {world_size} = {per_pass}"))
     return accum
 
 

@@ -72,10 +72,9 @@ def _train(run: Run, teardown: ExitStack) -> bool:
         batches = [next(run.batches).to(device, non_blocking=True) for _ in range(run.accum)]
         data_wait += time.perf_counter() - started
         lr = set_schedule(run.optimizer, config, run.max_steps, state.step - state.skipped_steps)
-        result = train_step(run.model, batches, run.optimizer, run.accelerator,
-                            config.train.grad_clip, stop_requested=stop.received,
-                            grad_groups=run.group_grad_norms, write_failed=log.failure is not None,
-                            document_eos=run.document_eos, tf32=config.train.tf32)
+        result = train_step(run.model, batches, run.optimizer, run.accelerator, config.train.grad_clip,
+                            stop_requested=stop.received, grad_groups=run.group_grad_norms,
+                            write_failed=log.failure is not None, document_eos=run.document_eos, tf32=config.train.tf32)
         if result.write_failed:  # a row of an earlier step was lost on rank 0: every rank stops here
             run.stop_on_log_failure()
         interval_time += time.perf_counter() - started
@@ -91,9 +90,8 @@ def _train(run: Run, teardown: ExitStack) -> bool:
         if (state.step % config.train.log_every == 0 or state.step == run.max_steps or result.skipped
                 or result.no_target_batches):
             memory, memory_kind = peak_memory(device)
-            log.log("train", state.step, state.tokens, loss=result.loss,
-                    ppl=math.exp(min(result.loss, 700.0)), lr=lr, **grad_stats,
-                    tokens_per_s=tokens_per_s, mfu=mfu(tokens_per_s, run.flops_per_token, run.peak_flops),
+            log.log("train", state.step, state.tokens, loss=result.loss, ppl=math.exp(min(result.loss, 700.0)), lr=lr,
+                    **grad_stats, tokens_per_s=tokens_per_s, mfu=mfu(tokens_per_s, run.flops_per_token, run.peak_flops),
                     peak_mem_bytes=memory, peak_mem_kind=memory_kind, data_wait_s=data_wait,
                     skipped_steps=state.skipped_steps, no_target_batches=result.no_target_batches)
             interval_tokens, interval_time, data_wait = 0, 0.0, 0.0
