@@ -70,6 +70,8 @@ SPIKE_WINDOW = 10
 # The loss each row kind carries, and the largest one the trainer can log (it computes in float32 at most).
 LOSS_KEYS = {"train": "loss", "eval": "val_loss"}
 FLOAT32_MAX = 3.4028234663852886e38
+TEXT_FIELDS = frozenset({"kind", "peak_mem_kind", "layers"})
+"""The fields of a train or eval row that are not numbers (``layers``: the per-layer report, a list)."""
 
 
 def _damage(row: Any) -> str | None:
@@ -80,8 +82,15 @@ def _damage(row: Any) -> str | None:
     if key and not (type(loss) in (int, float) and (not math.isfinite(loss) or 0 <= loss <= FLOAT32_MAX)):
         shown = json.dumps(loss) if key in row else "missing"
         return f"a {row['kind']} row whose {key} is {shown}, not a loss (damaged)"
-    return "an eval row without its token count (damaged)" if row["kind"] == "eval" and type(
-        row.get("tokens")) is not int else None
+    if row["kind"] == "eval" and type(row.get("tokens")) is not int:
+        return "an eval row without its token count (damaged)"
+    # every other field of a train or eval row is a number the trainer wrote (or null), but these
+    if key and (bad := next((k for k, v in row.items() if k not in TEXT_FIELDS and v is not None
+                             and type(v) not in (int, float)), None)):
+        return f"a {row['kind']} row whose {bad} is {json.dumps(row[bad])}, not a number (damaged)"
+    layers = row.get("layers", [])
+    return None if isinstance(layers, list) and all(isinstance(entry, dict) for entry in layers) else \
+        f"a {row['kind']} row whose layers are {json.dumps(layers)[:40]}, not a list of layer reports (damaged)"
 
 
 def read_metrics(run_dir: str | Path, problems: list[str] | None = None) -> list[dict[str, Any]]:

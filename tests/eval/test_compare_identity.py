@@ -134,3 +134,24 @@ def test_no_tune_suggestion_where_tuning_does_not_fit(tmp_path: Path, other: lis
             load_run(history_run(tmp_path, "other", 0, other))]
     with pytest.raises(EvalError, match=r"\); pass one of these labels or keys as --baseline$"):
         compare_runs(runs)
+
+
+@pytest.mark.parametrize(("field", "value"), [("tokens_per_s", "fast"), ("grad_norm_var_run", [1]),
+                                              ("grad_norm", True), ("layers", "none")])
+def test_a_train_row_field_that_is_no_number_makes_its_run_damaged(tmp_path: Path, field: str, value: Any) -> None:
+    """Any field the trainer writes as a number (or null) that holds something else is a damaged line: the run is
+    listed with its file and line, the other runs still compared (it used to raise in the table's columns)."""
+    for seed in range(2):
+        history_run(tmp_path, f"good{seed}", seed, [(0, 6, 6, {})])
+    damaged = history_run(tmp_path, "damaged", 2, [(0, 6, 6, {})])
+    path = damaged / "metrics.jsonl"
+    rows = [json.loads(line) for line in path.read_text().splitlines()]
+    last_train = max(i for i, row in enumerate(rows) if row["kind"] == "train")
+    rows[last_train][field] = value
+    path.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    run = load_run(damaged)
+    assert run.problems == [f"{path}:{last_train + 1}: skipped a train row whose {field} "
+                            + ("are" if field == "layers" else "is") + f" {json.dumps(value)}, not a "
+                            + ("list of layer reports" if field == "layers" else "number") + " (damaged)"]
+    comparison = compare_runs([load_run(p) for p in sorted(tmp_path.iterdir())])
+    assert [row.n for row in comparison.rows] == [3] and any(str(path) in w for w in comparison.warnings)
