@@ -31,6 +31,12 @@ from llm.eval.report import CSV_COLUMNS, write_comparison
 from llm.eval.stats import Summary, gap_to_baseline
 
 
+def _left_out(row: dict[str, str], status: str) -> list[SimpleNamespace]:
+    """Stand-ins for a stored row's diverged or incomplete runs, which only their count names (the runs are gone)."""
+    return [SimpleNamespace(path=Path(f"{row['variant']} run (not kept)"), diverged=status == "diverged")
+            for _ in range(int(row.get(status) or 0))]
+
+
 def per_seed_losses(sources: list[str]) -> list[tuple[str, list[float]]]:
     """(variant, losses in seed order) from stats.md files and VARIANT=LOSS,... arguments."""
     found = []
@@ -106,8 +112,8 @@ def restat(out: Path, name: str, sources: list[str]) -> None:
             params_total=int(row["params_total"]), params_non_embedding=int(row["params_non_embedding"]),
             val_loss_mean=_number(row["val_loss_mean"]), val_loss_std=_number(row["val_loss_std"]),
             training_stability=_number(row["training_stability"]), tokens_per_s=_number(row["tokens_per_s"]),
-            final_tokens=int(row["final_tokens"]), diverged=[None] * int(row.get("diverged", 0)),
-            incomplete=[None] * int(row.get("incomplete", 0)), tuned={key: _number(row[key]) for key in tune},
+            final_tokens=int(row["final_tokens"]), diverged=_left_out(row, "diverged"),
+            incomplete=_left_out(row, "incomplete"), tuned={key: _number(row[key]) for key in tune},
             series=series, size=(size,), gap=gap))
     warnings, sensitivity = _kept(md_path.read_text())
     labels = [row["variant"] for row, series, *_ in rows if series == DEFAULT_BASELINE]
