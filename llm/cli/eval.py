@@ -3,7 +3,7 @@
     python eval.py CHECKPOINT_OR_HUB_ID [--config data.yaml] [key=value ...] [--json] [--samples N]
     python eval.py CHECKPOINT_OR_HUB_ID --text FILE [--stride N] [--json]
     python eval.py compare RUN_DIR... | 'runs/*' [--baseline swiglu+softmax] [--tune train.lr] [--target-gap 0.01]
-                           [--plan 0.02] [--out DIR]
+                           [--plan 0.02 | --planned PLAN_CSV] [--out DIR]
     python eval.py lm-eval CHECKPOINT_OR_HUB_ID --tasks hellaswag,arc_easy [--limit N]
 
 CHECKPOINT is a run directory (its newest complete checkpoint), a checkpoint directory or its
@@ -93,6 +93,9 @@ def _compare_parser() -> argparse.ArgumentParser:
     parser.add_argument("--plan", type=float, default=None, metavar="NATS",
                         help="plan the seeds each row needs to resolve this gap from the seeds run so far (the pilot): "
                         "writes plan.csv and plan-sweep.yaml, the missing seeds for launch/sweep.py (llm.eval.plan)")
+    parser.add_argument("--planned", default=None, metavar="PLAN_CSV",
+                        help="the plan.csv the seeds were planned by (--plan): each planned row's verdict is then "
+                        "the plan's final test (Stein's), which the table's p-values are not")
     parser.add_argument("--out", default="comparison", help="directory for comparison.md/.csv and PNG plots")
     parser.add_argument("--no-plots", action="store_true")
     return parser
@@ -141,7 +144,7 @@ def _evaluate(argv: list[str]) -> int:
 
 def _compare(argv: list[str]) -> int:
     from llm.eval.compare import compare_runs
-    from llm.eval.plan import plan_seeds, write_plan
+    from llm.eval.plan import apply_plan, plan_seeds, write_plan
     from llm.eval.report import format_table, write_comparison
     from llm.eval.runs import expand_run_dirs, load_run
     from llm.eval.scaling import scaling_series
@@ -157,6 +160,8 @@ def _compare(argv: list[str]) -> int:
         raise EvalError("; ".join(unreadable))
     comparison = compare_runs(runs, args.baseline, args.tune, args.target_gap)
     plans = None if args.plan is None else plan_seeds(comparison, args.plan)  # a bad --plan fails before any writing
+    if args.planned:
+        apply_plan(comparison, args.planned)
     comparison.warnings[:0] = [f"{message}; left out" for message in unreadable]  # comparison.md names them too
     for warning in comparison.warnings:
         print(f"warning: {warning}", file=sys.stderr)

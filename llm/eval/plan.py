@@ -135,3 +135,19 @@ def write_plan(comparison: Comparison, plans: list[RowPlan], gap: float, out: st
                                                              "run_name": "{run}"}, sort_keys=False))
         text.append(f"the {len(files)} missing seeds: python launch/sweep.py {out / 'plan-sweep.yaml'} --mode local")
     return "\n".join(text), [out / "plan.csv", *([out / "plan-sweep.yaml"] if files else [])]
+
+
+def apply_plan(comparison: Comparison, plan_csv: str | Path) -> None:
+    """``compare --planned plan.csv``: each planned row's verdict becomes Stein's final test (``Gap.stein_threshold``),
+    once every row of the plan has its planned seeds complete."""
+    with open(plan_csv, newline="") as f:
+        planned = list(csv.DictReader(f))
+    rows = {row.variant: row for row in comparison.rows}
+    for entry in planned:
+        if (row := rows.get(entry["variant"])) is None:
+            raise EvalError(f"--planned {plan_csv}: its row {entry['variant']!r} is not among the compared rows")
+        if math.isfinite(seeds := float(entry["seeds_per_arm"])) and row.n < seeds:
+            raise EvalError(f"--planned {plan_csv}: {entry['variant']} has {row.n} of its {seeds:g} planned seeds "
+                            "complete, and Stein's final test needs them all")
+        if entry["threshold"] and row.gap is not None:
+            row.gap = replace(row.gap, stein_threshold=float(entry["threshold"]))

@@ -29,6 +29,10 @@ OPTIMISM_NOTE = ("Choosing each variant's value and reporting its loss on the sa
                  "(the minimum of noisy means is biased low, more so on a finer grid). The honest protocol: choose "
                  "the values with some seeds (this table), then train fresh seeds at the chosen values and report "
                  "those runs, compared without --tune.")
+STEIN_NOTE = ("Stein: the verdict of a row whose seeds were planned (--planned plan.csv) is the plan's final test, "
+              "its gap over every seed (pilot and planned) beyond the plan's threshold, with the interval gap ± "
+              "threshold: p and p paired are not that test (after a plan they reject a true gap of 0 in 6-9% of "
+              "pilots, not 5%; README, How many seeds?).")
 
 
 def _params(n: int | None) -> str:
@@ -59,6 +63,8 @@ def _design(gap: Gap) -> tuple[str, float, float] | None:
     One test, chosen before the losses are seen: the paired one where the rows pair, Welch's otherwise. Calling a
     gap resolved when either test rejects would be two tries at ALPHA (a true gap of 0 "resolved" more often than
     ALPHA)."""
+    if not math.isnan(threshold := gap.stein_threshold):  # a planned row: its interval is gap +- threshold
+        return ("Stein", gap.gap - threshold, gap.gap + threshold) if abs(gap.gap) > threshold else None
     design, p, low, high = (("Welch", gap.p_value, gap.ci_low, gap.ci_high) if math.isnan(gap.p_paired) else
                             ("paired", gap.p_paired, gap.paired_ci_low, gap.paired_ci_high))
     return (design, low, high) if p < ALPHA else None
@@ -231,7 +237,9 @@ def format_table(comparison: Comparison) -> str:
         f"baseline each; for the paired test, pairs) that would so resolve the observed gap"
         + ("" if comparison.target_gap is None else f" and a gap of {comparison.target_gap:g} (--target-gap)")
         + f" (> {MAX_SEEDS:,}: too small to resolve; never: a gap of 0).",
-        ASSUMPTIONS, *([OPTIMISM_NOTE] if comparison.tune else []), *(f"Warning: {w}" for w in comparison.warnings)))]
+        ASSUMPTIONS, *([OPTIMISM_NOTE] if comparison.tune else []),
+        *([STEIN_NOTE] if any(row.gap and not math.isnan(row.gap.stein_threshold) for row in comparison.rows) else []),
+        *(f"Warning: {w}" for w in comparison.warnings)))]
     if comparison.tune:
         lines += _sensitivity(comparison)
     return "\n".join(lines + _scaling(comparison)) + "\n"

@@ -75,6 +75,9 @@ class Gap:
     paired_seeds_needed: float = math.nan
     """Pairs: a seed of the row and the same seed of the baseline."""
     paired_target_seeds: float = math.nan
+    stein_threshold: float = math.nan
+    """With ``compare --planned plan.csv``: the planned row's final test is Stein's, ``|gap|`` beyond this
+    (``llm.eval.plan``), not the t-tests above; NaN otherwise."""
 
 
 def welch_power(std: float, n: int, baseline_std: float, baseline_n: int) -> Callable[[float], float]:

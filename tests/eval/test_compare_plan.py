@@ -157,3 +157,27 @@ def test_a_planned_run_directory_that_exists_is_refused(tmp_path: Path, capsys: 
     assert capsys.readouterr().err.strip().splitlines()[-1] == (
         f"error: {tmp_path / 'runs' / 'swiglu_softmax_s3'}: a run directory the plan would train into exists already")
     assert not (out / "plan.csv").exists() and not (out / "plan-configs").exists()
+
+
+def test_planned_rows_are_decided_by_steins_final_test(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """``compare --planned plan.csv``: refused until every planned seed is complete; then a planned row's verdict is
+    its gap over all seeds beyond the plan's threshold, with the interval gap +- threshold, not the t-tests'."""
+    rows, out = _plan(tmp_path, {"swiglu+softmax": BASE, "isogmlp+softmax": PAIRED, "iso_ln+softmax": SPREAD}, 0.15)
+    planned = ["compare", str(tmp_path / "runs" / "*"), "--out", str(tmp_path / "final"), "--no-plots", "--planned",
+               str(out / "plan.csv")]
+    capsys.readouterr()
+    assert main(planned) == 2
+    assert "swiglu+softmax has 3 of its 8 planned seeds complete" in capsys.readouterr().err
+    final = {"swiglu+softmax": 4.9, "isogmlp+softmax": 5.1, "iso_ln+softmax": 4.9}
+    for variant, loss in final.items():
+        for seed in range(3, 8):
+            write_run(tmp_path / "runs", variant, seed, loss)
+    assert main(planned) == 0
+    table = (tmp_path / "final" / "comparison.md").read_text()
+    gaps = {v: (sum(losses) + 5 * final[v] - sum(BASE) - 5 * 4.9) / 8 for v, losses in (("isogmlp+softmax", PAIRED),
+                                                                                          ("iso_ln+softmax", SPREAD))}
+    threshold = float(rows["isogmlp+softmax"]["threshold"])
+    assert abs(gaps["iso_ln+softmax"]) < float(rows["iso_ln+softmax"]["threshold"]) < 0.15
+    assert f"isogmlp+softmax {gaps['isogmlp+softmax']:+.4f} resolved (Stein) " \
+           f"[{gaps['isogmlp+softmax'] - threshold:+.4f}, {gaps['isogmlp+softmax'] + threshold:+.4f}]" in table
+    assert "| resolved (Stein) |" in table and "| not resolved |" in table and "- Stein: the verdict of a row" in table
