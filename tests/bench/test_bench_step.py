@@ -55,10 +55,10 @@ def test_the_interval_of_the_median_is_the_binomial_order_statistic_one() -> Non
 
 
 def test_the_interval_holds_the_median_95_percent_of_the_time_at_every_round_count() -> None:
-    """Simulated (seeded): rounds drawn from a skewed distribution whose median is 1, 4,000 trials per count. From
-    6 rounds the interval holds the true median at least 95% of the time (less Monte Carlo error, 3 standard
-    errors); below 6 there is no interval to miss. The percentile bootstrap it replaces missed it 50% of the time at
-    2 rounds, 25% at 3 (its interval is then the extremes of the 3: 1 - 2/8 = 75%), 12% at 7 (issue 54): the 3
+    """Simulated (seeded): rounds drawn from a skewed distribution whose median is 1, 4,000 trials per count. From 6
+    rounds the interval holds the true median at least 95% of the time (less Monte Carlo error, 3 standard errors);
+    below 6 there is no interval to miss. The percentile bootstrap it replaces missed it 50% of the time at 2 rounds,
+    25% at 3 (its interval is then the extremes of the 3: 1 - 2/8 = 75%), 12% at 7 (3,000 simulated trials): the 3
     rounds' case is simulated here too, as the contrast."""
     import numpy as np
 

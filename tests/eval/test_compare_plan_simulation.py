@@ -1,5 +1,6 @@
-"""The whole planned procedure is valid (issue 55 item 5): a pilot of 3 seeds, the plan (``llm.eval.plan``), the
-planned seeds, then the final test on all of them, simulated with normal seed effects and no training.
+"""The whole planned procedure is valid (5% type I error, at least 75% power at the planned gap): a pilot of 3 seeds,
+the plan (``llm.eval.plan``), the planned seeds, then the final test on all of them, simulated with normal seed effects
+and no training.
 
 ``REPLICATES`` pilots per case: the Monte Carlo standard error is 0.15 points at a 5% rejection rate and 0.3 points
 at 80%, so the bound 5.5% on the Type I error sits 3 standard errors above an exact 5% and the bound 75% on the

@@ -170,7 +170,7 @@ def targets(module, stage: str, logs: Path) -> str:
 
 
 def test_targets_are_met_only_where_the_paired_interval_clears_them(tmp_path: Path) -> None:
-    """Issue 47: a ratio whose interval straddles its target is "not resolved"; ratios are paired here from every
+    """A ratio whose interval straddles its target is "not resolved"; ratios are paired here from every
     round's seconds, each over the reference the stage table names, and MFU carries its per-round interval."""
     module = gpu_check()
     even = (1.0,) * 6
