@@ -29,7 +29,7 @@ __all__ = ["main"]
 
 
 def _gap_nats(text: str) -> float:
-    """``--target-gap``: a finite gap > 0 (a gap of 0 or inf has no seed count)."""
+    """``--target-gap`` and ``--plan``: a finite gap > 0 (a gap of 0 or inf has no seed count)."""
     if not 0 < (value := float(text)) < math.inf:
         raise argparse.ArgumentTypeError(f"expected a finite gap > 0 nats, got {text}")
     return value
@@ -90,7 +90,7 @@ def _compare_parser() -> argparse.ArgumentParser:
     parser.add_argument("--target-gap", type=_gap_nats, default=None, metavar="NATS",
                         help="the smallest gap worth detecting, chosen before the runs: adds the seeds per arm it "
                         "needs at each row's and its baseline's observed spreads (how to choose the seeds: README)")
-    parser.add_argument("--plan", type=float, default=None, metavar="NATS",
+    parser.add_argument("--plan", type=_gap_nats, default=None, metavar="NATS",
                         help="plan the seeds each row needs to resolve this gap from the seeds run so far (the pilot): "
                         "writes plan.csv and plan-sweep.yaml, the missing seeds for launch/sweep.py (llm.eval.plan)")
     parser.add_argument("--planned", default=None, metavar="PLAN_CSV",
@@ -165,17 +165,16 @@ def _compare(argv: list[str]) -> int:
     comparison.warnings[:0] = [f"{message}; left out" for message in unreadable]  # comparison.md names them too
     for warning in comparison.warnings:
         print(f"warning: {warning}", file=sys.stderr)
-    written = list(write_comparison(comparison, args.out))
+    plan, written = write_plan(comparison, plans, args.plan, args.out) if plans is not None else ("", [])
+    written[:0] = write_comparison(comparison, args.out)
     if not args.no_plots:
         from llm.eval.plots import write_plots
 
         written += write_plots(comparison.groups, args.out, comparison.sensitivity, comparison.tune,
                                scaling_series(comparison))
     print(format_table(comparison))
-    if plans is not None:
-        plan, files = write_plan(comparison, plans, args.plan, args.out)
+    if plan:
         print(plan)
-        written += files
     print("wrote " + ", ".join(str(p) for p in written))
     return 0
 

@@ -32,9 +32,7 @@ from scipy import stats
 from llm.config import read_saved, save_config
 from llm.eval.compare import Comparison, VariantSummary
 from llm.eval.errors import EvalError
-from llm.eval.stats import ALPHA, MAX_SEEDS, POWER
-
-Array = np.ndarray | float  # one pilot, or many at once (tests/eval/test_compare_plan_simulation.py)
+from llm.eval.stats import ALPHA, MAX_SEEDS, POWER, Array, welch_df
 
 ASSUMPTION = ("assumes normal seed effects; Stein's rule: the pilot's t quantiles, not its SD taken as true; the final "
               "test is Stein's (the mean gap over all seeds beyond the threshold), not compare's p-value")
@@ -43,11 +41,6 @@ ASSUMPTION = ("assumes normal seed effects; Stein's rule: the pilot's t quantile
 def stein_seeds(gap: float, variance: Array, df: Array) -> Array:
     """The fewest seeds per arm with (t_{1-ALPHA/2,df} + t_{POWER,df}) * sqrt(variance / n) <= gap."""
     return np.ceil((stats.t.isf(ALPHA / 2, df) + stats.t.isf(1 - POWER, df)) ** 2 * variance / gap**2)
-
-
-def welch_df(variances: tuple[Array, Array], pilot: tuple[int, int]) -> Array:
-    """Satterthwaite's degrees of freedom of a sum of the two arms' variance estimates (each over its pilot)."""
-    return sum(variances) ** 2 / (variances[0] ** 2 / (pilot[0] - 1) + variances[1] ** 2 / (pilot[1] - 1))
 
 
 def design(gap: float, pilot: tuple[int, int], variances: tuple[Array, Array], difference: Array = math.nan,
@@ -82,16 +75,15 @@ class RowPlan:
 
 
 def plan_seeds(comparison: Comparison, gap: float) -> list[RowPlan]:
-    """Each baseline, then each row with a gap to it over at least 2 seeds each, planned for ``gap`` (module
-    docstring)."""
-    if not gap > 0:
-        raise EvalError(f"--plan {gap}: expected a gap > 0 nats (the smallest worth detecting)")
+    """Each baseline, then each row with a gap to it that can be tested (2 or more seeds each, losses that vary:
+    ``Gap.se`` > 0), planned for ``gap`` (module docstring)."""
+    if not 0 < gap < math.inf:
+        raise EvalError(f"--plan {gap}: expected a finite gap > 0 nats (the smallest worth detecting)")
     plans = []
     for base in (row for row in comparison.rows if row.variant in comparison.baselines):
         theirs, found = {run.seed: run.final_val_loss for run in base.runs}, []
-        for row in (row for row in comparison.rows if row.gap and row.size == base.size and min(row.n, base.n) > 1):
-            variances = (statistics.variance([run.final_val_loss for run in row.runs]),
-                         statistics.variance(theirs.values()))
+        for row in (row for row in comparison.rows if row.gap and row.gap.se > 0 and row.size == base.size):
+            variances = (row.val_loss_std**2, base.val_loss_std**2)
             difference = math.nan if math.isnan(row.gap.p_paired) else \
                 statistics.variance([run.final_val_loss - theirs[run.seed] for run in row.runs])
             paired, seeds = design(gap, (row.n, base.n), variances, difference)
@@ -117,13 +109,13 @@ def write_plan(comparison: Comparison, plans: list[RowPlan], gap: float, out: st
         new += [(pilot, seed, f"{stem}{seed}" if stem != pilot.path.name else f"{stem}-s{seed}") for seed in seeds]
     if taken := [str(pilot.path.parent / name) for pilot, _, name in new if (pilot.path.parent / name).exists()]:
         raise EvalError(f"{taken[0]}: a run directory the plan would train into exists already")
+    (out / "plan-configs" if new else out).mkdir(parents=True, exist_ok=True)
     with (out / "plan.csv").open("w", newline="") as f:
         csv.writer(f).writerows([["variant", "design", "pilot_seeds", "seeds_per_arm", "more_seeds", "threshold"],
                                  *([p.row.variant, p.design, p.row.n, f"{p.seeds_per_arm:g}", p.more_seeds,
                                     "" if math.isnan(p.threshold) else p.threshold] for p in plans)])
     files = {name: str((out / "plan-configs" / f"{name}.yaml").resolve()) for _, _, name in new}
     for pilot, seed, name in new:
-        Path(files[name]).parent.mkdir(exist_ok=True)
         save_config(replace(read_saved(pilot.meta["config"]), seed=seed, name=name,
                             out_dir=str(pilot.path.parent.resolve())), files[name])
     text = [f"plan for a {gap:g}-nat gap at {POWER:.0%} power ({ASSUMPTION}):", *(

@@ -29,9 +29,10 @@ from scipy import optimize, stats
 
 __all__ = ["ALPHA", "MAX_SEEDS", "POWER", "Gap", "Summary", "gap_to_baseline", "minimum_detectable_effect",
            "paired_interval", "paired_mde", "paired_p_value", "paired_power", "pairs_needed", "seeds_needed",
-           "welch_power"]
+           "welch_df", "welch_power"]
 
 ALPHA, POWER = 0.05, 0.8
+Array = np.ndarray | float
 MAX_SEEDS = 100_000  # a gap that needs more seeds per arm is too small to resolve
 QUADRATURE_POINTS = 100
 # A spread below this fraction of the losses' size is rounding (of one shift in every pair, or of one loss).
@@ -80,13 +81,19 @@ class Gap:
     (``llm.eval.plan``), not the t-tests above; NaN otherwise."""
 
 
+def welch_df(variances: tuple[Array, Array], counts: tuple[int, int]) -> Array:
+    """Satterthwaite's degrees of freedom of the sum of two arms' variances of the mean, each estimated from its
+    arm's ``counts`` seeds (arrays: one per draw)."""
+    return sum(variances) ** 2 / (variances[0] ** 2 / (counts[0] - 1) + variances[1] ** 2 / (counts[1] - 1))
+
+
 def welch_power(std: float, n: int, baseline_std: float, baseline_n: int) -> Callable[[float], float]:
     """The power of the two-sided Welch test at ``ALPHA`` between ``n`` normal seeds of spread ``std`` and
     ``baseline_n`` of spread ``baseline_std``, as a function of the true gap (module docstring)."""
     quantiles = (np.arange(QUADRATURE_POINTS) + 0.5) / QUADRATURE_POINTS
     mine = (std**2 / n * stats.chi2.ppf(quantiles, n - 1) / (n - 1))[None, :]  # the arm's se^2 at each quantile
     theirs = (baseline_std**2 / baseline_n * stats.chi2.ppf(quantiles, baseline_n - 1) / (baseline_n - 1))[:, None]
-    df = (mine + theirs) ** 2 / (mine**2 / (n - 1) + theirs**2 / (baseline_n - 1))  # Welch-Satterthwaite, sampled
+    df = welch_df((mine, theirs), (n, baseline_n))  # sampled
     critical = stats.t.isf(ALPHA / 2, df) * np.sqrt(mine + theirs)  # the gap estimate each draw rejects above
     se = math.sqrt(std**2 / n + baseline_std**2 / baseline_n)
     return lambda gap: float(np.mean(stats.norm.cdf((abs(gap) - critical) / se)
@@ -192,7 +199,7 @@ def gap_to_baseline(row: Summary, baseline: Summary, pairs: tuple[Sequence[float
     welch = stats.ttest_ind_from_stats(*astuple(row), *astuple(baseline), equal_var=False)
     row_var, baseline_var = row.std**2 / row.n, baseline.std**2 / baseline.n
     se = math.sqrt(row_var + baseline_var)
-    df = se**4 / (row_var**2 / (row.n - 1) + baseline_var**2 / (baseline.n - 1))  # Welch-Satterthwaite
+    df = welch_df((row_var, baseline_var), (row.n, baseline.n))
     half = stats.t.isf(ALPHA / 2, df) * se
     return Gap(gap, se, float(gap - half), float(gap + half), float(welch.pvalue),
                minimum_detectable_effect(row.std, row.n, baseline.std, baseline.n),

@@ -1,4 +1,4 @@
-"""``eval.py compare --plan GAP`` (llm.eval.plan) and the paired design's figures (llm.eval.stats): the plan's counts
+"""``eval.py compare --plan GAP`` (llm.eval.plan): the plan's counts
 and thresholds against Stein's rule from scipy, and its sweep file as the launcher reads and runs it."""
 
 from __future__ import annotations
@@ -18,8 +18,11 @@ from llm.cli.eval import main
 from llm.cli.sweep import main as sweep_main
 from llm.cli.sweep_spec import load_sweep
 from llm.config import load_config
+from llm.eval.compare import compare_runs
+from llm.eval.errors import EvalError
+from llm.eval.plan import plan_seeds
 from llm.eval.runs import load_run
-from llm.eval.stats import MAX_SEEDS, paired_interval, paired_mde, paired_power, pairs_needed
+from llm.eval.stats import MAX_SEEDS
 
 BASE = [4.900, 4.950, 4.930]
 PAIRED = [4.920, 4.960, 4.960]  # differences 0.02, 0.01, 0.03: SD 0.01
@@ -39,27 +42,6 @@ def _plan(tmp_path: Path, losses: dict[str, list[float]], gap: float) -> tuple[d
     assert main(["compare", str(tmp_path / "runs" / "*"), "--out", str(out), "--no-plots", "--plan", str(gap)]) == 0
     with (out / "plan.csv").open() as f:
         return {row["variant"]: row for row in csv.DictReader(f)}, out
-
-
-def test_paired_figures_are_scipys() -> None:
-    interval = stats.ttest_rel(PAIRED, BASE).confidence_interval(0.95)
-    assert paired_interval(PAIRED, BASE) == pytest.approx((interval.low, interval.high), rel=1e-12)
-    critical, nc = stats.t.isf(0.025, 4), 0.3 * math.sqrt(5) / 0.2
-    assert paired_power(0.2, 5)(0.3) == pytest.approx(stats.nct.sf(critical, 4, nc) + stats.nct.cdf(-critical, 4, nc),
-                                                      rel=1e-12)
-    for sd, n in ((1.0, 2), (0.01, 3), (0.3, 20)):
-        assert paired_power(sd, n)(paired_mde(sd, n)) == pytest.approx(0.8, abs=1e-9)
-    for gap, sd in ((0.5, 1.0), (0.02, 0.01), (1.0, 0.05)):
-        n = pairs_needed(gap, sd)
-        assert n >= 2 and paired_power(sd, n)(gap) >= 0.8 and (n == 2 or paired_power(sd, n - 1)(gap) < 0.8)
-    assert pairs_needed(0.0, 1.0) == pairs_needed(1e-4, 1.0) == math.inf  # the second would need over MAX_SEEDS
-
-
-def test_paired_power_is_the_rejection_rate_of_scipys_paired_test() -> None:
-    rng = np.random.default_rng(0)
-    differences = rng.normal(0.1, 0.2, (20_000, 6))  # Monte Carlo SE 0.35 points
-    rate = np.mean(stats.ttest_1samp(differences, 0.0, axis=1).pvalue < 0.05)
-    assert rate == pytest.approx(paired_power(0.2, 6)(0.1), abs=0.012)
 
 
 def test_plan_takes_the_cheaper_design_with_steins_counts_and_thresholds(tmp_path: Path,
@@ -136,14 +118,26 @@ def test_a_resolved_pilot_needs_no_sweep_and_a_hopeless_gap_says_so(tmp_path: Pa
     assert f"over {MAX_SEEDS} per arm: not launched" in capsys.readouterr().out
 
 
-@pytest.mark.parametrize("gap", ["0", "-0.1", "nan"])
+@pytest.mark.parametrize("gap", ["0", "-0.1", "nan", "inf"])
 def test_a_bad_gap_fails_in_one_line_before_writing(tmp_path: Path, gap: str,
                                                     capsys: pytest.CaptureFixture[str]) -> None:
     write_run(tmp_path / "runs", "swiglu+softmax", 0, 4.9)
-    assert main(["compare", str(tmp_path / "runs" / "*"), "--out", str(tmp_path / "out"), "--plan", gap]) == 2
-    assert capsys.readouterr().err.strip().splitlines() == [f"error: --plan {float(gap)}: expected a gap > 0 nats "
-                                                            "(the smallest worth detecting)"]
+    with pytest.raises(SystemExit) as refused:
+        main(["compare", str(tmp_path / "runs" / "*"), "--out", str(tmp_path / "out"), "--plan", gap])
+    assert refused.value.code == 2
+    assert f"argument --plan: expected a finite gap > 0 nats, got {gap}" in capsys.readouterr().err
     assert not (tmp_path / "out").exists()
+    comparison = compare_runs([load_run(run) for run in (tmp_path / "runs").iterdir()])
+    with pytest.raises(EvalError, match=f"--plan {float(gap)}: expected a finite gap > 0 nats"):
+        plan_seeds(comparison, float(gap))  # the library refuses it too
+
+
+def test_rows_without_spread_are_not_planned(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Seeds that all give one loss (in a row and its baseline) leave no spread to plan from: the row is left out of
+    the plan, as the table leaves it untested (it raised ZeroDivisionError)."""
+    rows, _ = _plan(tmp_path, {"swiglu+softmax": [4.9] * 3, "isogmlp+softmax": [5.0] * 3,
+                                 "iso_ln+softmax": SPREAD}, 0.05)
+    assert set(rows) == {"swiglu+softmax", "iso_ln+softmax"}
 
 
 def test_a_planned_run_directory_that_exists_is_refused(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -157,6 +151,7 @@ def test_a_planned_run_directory_that_exists_is_refused(tmp_path: Path, capsys: 
     assert capsys.readouterr().err.strip().splitlines()[-1] == (
         f"error: {tmp_path / 'runs' / 'swiglu_softmax_s3'}: a run directory the plan would train into exists already")
     assert not (out / "plan.csv").exists() and not (out / "plan-configs").exists()
+    assert not (out / "comparison.md").exists()  # refused before anything is written
 
 
 def test_planned_rows_are_decided_by_steins_final_test(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

@@ -28,7 +28,8 @@ def iso_tanh_naive(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.T
 
 
 def ffn_param_count(config: ModelConfig) -> int:
-    """Parameters of one FFN block as built for ``config`` (after parameter matching), counted on the meta device."""
+    """Parameters of one FFN block at the hidden size ``resolve_intermediate_size`` gives ``config`` (after parameter
+    matching), counted on the meta device: a block that resolved its own size otherwise would not match it."""
     with torch.device("meta"):
-        block = FFN_REGISTRY[config.ffn](config)
+        block = FFN_REGISTRY[config.ffn](config, intermediate_size=resolve_intermediate_size(config))
     return sum(p.numel() for p in block.parameters())
