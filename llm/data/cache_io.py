@@ -19,8 +19,9 @@ __all__ = ["file_checksum", "warn_rebuilding", "write_atomically"]
 
 def write_atomically(path: Path, write: Callable[[Path], object]) -> None:
     """Write ``path`` by ``write(temporary path)`` in the same directory, fsync it, then rename it over ``path``: a
-    reader (another rank, a concurrent job) sees the previous file or the whole new one, never a torn one, and
-    neither does a reader after a crash.
+    reader (another rank, a concurrent job) sees the previous file or the whole new one, never a torn one. The
+    data is on disk before the rename; the rename itself is durable once the OS writes the directory (it is not
+    fsynced: after a power loss the previous file may come back, never a torn one).
     Raises ``OSError`` when the directory cannot be written (the temporary file is removed). The file gets the
     mode ``write`` creates it with (0666 less the umask, as the token files beside an index.json): not mkstemp's
     0600, which left a shared prepared directory or cache unreadable to the others who share it."""

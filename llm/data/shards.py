@@ -86,7 +86,7 @@ def prepare(data_cfg: DataConfig, tokenizer: Tokenizer, out_dir: str | Path, max
             if max_tokens is not None and total >= max_tokens:
                 break
         pieces.append({"file": k, "start": start, "num_tokens": written[k] - start, "num_docs": docs})
-    index = {"format": FORMAT, "source": stream.source.identity(), "tokenizer": tokenizer_identity(tokenizer),
+    index = {"format": FORMAT, "source": stream.source.identity(), "tokenizer": stream.fingerprints["tokenizer"],
              "val_bucket": data_cfg.val_bucket, "max_doc_chars": data_cfg.max_doc_chars, "tokenization": TOKENIZATION,
              "max_tokens": max_tokens,
              "files": [{"tokens": f"tokens_{k:05d}.bin", "num_tokens": n, CHECKSUM: digest.hexdigest()}

@@ -126,10 +126,8 @@ class IsoLLMDecoderLayer(GradientCheckpointingLayer):
                 padding_mask: torch.Tensor | None = None, documents: PackedDocuments | None = None,
                 step: DecodeStep | None = None) -> torch.Tensor:
         """``padding_mask``: ``[B, T_past + T]``, True at real tokens (None: all real); ``documents``: the packed
-        documents of each row (None: one per row); see attention.py. ``step``: a static cache's step (its padding
-        mask is ``step.real``)."""
+        documents of each row (None: one per row); see attention.py. ``step``: a static cache's step."""
         ffn_cache = state.ffn if state is not None else None
-        padding_mask = step.real if step is not None else padding_mask
         ffn_mask = padding_mask[:, -x.shape[1]:] if padding_mask is not None else None
         x = x + self.self_attn(self.input_layernorm(x), cos, sin, state, padding_mask, documents, step)
         return x + self.mlp(self.post_attention_layernorm(x), cache=ffn_cache, padding_mask=ffn_mask,

@@ -88,7 +88,7 @@ def decode_step(model: IsoLLMModel, input_ids: torch.Tensor, real: torch.Tensor,
     x = model.embed_tokens(input_ids)
     cos, sin = rotary_cos_sin(position, model.head_dim, model.rope_theta, x.dtype)
     for layer, state in zip(model.layers, cache.layers, strict=True):
-        x = layer(x, cos, sin, state, step=step)
+        x = layer(x, cos, sin, state, real, step=step)  # the step's padding mask: whether its token is real
     decoding.slot.add_(1)
     return x
 

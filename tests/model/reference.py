@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 
 from llm.model import ModelConfig
-from llm.model.ffn import FFN_REGISTRY
+from llm.model.ffn import FFN_REGISTRY, resolve_intermediate_size
 from llm.model.iso_tanh import check_qkv
 
 
