@@ -102,6 +102,10 @@ def grouped_interval(groups: Sequence[Sequence[float]], confidence: float = CONF
     rounds alone would read it as signal; drawing the groups puts it into the interval. With two groups the
     interval spans about the two groups' medians. As ``median_interval``, and so as ``verdict`` reads both, it
     gives no interval for fewer than ``MIN_ROUNDS`` values pooled.
+
+    Its coverage is not shown: a percentile bootstrap over the few groups a bench runs (2-3 processes) resamples
+    only those groups' medians, so it reads best as the spread between processes, not as an interval that holds the
+    true ratio 95% of the time (``median_interval``'s is shown, by simulation, in tests/bench).
     """
     if not groups or not all(groups):
         raise ValueError("no rounds to summarise (an empty group)")
