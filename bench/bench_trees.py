@@ -62,7 +62,7 @@ def worker(args: argparse.Namespace) -> None:
     from llm.config import load_config
 
     device, ffn, scoring = torch.device(args.device), *args.worker.split("+")
-    base = load_config(f"configs/sizes/{args.preset}.yaml", ["train.max_steps=1"]).model
+    base = load_config(f"configs/sizes/{args.preset}.yaml", ["train.max_steps=1", f"data.seq_len={args.seq}"]).model
     config = dataclasses.replace(base, ffn=ffn, attn_scoring=scoring, ffn_param_match=ffn != "swiglu")
     torch.manual_seed(0)
     row = ours(args.worker, Spec(config), torch.randint(0, config.vocab_size, (args.batch, args.seq + 1),
