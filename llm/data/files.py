@@ -4,13 +4,18 @@ tell whether a file changed without reading it."""
 from __future__ import annotations
 
 import functools
+import json
 import posixpath
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any, BinaryIO
 
 import fsspec
+import xxhash
 
-__all__ = ["CONTENT_KEYS", "Fingerprint", "file_size", "fingerprints", "open_file"]
+from llm.data.cache_io import file_checksum
+
+__all__ = ["CONTENT_KEYS", "Fingerprint", "content_fingerprint", "file_size", "fingerprints", "open_file"]
 
 # Keys of fsspec's file info that change with a file's content: a local file's modification time, a hub file's
 # git blob id (and xet hash), an object store's ETag or modification time.
@@ -54,3 +59,18 @@ def fingerprints(files: Sequence[str]) -> list[Fingerprint | None]:
         content = {key: _json_value(info[key]) for key in CONTENT_KEYS if info.get(key) is not None}
         result.append({"size": int(info["size"]), **content} if content else None)
     return result
+
+
+def content_fingerprint(files: Sequence[str]) -> str:
+    """One digest of what the files hold, in order, whatever path reaches them (the same data through another path
+    has the same fingerprint). A local file counts by the xxh3-64 of all its bytes: its size and modification time
+    would miss a rewrite at the same size (or with its mtime put back), a parquet footer a change inside a row
+    group; xxh3 hashes faster than a disk reads, so this costs one read of the source per process. A remote file
+    counts by what its filesystem says of its content (a hub file's git blob id: ``fingerprints``, one listing per
+    directory), never its bytes; its modification time is left out (the same blob keeps its fingerprint)."""
+    remote = [file for file in files if "://" in file]
+    listed = dict(zip(remote, fingerprints(remote), strict=True))
+    digests = [file_checksum(Path(file), xxhash.xxh3_64) if file not in listed
+               else {key: value for key, value in (listed[file] or {"size": file_size(file)}).items() if key != "mtime"}
+               for file in files]
+    return xxhash.xxh3_64_hexdigest(json.dumps(digests, sort_keys=True).encode())

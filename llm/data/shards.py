@@ -36,7 +36,7 @@ from llm.config import DataConfig
 from llm.data.cache_io import write_atomically
 from llm.data.errors import DataError
 from llm.data.prepared_index import CHECKSUM, FORMAT, INDEX_FILE, file_problems, read_index
-from llm.data.sources import data_source
+from llm.data.sources import data_source, source_fingerprint
 from llm.data.split import epoch_order
 from llm.data.streaming import StreamingTokens
 from llm.data.token_source import State, TokenSource, block_permutation
@@ -165,7 +165,7 @@ class PreparedTokens(TokenSource):
         self.cfg = data_cfg
         # the index records every token file's checksum: another preparation is another fingerprint
         self.fingerprints = {"tokenizer": self.index["tokenizer"], "prepared": xxhash.xxh3_64_hexdigest(
-            json.dumps(self.index, sort_keys=True).encode())}
+            json.dumps(self.index, sort_keys=True).encode()), "source": source_fingerprint(data_source(data_cfg))}
         self.lengths = np.array([p["num_tokens"] for p in self.index["pieces"]], dtype=np.int64)
         self.epoch_tokens = int(self.lengths.sum())
         if self.epoch_tokens == 0:

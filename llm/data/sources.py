@@ -30,9 +30,10 @@ from typing import Any
 
 from llm.config import FORMAT_NAMES, DataConfig
 from llm.data.errors import DataError, DataWarning
+from llm.data.files import content_fingerprint
 from llm.data.footers import Footer, footers
 
-__all__ = ["FORMATS", "FORMAT_NAMES", "Source", "data_source", "resolve_source", "source_files"]
+__all__ = ["FORMATS", "FORMAT_NAMES", "Source", "data_source", "resolve_source", "source_files", "source_fingerprint"]
 
 # File suffix -> how its documents are read.
 FORMATS = {".parquet": "parquet", ".jsonl": "json", ".json": "json", ".txt": "text"}
@@ -215,6 +216,14 @@ def source_files(source: Source) -> tuple[str, tuple[str, ...]]:
         for file, footer in zip(files, footers(files, source.cache_dir), strict=True):
             check_parquet(file, footer, source.text_column)
     return kind, files
+
+
+@functools.cache
+def source_fingerprint(source: Source) -> str:
+    """What the source's files hold (``content_fingerprint``: a local file's bytes, a hub file's blob id), once per
+    process: the validation cache's key, every loader state and meta row record it, so a source rewritten at the
+    same path (at the same size) is another validation set and is refused on resume."""
+    return content_fingerprint(source_files(source)[1])
 
 
 # ``resolve_source`` once per process for each set of arguments (``data_source``)

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import copy
 import os
+import warnings
 from collections.abc import Iterator
 from itertools import islice
 from typing import Any
@@ -22,10 +23,11 @@ from tokenizers import Tokenizer
 from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
 from llm.config import DataConfig
-from llm.data.errors import DataError
+from llm.data.errors import DataError, DataWarning
 from llm.data.shards import PreparedTokens
 from llm.data.streaming import StreamingTokens
 from llm.data.token_source import State, TokenSource
+from llm.data.tokenizer import TOKENIZATION
 
 __all__ = ["TrainLoader", "build_train_loader"]
 
@@ -68,12 +70,14 @@ class TrainLoader:
         self.workers = max(data_cfg.num_workers, 1)
         self.states: list[State | None] = [None] * self.workers
         self.next_worker = 0
+        self._unchecked = False
 
     def _identity(self, topology: bool = True) -> dict[str, Any]:
         """What a saved state must match; ``topology=False`` leaves out what a resharded resume may change."""
         fixed = {"seq_len": self.cfg.seq_len, "seed": self.cfg.seed, "shuffle_block": self.cfg.shuffle_block,
                  "shuffle_shards": self.cfg.shuffle_shards, "val_bucket": self.cfg.val_bucket,
                  "max_doc_chars": self.cfg.max_doc_chars, "prepared": self.cfg.prepared is not None,
+                 "tokenization": TOKENIZATION,
                  **{f"{data}_fingerprint": value for data, value in self.source.fingerprints.items()}}
         if not topology:
             return fixed
@@ -106,11 +110,23 @@ class TrainLoader:
         return {**self._identity(), "next_worker": self.next_worker, "workers": copy.deepcopy(self.states)}
 
     def _check(self, state: dict[str, Any], expected: dict[str, Any]) -> None:
+        """Refuse a state of other data in one line naming both values. What an older state does not record: the
+        tokenization came with the tokenizer's fingerprint (a state with it was cut by today's rule; one without
+        may not have been, and is refused); the source's fingerprint is recorded from this resume on."""
         for key, value in expected.items():
-            # a state saved before the fingerprints were recorded has none to compare
-            if state.get(key) != value and (key in state or not key.endswith("_fingerprint")):
-                raise DataError(f"data loader state: {key} was {state.get(key)!r}, this loader has "
-                                 f"{value!r}; resume with the same data settings and files")
+            if key in state or not (key.endswith("_fingerprint") or key == "tokenization"):
+                if state.get(key) != value:
+                    raise DataError(f"data loader state: {key} was {state.get(key)!r}, this loader has "
+                                    f"{value!r}; resume with the same data settings and files")
+            elif key == "tokenization" and "tokenizer_fingerprint" not in state:
+                raise DataError("data loader state: written by an isollm that recorded neither the tokenizer nor the "
+                                "document tokenization, which has changed since (long documents, txt paragraphs): "
+                                "continuing would train on other tokens; start another run (name=) for this data")
+            elif key == "source_fingerprint" and not self._unchecked:
+                self._unchecked = True  # once, not once per rank state
+                warnings.warn(f"data loader state: records no source fingerprint (older isollm): {self.cfg.source} "
+                              f"could not be checked against it; recorded from this resume on", DataWarning,
+                              stacklevel=2)
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self._check(state, self._identity())

@@ -30,7 +30,7 @@ from tokenizers import Tokenizer
 from llm.config import DataConfig
 from llm.data.errors import DataError
 from llm.data.pieces import Piece, PieceReader
-from llm.data.sources import Source, data_source
+from llm.data.sources import Source, data_source, source_fingerprint
 from llm.data.split import epoch_order, node_segments
 from llm.data.token_source import State, TokenSource, block_permutation
 from llm.data.tokenizer import encode_documents, eos_id, tokenizer_identity
@@ -47,7 +47,8 @@ class StreamingTokens(TokenSource):
         self.tokenizer = tokenizer
         self.eos = eos_id(tokenizer)
         self.cfg = data_cfg
-        self.fingerprints = {"tokenizer": tokenizer_identity(tokenizer), "prepared": None}
+        self.fingerprints = {"tokenizer": tokenizer_identity(tokenizer), "prepared": None,
+                             "source": source_fingerprint(self.source)}
 
     def piece_docs(self, piece: int, start: int, hi: int) -> Iterator[tuple[int, list[str]]]:
         """(position before the batch, training texts of the batch) of a piece's range: validation documents

@@ -28,7 +28,8 @@ class TokenSource(ABC):
     cfg: DataConfig
     fingerprints: dict[str, str | None]
     """What the data is beyond its settings: the fingerprint of the tokenizer's serialized content
-    (``tokenizer_identity``) under "tokenizer", a prepared index's under "prepared" (None when streaming)."""
+    (``tokenizer_identity``) under "tokenizer", a prepared index's under "prepared" (None when streaming), the
+    source's files' (``source_fingerprint``: the validation set is read from them) under "source"."""
     resharding = False
     """Whether a position can continue with another number of nodes (``reshard``)."""
 

@@ -21,7 +21,7 @@ from llm.config import DataConfig
 from llm.data.cache_io import warn_rebuilding, write_atomically
 from llm.data.errors import DataError
 from llm.data.pieces import PieceReader
-from llm.data.sources import Source, data_source
+from llm.data.sources import Source, data_source, source_fingerprint
 from llm.data.tokenizer import TOKENIZATION, encode_documents, eos_id, tokenizer_identity
 from llm.errors import one_line
 
@@ -50,9 +50,12 @@ def split_batch(batch: dict[str, list], source: Source, bucket: int) -> tuple[li
 
 
 def val_cache_path(data_cfg: DataConfig, tokenizer: Tokenizer) -> Path:
-    """Cache file of the validation windows, keyed by everything that determines their tokens."""
-    key = {"source": data_source(data_cfg).identity(), "tokenizer": tokenizer_identity(tokenizer),
-           "seq_len": data_cfg.seq_len, "val_bucket": data_cfg.val_bucket, "val_tokens": data_cfg.val_tokens,
+    """Cache file of the validation windows, keyed by everything that determines their tokens: the source's files
+    by their content (``source_fingerprint``), not their path and size alone."""
+    source = data_source(data_cfg)
+    key = {"source": source.identity(), "content": source_fingerprint(source),
+           "tokenizer": tokenizer_identity(tokenizer), "seq_len": data_cfg.seq_len, "val_bucket": data_cfg.val_bucket,
+           "val_tokens": data_cfg.val_tokens,
            "max_doc_chars": data_cfg.max_doc_chars, "tokenization": TOKENIZATION}
     digest = hashlib.blake2b(json.dumps(key, sort_keys=True).encode(), digest_size=10).hexdigest()
     return Path(data_cfg.cache_dir) / f"val_{digest}.pt"

@@ -58,6 +58,10 @@ RESULT_NEUTRAL = frozenset({"data.cache_dir", "data.read_retries", "data.retry_b
                             "train.checkpoint_every", "train.keep_checkpoints", "model.iso_tanh_chunk_size",
                             "train.activation_checkpointing", "train.collective_timeout_s", "train.stop_grace_s"})
 
+# What a meta row's ``data_fingerprints`` records, and the config fields that only say where that data is read from.
+DATA_FINGERPRINTS = ("tokenizer", "prepared", "source")
+DATA_PATHS = ("data.source", "data.tokenizer", "data.prepared")
+
 # The value of a config field a run's saved config lacks (its code predates the field).
 NOT_RECORDED = "not recorded"
 
@@ -135,8 +139,9 @@ class RunRecord:
     (``llm.config.read_saved``); the other fields, and those it did not record, are today's defaults."""
     segments: list[tuple[int, dict[str, Any]]]
     """Each segment's first step and its compared config fields (dotted keys, less ``RESULT_NEUTRAL``, a field
-    it did not record ``NOT_RECORDED``) with its data's fingerprints (``data_fingerprint.tokenizer`` and
-    ``data_fingerprint.prepared``, from its meta row), in order."""
+    it did not record ``NOT_RECORDED``) with its data's fingerprints (``data_fingerprint.tokenizer``,
+    ``data_fingerprint.prepared`` and ``data_fingerprint.source``, from its meta row; where the source's is
+    recorded, the ``DATA_PATHS`` are left out: the same data through another path is the same data), in order."""
     seed: int
     """The first segment's seed; the segments are those that produced its final weights (module docstring)."""
     problems: list[str] = field(default_factory=list)
@@ -248,10 +253,12 @@ def _read_config(path: Path, meta: dict[str, Any]) -> tuple[RunConfig, dict[str,
         raise EvalError(f"{path}: today's code cannot read back the meta row's config: {err}") from None
     recorded = flatten_dict({**config, "model": upgrade_saved(dict(config["model"]))})
     flat = flatten_dict({section: asdict(getattr(read, section)) for section in COMPARED_SECTIONS})
-    # the data's identity beyond its settings (the tokenizer's and a prepared index's content), as the segment recorded
-    fingerprints = meta.get("data_fingerprints") or dict.fromkeys(("tokenizer", "prepared"), NOT_RECORDED)
+    # the data's identity beyond its settings (the tokenizer's, a prepared index's and the source files' content),
+    # as the segment recorded; where the source's is recorded, the paths that reach the data are no part of it
+    fingerprints = {**dict.fromkeys(DATA_FINGERPRINTS, NOT_RECORDED), **(meta.get("data_fingerprints") or {})}
+    paths = DATA_PATHS if fingerprints["source"] != NOT_RECORDED else ()
     return read, {**{key: value if key in recorded else NOT_RECORDED for key, value in flat.items()
-                     if key not in RESULT_NEUTRAL},
+                     if key not in RESULT_NEUTRAL and key not in paths},
                   **{f"data_fingerprint.{data}": value for data, value in fingerprints.items()}}
 
 

@@ -43,6 +43,7 @@ from torch import nn
 
 from llm.config import RunConfig, load_config, save_config
 from llm.data.errors import DataError
+from llm.data.tokenizer import tokenizer_identity
 from llm.errors import one_line
 from llm.model.config import ConfigError
 from llm.train.checkpoint_files import (
@@ -187,6 +188,13 @@ def load_checkpoint(path: str | Path, *, accelerator: Accelerator, loader: Any, 
     if diffs := [f"{k} (checkpoint {saved.get(k)!r}, config {current.get(k)!r})"
                  for k in sorted(set(saved) | set(current)) if saved.get(k) != current.get(k)]:
         raise ConfigError("model", f"checkpoint {path} has a different model: {', '.join(diffs)}")
+    # the checkpoint's own tokenizer: a run older than the loader state's fingerprints is checked by it too
+    if (saved_tokenizer := path / MODEL_DIR / "tokenizer.json").is_file() and (
+            was := tokenizer_identity(Tokenizer.from_file(str(saved_tokenizer)))) != loader.source.fingerprints[
+            "tokenizer"]:
+        raise ConfigError("data.tokenizer", f"checkpoint {path} was trained with another tokenizer (fingerprint "
+                                            f"{was}, data.tokenizer's {loader.source.fingerprints['tokenizer']}): "
+                                            f"resume with the tokenizer it saves, {saved_tokenizer}")
     saved_world = len(list((path / "state").glob("data_rank*.pt")))
     # every rank's loader state: a run resumed with another number of processes continues the global data
     # order from all of them (prepared tokens), or the loader refuses in one line (a streamed source)
