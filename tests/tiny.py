@@ -154,3 +154,13 @@ def record_sleeps(monkeypatch: pytest.MonkeyPatch) -> list[float]:
     sleeps: list[float] = []
     monkeypatch.setattr(llm.data.pieces.time, "sleep", sleeps.append)
     return sleeps
+
+
+def forget_sources() -> None:
+    """Clear what a process caches of its data sources (resolved sources, their fingerprints, parquet footers), as
+    a new process starts: for tests that change a source's files between two in-process runs."""
+    from llm.data import files, footers, sources
+
+    for cached in (sources._resolve_once, sources.source_fingerprint, sources._repository_files,
+                   footers.parquet_metadata, files.file_size):
+        cached.cache_clear()

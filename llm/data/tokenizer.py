@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import hashlib
 import importlib.util
+import json
 from collections.abc import Iterable
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -21,8 +22,8 @@ if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerFast
 
 __all__ = ["DEFAULT_HUB_TOKENIZER", "EOS_TOKEN", "TOKENIZATION", "as_transformers_tokenizer", "encode_documents",
-           "eos_id", "ids_past", "load_tokenizer", "padded_vocab_size", "text_parts", "tokenizer_identity", "top_id",
-           "train_tokenizer"]
+           "encoding_identity", "eos_id", "ids_past", "load_tokenizer", "padded_vocab_size", "text_parts",
+           "tokenizer_identity", "top_id", "train_tokenizer"]
 
 # End-of-document token: Qwen3's, and the one special token our trained BPE gets (same name, so eos_id is
 # one lookup for both).
@@ -120,6 +121,14 @@ def tokenizer_identity(tok: Tokenizer) -> str:
     """A short stable fingerprint of the full tokenizer definition (vocab, merges, normalisers, specials):
     two tokenizers with the same fingerprint produce the same ids, so cached tokens may be shared."""
     return hashlib.blake2b(tok.to_str().encode(), digest_size=8).hexdigest()
+
+
+def encoding_identity(tok: Tokenizer) -> str:
+    """``tokenizer_identity`` of what turns text into ids without special tokens: the definition less its
+    post-processor, padding and truncation, which a checkpoint's tokenizer.json gains when transformers saves it."""
+    definition = {key: value for key, value in json.loads(tok.to_str()).items()
+                  if key not in ("post_processor", "padding", "truncation")}
+    return hashlib.blake2b(json.dumps(definition, sort_keys=True).encode(), digest_size=8).hexdigest()
 
 
 def text_parts(text: str, max_chars: int) -> list[str]:

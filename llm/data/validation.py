@@ -55,8 +55,7 @@ def val_cache_path(data_cfg: DataConfig, tokenizer: Tokenizer) -> Path:
     source = data_source(data_cfg)
     key = {"source": source.identity(), "content": source_fingerprint(source),
            "tokenizer": tokenizer_identity(tokenizer), "seq_len": data_cfg.seq_len, "val_bucket": data_cfg.val_bucket,
-           "val_tokens": data_cfg.val_tokens,
-           "max_doc_chars": data_cfg.max_doc_chars, "tokenization": TOKENIZATION}
+           "val_tokens": data_cfg.val_tokens, "max_doc_chars": data_cfg.max_doc_chars, "tokenization": TOKENIZATION}
     digest = hashlib.blake2b(json.dumps(key, sort_keys=True).encode(), digest_size=10).hexdigest()
     return Path(data_cfg.cache_dir) / f"val_{digest}.pt"
 

@@ -43,7 +43,7 @@ from torch import nn
 
 from llm.config import RunConfig, load_config, save_config
 from llm.data.errors import DataError
-from llm.data.tokenizer import tokenizer_identity
+from llm.data.tokenizer import encoding_identity
 from llm.errors import one_line
 from llm.model.config import ConfigError
 from llm.train.checkpoint_files import (
@@ -171,11 +171,12 @@ def save_checkpoint(ckpt_dir: str | Path, step: int, *, accelerator: Accelerator
     return final
 
 
-def load_checkpoint(path: str | Path, *, accelerator: Accelerator, loader: Any, config: RunConfig) -> dict:
-    """Restore model, optimizer, RNG and this rank's data-loader state from ``path`` (after checking the seed and the
-    model config match: a ``ConfigError`` names every model field that differs); return the saved ``trainer.json``
-    dict. A checkpoint from before the schedule was a function of the step (llm/train/optim.py) also holds a
-    scheduler.bin, which nothing reads."""
+def load_checkpoint(path: str | Path, *, accelerator: Accelerator, loader: Any, config: RunConfig,
+                    tokenizer: Tokenizer) -> dict:
+    """Restore model, optimizer, RNG and this rank's data-loader state from ``path`` (after checking the seed, the
+    model config and the tokenizer match: a ``ConfigError`` names every model field that differs); return the saved
+    ``trainer.json`` dict. A checkpoint from before the schedule was a function of the step (llm/train/optim.py) also
+    holds a scheduler.bin, which nothing reads."""
     path = Path(path)
     saved_config = load_config(str(path / "config.yaml"), saved_run=True)
     # the weights and RNG state continue the seed's run whatever the config says: under another seed the run
@@ -189,12 +190,12 @@ def load_checkpoint(path: str | Path, *, accelerator: Accelerator, loader: Any, 
                  for k in sorted(set(saved) | set(current)) if saved.get(k) != current.get(k)]:
         raise ConfigError("model", f"checkpoint {path} has a different model: {', '.join(diffs)}")
     # the checkpoint's own tokenizer: a run older than the loader state's fingerprints is checked by it too
-    if (saved_tokenizer := path / MODEL_DIR / "tokenizer.json").is_file() and (
-            was := tokenizer_identity(Tokenizer.from_file(str(saved_tokenizer)))) != loader.source.fingerprints[
-            "tokenizer"]:
-        raise ConfigError("data.tokenizer", f"checkpoint {path} was trained with another tokenizer (fingerprint "
-                                            f"{was}, data.tokenizer's {loader.source.fingerprints['tokenizer']}): "
-                                            f"resume with the tokenizer it saves, {saved_tokenizer}")
+    saved_tokenizer = path / MODEL_DIR / "tokenizer.json"
+    if saved_tokenizer.is_file() and (was := encoding_identity(Tokenizer.from_file(str(saved_tokenizer)))) != (
+            now := encoding_identity(tokenizer)):
+        raise ConfigError("data.tokenizer", f"checkpoint {path} was trained with another tokenizer (fingerprint {was}, "
+                                            f"data.tokenizer's {now}): resume with the tokenizer it saves, "
+                                            f"{saved_tokenizer}")
     saved_world = len(list((path / "state").glob("data_rank*.pt")))
     # every rank's loader state: a run resumed with another number of processes continues the global data
     # order from all of them (prepared tokens), or the loader refuses in one line (a streamed source)
@@ -205,8 +206,8 @@ def load_checkpoint(path: str | Path, *, accelerator: Accelerator, loader: Any, 
     return json.loads((path / "trainer.json").read_text())
 
 
-def resume_checkpoint(ckpt_dir: str | Path, *, accelerator: Accelerator, loader: Any,
-                      config: RunConfig) -> tuple[Path | None, dict | None]:
+def resume_checkpoint(ckpt_dir: str | Path, *, accelerator: Accelerator, loader: Any, config: RunConfig,
+                      tokenizer: Tokenizer) -> tuple[Path | None, dict | None]:
     """Load the newest usable checkpoint of ``ckpt_dir`` (``load_checkpoint``); return it and its
     ``trainer.json``. One that fails to load on any rank (bytes that verify but do not parse: a file
     written corrupt) is skipped with a ``CheckpointWarning`` and the previous one is tried, as one that
@@ -216,7 +217,8 @@ def resume_checkpoint(ckpt_dir: str | Path, *, accelerator: Accelerator, loader:
     for candidate in usable_checkpoints(ckpt_dir, all_ranks=True):
         error, saved = None, None
         try:
-            saved = load_checkpoint(candidate, accelerator=accelerator, loader=loader, config=config)
+            saved = load_checkpoint(candidate, accelerator=accelerator, loader=loader, config=config,
+                                    tokenizer=tokenizer)
             if not isinstance(saved, dict) or not {"state", "grad_norm_tracker"} <= saved.keys():
                 raise ValueError("trainer.json lacks its state or grad_norm_tracker")
         except (ConfigError, DataError):  # the checkpoint is sound but does not fit this launch or data

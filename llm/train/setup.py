@@ -104,13 +104,13 @@ def _lock_run_dir(run_dir: Path) -> RunLock | None:
     return lock
 
 
-def _resume(config: RunConfig, ckpt_dir: Path, accelerator: Accelerator,
-            loader: Any) -> tuple[Path | None, dict | None]:
+def _resume(config: RunConfig, ckpt_dir: Path, accelerator: Accelerator, loader: Any,
+            tokenizer: Tokenizer) -> tuple[Path | None, dict | None]:
     """Load the newest usable checkpoint (``resume_checkpoint``); return it and its trainer.json, or
     ``(None, None)`` to start at step 0. ``resume=true`` refuses to start over checkpoints that all failed to
     verify or load (history would be overwritten); ``resume=restart`` starts from step 0 then."""
-    resume_from, saved = (resume_checkpoint(ckpt_dir, accelerator=accelerator, loader=loader, config=config)
-                          if config.resume else (None, None))
+    resume_from, saved = (resume_checkpoint(ckpt_dir, accelerator=accelerator, loader=loader, config=config,
+                                            tokenizer=tokenizer) if config.resume else (None, None))
     if saved is not None:
         main_print(f"resumed from {resume_from} at step {saved['state']['step']}")
     elif config.resume is True and (found := checkpoint_names(ckpt_dir)):
@@ -290,7 +290,7 @@ def setup_run(config: RunConfig, teardown: ExitStack) -> Run:
     unwrapped = accelerator.unwrap_model(model)
     group_grad_norms = GroupGradNorms(grad_norm_groups(unwrapped, multiplier_of(unwrapped).keys()),
                                       config.train.grad_norm_window, config.train.warmup_steps)
-    resume_from, saved = _resume(config, ckpt_dir, accelerator, loader)
+    resume_from, saved = _resume(config, ckpt_dir, accelerator, loader, tokenizer)
     state = TrainerState(**saved["state"]) if saved is not None else TrainerState()
     if saved is not None:
         # load_state restored Accelerate's micro-batch counter as the saved run counted it; with another number of

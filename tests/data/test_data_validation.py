@@ -8,10 +8,11 @@ import re
 from dataclasses import replace
 from pathlib import Path
 
+import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 import torch
-from tiny import fail_reads, record_sleeps
+from tiny import fail_reads, fineweb_files, forget_sources, record_sleeps
 from tokenizers import Tokenizer
 
 from llm.config import DataConfig
@@ -104,3 +105,33 @@ def test_source_that_keeps_failing_raises_data_error(data_cfg: DataConfig, bpe: 
     assert "train-00000-of-00003.parquet after 2 retries (ConnectionError: Server Disconnected)" in message
     assert reads["n"] == 3  # the first read and 2 retries, then it stops
     assert sleeps == [1e-3, 2e-3]  # exponential backoff: retry_backoff_s * 2**(k - 1)
+
+
+def _rebuilt(data_cfg: DataConfig, bpe: Tokenizer) -> torch.Tensor:
+    """The validation windows as a new process builds them (the source resolved and fingerprinted afresh)."""
+    forget_sources()
+    return build_val_windows(data_cfg, bpe)
+
+
+def test_a_source_rewritten_at_the_same_size_is_another_validation_set(tmp_path: Path, bpe: Tokenizer) -> None:
+    """A txt file rewritten with other text of the same size, and a local repository whose parquet changed at the
+    same path: before, the cache (keyed by path and size) gave the old validation set while training read the new."""
+    text = tmp_path / "docs.txt"
+    text.write_text("\n\n".join(f"document {i} is about apples and pears" for i in range(200)))
+    cfg = DataConfig(source=str(text), seq_len=16, val_bucket=4, val_tokens=60, cache_dir=str(tmp_path / "cache"))
+    first = _rebuilt(cfg, bpe)
+    text.write_text(text.read_text().replace("apples", "plants"))  # same size, other tokens
+    assert not torch.equal(second := _rebuilt(cfg, bpe), first)
+    forget_sources()
+    assert torch.equal(second, validation.build_val_windows(replace(cfg, cache_dir=str(tmp_path / "fresh")), bpe))
+
+    repo = tmp_path / "repo"
+    (repo / "data").mkdir(parents=True)
+    (repo / "README.md").write_text("---\nconfigs:\n- config_name: default\n  data_files:\n  - split: train\n"
+                                    "    path: data/*.parquet\n---\n")
+    rows = pq.read_table(fineweb_files()[0], columns=["text", "id"]).slice(0, 240).to_pylist()
+    pq.write_table(pa.Table.from_pylist(rows[:120]), repo / "data" / "train.parquet")
+    cfg = replace(cfg, source=str(repo), name="default", val_bucket=10, val_tokens=100)
+    first = _rebuilt(cfg, bpe)
+    pq.write_table(pa.Table.from_pylist(rows[120:240]), repo / "data" / "train.parquet")
+    assert not torch.equal(_rebuilt(cfg, bpe), first)

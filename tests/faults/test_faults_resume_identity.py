@@ -19,7 +19,7 @@ from tokenizers import Tokenizer
 from llm.cli.train import main
 from llm.data import train_tokenizer
 from llm.data.shards import prepare
-from llm.data.tokenizer import tokenizer_identity
+from llm.data.tokenizer import encoding_identity, tokenizer_identity
 from llm.eval.runs import load_run
 from llm.train.lock import LOCK_FILE
 
@@ -58,15 +58,18 @@ def test_resume_on_another_tokenizer_at_the_same_path_is_refused(run_overrides: 
     run_dir = tmp_path / "runs" / "t"
     recorded = tokenizer_identity(Tokenizer.from_file(str(bpe)))
     other = train_tokenizer([str(sorted(corpus.iterdir())[0])], 512, tokenizer)  # one file of three: other merges
-    assert other.get_vocab_size() == 512 and (current := tokenizer_identity(other)) != recorded
+    assert other.get_vocab_size() == 512 and tokenizer_identity(other) != recorded
     before = _files(run_dir)
     capsys.readouterr()
     assert main([*args, "train.max_steps=4", "resume=true"]) == 2
+    checkpoint = run_dir / "checkpoints" / "step_00000002"
     assert _error_lines(capsys.readouterr().err) == [
-        f"error: data loader state: tokenizer_fingerprint was {recorded!r}, this loader has {current!r}; resume with "
-        f"the same data settings and files"]
+        f"error: data.tokenizer: checkpoint {checkpoint} was trained with another tokenizer (fingerprint "
+        f"{encoding_identity(Tokenizer.from_file(str(bpe)))}, data.tokenizer's {encoding_identity(other)}): resume "
+        f"with the tokenizer it saves, {checkpoint / 'model' / 'tokenizer.json'}"]
     assert _files(run_dir) == before
-    assert metrics_rows(run_dir, "meta")[0]["data_fingerprints"] == {"tokenizer": recorded, "prepared": None}
+    fingerprints = metrics_rows(run_dir, "meta")[0]["data_fingerprints"]
+    assert fingerprints == {"tokenizer": recorded, "prepared": None, "source": fingerprints["source"]}
     assert load_run(run_dir).segments[0][1]["data_fingerprint.tokenizer"] == recorded  # compare's history has it
 
 
@@ -93,7 +96,7 @@ def test_resume_on_prepared_data_prepared_again_is_refused(run_overrides: list[s
     assert was != now
     assert _files(run_dir) == before
     recorded = metrics_rows(run_dir, "meta")[0]["data_fingerprints"]
-    assert recorded == {"tokenizer": tokenizer_identity(tokenizer), "prepared": was}
+    assert recorded == {"tokenizer": tokenizer_identity(tokenizer), "prepared": was, "source": recorded["source"]}
     assert load_run(run_dir).segments[0][1]["data_fingerprint.prepared"] == was  # compare's history has it
 
 
