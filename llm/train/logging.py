@@ -13,6 +13,7 @@ the run goes on on every rank (``drop_tracker``).
 from __future__ import annotations
 
 import json
+import os
 import resource
 import sys
 import warnings
@@ -53,20 +54,30 @@ def main_warning(message: str) -> None:
 
 def truncate_metrics(path: str | Path, step: int) -> None:
     """Drop the train/eval rows past ``step`` (logged by a run after its last checkpoint and about to
-    be logged again by the resumed run), so each step appears once in the file; also drop a torn
-    last line."""
+    be logged again by the resumed run), so each step appears once in the file. A line that is not a row (torn by a
+    crash mid-write, or two rows run together after one) is never dropped: it is appended to ``<path>.damaged``
+    first, with one warning line naming both files, and the readable rows stay for compare."""
     path = Path(path)
     if not path.is_file():
         return
-    kept = []
-    for line in path.read_text().splitlines():
+    kept, damaged = [], []
+    for number, line in enumerate(path.read_text(errors="surrogateescape").splitlines(), start=1):
         try:
             row = json.loads(line)
-        except ValueError:  # a line torn by a crash mid-write
-            continue
-        if row.get("kind") == "meta" or row["step"] <= step:
-            kept.append(line)
-    write_atomically(path, lambda tmp: tmp.write_text("".join(line + "\n" for line in kept)))
+            if row.get("kind") == "meta" or int(row["step"]) <= step:
+                kept.append(line)
+        except (ValueError, KeyError, TypeError, AttributeError):  # not a JSON object with a step
+            damaged.append((number, line))
+    if damaged:
+        aside = path.with_name(f"{path.name}.damaged")
+        with open(aside, "a", errors="surrogateescape") as f:
+            f.write("".join(line + "\n" for _, line in damaged))
+            f.flush()
+            os.fsync(f.fileno())
+        main_warning(f"{path}: {len(damaged)} unreadable line(s) (line {', '.join(str(n) for n, _ in damaged[:5])}"
+                     f"{', ...' if len(damaged) > 5 else ''}) moved to {aside}, the other rows kept")
+    write_atomically(path, lambda tmp: tmp.write_text("".join(line + "\n" for line in kept),
+                                                      errors="surrogateescape"))
 
 
 def drop_tracker(accelerator: Accelerator, tracker: Any, reason: str) -> None:

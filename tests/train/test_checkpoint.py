@@ -149,6 +149,22 @@ def test_truncate_metrics_keeps_meta_and_rows_up_to_step(tmp_path: Path) -> None
     assert [json.loads(line) for line in path.read_text().splitlines()] == rows[:4]
 
 
+def test_truncate_metrics_keeps_unreadable_lines_aside(tmp_path: Path, capsys) -> None:
+    """A cut middle line (an eval row torn by a kill, the next start's meta row appended to it) and a cut last line
+    go to metrics.jsonl.damaged with one warning line; before, both were deleted without a word."""
+    from llm.train.logging import truncate_metrics
+
+    path = tmp_path / "metrics.jsonl"
+    torn_middle, torn_last = '{"kind": "eval", "step": 9, "val_lo{"kind": "meta", "step": 8}', '{"kind": "train", "st'
+    rows = [{"kind": "meta", "step": 0}, {"kind": "train", "step": 1}]
+    path.write_text(f"{json.dumps(rows[0])}\n{torn_middle}\n{json.dumps(rows[1])}\n{torn_last}")
+    truncate_metrics(path, 2)
+    assert [json.loads(line) for line in path.read_text().splitlines()] == rows
+    assert (tmp_path / "metrics.jsonl.damaged").read_text() == f"{torn_middle}\n{torn_last}\n"
+    assert capsys.readouterr().err == (f"warning: {path}: 2 unreadable line(s) (line 2, 4) moved to "
+                                       f"{path}.damaged, the other rows kept\n")
+
+
 @pytest.mark.parametrize(("variant", "expected"), [
     ((), ("matched", 0.5)),  # swiglu reads neither: today's defaults
     (("model.ffn=iso_mlp", "model.iso_activation=relu", "model.ffn_init=paper", "model.iso_r0=1.0"), ("paper", 1.0)),
