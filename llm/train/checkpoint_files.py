@@ -149,16 +149,23 @@ def verify_checkpoint(path: str | Path) -> None:
 
 
 def usable_checkpoints(ckpt_dir: str | Path, *, all_ranks: bool = False) -> Iterator[Path]:
-    """The complete checkpoints that verify, the ``latest`` pointer's target first, then newest first; each
-    that does not verify is skipped with a ``CheckpointWarning`` naming it and why.
+    """The complete checkpoints that verify, newest first; each that does not verify is skipped with a
+    ``CheckpointWarning`` naming it and why. A ``latest`` pointer that names another (an older one, one that is not
+    there, or one before a newer complete checkpoint that a kill left unnamed) is one ``CheckpointWarning``: a resume
+    from an older checkpoint would overwrite the newer ones, and a complete checkpoint holds exact training state.
 
     ``all_ranks``: every rank calls this together; the main process alone reads and hashes each candidate
     and every rank takes its verdict (one read of the checkpoint, not one per rank, and the same decision
     everywhere)."""
     ckpt_dir = Path(ckpt_dir)
     target = pointer_target(ckpt_dir, warn=True)
-    # the pointer's target first, the others newest first (``sorted`` is stable)
-    for candidate in sorted(_complete_dirs(ckpt_dir), key=lambda path: path.name != target):
+    dirs = _complete_dirs(ckpt_dir)
+    if target is not None and dirs and dirs[0].name != target:
+        why = (f"older than {dirs[0].name}: using the newest checkpoint that verifies, never overwriting newer ones "
+               f"(to go back to {target}, move those out of {ckpt_dir})" if target in {d.name for d in dirs} else
+               f"which is not there: using the newest checkpoint that verifies ({dirs[0].name} first)")
+        warnings.warn(f"{ckpt_dir / POINTER} names {target}, {why}", CheckpointWarning, stacklevel=2)
+    for candidate in dirs:
         error = None
         if not all_ranks or is_main_process():
             try:
@@ -174,5 +181,5 @@ def usable_checkpoints(ckpt_dir: str | Path, *, all_ranks: bool = False) -> Iter
 
 
 def latest_checkpoint(ckpt_dir: str | Path) -> Path | None:
-    """The first of ``usable_checkpoints`` (the ``latest`` pointer's target when it verifies), or None."""
+    """The first of ``usable_checkpoints`` (the newest that verifies), or None."""
     return next(usable_checkpoints(ckpt_dir), None)

@@ -110,3 +110,24 @@ def test_compare_keeps_rows_by_the_data_not_its_path(overrides_under, own_corpus
     assert main([*args, f"data.source={own_corpus}", "name=c", "seed=3"]) == 0
     rows = group_runs([load_run(tmp_path / "runs" / name) for name in "abc"])
     assert sorted(sorted(run.seed for run in members) for members in rows.values()) == [[1, 2], [3]]
+
+
+@pytest.mark.parametrize("pointer", ["step_00000002", "step_00000077"], ids=["older", "missing"])
+def test_a_latest_pointer_at_an_older_or_missing_step_never_rolls_back(run_overrides: list[str], tmp_path: Path,
+                                                                       pointer: str, capsys) -> None:
+    """``latest`` pointed back at step 2 (or at a step that is not there) while steps 3 and 4 are complete: the
+    resume says so and continues from step 4. Before, it went back to step 2 and overwrote steps 3 and 4 without a
+    word (a missing step fell back to the newest in silence)."""
+    args = [*run_overrides, "name=l", "train.checkpoint_every=1", "train.keep_checkpoints=9"]
+    assert main([*args, "train.max_steps=4"]) == 0
+    ckpts = tmp_path / "runs" / "l" / "checkpoints"
+    newer = {p: p.read_bytes() for p in sorted((ckpts / "step_00000004").rglob("*")) if p.is_file()}
+    (ckpts / "latest").write_text(f"{pointer}\n")
+    capsys.readouterr()
+    why = ("older than step_00000004: using the newest checkpoint that verifies, never overwriting newer ones "
+           rf"\(to go back to step_00000002, move those out of {ckpts}\)" if pointer == "step_00000002" else
+           r"which is not there: using the newest checkpoint that verifies \(step_00000004 first\)")
+    with pytest.warns(UserWarning, match=f"^{ckpts / 'latest'} names {pointer}, {why}$"):
+        assert main([*args, "train.max_steps=5", "resume=true"]) == 0
+    assert f"resumed from {ckpts / 'step_00000004'} at step 4" in capsys.readouterr().out
+    assert all(path.read_bytes() == data for path, data in newer.items())
