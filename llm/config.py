@@ -282,10 +282,12 @@ def _resolve(layers: list[DictConfig | dict[str, Any]], overrides: list[str], sa
                 raise ConfigError(key, f"{value!r} is not a YAML value") from None
         config = OmegaConf.to_object(merged)
     except OmegaConfBaseException as err:  # in one line, naming the key
-        message = str(err).splitlines()[0]
+        message, key = str(err).splitlines()[0], getattr(err, "full_key", None) or "config"
         if "not in struct" in message or ("Key '" in message and "not" in message):
             message = "unknown key"
-        raise ConfigError(getattr(err, "full_key", None) or "config", message) from None
+        if key == "resume":  # resume=1 is an int, refused by the schema's type before ``validate`` names the choices
+            message = f"expected true, false or restart, got {message.split(' of type')[0].removeprefix('Value ')}"
+        raise ConfigError(key, message) from None
     assert isinstance(config, RunConfig)
     return config.validate()
 

@@ -15,12 +15,15 @@ import argparse
 import os
 import sys
 from pathlib import Path
+from typing import Any
 
-from llm.config import RunConfig, load_config
+from omegaconf import OmegaConf
+
+from llm.config import RunConfig, load_config, read_yaml
 from llm.data.errors import DataError
 from llm.errors import one_line_warnings, stderr_line
 from llm.model.config import ConfigError
-from llm.train.checkpoint_files import CheckpointError
+from llm.train.checkpoint_files import CheckpointError, checkpoint_names
 
 __all__ = ["main"]
 
@@ -44,6 +47,32 @@ def _report(err: BaseException) -> None:
     stderr_line(f"error: {message}")
 
 
+def _keys(node: dict[str, Any], prefix: str = "") -> list[str]:
+    """The dotted keys of a nested mapping's leaves."""
+    return [leaf for key, value in node.items()
+            for leaf in (_keys(value, f"{prefix}{key}.") if isinstance(value, dict) else [f"{prefix}{key}"])]
+
+
+def _check_saved(saved: Path) -> None:
+    """A run's config.yaml against the one its newest checkpoint saved (written by the same or older code): a file
+    cut inside a section, its headers intact, would be filled from today's defaults, so a key the checkpoint's holds
+    and the file lacks is refused; a missing file beside checkpoints is refused too, naming where to restore it from."""
+    ckpt_dir = saved.parent / "checkpoints"
+    found = [ckpt_dir / name / "config.yaml" for name in checkpoint_names(ckpt_dir)]
+    if (reference := next((path for path in found if path.is_file()), None)) is None:
+        return
+    if not saved.is_file():
+        raise ConfigError("config", f"{saved} is missing, but the run holds {len(found)} checkpoint(s): restore it "
+                                    f"(e.g. copy {reference}) to resume")
+    have = set(_keys(OmegaConf.to_container(read_yaml(saved))))
+    sections = {key.split(".")[0] for key in have}  # a whole section missing is load_config's to name
+    if missing := [key for key in _keys(OmegaConf.to_container(read_yaml(reference)))
+                   if key not in have and key.split(".")[0] in sections]:
+        more = f" and {len(missing) - 1} more key(s)" if len(missing) > 1 else ""
+        raise ConfigError("config", f"{saved} lacks {missing[0]}{more}, which the checkpoint config {reference} "
+                                    f"holds (the file is damaged): restore it from there")
+
+
 def _load(files: list[str], overrides: list[str]) -> RunConfig:
     """The config of ``files`` and ``overrides``. Without files, ``resume=true`` (or restart) and ``name=NAME`` start
     from the run directory's own config.yaml (``out_dir``/NAME/config.yaml) when it exists, the overrides applied on
@@ -55,6 +84,7 @@ def _load(files: list[str], overrides: list[str]) -> RunConfig:
         return load_config(files, overrides)
     out_dir = given.get("out_dir", RunConfig.out_dir)
     saved = Path(out_dir, given["name"], "config.yaml")
+    _check_saved(saved)
     if not saved.is_file() and not given.keys() & {"data.source", "data.prepared"}:
         raise ConfigError("name", f"no run {given['name']!r} to resume: {saved.absolute()} does not exist (a new "
                                   "run with resume=true: give its --config, data.source or data.prepared)")

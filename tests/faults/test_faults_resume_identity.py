@@ -155,3 +155,30 @@ def test_a_saved_config_cut_before_its_train_section_is_refused(run_overrides: l
     assert main([*args, "train.max_steps=4", "resume=true"]) == 2
     [line] = _error_lines(capsys.readouterr().err)
     assert line.startswith(f"error: config: {saved} lacks the train section(s) every run saves")
+
+
+def test_a_saved_config_cut_inside_a_section_is_refused(run_overrides: list[str], tmp_path: Path, capsys) -> None:
+    """config.yaml cut inside its train section, every header intact: before, the resume filled the lost keys from
+    today's defaults (keep_checkpoints 3 pruned the run's checkpoints, global_batch_tokens 524,288)."""
+    args = [*run_overrides, "name=i"]
+    assert main([*args, *SAVE]) == 0
+    saved = tmp_path / "runs" / "i" / "config.yaml"
+    lines = saved.read_text().splitlines(keepends=True)
+    cut = lines.index("train:\n") + 3
+    saved.write_text("".join(lines[:cut]))
+    lost = lines[cut].split(":")[0].strip()
+    before = _files(saved.parent)
+    capsys.readouterr()
+    assert main([*args, "train.max_steps=4", "resume=true"]) == 2
+    reference = saved.parent / "checkpoints" / "step_00000002" / "config.yaml"
+    [line] = _error_lines(capsys.readouterr().err)
+    assert re.fullmatch(rf"error: config: {saved} lacks train\.{lost} and \d+ more key\(s\), which the checkpoint "
+                        rf"config {reference} holds \(the file is damaged\): restore it from there", line), line
+    assert _files(saved.parent) == before
+    saved.unlink()  # deleted: before, "no run 'i' to resume" beside its checkpoints
+    assert main([*args, "train.max_steps=4", "resume=true"]) == 2
+    assert _error_lines(capsys.readouterr().err) == [
+        f"error: config: {saved} is missing, but the run holds 1 checkpoint(s): restore it (e.g. copy {reference}) "
+        f"to resume"]
+    assert main([*args, "train.max_steps=4", "resume=1"]) == 2  # before: a type-hint message
+    assert _error_lines(capsys.readouterr().err) == ["error: resume: expected true, false or restart, got '1'"]
