@@ -9,7 +9,8 @@ from __future__ import annotations
 import hashlib
 import importlib.util
 import json
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -22,8 +23,8 @@ if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerFast
 
 __all__ = ["DEFAULT_HUB_TOKENIZER", "EOS_TOKEN", "TOKENIZATION", "as_transformers_tokenizer", "encode_documents",
-           "encoding_identity", "eos_id", "ids_past", "load_tokenizer", "padded_vocab_size", "text_parts",
-           "tokenizer_identity", "top_id", "train_tokenizer"]
+           "encoding_identity", "eos_id", "ids_past", "load_tokenizer", "padded_vocab_size", "special_tokens_as_text",
+           "text_parts", "tokenizer_identity", "top_id", "train_tokenizer"]
 
 # End-of-document token: Qwen3's, and the one special token our trained BPE gets (same name, so eos_id is
 # one lookup for both).
@@ -149,6 +150,17 @@ def text_parts(text: str, max_chars: int) -> list[str]:
     return parts
 
 
+@contextmanager
+def special_tokens_as_text(tok: Tokenizer) -> Iterator[None]:
+    """While active, ``tok`` encodes a special token's string (a literal "<|endoftext|>" in a web page) as the
+    characters it is, as training reads every document."""
+    previous, tok.encode_special_tokens = tok.encode_special_tokens, True
+    try:
+        yield
+    finally:
+        tok.encode_special_tokens = previous
+
+
 def encode_documents(tok: Tokenizer, texts: list[str], eos: int, max_chars: int | None = None
                      ) -> tuple[np.ndarray, np.ndarray]:
     """(token ids of ``texts`` concatenated, each document followed by ``eos``; per-document lengths).
@@ -164,8 +176,7 @@ def encode_documents(tok: Tokenizer, texts: list[str], eos: int, max_chars: int 
     tokens: list[np.ndarray] = []
     lengths = np.ones(len(texts), dtype=np.int64)
     step = max(len(texts), 1)
-    previous, tok.encode_special_tokens = tok.encode_special_tokens, True
-    try:
+    with special_tokens_as_text(tok):
         for lo in range(0, len(parts), step):
             group = parts[lo : lo + step]
             encodings = tok.encode_batch_fast([part for _, part in group], add_special_tokens=False)
@@ -174,8 +185,6 @@ def encode_documents(tok: Tokenizer, texts: list[str], eos: int, max_chars: int 
                 lengths[k] += len(encoding.ids)
                 if last_part[k] == i:
                     tokens.append(np.array([eos], dtype=np.uint32))
-    finally:
-        tok.encode_special_tokens = previous
     return (np.concatenate(tokens) if tokens else np.zeros(0, dtype=np.uint32)), lengths
 
 

@@ -276,10 +276,13 @@ def eval_device(device: str | None) -> torch.device:
     """``device`` (default: cuda when available), refused in one line when this torch cannot place a tensor there."""
     name = device or ("cuda" if torch.cuda.is_available() else "cpu")
     try:
-        return torch.empty(0, device=name).device
+        placed = torch.empty(0, device=name).device
     except (RuntimeError, AssertionError):  # an unknown name; "Torch not compiled with CUDA enabled"; no such GPU
+        placed = None
+    if placed is None or placed.type == "meta":  # meta tensors hold shapes, no values: nothing to compute with
         available = ", ".join(["cpu", *(f"cuda:{i}" for i in range(torch.cuda.device_count()))])
-        raise EvalError(f"--device {name}: not a device this torch can use (available: {available})") from None
+        raise EvalError(f"--device {name}: not a device this torch can use (available: {available})")
+    return placed
 
 
 def load_for_eval(target: str, config_files: list[str] | None = None, overrides: list[str] | None = None,

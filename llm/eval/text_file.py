@@ -15,7 +15,8 @@ Unlike the recipe's code, which takes one token off each window's count for the 
 where the first label was masked, the mean divides by the tokens actually scored. Bits per byte
 are that sum over the UTF-8 bytes of the scored tokens (``llm.eval.evaluate``'s module docstring).
 The text is the file's bytes decoded as UTF-8, as training reads a txt file (a CRLF file's carriage returns
-kept), and one document: no separator is added, so no document masking applies. Refused before the model is
+kept; a special token's string, a literal "<|endoftext|>", encoded as its characters and counted in the bytes),
+and one document: no separator is added, so no document masking applies. Refused before the model is
 loaded: a ``data.seq_len`` under 2 (a window of one token scores none), a stride over it, an empty file.
 """
 
@@ -30,6 +31,7 @@ import torch
 import torch.nn.functional as F
 
 from llm.config import RunConfig
+from llm.data.tokenizer import special_tokens_as_text
 from llm.errors import one_line
 from llm.eval.errors import EvalError
 from llm.eval.evaluate import load_for_eval, token_byte_lengths
@@ -73,7 +75,8 @@ def evaluate_text(target: str, text_file: str, stride: int | None = None, **load
 
     resolved, config, model, tokenizer, torch_device = load_for_eval(target, before_model=check_windows, **load)
     seq_len, stride = config.data.seq_len, stride or config.data.seq_len // 2
-    ids = torch.tensor(tokenizer.encode(text, add_special_tokens=False).ids)
+    with special_tokens_as_text(tokenizer):  # as training encodes a txt file; every byte then has its token
+        ids = torch.tensor(tokenizer.encode(text, add_special_tokens=False).ids)
     if len(ids) < 2:  # a file of one token (an empty one was refused before the model was loaded)
         raise EvalError(f"--text {text_file}: {len(ids)} token(s), nothing to score (a token needs one before it)")
     autocast = config.train.autocast_dtype(torch_device.type)  # the trainer's precision

@@ -15,6 +15,7 @@ from transformers import AutoModelForCausalLM
 
 from llm.cli.eval import main
 from llm.data import load_tokenizer
+from llm.data.tokenizer import encode_documents, eos_id
 
 SEQ_LEN = 32  # the tiny run's data.seq_len (tests/tiny.py)
 
@@ -101,6 +102,20 @@ def test_text_is_the_files_bytes_as_training_reads_them(trained_run: Path, tmp_p
     assert report["bytes"] == len(path.read_bytes()) - len(tokenizer.decode(ids[:1]).encode())
 
 
+def test_a_special_token_string_in_the_text_is_text(trained_run: Path, tmp_path: Path,
+                                                    capsys: pytest.CaptureFixture[str]) -> None:
+    """A literal "<|endoftext|>" is scored as the characters training encodes it as (``encode_documents``), and its
+    bytes counted; before, it became the EOS id and its 13 bytes were left out of bits per byte."""
+    path = tmp_path / "special.raw"
+    path.write_bytes(b"A page that quotes the <|endoftext|> marker in its text.")
+    assert main([str(trained_run), "--text", str(path), "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    tokenizer = load_tokenizer(str(trained_run / "checkpoints" / "step_00000004" / "model"))
+    ids = encode_documents(tokenizer, [path.read_text()], eos_id(tokenizer))[0][:-1].tolist()  # less its EOS
+    assert eos_id(tokenizer) not in ids and report["tokens"] == len(ids) - 1
+    assert report["bytes"] == len(path.read_bytes()) - len(tokenizer.decode(ids[:1]).encode())
+
+
 AVAILABLE = ", ".join(["cpu", *(f"cuda:{i}" for i in range(torch.cuda.device_count()))])
 UNUSABLE = f"cuda:{torch.cuda.device_count()}" if torch.cuda.is_available() else "cuda"  # a CPU build: any cuda
 ONE_TOKEN_WINDOW = "data.seq_len=1: a window of one token scores none (--text needs 2 or more)"
@@ -113,6 +128,7 @@ ONE_TOKEN_WINDOW = "data.seq_len=1: a window of one token scores none (--text ne
     (["RUN", "--text", "TEXT", "--stride", "1", "data.seq_len=1"], ONE_TOKEN_WINDOW),
     (["RUN", "--stride", "8"], "--stride: only with --text FILE (the windows over a text file)"),
     (["RUN", "--device", "foo"], f"--device foo: not a device this torch can use (available: {AVAILABLE})"),
+    (["RUN", "--device", "meta"], f"--device meta: not a device this torch can use (available: {AVAILABLE})"),
     (["RUN", "--text", "TEXT", "--device", UNUSABLE],
      f"--device {UNUSABLE}: not a device this torch can use (available: {AVAILABLE})"),
     (["lm-eval", "RUN", "--tasks", "hellaswag", "--device", "foo"],
