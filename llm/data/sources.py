@@ -14,8 +14,8 @@ errors naming the file):
 - jsonl/json (JSON Lines: one object per line): empty files are skipped; the first record must hold
   ``text_column``.
 - txt: one document per paragraph (separated by blank lines; a paragraph longer than ``data.max_doc_chars``
-  bytes is cut at lines: ``llm.data.pieces``); empty files are skipped; non-UTF-8 bytes are decoded with
-  ``errors="replace"`` and the affected files counted in a warning.
+  bytes is cut at lines: ``llm.data.pieces``); empty files are skipped; a file that is not UTF-8 is refused,
+  naming its first bad byte (decoded with replacement characters, it would train on U+FFFD).
 """
 
 from __future__ import annotations
@@ -139,13 +139,15 @@ def _check_json(path: Path, text_column: str) -> bool:
     return True
 
 
-def _check_text(path: Path) -> tuple[bool, bool]:
-    """(has content, holds non-UTF-8 bytes)."""
+def _check_text(path: Path) -> bool:
+    """Whether the file has content; a ``DataError`` naming the first byte that is not UTF-8 (a Latin-1 file's é
+    would train as U+FFFD)."""
     data = path.read_bytes()
     try:
-        return bool(data.decode("utf-8").strip()), False
-    except UnicodeDecodeError:
-        return bool(data.strip()), True
+        return bool(data.decode("utf-8").strip())
+    except UnicodeDecodeError as err:
+        raise DataError(f"data.source: {path} is not UTF-8 text (byte 0x{data[err.start]:02x} at offset {err.start}); "
+                        "convert it, e.g. iconv -f latin1 -t utf-8") from None
 
 
 def resolve_source(source: str, name: str | None = None, split: str = "train", text_column: str = "text",
@@ -168,11 +170,7 @@ def resolve_source(source: str, name: str | None = None, split: str = "train", t
     elif kind == "json":
         kept = [f for f in files if _check_json(f, text_column)]
     else:
-        checked = [(f, *_check_text(f)) for f in files]
-        kept = [f for f, has_content, _ in checked if has_content]
-        if bad_utf8 := [f for f, _, invalid in checked if invalid]:
-            warnings.warn(f"data.source: {len(bad_utf8)} txt file(s) hold non-UTF-8 bytes (first: {bad_utf8[0]}); "
-                          "decoded with errors='replace'", DataWarning, stacklevel=2)
+        kept = [f for f in files if _check_text(f)]
         text_column, id_column = "text", None
     if len(kept) < len(files):
         skipped = [f for f in files if f not in kept]

@@ -16,6 +16,7 @@ from tiny import write_docs
 from tokenizers import Tokenizer
 
 from llm.config import DataConfig
+from llm.data.errors import DataError
 from llm.data.pieces import iter_local_texts, list_pieces, read_piece
 from llm.data.sources import resolve_source
 from llm.data.stream import build_train_loader
@@ -113,15 +114,17 @@ def test_jsonl_source_and_missing_field(tmp_path: Path) -> None:
 
 
 def test_txt_paragraphs_and_non_utf8_bytes(tmp_path: Path, bpe: Tokenizer) -> None:
+    """A Latin-1 file is refused naming its first bad byte; before, its é trained as U+FFFD after one warning."""
     path = tmp_path / "latin1.txt"
-    path.write_bytes("first paragraph\nstill first\n\nsecond caf\u00e9\n\nthird".encode("latin-1"))
-    with pytest.warns(UserWarning, match=r"1 txt file\(s\) hold non-UTF-8 bytes \(first: .*latin1\.txt\)"):
-        docs = guarded(lambda: docs_of(str(path)))
-    assert docs == ["first paragraph\nstill first", "second caf\ufffd", "third"]
+    text = "first paragraph\nstill first\n\nsecond caf\u00e9\n\nthird"
+    path.write_bytes(text.encode("latin-1"))
+    with pytest.raises(DataError, match=rf"^data.source: {path} is not UTF-8 text \(byte 0xe9 at offset 39\); "
+                                        r"convert it, e.g. iconv -f latin1 -t utf-8$"):
+        docs_of(str(path))
+    path.write_text(text)
+    assert guarded(lambda: docs_of(str(path))) == ["first paragraph\nstill first", "second caf\u00e9", "third"]
     cfg = DataConfig(source=str(path), seq_len=4, shuffle_block=1, val_bucket=10**9, tokenize_batch=2)
-    with pytest.warns(UserWarning, match="non-UTF-8"):
-        loader = build_train_loader(cfg, bpe, 1, 0, 1)
-    assert guarded(lambda: next(iter(loader))).shape == (1, 5)
+    assert guarded(lambda: next(iter(build_train_loader(cfg, bpe, 1, 0, 1)))).shape == (1, 5)
 
 
 def test_data_format_reads_a_file_of_any_suffix(tmp_path: Path, bpe: Tokenizer) -> None:
