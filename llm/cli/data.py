@@ -67,8 +67,10 @@ def _prepare(args: argparse.Namespace) -> int:
         lock.release()
     tokens = sum(p["num_tokens"] for p in index["pieces"])
     docs = sum(p["num_docs"] for p in index["pieces"])
+    held_out = sum(p["num_held_out"] for p in index["pieces"])
     seconds = time.perf_counter() - start
-    print(f"prepared {docs:,} documents, {tokens:,} tokens from {len(index['pieces'])} piece(s) at {args.out} "
+    print(f"prepared {docs:,} training documents ({held_out:,} more held out for validation, 1 in "
+          f"{data_cfg.val_bucket}), {tokens:,} tokens from {len(index['pieces'])} piece(s) at {args.out} "
           f"({seconds:.1f} s, {tokens / max(seconds, 1e-9):,.0f} tokens/s)")
     return 0
 

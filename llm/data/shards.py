@@ -68,8 +68,9 @@ def prepare(data_cfg: DataConfig, tokenizer: Tokenizer, out_dir: str | Path, max
         if max_tokens is not None and total >= max_tokens:
             break
         k = files[piece.file]
-        start, docs = written[k], 0
-        for _, texts in stream.piece_docs(index, 0, piece.size):
+        start, docs, held_out = written[k], 0, 0
+        for _, texts, dropped in stream.piece_docs(index, 0, piece.size):
+            held_out += dropped
             if texts:
                 tokens, lengths = encode_documents(stream.tokenizer, texts, stream.eos, data_cfg.max_doc_chars)
                 if max_tokens is not None and total + len(tokens) > max_tokens:  # stop after the document
@@ -85,7 +86,8 @@ def prepare(data_cfg: DataConfig, tokenizer: Tokenizer, out_dir: str | Path, max
                 docs += len(texts)
             if max_tokens is not None and total >= max_tokens:
                 break
-        pieces.append({"file": k, "start": start, "num_tokens": written[k] - start, "num_docs": docs})
+        pieces.append({"file": k, "start": start, "num_tokens": written[k] - start, "num_docs": docs,
+                       "num_held_out": held_out})
     index = {"format": FORMAT, "source": stream.source.identity(), "tokenizer": stream.fingerprints["tokenizer"],
              "val_bucket": data_cfg.val_bucket, "max_doc_chars": data_cfg.max_doc_chars, "tokenization": TOKENIZATION,
              "max_tokens": max_tokens,

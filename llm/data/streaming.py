@@ -50,11 +50,12 @@ class StreamingTokens(TokenSource):
         self.fingerprints = {"tokenizer": tokenizer_identity(tokenizer), "prepared": None,
                              "source": source_fingerprint(self.source)}
 
-    def piece_docs(self, piece: int, start: int, hi: int) -> Iterator[tuple[int, list[str]]]:
-        """(position before the batch, training texts of the batch) of a piece's range: validation documents
-        dropped, a failed read retried (``PieceReader.batches``)."""
+    def piece_docs(self, piece: int, start: int, hi: int) -> Iterator[tuple[int, list[str], int]]:
+        """(position before the batch, training texts of the batch, how many validation documents it dropped) of a
+        piece's range, a failed read retried (``PieceReader.batches``)."""
         for before, rows, _ in self.reader.batches(piece, start, hi):
-            yield before, split_batch(rows, self.source, self.cfg.val_bucket)[0]
+            train, held_out = split_batch(rows, self.source, self.cfg.val_bucket)
+            yield before, train, len(held_out)
 
     def tokens(self, docs: list[str]) -> np.ndarray:
         return encode_documents(self.tokenizer, docs, self.eos, self.cfg.max_doc_chars)[0]
@@ -68,7 +69,7 @@ class StreamingTokens(TokenSource):
         first, at = (start["seg"], start["at"]) if start else (0, None)
         for seg in range(first, len(segments)):
             piece, lo, hi = segments[seg]
-            for before, docs in self.piece_docs(piece, at if seg == first and at is not None else lo, hi):
+            for before, docs, _ in self.piece_docs(piece, at if seg == first and at is not None else lo, hi):
                 if docs:
                     yield {"seg": seg, "at": before}, self.tokens(docs)
 

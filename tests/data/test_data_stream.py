@@ -141,7 +141,7 @@ def test_window_shuffle_is_seeded(data_cfg: DataConfig, bpe: Tokenizer) -> None:
 
 
 def test_prepared_tokens_are_the_one_node_stream_dealt_round_robin(tmp_path: Path, data_cfg: DataConfig,
-                                                                  bpe: Tokenizer) -> None:
+                                                                  bpe: Tokenizer, capsys) -> None:
     """One node reads what one streaming node reads, over more than an epoch (33 batches of 16), so the
     reshuffled piece order of epoch 1 is compared too; node i of 4 reads that stream's shuffled windows
     i, i + 4, ...; then a resume across the epoch boundary."""
@@ -151,10 +151,14 @@ def test_prepared_tokens_are_the_one_node_stream_dealt_round_robin(tmp_path: Pat
     out = tmp_path / "prepared"
     argv = ["prepare", "--out", str(out), "--source", data_cfg.source, "--tokenizer", str(tok_dir),
             "--val-bucket", str(data_cfg.val_bucket), f"data.tokenize_batch={data_cfg.tokenize_batch}"]
+    capsys.readouterr()
     assert main(argv) == 0
     index = json.loads((out / "index.json").read_text())
-    train, _ = reference_docs(Path(data_cfg.source), bpe, data_cfg.val_bucket)
+    train, val = reference_docs(Path(data_cfg.source), bpe, data_cfg.val_bucket)
     assert sum(p["num_docs"] for p in index["pieces"]) == len(train)
+    # the held-out documents are counted (before: "prepared 114 documents" of a 120-document source)
+    assert capsys.readouterr().out.startswith(f"prepared {len(train)} training documents ({len(val)} more held out "
+                                              f"for validation, 1 in {data_cfg.val_bucket}), ")
     assert sum(p["num_tokens"] for p in index["pieces"]) == sum(map(len, train))
     streamed = torch.cat(take(build_train_loader(data_cfg, bpe, 16, 0, 1), 40))
     prepared_loader = build_train_loader(replace(data_cfg, prepared=str(out)), bpe, 16, 0, 1)
