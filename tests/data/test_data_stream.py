@@ -232,17 +232,21 @@ def test_prepare_holds_one_output_open(tmp_path: Path, bpe: Tokenizer) -> None:
 
 
 def test_a_loader_state_from_before_the_fingerprints_still_resumes(data_cfg: DataConfig, bpe: Tokenizer) -> None:
-    """A checkpoint written before the data's fingerprints were recorded has none to compare: it resumes as before;
-    a recorded fingerprint that differs is refused naming both."""
+    """A state written before the source's fingerprint was recorded (it has the tokenizer's, and so today's
+    tokenization) resumes as before with one warning; one from before any fingerprint (another tokenization rule,
+    perhaps) is refused; a recorded fingerprint that differs is refused naming both."""
     loader = build_train_loader(data_cfg, bpe, 2, 0, 1)
     batches = iter(loader)
     next(batches)
     state = loader.state_dict()
     assert state["tokenizer_fingerprint"] == tokenizer_identity(bpe) and state["prepared_fingerprint"] is None
-    older = {key: value for key, value in state.items() if not key.endswith("_fingerprint")}
+    older = {key: value for key, value in state.items() if key not in ("source_fingerprint", "tokenization")}
     resumed = build_train_loader(data_cfg, bpe, 2, 0, 1)
-    resumed.load_state_dict(older)
+    with pytest.warns(UserWarning, match="records no source fingerprint"):
+        resumed.load_state_dict(older)
     assert torch.equal(next(iter(resumed)), next(batches))
+    with pytest.raises(DataError, match="recorded neither the tokenizer nor the document tokenization"):
+        resumed.load_state_dict({key: value for key, value in older.items() if not key.endswith("_fingerprint")})
     with pytest.raises(DataError, match=r"^data loader state: tokenizer_fingerprint was 'other', this loader has "
                                         rf"'{tokenizer_identity(bpe)}'; resume with the same data settings and files$"):
         resumed.load_state_dict({**state, "tokenizer_fingerprint": "other"})
