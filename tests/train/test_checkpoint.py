@@ -39,13 +39,19 @@ def test_keep_k_pointer_and_truncated_checkpoint_fallback(tiny_config) -> None:
             p.name for p in (ckpts / name).iterdir()}
         assert (ckpts / name / "state" / "data_rank0.pt").is_file()
 
+    (ckpts / "latest").write_text("step_00000004\n")  # pointed back: eval.py still reads the newest, and says so
+    with pytest.warns(CheckpointWarning, match=r"latest names step_00000004, older than step_00000006: using the "
+                                               r"newest checkpoint that verifies"):
+        assert latest_checkpoint(ckpts) == ckpts / "step_00000006"
+    (ckpts / "latest").write_text("step_00000006\n")
+
     optimizer_file = ckpts / "step_00000006" / "state" / "optimizer.bin"
     optimizer_file.write_bytes(optimizer_file.read_bytes()[:100])  # a truncated write
     with pytest.warns(CheckpointWarning, match=r"skipping checkpoint .*step_00000006.*optimizer\.bin"):
         assert latest_checkpoint(ckpts) == ckpts / "step_00000004"
 
-    (ckpts / "latest").write_text("step_00000099\n")  # a pointer to nothing: fall back to scanning
-    with pytest.warns(CheckpointWarning):
+    (ckpts / "latest").write_text("step_00000099\n")  # a pointer to nothing: the newest that verifies, said
+    with pytest.warns(CheckpointWarning, match=r"latest names step_00000099, which is not there"):
         assert latest_checkpoint(ckpts) == ckpts / "step_00000004"
 
     with pytest.warns(CheckpointWarning, match="step_00000006"):
