@@ -316,16 +316,26 @@ def load_for_eval(target: str, config_files: list[str] | None = None, overrides:
     return resolved, config, model, tokenizer, torch_device
 
 
+def _trained_source(resolved: ResolvedModel) -> str | None:
+    """The source fingerprint the checkpoint's data-loader state records (None: a hub model, or older code)."""
+    state = resolved.checkpoint_dir / "state" / "data_rank0.pt" if resolved.checkpoint_dir else None
+    return torch.load(state, weights_only=True).get("source_fingerprint") if state and state.is_file() else None
+
+
 def evaluate_checkpoint(target: str, *, samples: int = 3, max_new_tokens: int = 32, temperature: float = 0.0,
                         seed: int = 0, **load: Any) -> EvalReport:
     """Evaluate ``target`` (see ``resolve_checkpoint``) on its run's validation set or an overridden one; ``load``:
     ``load_for_eval``'s keywords (``config_files``, ``overrides``, ``trust_remote_code``, ``device``)."""
     from llm.data import build_val_windows, eos_id
+    from llm.data.sources import data_source, source_fingerprint
     from llm.metrics import layer_report
     from llm.train.evaluate import evaluate
 
     resolved, config, model, tokenizer, torch_device = load_for_eval(target, **load)
     windows = build_val_windows(config.data, tokenizer)
+    notes = [] if (was := _trained_source(resolved)) in (None, now := source_fingerprint(data_source(config.data))) \
+        else [f"data.source {config.data.source} holds other files than the run trained on (source fingerprint {was} "
+              f"in its checkpoint, {now} now): this is not the run's validation set"]
 
     autocast = config.train.autocast_dtype(torch_device.type)  # the trainer's precision
     with torch.autocast(torch_device.type, dtype=autocast) if autocast else contextlib.nullcontext():
@@ -333,7 +343,6 @@ def evaluate_checkpoint(target: str, *, samples: int = 3, max_new_tokens: int = 
         metrics = evaluate(model, windows, config.train.micro_batch_size, document_eos)
     bpb, n_bytes = bits_per_byte(metrics["val_loss"], windows, token_byte_lengths(tokenizer, int(windows.max()) + 1))
 
-    notes = []
     layers: list[dict[str, float]] = []
     if _has_ffn_diagnostics(model):
         # the trainer's fixed isotropy batch and sampling seed: the logged rows of that step

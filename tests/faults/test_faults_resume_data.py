@@ -6,6 +6,7 @@ same data together, whatever path reached it."""
 
 from __future__ import annotations
 
+import json
 import re
 import shutil
 from pathlib import Path
@@ -16,6 +17,7 @@ import pytest
 import torch
 from tiny import fineweb_files, forget_sources, metrics_rows
 
+from llm.cli.eval import main as eval_main
 from llm.cli.train import main
 from llm.data import train_tokenizer
 from llm.eval.grouping import group_runs
@@ -65,6 +67,11 @@ def test_a_streamed_source_replaced_at_the_same_path_is_refused(overrides_under,
     was, now = re.fullmatch(r"error: data loader state: source_fingerprint was '(\w+)', this loader has '(\w+)'; "
                             r"resume with the same data settings and files", line).groups()
     assert was == recorded != now
+    capsys.readouterr()  # eval.py evaluates it on the new files, and says so
+    assert eval_main([str(tmp_path / "runs" / "r"), "--samples", "0", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["notes"] == [
+        f"data.source {own_corpus} holds other files than the run trained on (source fingerprint {was} in its "
+        f"checkpoint, {now} now): this is not the run's validation set"]
 
 
 def test_older_loader_states_are_checked_by_what_they_carry(run_overrides: list[str], corpus: Path, tmp_path: Path,
