@@ -59,18 +59,23 @@ def _check_saved(saved: Path) -> None:
     and the file lacks is refused; a missing file beside checkpoints is refused too, naming where to restore it from."""
     ckpt_dir = saved.parent / "checkpoints"
     found = [ckpt_dir / name / "config.yaml" for name in checkpoint_names(ckpt_dir)]
-    if (reference := next((path for path in found if path.is_file()), None)) is None:
+    if not found:
         return
     if not saved.is_file():
         raise ConfigError("config", f"{saved} is missing, but the run holds {len(found)} checkpoint(s): restore it "
-                                    f"(e.g. copy {reference}) to resume")
-    have = set(_keys(OmegaConf.to_container(read_yaml(saved))))
-    sections = {key.split(".")[0] for key in have}  # a whole section missing is load_config's to name
-    if missing := [key for key in _keys(OmegaConf.to_container(read_yaml(reference)))
-                   if key not in have and key.split(".")[0] in sections]:
-        more = f" and {len(missing) - 1} more key(s)" if len(missing) > 1 else ""
-        raise ConfigError("config", f"{saved} lacks {missing[0]}{more}, which the checkpoint config {reference} "
-                                    f"holds (the file is damaged): restore it from there")
+                                    f"(e.g. copy {found[0]}) to resume")
+    for reference in found:  # the newest that reads (the resume skips a damaged checkpoint too)
+        try:
+            want = _keys(OmegaConf.to_container(read_yaml(reference)))
+        except ConfigError:
+            continue
+        have = set(_keys(OmegaConf.to_container(read_yaml(saved))))
+        sections = {key.split(".")[0] for key in have}  # a whole section missing is load_config's to name
+        if missing := [key for key in want if key not in have and key.split(".")[0] in sections]:
+            more = f" and {len(missing) - 1} more key(s)" if len(missing) > 1 else ""
+            raise ConfigError("config", f"{saved} lacks {missing[0]}{more}, which the checkpoint config {reference} "
+                                        f"holds (the file is damaged): restore it from there")
+        return
 
 
 def _load(files: list[str], overrides: list[str]) -> RunConfig:
