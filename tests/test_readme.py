@@ -20,13 +20,12 @@ import re
 import shutil
 import site
 import subprocess
-import sys
 import time
-import tomllib
 import venv
 from pathlib import Path
 
 import pytest
+import tomllib
 import yaml
 from tiny import fineweb_files
 

@@ -331,5 +331,5 @@ def test_with_data_seed_run_the_data_order_is_the_runs_seed(tiny_config, bpe, tm
     save_config(run, tmp_path / "config.yaml")
     saved = load_config([str(tmp_path / "config.yaml")], saved_run=True)
     assert saved.data.seed == "run" and torch.equal(batch, first_batch(saved))
-    with pytest.raises(ConfigError, match="data.seed: expected an integer or run"):
+    with pytest.raises(ConfigError, match=r"data\.seed: expected an integer or run"):
         tiny_config("data.seed=shared")
