@@ -263,13 +263,13 @@ def test_a_worker_killed_by_a_signal_is_named_with_it() -> None:
     """A worker the kernel kills (SIGKILL, as the out-of-memory killer does) after its set-up: the next timed call
     says which worker died and by which signal, not a BrokenPipeError, and the rounds close the others cleanly."""
     dies = "import json, os, signal; print(json.dumps({}), flush=True); os.kill(os.getpid(), signal.SIGKILL)"
-    serves = "import sys; sys.path.insert(0, 'bench'); from harness import serve; serve(lambda: 0.5, {})"
+    serves = "import json, sys; print(json.dumps({}), flush=True); [print(0.5, flush=True) for _ in sys.stdin]"
     worker = harness.Worker([sys.executable, "-c", dies, "--worker", "isogmlp"])
     worker.proc.wait()
     with pytest.raises(RuntimeError, match=r"the worker .* --worker isogmlp was killed by SIGKILL"):
         worker()
     worker.close()
-    starts = {"ok": lambda: harness.Worker([sys.executable, "-c", serves], cwd=REPO),
+    starts = {"ok": lambda: harness.Worker([sys.executable, "-c", serves]),
               "dead": lambda: harness.Worker([sys.executable, "-c", dies])}
     with pytest.raises(RuntimeError, match="killed by SIGKILL"):
         harness.worker_rounds(starts, rounds=2)
