@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import json
 import resource
+import signal
 import statistics
 import subprocess
 import sys
@@ -160,19 +161,26 @@ class Worker:
         self.info = json.loads(self.reply())
 
     def reply(self) -> str:
-        line = self.proc.stdout.readline()
-        if not line:
-            raise RuntimeError(f"the worker {self.proc.args} exited (code {self.proc.wait()}); its error is above")
+        if not (line := self.proc.stdout.readline()):
+            raise RuntimeError(self.death())
         return line
 
+    def death(self) -> str:
+        """Which worker died and how: its exit code, or the signal that killed it (SIGKILL: often the kernel's
+        out-of-memory killer, when too many workers run at once)."""
+        code = self.proc.wait()
+        how = f"was killed by {signal.Signals(-code).name}" if code < 0 else f"exited (code {code})"
+        return f"the worker {' '.join(self.proc.args)} {how}; its error, if any, is above"
+
     def __call__(self) -> float:
-        self.proc.stdin.write("step\n")
-        self.proc.stdin.flush()
+        try:
+            print("step", file=self.proc.stdin, flush=True)
+        except BrokenPipeError:
+            raise RuntimeError(self.death()) from None
         return float(self.reply())
 
     def close(self) -> None:
-        self.proc.stdin.close()
-        self.proc.wait()
+        self.proc.communicate()  # closes its stdin (a worker that died: ignoring the broken pipe) and waits
 
 
 def worker_rounds(starts: dict[Key, Callable[[], Worker]],

@@ -10,7 +10,7 @@ is one line naming the field.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -64,8 +64,11 @@ class DataConfig:
     with them. Off, a token sees the documents packed before it in its window. On by default because the FFN
     variants that mix positions (IsoGMLP's gates) would otherwise be compared partly on cross-document mixing.
     Runs saved before this option existed read back as false (they trained without it)."""
-    seed: int = 0
-    """Data order seed, separate from the model seed so every run of a comparison sees the same data."""
+    seed: int | str = 0
+    """Data order seed. An integer: shared by every run that sets it, so a comparison's runs read one data order and
+    the run's ``seed`` sets only the initialisation (its claims hold for that one order). ``run``: the run's ``seed``,
+    so that seeds replicate the whole run (initialisation and data order); the two runs of a pair (one seed, two
+    variants) still read the same order."""
     shuffle_block: int = 256
     """Windows permuted together by the deterministic window-level shuffle; 1 disables it."""
     shuffle_shards: bool = True
@@ -100,6 +103,8 @@ class DataConfig:
     """Sleep before retry k (1-based) is ``retry_backoff_s * 2**(k - 1)``: 1+2+4+8+16 s over the defaults."""
 
     def validate(self) -> DataConfig:
+        if isinstance(self.seed, str) and self.seed != "run":
+            raise ConfigError("seed", f"expected an integer or run (the run's seed), got {self.seed!r}")
         if self.format is not None:
             check_choice("format", self.format, FORMAT_NAMES)
         _check_at_least(self, 1, "seq_len", "shuffle_block", "val_bucket", "val_tokens", "tokenize_batch",
@@ -199,7 +204,7 @@ class RunConfig:
     """Run directory name under ``out_dir``."""
     out_dir: str = "runs"
     seed: int = 0
-    """Model-initialisation and dropout seed (the data order has its own, ``data.seed``)."""
+    """Model-initialisation and dropout seed; the data order's too with ``data.seed: run``."""
     resume: bool | str = False
     """true: continue from the newest usable checkpoint in the run directory (none there yet: start at step
     0; only unusable ones: refuse, naming them, rather than overwrite them); restart: the same, but start at
@@ -214,6 +219,11 @@ class RunConfig:
     @property
     def run_dir(self) -> Path:
         return Path(self.out_dir) / self.name
+
+    def seeded_data(self) -> DataConfig:
+        """The ``data`` section the data layer reads: ``data.seed: run`` resolved to this run's ``seed`` (a pure
+        function of the saved config, so a resumed run keeps its data order)."""
+        return replace(self.data, seed=self.seed) if self.data.seed == "run" else self.data
 
     def validate(self) -> RunConfig:
         if self.name in ("", ".", "..") or "/" in self.name or "\\" in self.name:

@@ -1,13 +1,16 @@
 """Every command of README.md's fenced shell blocks runs as written on a fresh copy of the checkout beside the
-shipped FineWeb sample (``../shared/data/fineweb-sample``), in README order.
+shipped FineWeb sample (``../shared/data/fineweb-sample``), in README order, the ones after the README's
+``ACTIVATE`` line in the activated ``.venv`` (as a reader's shell runs them) and nothing from the test's own
+environment on PATH.
 
 The commands are read from the README itself, so this test follows it as it changes: a new command runs here,
-or is listed in ``EXCLUDED`` with the reason it cannot (a GPU, a cluster, the network or the hub). Runs are
-shortened only where they train: every ``python train.py`` (typed, in a loop, or launched by a sweep) gets
-``SHORTEN`` appended by a ``python`` on the PATH that passes every other command through untouched, and the lr
-sweep's grid is cut to ``SWEEP_GRID`` in the copy. The model shrinks but the data settings stay as written (the
-validation set is the configs' own), so a config that asks for more validation tokens than the sample holds fails
-here. The runs share one copy, so a command reads what the ones before it wrote (the tokenizer, runs/).
+or is listed in ``EXCLUDED`` with the reason it cannot (a GPU, a cluster, the network or the hub). ``.venv`` stands
+for the one ``make demo`` installs: a virtual environment reading this interpreter's packages, with the project's
+console scripts. Runs are shortened only where they train: every ``train.py`` that the ``.venv``'s python starts
+(typed, in a loop, or launched by a sweep) gets ``SHORTEN`` appended at its start, and the lr sweep's grid is cut to
+``SWEEP_GRID`` in the copy. The model shrinks but the data settings stay as written (the validation set is the
+configs' own), so a config that asks for more validation tokens than the sample holds fails here. The runs share one
+copy, so a command reads what the ones before it wrote (the tokenizer, runs/).
 """
 
 from __future__ import annotations
@@ -15,16 +18,19 @@ from __future__ import annotations
 import os
 import re
 import shutil
+import site
 import subprocess
-import sys
 import time
+import venv
 from pathlib import Path
 
 import pytest
+import tomllib
 import yaml
 from tiny import fineweb_files
 
 REPO = Path(__file__).resolve().parents[1]
+ACTIVATE = "source .venv/bin/activate"
 SHELL_BLOCK = re.compile(r"^```(?:bash|sh|shell)\n(.*?)^```", re.MULTILINE | re.DOTALL)
 
 EXCLUDED = {  # a command's start -> why it does not run here
@@ -74,6 +80,9 @@ def excluded(command: str) -> str | None:
 
 def test_the_readme_commands_are_found_and_every_exclusion_names_one() -> None:
     commands = readme_commands((REPO / "README.md").read_text())
+    assert ACTIVATE in commands, "the README no longer says to activate .venv"
+    # every command that needs the project's environment comes after the README activates it
+    assert not [c for c in commands[: commands.index(ACTIVATE)] if excluded(c) is None]
     assert any(command.startswith("python train.py --config configs/experiments/small-cpu") for command in commands)
     stale = [start for start in EXCLUDED if not any(command.startswith(start) for command in commands)]
     assert not stale, f"EXCLUDED names commands the README no longer has: {stale}"
@@ -97,14 +106,21 @@ def fresh_copy(root: Path) -> Path:
     return clone
 
 
-def python_shim(directory: Path) -> Path:
-    """A ``python`` that appends ``SHORTEN`` to ``python train.py ...`` and runs everything else as it is."""
-    directory.mkdir()
-    shim = directory / "python"
-    shim.write_text(f'#!/usr/bin/env bash\nif [[ "$1" == train.py ]]; then exec {sys.executable} "$@" '
-                    f'{" ".join(SHORTEN)}; fi\nexec {sys.executable} "$@"\n')
-    shim.chmod(0o755)
-    return directory
+def demo_venv(clone: Path) -> None:
+    """``clone/.venv`` as ``make demo`` leaves it, from this interpreter's packages: its python appends ``SHORTEN`` to
+    ``train.py``'s arguments, and ``bin/`` holds pyproject.toml's console scripts."""
+    venv.create(clone / ".venv", symlinks=True)
+    packages = next((clone / ".venv" / "lib").glob("python*/site-packages"))
+    (packages / "readme_test.pth").write_text(
+        f"import site; site.addsitedir({site.getsitepackages()[0]!r})\n"
+        f"import sys; sys.argv[0].endswith('train.py') and sys.argv.extend({SHORTEN!r})\n")
+    scripts = tomllib.loads((clone / "pyproject.toml").read_text())["project"]["scripts"]
+    for name, target in scripts.items():
+        module, function = target.split(":")
+        script = clone / ".venv" / "bin" / name
+        script.write_text(f"#!{clone / '.venv' / 'bin' / 'python'}\nimport sys\nfrom {module} import {function}\n"
+                          f"sys.exit({function}())\n")
+        script.chmod(0o755)
 
 
 @pytest.mark.slow
@@ -112,13 +128,15 @@ def test_every_readme_command_runs_as_written(tmp_path: Path) -> None:
     fineweb_files()  # skips without the shared sample
     commands = [c for c in readme_commands((REPO / "README.md").read_text()) if excluded(c) is None]
     clone = fresh_copy(tmp_path)
+    demo_venv(clone)
     env = {**os.environ, "PYTHONPATH": str(clone), "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1",
-           "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false", "MPLBACKEND": "Agg",
-           "PATH": os.pathsep.join([str(python_shim(tmp_path / "bin")), str(Path(sys.executable).parent),
-                                    os.environ.get("PATH", "")])}
+           "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false", "MPLBACKEND": "Agg", "PATH": "/usr/bin:/bin"}
+    activated = False
     for command in commands:
+        activated = activated or command == ACTIVATE
         started = time.perf_counter()
-        done = subprocess.run(["bash", "-c", command], cwd=clone, env=env, capture_output=True, text=True)
+        done = subprocess.run(["bash", "-c", f"{ACTIVATE} && {command}" if activated else command], cwd=clone,
+                              env=env, capture_output=True, text=True)
         print(f"{time.perf_counter() - started:6.1f} s  {command}")
         assert done.returncode == 0, f"{command}\nexit {done.returncode}\n{done.stdout[-2000:]}\n{done.stderr[-3000:]}"
     assert (clone / "runs" / "cpu-comparison" / "comparison.md").is_file()

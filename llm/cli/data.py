@@ -89,7 +89,10 @@ def _verify(args: argparse.Namespace) -> int:
 def _plan(args: argparse.Namespace) -> int:
     from llm.data.plan import print_plan
 
-    print_plan(_data_config(args), args.world_size, args.workers, args.sample_docs)
+    data_cfg = _data_config(args)
+    if data_cfg.seed == "run":  # the order is each run's own
+        raise ConfigError("data.seed", "run: a run's data order is its seed; plan one with data.seed=<that seed>")
+    print_plan(data_cfg, args.world_size, args.workers, args.sample_docs)
     return 0
 
 

@@ -16,6 +16,7 @@ import subprocess
 import sys
 import threading
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import replace
 from pathlib import Path
 
 from llm.cli.arg_types import at_least
@@ -51,6 +52,8 @@ def slurm_array_script(sweep: Sweep) -> str:
         '    *) echo "no run for array task $SLURM_ARRAY_TASK_ID" >&2; exit 2 ;;',
         "esac",
         f"export ACCELERATE_CONFIG={shlex.quote(str(s['accelerate_config']))}",
+        # train.sbatch's accelerate and python: the environment of the interpreter that wrote this script
+        f'export PYTHON_ENV={shlex.quote(sys.prefix)} PATH={shlex.quote(str(Path(sys.executable).parent))}:"$PATH"',
         f'export GPUS_PER_NODE="${{GPUS_PER_NODE:-{int(s["gpus_per_node"])}}}"',  # a submitter's own (CPU: 1) first
         'exec bash launch/slurm/train.sbatch "${args[@]}"',
         "",
@@ -124,6 +127,23 @@ def submit_slurm(sweep: Sweep, dry_run: bool, script_dir: Path) -> None:
         subprocess.run(command, cwd=sweep.root, check=True)
 
 
+def drop_complete(sweep: Sweep) -> Sweep:
+    """The sweep without its complete runs, each named: a run is complete when its directory holds the checkpoint
+    of its last step (written after its final evaluation). A sweep run again starts only what is missing."""
+    from llm.train.checkpoint_files import checkpoint_name, checkpoint_names
+    from llm.train.setup import resolve_max_steps
+
+    left = []
+    for run in sweep.runs:
+        assert run.config is not None  # load_sweep resolved it
+        checkpoints = sweep.root / run.config.run_dir / "checkpoints"
+        if (final := checkpoint_name(resolve_max_steps(run.config))) in checkpoint_names(checkpoints):
+            print(f"{run.name}: complete ({checkpoints / final}); not started")
+        else:
+            left.append(run)
+    return replace(sweep, runs=left)
+
+
 def main(argv: list[str] | None = None, root: Path | None = None) -> int:
     """``root``: the checkout to run in unless ``--root`` is given (launch/sweep.py passes its own)."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -154,6 +174,9 @@ def main(argv: list[str] | None = None, root: Path | None = None) -> int:
                              "-j runs single-process commands side by side (e.g. python train.py on CPU)")
         if args.mode == "print":
             print("\n".join(map(shlex.join, sweep.commands())))
+            return 0
+        if not (sweep := drop_complete(sweep)).runs:
+            print(f"all runs of {sweep.source} are complete: nothing to start")
         elif args.mode == "local":
             return 1 if run_local(sweep, args.dry_run, args.jobs) else 0
         else:

@@ -37,6 +37,7 @@ import itertools
 import json
 import re
 import shlex
+import sys
 from dataclasses import asdict, dataclass, field, replace
 from operator import attrgetter
 from pathlib import Path
@@ -67,6 +68,8 @@ class Run:
     overrides: list[str]
     axes: dict[str, str] = field(default_factory=dict)
     """Axis -> the value (or file label) this run takes, as it appears in the name."""
+    config: RunConfig | None = None
+    """Its resolved config (``check_comparable``)."""
 
     def train_args(self) -> list[str]:
         """Arguments of train.py: ``--config FILE ... key=value ... name=<run name>``."""
@@ -104,6 +107,17 @@ def find_checkout(start: Path) -> Path:
             return directory
     raise FileNotFoundError(f"{start} is not inside an isollm checkout (a directory with train.py and llm/); "
                             "run from one or pass --root")
+
+
+def with_own_interpreter(command: list[str]) -> list[str]:
+    """``command`` started from the environment of the interpreter running the sweep, whatever is on PATH:
+    ``python`` is this interpreter, and a console script (``accelerate``, ``torchrun``) the one installed beside it,
+    so ``.venv/bin/python launch/sweep.py`` trains with ``.venv`` without activating it."""
+    program, *args = command
+    if program in ("python", "python3"):
+        return [sys.executable, *args]
+    beside = Path(sys.executable).parent / program
+    return [str(beside) if "/" not in program and beside.is_file() else program, *args]
 
 
 def format_value(value: Any) -> str:
@@ -176,9 +190,10 @@ def check_comparable(runs: list[Run], path: Path, root: Path) -> list[RunConfig]
     for run in runs:
         try:
             files = [str(root / f) for f in run.configs]
-            resolved.append(load_config(files, [*run.overrides, f"name={run.name}"]))
+            run.config = load_config(files, [*run.overrides, f"name={run.name}"])
         except ValueError as err:
             raise ValueError(f"{path}: run {run.name}: {err}") from None
+        resolved.append(run.config)
     first, reference = resolved[0], runs[0].name
     for run, config in zip(runs[1:], resolved[1:], strict=True):
         diff = [k for k, v in asdict(config.data).items()
@@ -216,5 +231,5 @@ def load_sweep(path: str | Path, check: bool = True, root: Path | None = None) -
     runs = expand(spec, path, root)
     if check:
         check_comparable(runs, path, root)
-    command = shlex.split(str(spec.get("command") or "python train.py"))
+    command = with_own_interpreter(shlex.split(str(spec.get("command") or "python train.py")))
     return Sweep(str(spec["name"]), runs, command, slurm, path, root)

@@ -78,13 +78,19 @@ class VariantSummary:
     def n(self) -> int:
         return len(self.runs)
 
+    @property
+    def seed_scope(self) -> str:
+        """``run`` where the row's seeds set its data order too (``data.seed: run``), else ``init``; one per row, whose
+        runs share the data section."""
+        return "run" if [*self.runs, *self.diverged, *self.incomplete][0].config.data.seed == "run" else "init"
+
     def as_csv_row(self) -> dict[str, Any]:
         """The row for comparison.csv; an undefined (NaN) number is an empty cell."""
         row = {
             "variant": self.variant, **self.tuned, "n_seeds": self.n, "seeds": " ".join(str(r.seed) for r in self.runs),
             "diverged": len(self.diverged), "incomplete": len(self.incomplete), "params_total": self.params_total,
             "params_non_embedding": self.params_non_embedding, "val_loss_mean": self.val_loss_mean,
-            "val_loss_std": self.val_loss_std, "final_tokens": self.final_tokens,
+            "val_loss_std": self.val_loss_std, "final_tokens": self.final_tokens, "seed_scope": self.seed_scope,
             "training_stability": self.training_stability, "tokens_per_s": self.tokens_per_s,
             **{column: math.nan if self.gap is None else getattr(self.gap, key) for column, key in GAP_COLUMNS.items()}}
         return {key: "" if isinstance(value, float) and math.isnan(value) else value for key, value in row.items()}

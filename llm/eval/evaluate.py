@@ -347,7 +347,7 @@ def evaluate_checkpoint(target: str, *, samples: int = 3, max_new_tokens: int = 
     if _has_ffn_diagnostics(model):
         # the trainer's fixed isotropy batch and sampling seed: the logged rows of that step
         layers = layer_report(model, windows[: config.train.micro_batch_size, :-1].to(torch_device),
-                              config.train.isotropy_samples, seed=config.data.seed, document_eos=document_eos)
+                              config.train.isotropy_samples, seed=config.seeded_data().seed, document_eos=document_eos)
     else:
         notes.append("no per-layer report: the model's FFNs have no diagnostics() (not an isollm model)")
     model_type = str(getattr(model.config, "model_type", "unknown"))

@@ -19,7 +19,14 @@ CSV_COLUMNS = ("variant", "n_seeds", "seeds", "diverged", "incomplete", "params_
                "val_loss_mean", "val_loss_std", "gap", "gap_ci_low", "gap_ci_high", "paired_ci_low", "paired_ci_high",
                "p_value", "p_value_paired", "mde", "paired_mde", "seeds_needed", "paired_seeds_needed",
                "seeds_for_target_gap", "paired_seeds_for_target_gap", "training_stability", "tokens_per_s",
-               "final_tokens")
+               "final_tokens",
+               "seed_scope")
+SEED_SCOPES = {
+    "init": "init (data.seed an integer: every run reads one data order, so a seed sets only the initialisation and a "
+            "gap holds for that order)",
+    "run": "run (data.seed: run: a seed sets the initialisation and the data order, so a gap holds over data orders; "
+           "the two runs of a pair share their seed, hence their order, and the paired test stays valid)"}
+"""What a row's seeds replicate (``VariantSummary.seed_scope``), as the table's note says it."""
 # What the MDEs and the seeds needed rest on; the true power measured as the llm.eval.stats docstring says.
 ASSUMPTIONS = ("Assumptions: the intervals and p-values assume normal seed-to-seed variation; the MDEs and seeds "
                "needed also take the observed spreads as the true ones, which at 2-5 seeds per arm is optimistic: an "
@@ -237,6 +244,8 @@ def format_table(comparison: Comparison) -> str:
         f"baseline each; for the paired test, pairs) that would so resolve the observed gap"
         + ("" if comparison.target_gap is None else f" and a gap of {comparison.target_gap:g} (--target-gap)")
         + f" (> {MAX_SEEDS:,}: too small to resolve; never: a gap of 0).",
+        "Seed scope: " + "; ".join(SEED_SCOPES[scope] for scope in sorted({r.seed_scope for r in comparison.rows}))
+        + ("" if len({r.seed_scope for r in comparison.rows}) < 2 else " (each row's: seed_scope in comparison.csv)."),
         ASSUMPTIONS, *([OPTIMISM_NOTE] if comparison.tune else []),
         *([STEIN_NOTE] if any(row.gap and not math.isnan(row.gap.stein_threshold) for row in comparison.rows) else []),
         *(f"Warning: {w}" for w in comparison.warnings)))]

@@ -143,8 +143,9 @@ def build_data(config: RunConfig, tokenizer: Tokenizer, accelerator: Accelerator
     source's files (every parquet footer) and materialising the validation set into ``data.cache_dir``; the
     other ranks then read both from there instead of each reading every footer and the validation documents."""
     with accelerator.main_process_first():
-        loader = build_train_loader(config.data, tokenizer, config.train.micro_batch_size, rank, world_size)
-        return loader, build_val_windows(config.data, tokenizer)
+        data = config.seeded_data()
+        loader = build_train_loader(data, tokenizer, config.train.micro_batch_size, rank, world_size)
+        return loader, build_val_windows(data, tokenizer)
 
 
 def _leave_process_group(accelerator: Accelerator, *, failed: bool) -> None:
@@ -223,7 +224,7 @@ class Run:
         train = self.config.train
         metrics = evaluate(self.model, self.val_windows, train.micro_batch_size, self.document_eos)
         layers = layer_report(self.accelerator.unwrap_model(self.model), self.val_batch, train.isotropy_samples,
-                              seed=self.config.data.seed, document_eos=self.document_eos)
+                              seed=self.config.seeded_data().seed, document_eos=self.document_eos)
         self.log.log("eval", self.state.step, self.state.tokens, val_loss=metrics["val_loss"],
                      val_ppl=metrics["val_ppl"], layers=layers)
         progress.write(f"step {self.state.step}: val_loss {metrics['val_loss']:.4f}")

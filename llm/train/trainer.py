@@ -21,7 +21,8 @@ Conventions:
 - A metrics row that rank 0 cannot write (a full disk) stops every rank with the same ``TrainingError`` at the
   next step (``Run.stop_on_log_failure``), before any checkpoint past the lost row.
 - The model is initialised from ``seed`` (``accelerate.utils.set_seed``: python, numpy, torch, cuda); the data
-  order depends only on ``data.seed``, so variants compared under one ``data.seed`` see identical batches.
+  order depends only on ``data.seed`` (with ``data.seed: run``, the run's ``seed``), so variants compared under one
+  ``data.seed`` (or one seed, with ``run``) see identical batches.
 """
 
 from __future__ import annotations

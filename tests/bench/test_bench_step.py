@@ -257,3 +257,19 @@ def test_packed_positions_restart_at_documents_of_the_mean_length() -> None:
     assert positions.shape == (3, 4000) and bool(starts[:, 0].all())
     assert bool((positions[:, 1:] == positions[:, :-1] + 1)[~starts[:, 1:]].all())  # counts up inside a document
     assert 4000 * 3 / int(starts.sum()) == pytest.approx(20.5, rel=0.1)  # exponential + 1, cut at the window
+
+
+def test_a_worker_killed_by_a_signal_is_named_with_it() -> None:
+    """A worker the kernel kills (SIGKILL, as the out-of-memory killer does) after its set-up: the next timed call
+    says which worker died and by which signal, not a BrokenPipeError, and the rounds close the others cleanly."""
+    dies = "import json, os, signal; print(json.dumps({}), flush=True); os.kill(os.getpid(), signal.SIGKILL)"
+    serves = "import json, sys; print(json.dumps({}), flush=True); [print(0.5, flush=True) for _ in sys.stdin]"
+    worker = harness.Worker([sys.executable, "-c", dies, "--worker", "isogmlp"])
+    worker.proc.wait()
+    with pytest.raises(RuntimeError, match=r"the worker .* --worker isogmlp was killed by SIGKILL"):
+        worker()
+    worker.close()
+    starts = {"ok": lambda: harness.Worker([sys.executable, "-c", serves]),
+              "dead": lambda: harness.Worker([sys.executable, "-c", dies])}
+    with pytest.raises(RuntimeError, match="killed by SIGKILL"):
+        harness.worker_rounds(starts, rounds=2)

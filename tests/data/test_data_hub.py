@@ -125,6 +125,10 @@ def test_plan_shows_each_node_share(tmp_path: Path, bpe: Tokenizer, capsys: pyte
     assert all(1.0 <= float(r[6].rstrip("x")) <= 1 + 2 * 25 / 70 for r in rows)
     assert out[10].startswith("imbalance: the largest share is 1 rows above the smallest")
     assert out[-1].startswith("tokens per node vary by about ")
+    # data.seed=run: each run's order is its own seed's, which the plan cannot know: one line, before any reading
+    assert main(["plan", str(corpus), "--world-size", "7", "data.seed=run"]) == 2
+    assert capsys.readouterr().err == ("isollm-data plan: error: data.seed: run: a run's data order is its seed; plan "
+                                       "one with data.seed=<that seed>\n")
 
 
 def test_plan_reads_overrides_after_its_options(tmp_path: Path, bpe: Tokenizer,

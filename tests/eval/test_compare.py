@@ -357,3 +357,27 @@ def test_plots_use_the_table_labels_and_colours(tmp_path: Path, monkeypatch: pyt
         assert len({matplotlib.colors.to_rgba(c) for c in grad_norm.values()}) == len(comparison.rows)
     finally:
         plt.close("all")
+
+
+def test_seeds_of_the_run_scope_pool_and_pair_apart_from_the_init_scope(tmp_path: Path) -> None:
+    """``data.seed: run`` runs of several seeds are one row (their data orders differ only through the seed), never
+    pooled with ``data.seed: 0`` runs; a run-scope row pairs with the run-scope baseline (a pair's two runs share
+    their seed, hence their data order), and the table and CSV say which scope each row's seeds used."""
+    for s in range(3):
+        write_run(tmp_path, "swiglu+softmax", s, 5.0 + 0.01 * s, data__seed="run")
+        write_run(tmp_path, "isogmlp+softmax", s, 4.9 + 0.01 * s + 0.001 * s * s, data__seed="run")
+        write_run(tmp_path, "swiglu+softmax", s, 5.2 + 0.01 * s, dirname=f"init_s{s}")
+    runs = [load_run(path) for path in sorted(tmp_path.iterdir())]
+    comparison = compare_runs(runs, baseline="swiglu+softmax (data.seed=run)")
+    rows = {row.variant: row for row in comparison.rows}
+    assert {label: (row.n, row.seed_scope) for label, row in rows.items()} == {
+        "swiglu+softmax (data.seed=run)": (3, "run"), "isogmlp+softmax": (3, "run"),
+        "swiglu+softmax (data.seed=0)": (3, "init")}
+    gap = rows["isogmlp+softmax"].gap
+    assert gap.p_paired < 0.05 and gap.gap == pytest.approx(-0.098333, abs=1e-6)  # the paired test applies
+    table = format_table(comparison)
+    assert "Seed scope: init (data.seed an integer" in table and "; run (data.seed: run" in table
+    write_comparison(comparison, tmp_path / "out")
+    with (tmp_path / "out" / "comparison.csv").open() as f:
+        assert {row["variant"]: row["seed_scope"] for row in csv.DictReader(f)} == {
+            "swiglu+softmax (data.seed=run)": "run", "isogmlp+softmax": "run", "swiglu+softmax (data.seed=0)": "init"}

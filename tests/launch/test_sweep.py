@@ -338,3 +338,39 @@ def test_runs_start_in_the_checkout_the_sweep_is_invoked_from(tmp_path: Path, mo
                           cwd=tmp_path, capture_output=True, text=True, timeout=120, check=False)
     assert done.returncode == 0, done.stderr
     assert done.stdout.count("name=") == len(load_sweep(shipped, check=False, root=REPO).runs)
+
+
+def test_the_runs_start_with_the_sweeps_own_interpreter(sweep_file, tmp_path: Path) -> None:
+    """``.venv/bin/python launch/sweep.py`` trains with that environment without an activated venv: locally
+    ``python`` is this interpreter, and a Slurm task finds its ``python`` and ``accelerate`` first on PATH."""
+    sweep = load_sweep(sweep_file(command="python train.py"))
+    assert sweep.commands()[0][:2] == [sys.executable, "train.py"]
+    fake = tmp_path / "submit"
+    (fake / "launch" / "slurm").mkdir(parents=True)
+    (fake / "launch" / "slurm" / "train.sbatch").write_text("command -v python\n")
+    (tmp_path / "array.sbatch").write_text(slurm_array_script(sweep))
+    found = subprocess.run(["bash", str(tmp_path / "array.sbatch")], capture_output=True, text=True, check=True,
+                           env={"PATH": "/usr/bin:/bin", "SLURM_SUBMIT_DIR": str(fake), "SLURM_ARRAY_TASK_ID": "0"},
+                           timeout=30).stdout.strip()
+    assert Path(found).parent == Path(sys.executable).parent
+
+
+def test_a_finished_sweep_run_again_starts_nothing(sweep_file, tmp_path: Path,
+                                                   capsys: pytest.CaptureFixture[str]) -> None:
+    """A run whose directory holds its last step's checkpoint (10 steps here) is complete: not started again; one
+    without it (step 5 only) is."""
+    started = tmp_path / "started"
+    record = f"import sys, pathlib; pathlib.Path({str(started)!r}).write_text(sys.argv[-1])"
+    path = sweep_file(command=shlex.join([sys.executable, "-c", record]), grid={"model.ffn": ["swiglu", "isogmlp"]},
+                      files=None, run_name="r-{model.ffn}", overrides={"out_dir": str(tmp_path / "runs")})
+    for name, step in (("r-swiglu", 10), ("r-isogmlp", 5)):
+        (tmp_path / "runs" / name / "checkpoints" / f"step_{step:08d}").mkdir(parents=True)
+    assert main([str(path), "--mode", "local"]) == 0
+    assert started.read_text() == "name=r-isogmlp"
+    assert "r-swiglu: complete" in capsys.readouterr().out
+    (tmp_path / "runs" / "r-isogmlp" / "checkpoints" / "step_00000010").mkdir()
+    started.unlink()
+    for mode in ("local", "slurm"):
+        assert main([str(path), "--mode", mode, "--script-dir", str(tmp_path)]) == 0
+        assert "r-isogmlp: complete" in (out := capsys.readouterr().out) and "nothing to start" in out
+    assert not started.exists() and not (tmp_path / "cmp.sbatch").exists()

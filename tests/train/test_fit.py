@@ -309,3 +309,27 @@ def test_the_stop_watchdog_line_starts_a_line_of_its_own_below_the_progress_bar(
     assert exits == [1]
     (line,) = [line for line in capsys.readouterr().err.split("\n") if "error:" in line]  # the bar ends in \r only
     assert line.startswith("error: still running 0.05 s after signal 15 (train.stop_grace_s)"), line
+
+
+def test_with_data_seed_run_the_data_order_is_the_runs_seed(tiny_config, bpe, tmp_path: Path) -> None:
+    """``data.seed=run``: seed 3 reads the windows ``data.seed=3`` reads, seed 4 others; the two variants of a pair
+    read the same; and the saved config reads back to the same order (a resume keeps it)."""
+    from llm.config import load_config, save_config
+    from llm.data import load_tokenizer
+    from llm.data.stream import build_train_loader
+
+    tokenizer = load_tokenizer(str(bpe))
+
+    def first_batch(config) -> torch.Tensor:
+        return next(iter(build_train_loader(config.seeded_data(), tokenizer, 2, 0, 1)))
+
+    run = tiny_config("seed=3", "data.seed=run")
+    batch = first_batch(run)
+    assert torch.equal(batch, first_batch(tiny_config("seed=0", "data.seed=3")))
+    assert torch.equal(batch, first_batch(tiny_config("seed=3", "data.seed=run", "model.ffn=isogmlp")))
+    assert not torch.equal(batch, first_batch(tiny_config("seed=4", "data.seed=run")))
+    save_config(run, tmp_path / "config.yaml")
+    saved = load_config([str(tmp_path / "config.yaml")], saved_run=True)
+    assert saved.data.seed == "run" and torch.equal(batch, first_batch(saved))
+    with pytest.raises(ConfigError, match=r"data\.seed: expected an integer or run"):
+        tiny_config("data.seed=shared")
