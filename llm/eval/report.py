@@ -217,7 +217,8 @@ def format_table(comparison: Comparison) -> str:
         "run after warmup, in squared norm units (the last train row's grad_norm_var_run), mean over seeds; lower "
         "is more stable.",
         "³ Median training throughput of each run, mean over seeds.",
-        "⁴ Runs left out of the statistics: a non-finite final validation loss (diverged), or no eval at the "
+        "⁴ Runs left out of the statistics: a final validation loss not finite or above ln(vocabulary size), "
+        "uniform prediction's (diverged), or no eval at the "
         "max_steps in force when the run last trained (incomplete: stopped, killed, its metrics file cut off, or "
         "resumed to more steps and not finished).",
         "⁵ Paired by seed: the two-sided paired t-test over the per-seed differences, its 95% interval, MDE and pairs "
