@@ -1,20 +1,19 @@
 """The seeds each row needs to resolve a gap, planned from the seeds already run (``eval.py compare --plan GAP``).
 
 The seeds run so far are a pilot: per row, the seeds per arm at which a true gap of GAP nats is resolved with
-``POWER`` under the cheaper valid design (paired where the row pairs with its baseline, ``llm.eval.compare``; Welch
-otherwise), by Stein's two-stage rule: n >= ((t_{1-ALPHA/2,df} + t_{POWER,df}) * s / GAP)^2 with the pilot's SD s
-and its degrees of freedom df (Welch's: Satterthwaite's). The final test is Stein's too: the mean gap over all the
-row's seeds (pilot and new) resolves when beyond ``RowPlan.threshold``, t_{1-ALPHA/2,df} times the pilot's SD over
-sqrt(n). For normal seeds its Type I error is ALPHA and its power at least ``POWER`` whatever the pilot's spread
-(Welch's: within Satterthwaite's approximation; simulated 3.7%), because the mean is independent of the pilot's SD
-that set n. A row whose pilot already has the seeds needs no more, and its final test is the pilot's own t-test.
+``POWER`` under the design its structure fixes before any loss is seen (``design``: paired where the row pairs with
+its baseline, ``llm.eval.compare``; Welch otherwise), by Stein's two-stage rule: n >= ((t_{1-ALPHA/2,df} +
+t_{POWER,df}) * s / GAP)^2 with the pilot's SD s and df its pilot seeds less one (Welch's: the smaller arm's). The
+final test is Stein's too: the mean gap over exactly the planned seeds (pilot and new) resolves when beyond
+``RowPlan.threshold``, t_{1-ALPHA/2,df} times the pilot's SD over sqrt(n). For normal seeds its Type I error is
+ALPHA (Welch's: at most) and its power at least ``POWER`` whatever the pilot's spread, because the mean is
+independent of the pilot's SD that set n; tests/eval/test_compare_plan_simulation.py simulates the procedure on a
+grid of pilots, seed correlations and spreads. A row whose pilot already has the seeds needs no more.
 
-Simulated at 3 pilot seeds (tests/eval/test_compare_plan_simulation.py), two shortcuts fail: the plug-in plan (the
-pilot's SD taken as the true one, ``llm.eval.stats.pairs_needed``) gives 67% power where it plans 80% at about 30
-pairs, and the ordinary t-test on all seeds (compare's p-values) rejects a true gap of 0 in 6-9% of pilots: its
-spread includes the pilot's, which set how many seeds there are. Stopping where the pilot's p-value is already below
-ALPHA would add a second look. A paired row runs every seed its baseline runs (compare pairs only the same seeds),
-so the baseline runs the most that any row of its size needs.
+The ordinary t-test on all seeds (compare's p-values) rejects a true gap of 0 too often after a plan: its spread
+includes the pilot's, which set how many seeds there are. Stopping where the pilot's p-value is already below ALPHA
+would add a second look. A paired row runs every seed its baseline runs (compare pairs only the same seeds), so the
+baseline runs the most that any row of its size needs.
 """
 
 from __future__ import annotations
@@ -32,7 +31,7 @@ from scipy import stats
 from llm.config import read_saved, save_config
 from llm.eval.compare import Comparison, VariantSummary
 from llm.eval.errors import EvalError
-from llm.eval.stats import ALPHA, MAX_SEEDS, POWER, Array, welch_df
+from llm.eval.stats import ALPHA, MAX_SEEDS, POWER, Array
 
 ASSUMPTION = ("assumes normal seed effects; Stein's rule: the pilot's t quantiles, not its SD taken as true; the final "
               "test is Stein's (the mean gap over all seeds beyond the threshold), not compare's p-value")
@@ -46,10 +45,15 @@ def stein_seeds(gap: float, variance: Array, df: Array) -> Array:
 def design(gap: float, pilot: tuple[int, int], variances: tuple[Array, Array], difference: Array = math.nan,
            ) -> tuple[Array, Array]:
     """Whether each pilot takes the paired design and its seeds per arm (at least the pilot's), from the pilot
-    counts of a row and its baseline, their losses' variances and their differences' (NaN: they do not pair)."""
-    welch = stein_seeds(gap, sum(variances), welch_df(variances, pilot))
-    paired = stein_seeds(gap, difference, pilot[0] - 1)
-    return paired <= welch, np.maximum(pilot[0], np.fmin(paired, welch))
+    counts of a row and its baseline, their losses' variances and their differences' (NaN: they do not pair).
+    The design is fixed by structure, paired wherever the rows pair: taking whichever the pilot's variances make
+    cheaper takes the paired one exactly where the pilot underestimates the differences' spread (a true gap of 0
+    rejected in 6-7% of pilots). Welch's counts take min(pilot) - 1 degrees of freedom, not Satterthwaite's, which
+    are liberal at 2-3 pilot seeds and unequal spreads."""
+    paired = ~np.isnan(difference)
+    seeds = np.where(paired, stein_seeds(gap, difference, pilot[0] - 1),
+                     stein_seeds(gap, sum(variances), min(pilot) - 1))
+    return paired, np.maximum(pilot[0], seeds)
 
 
 def threshold(paired: Array, pilot: tuple[int, int], seeds: tuple[Array, Array], variances: tuple[Array, Array],
@@ -57,7 +61,7 @@ def threshold(paired: Array, pilot: tuple[int, int], seeds: tuple[Array, Array],
     """Stein's final test: the mean gap over all ``seeds`` of the row and of its baseline resolves beyond this."""
     parts = (variances[0] / seeds[0], variances[1] / seeds[1])
     return np.where(paired, stats.t.isf(ALPHA / 2, pilot[0] - 1) * np.sqrt(difference / seeds[0]),
-                    stats.t.isf(ALPHA / 2, welch_df(parts, pilot)) * np.sqrt(sum(parts)))
+                    stats.t.isf(ALPHA / 2, min(pilot) - 1) * np.sqrt(sum(parts)))
 
 
 @dataclass
