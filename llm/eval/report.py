@@ -31,8 +31,8 @@ OPTIMISM_NOTE = ("Choosing each variant's value and reporting its loss on the sa
                  "those runs, compared without --tune.")
 STEIN_NOTE = ("Stein: the verdict of a row whose seeds were planned (--planned plan.csv) is the plan's final test, "
               "its gap over every seed (pilot and planned) beyond the plan's threshold, with the interval gap ± "
-              "threshold: p and p paired are not that test (after a plan they reject a true gap of 0 in 6-9% of "
-              "pilots, not 5%; README, How many seeds?).")
+              "threshold: p and p paired are not that test (after a plan they reject a true gap of 0 too often; "
+              "README, How many seeds?).")
 
 
 def _params(n: int | None) -> str:
