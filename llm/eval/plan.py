@@ -43,7 +43,8 @@ ASSUMPTION = ("assumes normal seed effects; Stein's rule: the pilot's t quantile
 
 def stein_seeds(gap: float, variance: Array, df: Array) -> Array:
     """The fewest seeds per arm with (t_{1-ALPHA/2,df} + t_{POWER,df}) * sqrt(variance / n) <= gap."""
-    return np.ceil((stats.t.isf(ALPHA / 2, df) + stats.t.isf(1 - POWER, df)) ** 2 * variance / np.square(gap))
+    # variance / gap / gap, not / gap**2: the square of a finite gap such as 1e308 overflows
+    return np.ceil((stats.t.isf(ALPHA / 2, df) + stats.t.isf(1 - POWER, df)) ** 2 * (variance / gap) / gap)
 
 
 def design(gap: float, pilot: tuple[int, int], variances: tuple[Array, Array], difference: Array = math.nan,
@@ -232,22 +233,26 @@ def apply_plan(comparison: Comparison, plan_csv: str | Path) -> list[RunRecord]:
     everyone = [run for row in comparison.rows for run in row.runs]
     left_out = []
     for entry in read_plan(plan_csv):
-        name = entry["variant"]
-        if (row := rows.get(name)) is None:
+        name, pilot = entry["variant"], entry["pilot"]
+        found = [row for row in rows.values() if all(loss == {r.seed: r.final_val_loss for r in row.runs}.get(seed)
+                                                     for seed, loss in pilot.items())]
+        if (row := rows.get(name)) is None or row not in found:  # relabelled by a run of another config: its pilot
+            row = next((row for row in found if row.variant.startswith(name)), row)
+        if row is None:
             raise EvalError(f"--planned {plan_csv}: its row {name!r} is not among the compared rows")
         if (baseline := base_of.get(row.size)) != entry["baseline"]:
             raise EvalError(f"--planned {plan_csv}: {name} was planned against {entry['baseline']}, and is "
                             f"compared against {baseline}; compare with --baseline {entry['baseline']}")
         losses = {run.seed: run.final_val_loss for run in row.runs}
-        if changed := [seed for seed, loss in entry["pilot"].items() if losses.get(seed) != loss]:
+        if changed := [seed for seed, loss in pilot.items() if losses.get(seed) != loss]:
             raise EvalError(f"--planned {plan_csv}: {name}'s pilot changed (seed {changed[0]}: planned at loss "
-                            f"{entry['pilot'][changed[0]]!r}, now {losses.get(changed[0], 'missing')})")
+                            f"{pilot[changed[0]]!r}, now {losses.get(changed[0], 'missing')})")
         if math.isinf(entry["seeds_per_arm"]):
             continue
         for seed in (seed for seed in entry["seeds"] if seed not in losses):
             done = sum(seed in losses for seed in entry["seeds"])
             elsewhere = [run for run in everyone if run.seed == seed and run not in row.runs
-                         and run.path.parent == row.runs[0].path.parent]
+                         and run.variant == row.runs[0].variant]
             why = f"; seed {seed} ran with another config ({_differs(elsewhere[0], row.runs[0])})" if elsewhere else ""
             raise EvalError(f"--planned {plan_csv}: {name} has {done} of its {len(entry['seeds'])} planned seeds "
                             f"complete (not seed {seed}), and Stein's final test needs them all{why}")
