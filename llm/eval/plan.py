@@ -107,7 +107,7 @@ def plan_seeds(comparison: Comparison, gap: float) -> list[RowPlan]:
     return plans
 
 
-COLUMNS = ("variant", "baseline", "design", "pilot_seeds", "seeds_per_arm", "more_seeds", "threshold", "seeds",
+COLUMNS = ("variant", "baseline", "gap", "design", "pilot_seeds", "seeds_per_arm", "more_seeds", "threshold", "seeds",
            "pilot")
 
 
@@ -141,7 +141,7 @@ def write_plan(comparison: Comparison, plans: list[RowPlan], gap: float, out: st
     (out / "plan-configs" if new else out).mkdir(parents=True, exist_ok=True)
     with (out / "plan.csv").open("w", newline="") as f:
         csv.writer(f).writerows([COLUMNS, *([
-            p.row.variant, p.baseline, p.design, p.row.n, f"{p.seeds_per_arm:g}", p.more_seeds,
+            p.row.variant, p.baseline, gap, p.design, p.row.n, f"{p.seeds_per_arm:g}", p.more_seeds,
             "" if math.isnan(p.threshold) else p.threshold,
             " ".join(str(seed) for seed in [*(run.seed for run in p.row.runs), *range(first, first + p.more_seeds)]),
             " ".join(f"{run.seed}:{run.final_val_loss!r}" for run in p.row.runs)] for p in plans)])
@@ -208,6 +208,7 @@ def read_plan(plan_csv: str | Path) -> list[dict[str, Any]]:
         field = partial(_field, plan_csv, line, entry)
         row = {"variant": field("variant", _one_of(), "a row label"),
                "baseline": field("baseline", _one_of(), "the baseline's row label"),
+               "gap": field("gap", partial(_positive, finite=True), "the planned gap > 0"),
                "design": field("design", _one_of("baseline", "paired", "Welch"), "baseline, paired or Welch"),
                "seeds_per_arm": field("seeds_per_arm", _positive, "a number of seeds > 0, or inf"),
                "seeds": field("seeds", lambda t: [int(s) for s in t.split()], "seed numbers")}
@@ -261,5 +262,5 @@ def apply_plan(comparison: Comparison, plan_csv: str | Path) -> list[RunRecord]:
             if (entry["design"] == "paired") == math.isnan(row.gap.p_paired):
                 raise EvalError(f"--planned {plan_csv}: {name} was planned {entry['design']}, and its seeds now "
                                 f"{'do not pair' if entry['design'] == 'paired' else 'pair'} with its baseline's")
-            row.gap = replace(row.gap, stein_threshold=entry["threshold"])
+            row.gap = replace(row.gap, stein_threshold=entry["threshold"], planned_gap=entry["gap"])
     return left_out

@@ -71,6 +71,8 @@ def _design(gap: Gap) -> tuple[str, float, float] | None:
 
 
 def _resolved(gap: Gap) -> str:
+    if not math.isnan(gap.stein_threshold):  # a planned row has one verdict, Stein's, resolved or not
+        return f"{'resolved' if _design(gap) else 'not resolved'} (Stein)"
     return f"resolved ({found[0]})" if (found := _design(gap)) else "not resolved" if gap.se > 0 else "n/a"
 
 
@@ -99,7 +101,11 @@ def _span(values: Sequence[str]) -> str:
 
 
 def _open(label: str, gap: Gap) -> str:
-    """An unresolved gap, which is no tie: the true one may be anything up to about its MDE."""
+    """An unresolved gap, which is no tie: the true one may be anything up to about its MDE; a planned row's, what
+    its plan established (no post-hoc seed advice: more seeds would be a second look)."""
+    if not math.isnan(threshold := gap.stein_threshold):
+        return (f"{label} {gap.gap:+.4f} not resolved (Stein) {_interval(gap.gap - threshold, gap.gap + threshold)}, "
+                f"although a true gap of {gap.planned_gap:g} or more would have been resolved with {POWER:.0%} power")
     designs = [("Welch", gap.mde, gap.seeds_needed, "seeds per arm"), ("paired", gap.paired_mde,
                                                                        gap.paired_seeds_needed, "pairs")]
     return f"{label} {gap.gap:+.4f} not resolved (" + "; ".join(
@@ -118,15 +124,17 @@ def _conclusion(comparison: Comparison) -> list[str]:
     resolved = [f"{label} {gap.gap:+.4f} resolved ({found[0]}) {_interval(*found[1:])}"
                 for label, gap in tested.items() if (found := _design(gap))]
     rows = [row for row in comparison.rows if row.variant in tested or row.variant in comparison.baselines]
-    paired_mdes = sorted(gap.paired_mde for gap in tested.values() if not math.isnan(gap.paired_mde))
     open_ = [_open(label, gap) for label, gap in tested.items() if not _design(gap)]
     parts = [f"at p < {ALPHA}, {', '.join(resolved)}" if resolved else f"no gap is resolved at p < {ALPHA}",
-             *([", ".join(open_)] if open_ else []),
-             f"with {_span([str(n) for n in sorted({row.n for row in rows})])} seeds per arm this comparison resolves "
-             f"gaps above {_span([f'{mde:.3g}' for mde in sorted(gap.mde for gap in tested.values())])} nats by "
-             "Welch's test" + (f" and {_span([f'{mde:.3g}' for mde in paired_mdes])} paired" if paired_mdes else "")
-             + f" with {POWER:.0%} power at the observed spread (taken as true: about 73% on average at 2-5 seeds "
-             "per arm by Welch's test, 58-69% paired; see Assumptions), and a smaller true gap can go unseen"]
+             *([", ".join(open_)] if open_ else [])]
+    if unplanned := [gap for gap in tested.values() if math.isnan(gap.stein_threshold)]:  # post-hoc figures
+        paired_mdes = sorted(gap.paired_mde for gap in unplanned if not math.isnan(gap.paired_mde))
+        parts.append(
+            f"with {_span([str(n) for n in sorted({row.n for row in rows})])} seeds per arm this comparison resolves "
+            f"gaps above {_span([f'{mde:.3g}' for mde in sorted(gap.mde for gap in unplanned)])} nats by "
+            "Welch's test" + (f" and {_span([f'{mde:.3g}' for mde in paired_mdes])} paired" if paired_mdes else "")
+            + f" with {POWER:.0%} power at the observed spread (taken as true: about 73% on average at 2-5 seeds "
+            "per arm by Welch's test, 58-69% paired; see Assumptions), and a smaller true gap can go unseen")
     if untested := [row.variant for row in comparison.rows if row.gap is not None and row.variant not in tested]:
         parts.append(f"not testable (fewer than 2 seeds, or no spread): {', '.join(untested)}")
     if left_out := [f"{run.path.name} ({'diverged' if run.diverged else 'incomplete'})"

@@ -130,7 +130,7 @@ def test_a_threshold_that_is_no_threshold_is_refused(tmp_path: Path, capsys: pyt
     _train_planned(runs)
     with plan.open() as f:
         rows = list(csv.reader(f))
-    rows[2][6] = threshold
+    rows[2][rows[0].index("threshold")] = threshold
     with plan.open("w", newline="") as f:
         csv.writer(f).writerows(rows)
     assert _planned(runs, plan, tmp_path / "final") == 2
@@ -167,3 +167,21 @@ def test_rows_left_out_of_the_plan_are_named_and_a_huge_gap_plans_no_seed(
     assert main(["compare", str(runs / "*"), "--out", str(tmp_path / "plan"), "--no-plots", "--plan", "0.1"]) == 0
     assert "existed and is replaced; planning again from seeds a plan added is a second look" in \
         capsys.readouterr().out
+
+
+def test_a_planned_row_has_one_verdict_steins_with_its_interval_resolved_or_not(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Not resolved: Stein's interval and what the plan established, never the post-hoc MDE's seed advice."""
+    runs, plan = _pilot_and_plan(tmp_path)
+    for variant in ("swiglu+softmax", "isogmlp+softmax"):
+        for seed in range(3, 8):
+            write_run(runs, variant, seed, 4.9)
+    with plan.open() as f:
+        threshold = float(next(row for row in csv.DictReader(f) if row["variant"] == "isogmlp+softmax")["threshold"])
+    assert _planned(runs, plan, tmp_path / "final") == 0
+    table = (tmp_path / "final" / "comparison.md").read_text()
+    gap = (sum(SPREAD) - sum(BASE)) / 8
+    assert abs(gap) < threshold and "| not resolved (Stein) |" in table
+    assert (f"isogmlp+softmax {gap:+.4f} not resolved (Stein) [{gap - threshold:+.4f}, {gap + threshold:+.4f}], "
+            "although a true gap of 0.15 or more would have been resolved with 80% power") in table
+    assert "would need" not in table and "this comparison resolves gaps above" not in table
