@@ -20,19 +20,11 @@ CSV_COLUMNS = ("variant", "n_seeds", "seeds", "diverged", "incomplete", "params_
                "p_value", "p_value_paired", "mde", "paired_mde", "seeds_needed", "paired_seeds_needed",
                "seeds_for_target_gap", "paired_seeds_for_target_gap", "training_stability", "tokens_per_s",
                "final_tokens")
-# What the MDEs and the seeds needed rest on; the true power measured as the llm.eval.stats docstring says.
-ASSUMPTIONS = ("Assumptions: the intervals and p-values assume normal seed-to-seed variation; the MDEs and seeds "
-               "needed also take the observed spreads as the true ones, which at 2-5 seeds per arm is optimistic: an "
-               "MDE so computed has on average about 73% true power by Welch's test (71-75% by seed count) and 58-69% "
-               "by the paired test (2-5 pairs), not 80%.")
-OPTIMISM_NOTE = ("Choosing each variant's value and reporting its loss on the same validation set is optimistic "
-                 "(the minimum of noisy means is biased low, more so on a finer grid). The honest protocol: choose "
-                 "the values with some seeds (this table), then train fresh seeds at the chosen values and report "
-                 "those runs, compared without --tune.")
-STEIN_NOTE = ("Stein: the verdict of a row whose seeds were planned (--planned plan.csv) is the plan's final test, "
-              "its gap over every seed (pilot and planned) beyond the plan's threshold, with the interval gap ± "
-              "threshold: p and p paired are not that test (after a plan they reject a true gap of 0 too often; "
-              "README, How many seeds?).")
+METHOD = "docs/comparison.md"  # the method behind each note, at length
+ASSUMPTIONS = ("Assumptions: normal seed effects; MDEs take the observed spreads as true: about 73% (Welch) or "
+               "58-69% (paired) power, not 80%.")
+OPTIMISM_NOTE = "--tune chooses on the validation set it reports: optimistic; report fresh seeds at the chosen values."
+STEIN_NOTE = "Stein: a planned row's verdict is the plan's final test (interval gap ± threshold), not p or p paired."
 
 
 def _params(n: int | None) -> str:
@@ -215,40 +207,21 @@ def format_table(comparison: Comparison) -> str:
     lines += [*_conclusion(comparison), "", *(f"- {note}" for note in (
         *(["[key]: a short name of the row's configuration (less its size), which --baseline accepts."]
           if any(row.key for row in comparison.rows) else []),
-        "Final validation loss: mean ± sample std (ddof=1) over the n complete seeds; no std with one seed."
+        "Val loss: mean ± sample std (ddof=1) over the n complete seeds."
         + (f" Each row at the value of {', '.join(comparison.tune)} with the lowest mean." if comparison.tune else ""),
-        f"¹ The row's mean final val loss minus {comparison.baseline}'s"
-        f"{' at the same model size' if len(comparison.baselines) > 1 else ''}, with its 95% confidence interval, and "
-        "the two-sided Welch t-test (unequal variances) that the interval and ⁶ use too; n/a with fewer than 2 seeds "
-        "in either row.",
-        "² Training stability (isogmlp section 4.3): the variance of the pre-clip global gradient norm over the "
-        "run after warmup, in squared norm units (the last train row's grad_norm_var_run), mean over seeds; lower "
-        "is more stable.",
-        "³ Median training throughput of each run, mean over seeds.",
-        "⁴ Runs left out of the statistics: a final validation loss not finite or above ln(vocabulary size), "
-        "uniform prediction's (diverged), or no eval at the "
-        "max_steps in force when the run last trained (incomplete: stopped, killed, its metrics file cut off, or "
-        "resumed to more steps and not finished).",
-        "⁵ Paired by seed: the two-sided paired t-test over the per-seed differences, its 95% interval, MDE and pairs "
-        "needed (a pair: one seed run by the row and by the baseline). Valid because pairs of different seeds are "
-        "independent draws; every run of a comparison reads the same data order and validation tokens (data.seed and "
-        "the data section are shared), so a seed fixes the initialisation, and what it adds to the loss cancels in a "
-        "pair as far as both variants draw their shared parameters alike (docs/results/seeds-per-design.md: often "
-        "little). The verdict is one test fixed in advance: paired where the rows pair, Welch's otherwise (either "
-        "one's rejection would be two tries at p < 0.05); the other's figures are shown beside it. Not valid, so n/a, "
-        "where a row ran a seed twice (its pairs would share a seed) or differs in the data section or world size (a "
-        "seed then fixes other data: nothing cancels, and the pairing is arbitrary); n/a too where the rows ran other "
-        "seeds or the differences do not vary. \"resolved (paired)\" or \"resolved (Welch)\" names the test that "
-        f"decided the gap at p < {ALPHA}.",
-        f"⁶ The smallest true gap the two rows' seeds resolve with {POWER:.0%} probability by each test at p < "
-        f"{ALPHA} (Welch's, its df estimated from the seeds; the paired t-test, exact by the noncentral t), taking "
-        f"the observed spreads as the true ones (minimum detectable effect); the seeds per arm (the variant and the "
-        f"baseline each; for the paired test, pairs) that would so resolve the observed gap"
-        + ("" if comparison.target_gap is None else f" and a gap of {comparison.target_gap:g} (--target-gap)")
-        + f" (> {MAX_SEEDS:,}: too small to resolve; never: a gap of 0).",
+        f"¹ Gap: the row's mean minus {comparison.baseline}'s"
+        f"{' at the same model size' if len(comparison.baselines) > 1 else ''}; Welch's 95% interval and t-test.",
+        "² Pre-clip gradient-norm variance after warmup, in squared norm units (isogmlp 4.3), mean over seeds.",
+        "³ Median throughput of each run, mean over seeds.",
+        "⁴ Left out: diverged (final val loss not finite or above ln(vocabulary size), uniform prediction's) or "
+        "incomplete.",
+        "⁵ Paired by seed: the same seeds on the same data; the verdict is the paired test where rows pair, Welch's "
+        "otherwise.",
+        f"⁶ Seeds per arm (pairs, paired) at {POWER:.0%} power, p < {ALPHA}, the observed spreads taken as true"
+        + ("" if comparison.target_gap is None else f"; for a gap of {comparison.target_gap:g} (--target-gap)") + ".",
         ASSUMPTIONS, *([OPTIMISM_NOTE] if comparison.tune else []),
         *([STEIN_NOTE] if any(row.gap and not math.isnan(row.gap.stein_threshold) for row in comparison.rows) else []),
-        *(f"Warning: {w}" for w in comparison.warnings)))]
+        f"Method: {METHOD}.", *(f"Warning: {w}" for w in comparison.warnings)))]
     if comparison.tune:
         lines += _sensitivity(comparison)
     return "\n".join(lines + _scaling(comparison)) + "\n"
