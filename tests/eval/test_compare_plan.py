@@ -44,7 +44,7 @@ def _plan(tmp_path: Path, losses: dict[str, list[float]], gap: float) -> tuple[d
         return {row["variant"]: row for row in csv.DictReader(f)}, out
 
 
-def test_plan_takes_the_cheaper_design_with_steins_counts_and_thresholds(tmp_path: Path,
+def test_plan_takes_the_paired_design_where_rows_pair_with_steins_counts(tmp_path: Path,
                                                                         capsys: pytest.CaptureFixture[str]) -> None:
     rows, _ = _plan(tmp_path, {"swiglu+softmax": BASE, "isogmlp+softmax": PAIRED, "iso_ln+softmax": SPREAD}, 0.05)
     printed = capsys.readouterr().out
