@@ -90,10 +90,11 @@ def _compare_parser() -> argparse.ArgumentParser:
     parser.add_argument("--target-gap", type=_gap_nats, default=None, metavar="NATS",
                         help="the smallest gap worth detecting, chosen before the runs: adds the seeds per arm it "
                         "needs at each row's and its baseline's observed spreads (how to choose the seeds: README)")
-    parser.add_argument("--plan", type=_gap_nats, default=None, metavar="NATS",
+    plan = parser.add_mutually_exclusive_group()  # planning from the planned seeds would be a second look
+    plan.add_argument("--plan", type=_gap_nats, default=None, metavar="NATS",
                         help="plan the seeds each row needs to resolve this gap from the seeds run so far (the pilot): "
                         "writes plan.csv and plan-sweep.yaml, the missing seeds for launch/sweep.py (llm.eval.plan)")
-    parser.add_argument("--planned", default=None, metavar="PLAN_CSV",
+    plan.add_argument("--planned", default=None, metavar="PLAN_CSV",
                         help="the plan.csv the seeds were planned by (--plan): each planned row's verdict is then "
                         "the plan's final test (Stein's), which the table's p-values are not")
     parser.add_argument("--out", default="comparison", help="directory for comparison.md/.csv and PNG plots")
@@ -160,8 +161,12 @@ def _compare(argv: list[str]) -> int:
         raise EvalError("; ".join(unreadable))
     comparison = compare_runs(runs, args.baseline, args.tune, args.target_gap)
     plans = None if args.plan is None else plan_seeds(comparison, args.plan)  # a bad --plan fails before any writing
-    if args.planned:
+    if args.planned and (unplanned := apply_plan(comparison, args.planned)):  # compared again without them
+        comparison = compare_runs([run for run in runs if run not in unplanned], args.baseline, args.tune,
+                                  args.target_gap)
         apply_plan(comparison, args.planned)
+        comparison.warnings += [f"{run.path.name}: seed {run.seed} is no planned seed of its row; left out of the "
+                                "planned test" for run in unplanned]
     comparison.warnings[:0] = [f"{message}; left out" for message in unreadable]  # comparison.md names them too
     for warning in comparison.warnings:
         print(f"warning: {warning}", file=sys.stderr)

@@ -21,25 +21,15 @@ CSV_COLUMNS = ("variant", "n_seeds", "seeds", "diverged", "incomplete", "params_
                "seeds_for_target_gap", "paired_seeds_for_target_gap", "training_stability", "tokens_per_s",
                "final_tokens",
                "seed_scope")
+METHOD = "docs/comparison.md"  # the method behind each note, at length
 SEED_SCOPES = {
-    "init": "init (data.seed an integer: every run reads one data order, so a seed sets only the initialisation and a "
-            "gap holds for that order)",
-    "run": "run (data.seed: run: a seed sets the initialisation and the data order, so a gap holds over data orders; "
-           "the two runs of a pair share their seed, hence their order, and the paired test stays valid)"}
+    "init": "init (one data order for every run: a gap holds for that order)",
+    "run": "run (data.seed: run: each seed its own data order, shared within a pair)"}
 """What a row's seeds replicate (``VariantSummary.seed_scope``), as the table's note says it."""
-# What the MDEs and the seeds needed rest on; the true power measured as the llm.eval.stats docstring says.
-ASSUMPTIONS = ("Assumptions: the intervals and p-values assume normal seed-to-seed variation; the MDEs and seeds "
-               "needed also take the observed spreads as the true ones, which at 2-5 seeds per arm is optimistic: an "
-               "MDE so computed has on average about 73% true power by Welch's test (71-75% by seed count) and 58-69% "
-               "by the paired test (2-5 pairs), not 80%.")
-OPTIMISM_NOTE = ("Choosing each variant's value and reporting its loss on the same validation set is optimistic "
-                 "(the minimum of noisy means is biased low, more so on a finer grid). The honest protocol: choose "
-                 "the values with some seeds (this table), then train fresh seeds at the chosen values and report "
-                 "those runs, compared without --tune.")
-STEIN_NOTE = ("Stein: the verdict of a row whose seeds were planned (--planned plan.csv) is the plan's final test, "
-              "its gap over every seed (pilot and planned) beyond the plan's threshold, with the interval gap ± "
-              "threshold: p and p paired are not that test (after a plan they reject a true gap of 0 in 6-9% of "
-              "pilots, not 5%; README, How many seeds?).")
+ASSUMPTIONS = ("Assumptions: normal seed effects; MDEs take the observed spreads as true: about 73% (Welch) or "
+               "58-69% (paired) power, not 80%.")
+OPTIMISM_NOTE = "--tune chooses on the validation set it reports: optimistic; report fresh seeds at the chosen values."
+STEIN_NOTE = "Stein: a planned row's verdict is the plan's final test (interval gap ± threshold), not p or p paired."
 
 
 def _params(n: int | None) -> str:
@@ -78,6 +68,8 @@ def _design(gap: Gap) -> tuple[str, float, float] | None:
 
 
 def _resolved(gap: Gap) -> str:
+    if not math.isnan(gap.stein_threshold):  # a planned row has one verdict, Stein's, resolved or not
+        return f"{'resolved' if _design(gap) else 'not resolved'} (Stein)"
     return f"resolved ({found[0]})" if (found := _design(gap)) else "not resolved" if gap.se > 0 else "n/a"
 
 
@@ -106,7 +98,11 @@ def _span(values: Sequence[str]) -> str:
 
 
 def _open(label: str, gap: Gap) -> str:
-    """An unresolved gap, which is no tie: the true one may be anything up to about its MDE."""
+    """An unresolved gap, which is no tie: the true one may be anything up to about its MDE; a planned row's, what
+    its plan established (no post-hoc seed advice: more seeds would be a second look)."""
+    if not math.isnan(threshold := gap.stein_threshold):
+        return (f"{label} {gap.gap:+.4f} not resolved (Stein) {_interval(gap.gap - threshold, gap.gap + threshold)}, "
+                f"although a true gap of {gap.planned_gap:g} or more would have been resolved with {POWER:.0%} power")
     designs = [("Welch", gap.mde, gap.seeds_needed, "seeds per arm"), ("paired", gap.paired_mde,
                                                                        gap.paired_seeds_needed, "pairs")]
     return f"{label} {gap.gap:+.4f} not resolved (" + "; ".join(
@@ -125,15 +121,17 @@ def _conclusion(comparison: Comparison) -> list[str]:
     resolved = [f"{label} {gap.gap:+.4f} resolved ({found[0]}) {_interval(*found[1:])}"
                 for label, gap in tested.items() if (found := _design(gap))]
     rows = [row for row in comparison.rows if row.variant in tested or row.variant in comparison.baselines]
-    paired_mdes = sorted(gap.paired_mde for gap in tested.values() if not math.isnan(gap.paired_mde))
     open_ = [_open(label, gap) for label, gap in tested.items() if not _design(gap)]
     parts = [f"at p < {ALPHA}, {', '.join(resolved)}" if resolved else f"no gap is resolved at p < {ALPHA}",
-             *([", ".join(open_)] if open_ else []),
-             f"with {_span([str(n) for n in sorted({row.n for row in rows})])} seeds per arm this comparison resolves "
-             f"gaps above {_span([f'{mde:.3g}' for mde in sorted(gap.mde for gap in tested.values())])} nats by "
-             "Welch's test" + (f" and {_span([f'{mde:.3g}' for mde in paired_mdes])} paired" if paired_mdes else "")
-             + f" with {POWER:.0%} power at the observed spread (taken as true: about 73% on average at 2-5 seeds "
-             "per arm by Welch's test, 58-69% paired; see Assumptions), and a smaller true gap can go unseen"]
+             *([", ".join(open_)] if open_ else [])]
+    if unplanned := [gap for gap in tested.values() if math.isnan(gap.stein_threshold)]:  # post-hoc figures
+        paired_mdes = sorted(gap.paired_mde for gap in unplanned if not math.isnan(gap.paired_mde))
+        parts.append(
+            f"with {_span([str(n) for n in sorted({row.n for row in rows})])} seeds per arm this comparison resolves "
+            f"gaps above {_span([f'{mde:.3g}' for mde in sorted(gap.mde for gap in unplanned)])} nats by "
+            "Welch's test" + (f" and {_span([f'{mde:.3g}' for mde in paired_mdes])} paired" if paired_mdes else "")
+            + f" with {POWER:.0%} power at the observed spread (taken as true: about 73% on average at 2-5 seeds "
+            "per arm by Welch's test, 58-69% paired; see Assumptions), and a smaller true gap can go unseen")
     if untested := [row.variant for row in comparison.rows if row.gap is not None and row.variant not in tested]:
         parts.append(f"not testable (fewer than 2 seeds, or no spread): {', '.join(untested)}")
     if left_out := [f"{run.path.name} ({'diverged' if run.diverged else 'incomplete'})"
@@ -214,41 +212,23 @@ def format_table(comparison: Comparison) -> str:
     lines += [*_conclusion(comparison), "", *(f"- {note}" for note in (
         *(["[key]: a short name of the row's configuration (less its size), which --baseline accepts."]
           if any(row.key for row in comparison.rows) else []),
-        "Final validation loss: mean ± sample std (ddof=1) over the n complete seeds; no std with one seed."
+        "Val loss: mean ± sample std (ddof=1) over the n complete seeds."
         + (f" Each row at the value of {', '.join(comparison.tune)} with the lowest mean." if comparison.tune else ""),
-        f"¹ The row's mean final val loss minus {comparison.baseline}'s"
-        f"{' at the same model size' if len(comparison.baselines) > 1 else ''}, with its 95% confidence interval, and "
-        "the two-sided Welch t-test (unequal variances) that the interval and ⁶ use too; n/a with fewer than 2 seeds "
-        "in either row.",
-        "² Training stability (isogmlp section 4.3): the variance of the pre-clip global gradient norm over the "
-        "run after warmup, in squared norm units (the last train row's grad_norm_var_run), mean over seeds; lower "
-        "is more stable.",
-        "³ Median training throughput of each run, mean over seeds.",
-        "⁴ Runs left out of the statistics: a non-finite final validation loss (diverged), or no eval at the "
-        "max_steps in force when the run last trained (incomplete: stopped, killed, its metrics file cut off, or "
-        "resumed to more steps and not finished).",
-        "⁵ Paired by seed: the two-sided paired t-test over the per-seed differences, its 95% interval, MDE and pairs "
-        "needed (a pair: one seed run by the row and by the baseline). Valid because pairs of different seeds are "
-        "independent draws; every run of a comparison reads the same data order and validation tokens (data.seed and "
-        "the data section are shared), so a seed fixes the initialisation, and what it adds to the loss cancels in a "
-        "pair as far as both variants draw their shared parameters alike (docs/results/seeds-per-design.md: often "
-        "little). The verdict is one test fixed in advance: paired where the rows pair, Welch's otherwise (either "
-        "one's rejection would be two tries at p < 0.05); the other's figures are shown beside it. Not valid, so n/a, "
-        "where a row ran a seed twice (its pairs would share a seed) or differs in the data section or world size (a "
-        "seed then fixes other data: nothing cancels, and the pairing is arbitrary); n/a too where the rows ran other "
-        "seeds or the differences do not vary. \"resolved (paired)\" or \"resolved (Welch)\" names the test that "
-        f"decided the gap at p < {ALPHA}.",
-        f"⁶ The smallest true gap the two rows' seeds resolve with {POWER:.0%} probability by each test at p < "
-        f"{ALPHA} (Welch's, its df estimated from the seeds; the paired t-test, exact by the noncentral t), taking "
-        f"the observed spreads as the true ones (minimum detectable effect); the seeds per arm (the variant and the "
-        f"baseline each; for the paired test, pairs) that would so resolve the observed gap"
-        + ("" if comparison.target_gap is None else f" and a gap of {comparison.target_gap:g} (--target-gap)")
-        + f" (> {MAX_SEEDS:,}: too small to resolve; never: a gap of 0).",
+        f"¹ Gap: the row's mean minus {comparison.baseline}'s"
+        f"{' at the same model size' if len(comparison.baselines) > 1 else ''}; Welch's 95% interval and t-test.",
+        "² Pre-clip gradient-norm variance after warmup, in squared norm units (isogmlp 4.3), mean over seeds.",
+        "³ Median throughput of each run, mean over seeds.",
+        "⁴ Left out: diverged (final val loss not finite or above ln(vocabulary size), uniform prediction's) or "
+        "incomplete.",
+        "⁵ Paired by seed: the same seeds on the same data; the verdict is the paired test where rows pair, Welch's "
+        "otherwise.",
+        f"⁶ Seeds per arm (pairs, paired) at {POWER:.0%} power, p < {ALPHA}, the observed spreads taken as true"
+        + ("" if comparison.target_gap is None else f"; for a gap of {comparison.target_gap:g} (--target-gap)") + ".",
         "Seed scope: " + "; ".join(SEED_SCOPES[scope] for scope in sorted({r.seed_scope for r in comparison.rows}))
         + ("" if len({r.seed_scope for r in comparison.rows}) < 2 else " (each row's: seed_scope in comparison.csv)."),
         ASSUMPTIONS, *([OPTIMISM_NOTE] if comparison.tune else []),
         *([STEIN_NOTE] if any(row.gap and not math.isnan(row.gap.stein_threshold) for row in comparison.rows) else []),
-        *(f"Warning: {w}" for w in comparison.warnings)))]
+        f"Method: {METHOD}.", *(f"Warning: {w}" for w in comparison.warnings)))]
     if comparison.tune:
         lines += _sensitivity(comparison)
     return "\n".join(lines + _scaling(comparison)) + "\n"

@@ -9,7 +9,7 @@ and lists the others.
 
 A line that parses but cannot be a row (a step that is no integer, an eval row without its token count, a loss
 that is missing, null, negative or beyond float32's range, the widest the trainer computes in) is damaged too, and
-skipped so. A NaN or infinite loss is a diverged run's, and kept.
+skipped so. A NaN or infinite loss is a diverged run's, and kept; so is a final loss above uniform prediction's.
 
 A run is read by the history that produced its final weights: each start (the first and every resume) appends a
 meta row with the config and ``max_steps`` in force at its step, so the file is a sequence of segments. Resuming
@@ -187,8 +187,9 @@ class RunRecord:
 
     @property
     def diverged(self) -> bool:
-        """Its last validation loss is not finite, or it ended early after a step whose loss was not."""
-        if not math.isfinite(self.final_val_loss) and self.evals:
+        """Its last validation loss is not finite or above uniform prediction's (ln of the vocabulary size: a model
+        worse than knowing nothing has learnt nothing), or it ended early after a step whose loss was not finite."""
+        if self.evals and not self.final_val_loss <= math.log(self.config.model.vocab_size):
             return True
         ended_early = not self.evals or self.evals[-1]["step"] < self.last_step
         return ended_early and bool(self.train) and not math.isfinite(float(self.train[-1].get("loss", 0.0)))

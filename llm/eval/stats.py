@@ -79,6 +79,8 @@ class Gap:
     stein_threshold: float = math.nan
     """With ``compare --planned plan.csv``: the planned row's final test is Stein's, ``|gap|`` beyond this
     (``llm.eval.plan``), not the t-tests above; NaN otherwise."""
+    planned_gap: float = math.nan
+    """The gap that plan resolves with ``POWER``."""
 
 
 def welch_df(variances: tuple[Array, Array], counts: tuple[int, int]) -> Array:

@@ -376,7 +376,7 @@ def test_seeds_of_the_run_scope_pool_and_pair_apart_from_the_init_scope(tmp_path
     gap = rows["isogmlp+softmax"].gap
     assert gap.p_paired < 0.05 and gap.gap == pytest.approx(-0.098333, abs=1e-6)  # the paired test applies
     table = format_table(comparison)
-    assert "Seed scope: init (data.seed an integer" in table and "; run (data.seed: run" in table
+    assert "Seed scope: init (one data order for every run" in table and "; run (data.seed: run" in table
     write_comparison(comparison, tmp_path / "out")
     with (tmp_path / "out" / "comparison.csv").open() as f:
         assert {row["variant"]: row["seed_scope"] for row in csv.DictReader(f)} == {

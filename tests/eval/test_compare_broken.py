@@ -98,3 +98,16 @@ def test_a_cut_off_run_logged_without_max_steps_is_incomplete(tmp_path: Path) ->
     _cut_off(runs[-1])
     (row,) = compare_runs([load_run(run) for run in runs]).rows
     assert (row.n, [r.path.name for r in row.incomplete]) == (2, ["swiglu_softmax_s2"])
+
+
+def test_a_loss_above_uniform_prediction_is_diverged_whatever_its_size(tmp_path: Path) -> None:
+    """A run at vocabulary 1,024 that ends at 100 nats is worse than uniform prediction (ln 1024 = 6.93), so
+    diverged; a loss just below ln 1024 is a (bad) complete run. The bound is the run's own vocabulary's,
+    read from its config."""
+    uniform = math.log(1024)
+    above, below = (load_run(write_run(tmp_path, "swiglu+softmax", seed, loss, model__vocab_size=1024))
+                    for seed, loss in ((0, 100.0), (1, uniform - 1e-9)))
+    assert above.final_val_loss == pytest.approx(100.0) and (above.status, above.diverged) == ("diverged", True)
+    assert below.final_val_loss == pytest.approx(uniform - 1e-9) and below.status == "complete"
+    big_vocab = load_run(write_run(tmp_path, "swiglu+softmax", 2, 8.0))  # Qwen3's vocabulary: ln 151,936 = 11.9
+    assert big_vocab.status == "complete"

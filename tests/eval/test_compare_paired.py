@@ -13,11 +13,12 @@ import numpy as np
 import pytest
 from scipy import stats
 from test_compare import write_run
+from tiny import REPO
 
 from llm.cli.eval import main
 from llm.eval.compare import compare_runs
 from llm.eval.errors import EvalError
-from llm.eval.report import _resolved
+from llm.eval.report import _resolved, format_table
 from llm.eval.runs import load_run
 from llm.eval.stats import (
     Gap,
@@ -123,11 +124,23 @@ def test_paired_figures_in_the_csv_and_next_to_welchs(tmp_path: Path) -> None:
     assert "isogmlp+softmax +0.0103 resolved (paired) [" in table and "iso_ln+softmax +0.0500 resolved (Welch) [" \
         in table
     assert "80% power at the observed spread (taken as true: about 73% on average" in table
-    assert "so a seed fixes the initialisation" in table and "The verdict is one test fixed in advance" in table
-    assert "pairs of different seeds are independent" in table and "Not valid, so n/a, where a row ran a seed twice" \
-        in table
-    assert "Assumptions: the intervals and p-values assume normal seed-to-seed variation; the MDEs and seeds " \
-           "needed also take the observed spreads as the true ones" in table
+    # the notes link it ("Method: docs/comparison.md."); its text compared with line breaks as spaces
+    method = " ".join((REPO / "docs" / "comparison.md").read_text().split())
+    assert "- Method: docs/comparison.md." in table
+    assert "so a seed fixes the initialisation" in method and "The verdict is one test fixed in advance" in method
+    assert "pairs of different seeds are" in method and "Not valid, so n/a, where" in method
+    assert "- Assumptions: normal seed effects; MDEs take the observed spreads as true" in table
+
+
+def test_the_notes_are_one_short_line_per_mark(tmp_path: Path) -> None:
+    """A researcher reads the table, not paragraphs: each note (warnings aside) fits one line of 130 characters."""
+    root = tmp_path / "runs"
+    for variant, losses in (("swiglu+softmax", [4.9, 4.95, 4.93]), ("isogmlp+softmax", [4.92, 4.96, 4.96])):
+        for seed, loss in enumerate(losses):
+            write_run(root, variant, seed, loss)
+    table = format_table(compare_runs([load_run(run) for run in sorted(root.iterdir())], target_gap=0.05))
+    notes = [line for line in table.splitlines() if line.startswith("- ") and not line.startswith("- Warning")]
+    assert len(notes) >= 8 and all(len(note) <= 130 for note in notes), max(notes, key=len)
 
 
 def test_the_verdict_is_one_test_fixed_in_advance() -> None:

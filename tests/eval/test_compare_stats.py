@@ -204,7 +204,7 @@ def test_target_gap_gives_the_seeds_per_arm_it_needs(tmp_path: Path) -> None:
     table = (out / "comparison.md").read_text()
     assert "| Seeds needed ⁶ | Pairs needed ⁵ ⁶ | Seeds for gap 0.01 ⁶ | Pairs for gap 0.01 ⁵ ⁶ |" in table
     assert f"| {needed:,.0f} | n/a |" in table
-    assert "seeds per arm (the variant and the baseline each; for the paired test, pairs)" in table
+    assert "⁶ Seeds per arm (pairs, paired) at 80% power" in table
     assert "a gap of 0.01 (--target-gap)" in table
     for bad in ("0", "-0.01", "inf", "nan"):  # inf was accepted and needed "2" seeds per arm
         with pytest.raises(SystemExit) as refused:
