@@ -38,7 +38,8 @@ from llm.eval.runs import RunRecord
 from llm.eval.stats import ALPHA, MAX_SEEDS, POWER, Array
 
 ASSUMPTION = ("assumes normal seed effects; Stein's rule: the pilot's t quantiles, not its SD taken as true; the final "
-              "test is Stein's (the mean gap over all seeds beyond the threshold), not compare's p-value")
+              "test is Stein's (the mean gap over exactly the planned seeds beyond the threshold), not compare's "
+              "p-value")
 
 
 def stein_seeds(gap: float, variance: Array, df: Array) -> Array:
