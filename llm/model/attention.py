@@ -27,8 +27,8 @@ Variants (``ModelConfig.attn_scoring``):
 
 - ``softmax``: ``softmax(q k^T / sqrt(D)) v`` through ``F.scaled_dot_product_attention`` (flash on CUDA), packed
   documents through FlexAttention's block-sparse kernel on CUDA; the state is the KV cache ``(k, v)``. Its
-  implementations: ``sdpa`` (that default), ``eager`` (the scores as a matrix, softmax in fp32, as transformers'
-  eager attention) and ``flex_attention`` (FlexAttention with a block mask of the visible keys).
+  implementations: ``sdpa`` (that default), ``eager`` (the scores as a matrix, softmax in at least fp32, as
+  transformers' eager attention) and ``flex_attention`` (FlexAttention with a block mask of the visible keys).
 - ``iso_tanh`` (isotropic-deep-learning eq. 28): the softmax replaced by the isotropic tanh of eq. 16
   over each query's visible scores; linear time through the running sums ``S = sum_j k_j v_j^T`` and
   ``G = sum_j k_j k_j^T`` (the forms are in iso_tanh.py). The state is ``(S, G)``, O(1) per layer. One
@@ -221,11 +221,13 @@ class SoftmaxScoring(nn.Module):
     def eager(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, visible: torch.Tensor,
               weights: list[torch.Tensor] | None) -> torch.Tensor:
         """transformers' eager attention: ``softmax(q k^T / sqrt(D))`` as a ``[B, H, Tq, Tk]`` matrix over the
-        ``visible`` keys, in fp32 and then the queries' dtype (appended to ``weights`` if given), times ``v``."""
+        ``visible`` keys, in at least fp32 and then the queries' dtype (appended to ``weights`` if given), times
+        ``v``."""
         group = q.shape[1] // k.shape[1]
         k, v = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)
         scores = (q @ k.transpose(-1, -2)) * q.shape[-1] ** -0.5
-        probs = scores.masked_fill(~visible, -math.inf).softmax(-1, dtype=torch.float32).to(q.dtype)
+        stats = torch.promote_types(q.dtype, torch.float32)
+        probs = scores.masked_fill(~visible, -math.inf).softmax(-1, dtype=stats).to(q.dtype)
         if weights is not None:
             weights.append(probs)
         return probs @ v
@@ -236,7 +238,8 @@ class SoftmaxScoring(nn.Module):
         def seen(b: torch.Tensor, h: torch.Tensor, query: torch.Tensor, key: torch.Tensor) -> torch.Tensor:
             return visible[b, 0, query, key]
 
-        block_mask = create_block_mask(seen, visible.shape[0], None, q.shape[2], k.shape[2], device=q.device)
+        visible = visible.expand(q.shape[0], -1, -1, -1)
+        block_mask = create_block_mask(seen, q.shape[0], None, q.shape[2], k.shape[2], device=q.device)
         flex = compiled_flex_attention() if q.is_cuda and not torch.compiler.is_compiling() else flex_attention
         return flex(q, k, v, block_mask=block_mask, enable_gqa=True)
 

@@ -406,7 +406,8 @@ class IsoLLMForCausalLM(IsoLLMPreTrainedModel, GenerationMixin):
         kwargs.setdefault("disable_compile", True)
         return super().generate(*args, **kwargs)
 
-    def prepare_inputs_for_generation(self, input_ids: torch.LongTensor, **kwargs: Any) -> dict[str, Any]:
+    def prepare_inputs_for_generation(self, input_ids: torch.LongTensor, inputs_embeds: torch.Tensor | None = None,
+                                      **kwargs: Any) -> dict[str, Any]:
         """``generate()``'s inputs for one step (the public hook models override): transformers' own, with
         this model's ``IsoLLMCache`` as the state and without transformers' ``position_ids``.
 
@@ -421,19 +422,22 @@ class IsoLLMForCausalLM(IsoLLMPreTrainedModel, GenerationMixin):
           continues each row from its last prompt position, which is 0 at a right-padded row's trailing
           padding; counting real tokens gives every row, left- or right-padded, the positions it has alone.
         """
-        cache = self._generation_cache(input_ids, kwargs)
+        cache = self._generation_cache(input_ids, inputs_embeds, kwargs)
         given = kwargs.get("position_ids")
         if given is not None and (cache is None or cache.seen_tokens == 0):  # the prompt: packed documents?
             mask = kwargs.get("attention_mask")
             if restarts_between_real_tokens(given, mask[:, -given.shape[-1]:].bool() if mask is not None else None):
                 raise ValueError(f"generate(): {PACKED_WITH_STATE}")
-        inputs = super().prepare_inputs_for_generation(input_ids, **kwargs, **{CACHE_ARG: cache})
+        inputs = super().prepare_inputs_for_generation(input_ids, inputs_embeds=inputs_embeds, **kwargs,
+                                                       **{CACHE_ARG: cache})
         inputs.pop("position_ids", None)
         return inputs
 
-    def _generation_cache(self, input_ids: torch.Tensor, kwargs: dict[str, Any]) -> IsoLLMCache | None:
+    def _generation_cache(self, input_ids: torch.Tensor, inputs_embeds: torch.Tensor | None,
+                          kwargs: dict[str, Any]) -> IsoLLMCache | None:
         """Pop the state ``generate()`` passed (under either name) from ``kwargs``; check that it holds the
-        tokens this step continues after, or start one on the first step."""
+        tokens this step continues after (a prompt given as ``inputs_embeds`` included), or start one on the
+        first step."""
         states = (kwargs.pop(name, None) for name in ("cache", "past_key_values"))
         given = [state for state in states if state is not None]
         if len(given) == 2 and given[0] is not given[1]:
@@ -441,7 +445,6 @@ class IsoLLMForCausalLM(IsoLLMPreTrainedModel, GenerationMixin):
                              f"{transformers.__version__} reads {CACHE_ARG}=")
         cache = given[0] if given else None
         new_tokens = kwargs.get("next_sequence_length")  # None: every token of input_ids is new
-        past = input_ids.shape[1] - new_tokens if new_tokens is not None else None
         if not isinstance(cache, IsoLLMCache):
             if cache is not None and cache.get_seq_length() > 0:
                 raise TypeError(f"{type(self).__name__} generates with its own IsoLLMCache; "
@@ -450,6 +453,9 @@ class IsoLLMForCausalLM(IsoLLMPreTrainedModel, GenerationMixin):
                 return None
             max_length = cache.get_max_length() if cache is not None else -1  # cache_implementation="static"
             cache = IsoLLMCache(self.config.num_hidden_layers, max_length=max_length if max_length > 0 else None)
+        if inputs_embeds is not None and cache.seen_tokens == 0:  # input_ids will hold the generated tokens only
+            cache.embedded_prompt = inputs_embeds.shape[1]
+        past = input_ids.shape[1] + cache.embedded_prompt - new_tokens if new_tokens is not None else None
         if past is not None and cache.seen_tokens != past:
             raise RuntimeError(
                 f"generate() continues after {past} tokens but the model's cache holds {cache.seen_tokens}: the "
