@@ -7,31 +7,22 @@ Importing the package registers the model with transformers' Auto classes, so th
 loads with ``trust_remote_code=True`` where this package is not installed.
 """
 
-from transformers import (
-    AutoConfig,
-    AutoModel,
-    AutoModelForCausalLM,
-    AutoModelForSequenceClassification,
-    AutoModelForTokenClassification,
-)
+import transformers
 
-from llm.model import (
-    IsoLLMConfig,
-    IsoLLMForCausalLM,
-    IsoLLMForSequenceClassification,
-    IsoLLMForTokenClassification,
-    IsoLLMModel,
-)
+from llm.model import IsoLLMConfig, modeling_isollm
 from llm.quiet import quiet_deepspeed_banner
 
 quiet_deepspeed_banner()
 
-AutoConfig.register(IsoLLMConfig.model_type, IsoLLMConfig, exist_ok=True)
-IsoLLMConfig.register_for_auto_class()
-for auto_class, model_class in ((AutoModel, IsoLLMModel), (AutoModelForCausalLM, IsoLLMForCausalLM),
-                                (AutoModelForSequenceClassification, IsoLLMForSequenceClassification),
-                                (AutoModelForTokenClassification, IsoLLMForTokenClassification)):
-    auto_class.register(IsoLLMConfig, model_class, exist_ok=True)
-    model_class.register_for_auto_class(auto_class.__name__)
 
+def _register_auto_classes() -> None:
+    transformers.AutoConfig.register(IsoLLMConfig.model_type, IsoLLMConfig, exist_ok=True)
+    IsoLLMConfig.register_for_auto_class()
+    for auto_name, class_name in modeling_isollm.AUTO_CLASSES.items():
+        model_class = getattr(modeling_isollm, class_name)
+        getattr(transformers, auto_name).register(IsoLLMConfig, model_class, exist_ok=True)
+        model_class.register_for_auto_class(auto_name)
+
+
+_register_auto_classes()
 __version__ = "0.1.0"

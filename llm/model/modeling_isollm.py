@@ -151,6 +151,12 @@ class IsoLLMDecoderLayer(GradientCheckpointingLayer):
                             doc_starts=documents.starts if documents is not None else None)
 
 
+AUTO_CLASSES = {"AutoModel": "IsoLLMModel", "AutoModelForCausalLM": "IsoLLMForCausalLM",
+                "AutoModelForSequenceClassification": "IsoLLMForSequenceClassification",
+                "AutoModelForTokenClassification": "IsoLLMForTokenClassification"}
+"""transformers' Auto class -> the isollm class it builds (``llm/__init__.py`` registers them)."""
+
+
 class IsoLLMPreTrainedModel(PreTrainedModel):
     """What every isollm model shares with transformers: its config class, the base model's name (``model``), the
     attention implementations its scoring applies, gradient checkpointing."""
@@ -180,6 +186,16 @@ class IsoLLMPreTrainedModel(PreTrainedModel):
             raise ValueError(f'attn_implementation="{requested_attention}" does not apply to attn_scoring='
                              f'{self.config.attn_scoring}; it runs {", ".join(applicable)}')
         return super().get_correct_attn_implementation(requested_attention, is_init_check)
+
+    def save_pretrained(self, *args: Any, **kwargs: Any) -> None:
+        """transformers' ``save_pretrained``; a class registered for an Auto class (as importing the llm package does) lists
+        ``AUTO_CLASSES`` entry in the directory's ``auto_map``, so that a causal-LM checkpoint also loads into
+        ``AutoModel`` and the heads with ``trust_remote_code``."""
+        if self._auto_class is not None:
+            module = type(self).__module__.rsplit(".", 1)[-1]  # the name of the file copied beside the weights
+            entries = {auto: f"{module}.{name}" for auto, name in AUTO_CLASSES.items()}
+            self.config.auto_map = {**(getattr(self.config, "auto_map", None) or {}), **entries}
+        return super().save_pretrained(*args, **kwargs)
 
 
 class IsoLLMModel(IsoLLMPreTrainedModel):
@@ -464,18 +480,23 @@ class IsoLLMForCausalLM(IsoLLMPreTrainedModel, GenerationMixin):
         return cache
 
 
-class IsoLLMForSequenceClassification(GenericForSequenceClassification, IsoLLMPreTrainedModel):
+class _BaseModelByAutoModel:
+    """transformers' generic heads build their base model with ``AutoModel.from_config(config)``: the class of the
+    config they are given maps to this module's ``IsoLLMModel`` first. (As a hub directory's remote code, the config
+    class comes from a module of its own, which ``llm``'s registration of ``AutoModel`` cannot know.)"""
+
+    def __init__(self, config: IsoLLMConfig) -> None:
+        AutoModel.register(type(config), IsoLLMModel, exist_ok=True)
+        super().__init__(config)
+
+
+class IsoLLMForSequenceClassification(_BaseModelByAutoModel, GenericForSequenceClassification, IsoLLMPreTrainedModel):
     """``IsoLLMModel`` plus a linear ``score`` head read at each row's last non-padding token (transformers' generic
     head, as Qwen3's); ``config.num_labels`` classes, ``config.pad_token_id`` marks padding."""
 
 
-class IsoLLMForTokenClassification(GenericForTokenClassification, IsoLLMPreTrainedModel):
+class IsoLLMForTokenClassification(_BaseModelByAutoModel, GenericForTokenClassification, IsoLLMPreTrainedModel):
     """``IsoLLMModel`` plus a linear ``score`` head at every token (transformers' generic head, as Qwen3's)."""
-
-
-# The generic heads build their base model with ``AutoModel.from_config``: wherever this module is imported (in
-# ``llm`` or as a hub directory's remote code), its config maps to ``IsoLLMModel``.
-AutoModel.register(IsoLLMConfig, IsoLLMModel, exist_ok=True)
 
 
 def meta_model(config: ModelConfig) -> IsoLLMForCausalLM:

@@ -70,7 +70,10 @@ def test_hub_directory_holds_config_auto_map_and_code(saved):
     config = json.loads((directory / "config.json").read_text())
     assert config["model_type"] == "isollm"
     assert config["auto_map"] == {"AutoConfig": "configuration_isollm.IsoLLMConfig",
-                                  "AutoModelForCausalLM": "modeling_isollm.IsoLLMForCausalLM"}
+                                  "AutoModel": "modeling_isollm.IsoLLMModel",
+                                  "AutoModelForCausalLM": "modeling_isollm.IsoLLMForCausalLM",
+                                  "AutoModelForSequenceClassification": "modeling_isollm.IsoLLMForSequenceClassification",
+                                  "AutoModelForTokenClassification": "modeling_isollm.IsoLLMForTokenClassification"}
     card = (directory / "README.md").read_text()
     assert card.startswith("---\nlibrary_name: ") and "No training run was recorded" in card
     assert f'from_pretrained("{directory}", trust_remote_code=True)' in card
