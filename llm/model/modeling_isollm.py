@@ -188,9 +188,9 @@ class IsoLLMPreTrainedModel(PreTrainedModel):
         return super().get_correct_attn_implementation(requested_attention, is_init_check)
 
     def save_pretrained(self, *args: Any, **kwargs: Any) -> None:
-        """transformers' ``save_pretrained``; a class registered for an Auto class (as importing the llm package does) lists
-        ``AUTO_CLASSES`` entry in the directory's ``auto_map``, so that a causal-LM checkpoint also loads into
-        ``AutoModel`` and the heads with ``trust_remote_code``."""
+        """transformers' ``save_pretrained``; a class registered for an Auto class (as importing the llm package
+        does) lists every ``AUTO_CLASSES`` entry in the directory's ``auto_map``, so that a causal-LM checkpoint
+        also loads into ``AutoModel`` and the heads with ``trust_remote_code``."""
         if self._auto_class is not None:
             module = type(self).__module__.rsplit(".", 1)[-1]  # the name of the file copied beside the weights
             entries = {auto: f"{module}.{name}" for auto, name in AUTO_CLASSES.items()}
