@@ -1,7 +1,9 @@
 """The isollm decoder: a Qwen3-style transformer with swappable FFN blocks and attention scoring.
 
 One module serves plain-PyTorch training (``model(input_ids).logits``) and the Hugging Face hub
-(``PreTrainedModel`` + ``GenerationMixin``). Module and parameter names follow transformers' Qwen3
+(``PreTrainedModel`` + ``GenerationMixin``). Its classes are those of transformers' Qwen3 modelling file:
+``IsoLLMPreTrainedModel``, ``IsoLLMModel`` (the base model), ``IsoLLMForCausalLM`` and transformers' generic
+sequence- and token-classification heads on top. Module and parameter names follow transformers' Qwen3
 (``model.layers[i].self_attn.o_proj`` ...), except that the attention's q/k/v projections are fused
 into ``qkv_proj`` and the FFN's input projections into ``mlp.in_proj`` (one matmul each); the stock
 Qwen3 export (``llm/hf``) splits them back.
