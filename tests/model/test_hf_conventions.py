@@ -99,13 +99,26 @@ def test_output_attentions_on_a_padded_batch_gives_each_row_its_weights_alone(sc
         assert not got[1, :, -5:, :-5].any()  # no real query sees a padded key
 
 
-def test_iso_tanh_refuses_weights_it_does_not_have():
-    """After a cache iso_tanh holds the sums (S, G), not the keys: generate() with output_attentions is refused in
-    one line rather than answered with None."""
-    model = build(attn_scoring="iso_tanh")
+def test_generate_gives_softmax_weights_and_iso_tanh_refuses_those_it_does_not_have():
+    """Each softmax step's weights cover every key so far; after a cache iso_tanh holds the sums (S, G), not the
+    keys, so generate() with output_attentions is refused in one line rather than answered with None."""
+    kwargs = dict(max_new_tokens=2, do_sample=False, output_attentions=True, return_dict_in_generate=True)
+    steps = build().generate(tokens(1, 4), **kwargs).attentions
+    assert [layers[0].shape[-2:] for layers in steps] == [(4, 4), (1, 5)]
     with pytest.raises(ValueError, match=r"^output_attentions: iso_tanh's cache keeps the sums \(S, G\)"):
-        model.generate(tokens(1, 4), max_new_tokens=2, do_sample=False, output_attentions=True,
-                       return_dict_in_generate=True)
+        build(attn_scoring="iso_tanh").generate(tokens(1, 4), **kwargs)
+
+
+def test_output_flags_come_from_the_config_too_and_return_dict_false_gives_the_tuple():
+    model = build()
+    model.set_attn_implementation("eager")  # transformers' config refuses output_attentions under sdpa
+    model.config.output_hidden_states = model.config.output_attentions = True
+    with torch.no_grad():
+        out = model(tokens())
+        as_tuple = model(tokens(), return_dict=False)
+    assert len(out.hidden_states) == 3 and len(out.attentions) == 2
+    assert len(as_tuple) == len(out.to_tuple()) == 3  # logits, hidden states, attentions: the set fields in order
+    torch.testing.assert_close(as_tuple[0], out.logits, rtol=0, atol=0)
 
 
 @pytest.mark.parametrize("scoring", ["softmax", "iso_tanh"])
