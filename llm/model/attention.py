@@ -159,17 +159,19 @@ class SoftmaxScoring(nn.Module):
             k = torch.cat([past[0], k], dim=2)
             v = torch.cat([past[1], v], dim=2)
         tq, tk = q.shape[2], k.shape[2]
-        if weights is not None or implementation not in (None, "sdpa"):  # weights: the eager path's, as Qwen3's
+        block_mask = documents.attention_mask if documents is not None else None
+        block_mask = block_mask if isinstance(block_mask, BlockMask) else None  # packed documents on CUDA
+        if weights is not None or implementation in ("eager", "flex_attention"):  # weights: the eager path's
             real = _check_padding_mask(padding_mask, q, tk) if padding_mask is not None else None
-            visible = visible_keys(tq, tk, q.device, real, documents)
-            out = (self.flex(q, k, v, visible) if weights is None and implementation == "flex_attention"
-                   else self.eager(q, k, v, visible, weights))
+            if weights is None and implementation == "flex_attention":
+                out = self.flex(q, k, v, block_mask if block_mask is not None else
+                                visible_keys(tq, tk, q.device, real, documents))
+            else:
+                out = self.eager(q, k, v, visible_keys(tq, tk, q.device, real, documents), weights)
             if real is not None:  # a padded query reaches no real token
                 out = out.masked_fill(~real[:, None, tk - tq:, None], 0.0)
-        elif documents is not None and isinstance(documents.attention_mask, BlockMask):
-            fused = q.is_cuda and not torch.compiler.is_compiling()  # inside a compiled model it is fused anyway
-            flex = compiled_flex_attention() if fused else flex_attention
-            out = flex(q, k, v, block_mask=documents.attention_mask, enable_gqa=True)
+        elif block_mask is not None:  # block-sparse, which no SDPA kernel is: FlexAttention under sdpa too
+            out = self.flex(q, k, v, block_mask)
         elif documents is not None:
             out = F.scaled_dot_product_attention(q, k, v, attn_mask=documents.attention_mask, enable_gqa=True)
         elif padding_mask is not None:
@@ -233,15 +235,18 @@ class SoftmaxScoring(nn.Module):
         return probs @ v
 
     @staticmethod
-    def flex(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, visible: torch.Tensor) -> torch.Tensor:
-        """FlexAttention over the ``visible`` keys (a block mask of them; compiled into its fused kernel on CUDA)."""
-        def seen(b: torch.Tensor, h: torch.Tensor, query: torch.Tensor, key: torch.Tensor) -> torch.Tensor:
-            return visible[b, 0, query, key]
+    def flex(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, visible: torch.Tensor | BlockMask) -> torch.Tensor:
+        """FlexAttention over the ``visible`` keys (``visible_keys``, made a block mask here, or a block mask already)
+        compiled into its fused kernel on CUDA."""
+        if not isinstance(visible, BlockMask):
+            dense = visible.expand(q.shape[0], -1, -1, -1)
 
-        visible = visible.expand(q.shape[0], -1, -1, -1)
-        block_mask = create_block_mask(seen, q.shape[0], None, q.shape[2], k.shape[2], device=q.device)
+            def seen(b: torch.Tensor, h: torch.Tensor, query: torch.Tensor, key: torch.Tensor) -> torch.Tensor:
+                return dense[b, 0, query, key]
+
+            visible = create_block_mask(seen, q.shape[0], None, q.shape[2], k.shape[2], device=q.device)
         flex = compiled_flex_attention() if q.is_cuda and not torch.compiler.is_compiling() else flex_attention
-        return flex(q, k, v, block_mask=block_mask, enable_gqa=True)
+        return flex(q, k, v, block_mask=visible, enable_gqa=True)
 
 
 class IsoTanhScoring(nn.Module):
