@@ -203,7 +203,7 @@ class IsoLLMPreTrainedModel(PreTrainedModel):
 class IsoLLMModel(IsoLLMPreTrainedModel):
     """Embedding, decoder layers and final norm: token ids (or their embeddings) -> normalised hidden states."""
 
-    def __init__(self, config: IsoLLMConfig) -> None:
+    def __init__(self, config: IsoLLMConfig, inside_causal_lm: bool = False) -> None:
         super().__init__(config)
         self.head_dim = config.resolved_head_dim
         self.rope_theta = config.rope_theta
@@ -211,7 +211,17 @@ class IsoLLMModel(IsoLLMPreTrainedModel):
         self.layers = nn.ModuleList(IsoLLMDecoderLayer(config) for _ in range(config.num_hidden_layers))
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.document_mask = ATTN_SCORING_REGISTRY[config.attn_scoring].document_mask
+        self._init_by_causal_lm = inside_causal_lm
         self.post_init()
+
+    def init_weights(self) -> None:
+        """transformers' init, except once inside ``IsoLLMForCausalLM``, whose ``post_init`` initialises the whole
+        model in one pass after its head is built: in the order, and from the random state, of the decoder before
+        it was a ``PreTrainedModel``, so that a seed gives the weights it gave then."""
+        if self._init_by_causal_lm:
+            self._init_by_causal_lm = False
+            return
+        super().init_weights()
 
     def get_input_embeddings(self) -> nn.Embedding:
         return self.embed_tokens
@@ -362,7 +372,7 @@ class IsoLLMForCausalLM(IsoLLMPreTrainedModel, GenerationMixin):
 
     def __init__(self, config: IsoLLMConfig) -> None:
         super().__init__(config)
-        self.model = IsoLLMModel(config)
+        self.model = IsoLLMModel(config, inside_causal_lm=True)
         self.lm_head = LMHead(config.hidden_size, config.vocab_size, config.lm_head_precision)
         self.post_init()  # transformers' init (normal(0, initializer_range), norms to 1) and weight tying
         self.logit_multiplier = 1 / config.width_multiplier  # muP's output multiplier (1 under standard)
