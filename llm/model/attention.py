@@ -170,7 +170,7 @@ class SoftmaxScoring(nn.Module):
                 out = self.eager(q, k, v, visible_keys(tq, tk, q.device, real, documents), weights)
             if real is not None:  # a padded query reaches no real token
                 out = out.masked_fill(~real[:, None, tk - tq:, None], 0.0)
-        elif block_mask is not None:  # block-sparse, which no SDPA kernel is: FlexAttention under sdpa too
+        elif block_mask is not None:  # block-sparse, which no SDPA kernel is: FlexAttention (training names it)
             out = self.flex(q, k, v, block_mask)
         elif documents is not None:
             out = F.scaled_dot_product_attention(q, k, v, attn_mask=documents.attention_mask, enable_gqa=True)
