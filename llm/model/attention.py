@@ -1,7 +1,8 @@
 """Attention scoring: what turns rotary-embedded q, k, v into the attended values.
 
 ``ATTN_SCORING_REGISTRY`` maps ``ModelConfig.attn_scoring`` to a module built as ``cls(config)`` and
-called as ``forward(q, k, v, past=None, use_cache=False, padding_mask=None, documents=None) -> (out, present)``
+called as ``forward(q, k, v, past=None, use_cache=False, padding_mask=None, documents=None, implementation=None,
+weights=None) -> (out, present)``
 (its static ``document_mask(doc_starts)`` builds the mask ``documents`` carries; ``static_state(present,
 capacity)`` turns a prompt's state into a static cache's, which ``static_step(q, k, v, state, step) -> out``
 then advances in place, one token per row, as the ``cache.DecodeStep`` it is given says) with
@@ -18,14 +19,21 @@ then advances in place, one token per row, as the ``cache.DecodeStep`` it is giv
   scoring's ``document_mask`` built from them once per forward), or None. A query then sees the keys of its own
   document only, so each document gives what it gives alone. It comes without a past or a padding mask
   (training and scoring packed windows).
+- ``implementation``: the transformers ``attn_implementation`` to run, one of the scoring's ``IMPLEMENTATIONS``
+  (None: the first, its default); ``weights``: a list the attention weights ``[B, H, T, T_past + T]`` are appended
+  to (``output_attentions``), None when not asked: they are computed only then.
 
 Variants (``ModelConfig.attn_scoring``):
 
 - ``softmax``: ``softmax(q k^T / sqrt(D)) v`` through ``F.scaled_dot_product_attention`` (flash on CUDA), packed
-  documents through FlexAttention's block-sparse kernel on CUDA; the state is the KV cache ``(k, v)``.
+  documents through FlexAttention's block-sparse kernel on CUDA; the state is the KV cache ``(k, v)``. Its
+  implementations: ``sdpa`` (that default), ``eager`` (the scores as a matrix, softmax in at least fp32, as
+  transformers' eager attention) and ``flex_attention`` (FlexAttention with a block mask of the visible keys).
 - ``iso_tanh`` (isotropic-deep-learning eq. 28): the softmax replaced by the isotropic tanh of eq. 16
   over each query's visible scores; linear time through the running sums ``S = sum_j k_j v_j^T`` and
-  ``G = sum_j k_j k_j^T`` (the forms are in iso_tanh.py). The state is ``(S, G)``, O(1) per layer.
+  ``G = sum_j k_j k_j^T`` (the forms are in iso_tanh.py). The state is ``(S, G)``, O(1) per layer. One
+  implementation, ``eager`` (its own forms; SDPA and FlexAttention compute a softmax); its attention weights are
+  eq. 16's ``g(|s_i|) s_ij``, in the quadratic form (``iso_tanh_weights``).
 """
 
 from __future__ import annotations
@@ -33,7 +41,7 @@ from __future__ import annotations
 import functools
 import math
 from collections.abc import Callable
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, ClassVar
 
 import torch
 import torch.nn.functional as F
@@ -49,6 +57,7 @@ from .iso_tanh import (
     iso_tanh_chunked,
     iso_tanh_linear_attention,
     iso_tanh_recurrent,
+    iso_tanh_weights,
     mask_padding,
 )
 from .layout import PackedDocuments, same_document
@@ -107,12 +116,27 @@ def _check_padding_mask(mask: torch.Tensor, q: torch.Tensor, keys: int | None) -
     return mask
 
 
+def visible_keys(tq: int, tk: int, device: torch.device, padding_mask: torch.Tensor | None = None,
+                 documents: PackedDocuments | None = None) -> torch.Tensor:
+    """``[B or 1, 1, Tq, Tk]`` bool: the keys each query sees (query i at key position ``i + Tk - Tq``), in its own
+    document, real keys only; a padded query keeps its causal keys (a row with none would be 0/0 in a softmax)."""
+    visible = torch.ones(tq, tk, dtype=torch.bool, device=device).tril(diagonal=tk - tq)[None, None]
+    if documents is not None:
+        visible = visible & same_document(documents.starts)[:, None]
+    if padding_mask is not None:
+        real_query = padding_mask[:, None, tk - tq:, None]
+        visible = visible & (padding_mask[:, None, None, :] | ~real_query)
+    return visible
+
+
 class SoftmaxScoring(nn.Module):
     """``softmax(q k^T / sqrt(D)) v``, causal, through ``F.scaled_dot_product_attention``.
 
     ``past`` / ``present`` is the KV cache ``(k, v)``, each ``[B, Hkv, T_past, D]``. With a past the
     new queries are the last positions (bottom-right causal alignment).
     """
+
+    IMPLEMENTATIONS: ClassVar[tuple[str, ...]] = ("sdpa", "eager", "flex_attention")
 
     def __init__(self, config: ModelConfig) -> None:
         super().__init__()
@@ -128,16 +152,26 @@ class SoftmaxScoring(nn.Module):
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                 past: tuple[torch.Tensor, torch.Tensor] | None = None, use_cache: bool = False,
                 padding_mask: torch.Tensor | None = None, documents: PackedDocuments | None = None,
+                implementation: str | None = None, weights: list[torch.Tensor] | None = None,
                 ) -> tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor] | None]:
         check_qkv(q, k, v)
         if past is not None:
             k = torch.cat([past[0], k], dim=2)
             v = torch.cat([past[1], v], dim=2)
         tq, tk = q.shape[2], k.shape[2]
-        if documents is not None and isinstance(documents.attention_mask, BlockMask):
-            fused = q.is_cuda and not torch.compiler.is_compiling()  # inside a compiled model it is fused anyway
-            flex = compiled_flex_attention() if fused else flex_attention
-            out = flex(q, k, v, block_mask=documents.attention_mask, enable_gqa=True)
+        block_mask = documents.attention_mask if documents is not None else None
+        block_mask = block_mask if isinstance(block_mask, BlockMask) else None  # packed documents on CUDA
+        if weights is not None or implementation in ("eager", "flex_attention"):  # weights: the eager path's
+            real = _check_padding_mask(padding_mask, q, tk) if padding_mask is not None else None
+            if weights is None and implementation == "flex_attention":
+                out = self.flex(q, k, v, block_mask if block_mask is not None else
+                                visible_keys(tq, tk, q.device, real, documents))
+            else:
+                out = self.eager(q, k, v, visible_keys(tq, tk, q.device, real, documents), weights)
+            if real is not None:  # a padded query reaches no real token
+                out = out.masked_fill(~real[:, None, tk - tq:, None], 0.0)
+        elif block_mask is not None:  # block-sparse, which no SDPA kernel is: FlexAttention (training names it)
+            out = self.flex(q, k, v, block_mask)
         elif documents is not None:
             out = F.scaled_dot_product_attention(q, k, v, attn_mask=documents.attention_mask, enable_gqa=True)
         elif padding_mask is not None:
@@ -178,18 +212,41 @@ class SoftmaxScoring(nn.Module):
 
     @staticmethod
     def padded(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, padding_mask: torch.Tensor) -> torch.Tensor:
-        """Causal attention over the real keys only; zero at padded queries.
-
-        A padded query keeps its causal keys, padded ones included: a row with every key masked would
-        make SDPA's softmax 0/0 (NaN). Its output is then zeroed, so it reaches no real token.
-        """
+        """Causal attention over the real keys only; zero at padded queries (``visible_keys``), so that a padded
+        query reaches no real token."""
         tq, tk = q.shape[2], k.shape[2]
-        causal = torch.ones(tq, tk, dtype=torch.bool, device=q.device).tril(diagonal=tk - tq)
-        real_key = padding_mask[:, None, None, :]
-        real_query = padding_mask[:, None, tk - tq:, None]
-        visible = causal & (real_key | ~real_query)  # [B, 1, Tq, Tk]
-        out = F.scaled_dot_product_attention(q, k, v, attn_mask=visible, enable_gqa=True)
-        return out.masked_fill(~real_query, 0.0)
+        out = F.scaled_dot_product_attention(q, k, v, attn_mask=visible_keys(tq, tk, q.device, padding_mask),
+                                             enable_gqa=True)
+        return out.masked_fill(~padding_mask[:, None, tk - tq:, None], 0.0)
+
+    @staticmethod
+    def eager(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, visible: torch.Tensor,
+              weights: list[torch.Tensor] | None) -> torch.Tensor:
+        """transformers' eager attention: ``softmax(q k^T / sqrt(D))`` as a ``[B, H, Tq, Tk]`` matrix over the
+        ``visible`` keys, in at least fp32 and then the queries' dtype (appended to ``weights`` if given), times
+        ``v``."""
+        group = q.shape[1] // k.shape[1]
+        k, v = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)
+        scores = (q @ k.transpose(-1, -2)) * q.shape[-1] ** -0.5
+        stats = torch.promote_types(q.dtype, torch.float32)
+        probs = scores.masked_fill(~visible, -math.inf).softmax(-1, dtype=stats).to(q.dtype)
+        if weights is not None:
+            weights.append(probs)
+        return probs @ v
+
+    @staticmethod
+    def flex(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, visible: torch.Tensor | BlockMask) -> torch.Tensor:
+        """FlexAttention over the ``visible`` keys (``visible_keys``, made a block mask here, or a block mask already)
+        compiled into its fused kernel on CUDA."""
+        if not isinstance(visible, BlockMask):
+            dense = visible.expand(q.shape[0], -1, -1, -1)
+
+            def seen(b: torch.Tensor, h: torch.Tensor, query: torch.Tensor, key: torch.Tensor) -> torch.Tensor:
+                return dense[b, 0, query, key]
+
+            visible = create_block_mask(seen, q.shape[0], None, q.shape[2], k.shape[2], device=q.device)
+        flex = compiled_flex_attention() if q.is_cuda and not torch.compiler.is_compiling() else flex_attention
+        return flex(q, k, v, block_mask=visible, enable_gqa=True)
 
 
 class IsoTanhScoring(nn.Module):
@@ -199,6 +256,8 @@ class IsoTanhScoring(nn.Module):
     linear-attention kernel on CUDA from ``FLA_MIN_LENGTH`` positions on (a custom op: compiled layers trace
     it). A single token after a past (generation): ``iso_tanh_recurrent``.
     """
+
+    IMPLEMENTATIONS: ClassVar[tuple[str, ...]] = ("eager",)
 
     def __init__(self, config: ModelConfig) -> None:
         super().__init__()
@@ -226,7 +285,10 @@ class IsoTanhScoring(nn.Module):
 
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, past: IsoTanhState | None = None,
                 use_cache: bool = False, padding_mask: torch.Tensor | None = None,
-                documents: PackedDocuments | None = None) -> tuple[torch.Tensor, IsoTanhState | None]:
+                documents: PackedDocuments | None = None, implementation: str | None = None,
+                weights: list[torch.Tensor] | None = None) -> tuple[torch.Tensor, IsoTanhState | None]:
+        if weights is not None:
+            return self.quadratic(q, k, v, use_cache, padding_mask, documents, past, weights)
         kernel = self.linear_attn if q.is_cuda and q.shape[2] >= FLA_MIN_LENGTH else None
         if documents is not None:  # packed documents: each form restarts its sums at every document start
             if kernel is not None and not use_cache:  # fla's varlen kernels return no state
@@ -243,6 +305,24 @@ class IsoTanhScoring(nn.Module):
         else:
             out, state = iso_tanh_chunked(q, k, v, self.chunk_size, past)
         return out, (state if use_cache else None)
+
+
+    def quadratic(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, use_cache: bool,
+                  padding_mask: torch.Tensor | None, documents: PackedDocuments | None, past: IsoTanhState | None,
+                  weights: list[torch.Tensor]) -> tuple[torch.Tensor, IsoTanhState | None]:
+        """``output_attentions``: the weights of eq. 16 as a matrix (appended to ``weights``) and the output as
+        ``weights @ v``, so that the output's gradient reaches them as it does a softmax's; the state, if asked, from
+        the chunked form. After a cache there are no keys, so no weights: refused."""
+        if past is not None:
+            raise ValueError("output_attentions: iso_tanh's cache keeps the sums (S, G), not the keys, so tokens "
+                             "after a cache have no attention weights; score the whole sequence in one call")
+        real = _check_padding_mask(padding_mask, q, k.shape[2]) if padding_mask is not None else None
+        q, k = mask_padding(q, k, real) if real is not None else (q, k)
+        probs = iso_tanh_weights(q, k, visible_keys(q.shape[2], k.shape[2], q.device, real, documents))
+        weights.append(probs)
+        out = probs @ v.repeat_interleave(q.shape[1] // k.shape[1], dim=1)
+        starts = documents.starts if documents is not None else None
+        return out, (iso_tanh_chunked(q, k, v, self.chunk_size, doc_starts=starts)[1] if use_cache else None)
 
 
 ATTN_SCORING_REGISTRY: dict[str, type[nn.Module]] = {"softmax": SoftmaxScoring, "iso_tanh": IsoTanhScoring}

@@ -75,6 +75,8 @@ class IsoLLMCache(Cache):
         self.max_length = max_length
         self.decoding: StaticDecoding | None = None
         """Set after the prompt of a static cache (``max_length``)."""
+        self.embedded_prompt = 0
+        """The prompt's tokens when ``generate()`` got it as ``inputs_embeds``: its ``input_ids`` leave them out."""
 
     def get_seq_length(self, layer_idx: int = 0) -> int:
         return self.seen_tokens

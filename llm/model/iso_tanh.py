@@ -252,6 +252,18 @@ def iso_tanh_chunked(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, chunk_si
 
 
 @_without_autocast
+def iso_tanh_weights(q: torch.Tensor, k: torch.Tensor, visible: torch.Tensor) -> torch.Tensor:
+    """The attention weights of eq. 16, ``g(|s_i|) s_ij`` over each query's ``visible`` keys (``[B or 1, 1, Tq, Tk]``
+    bool), as a ``[B, H, Tq, Tk]`` matrix in the queries' dtype: the quadratic form, for ``output_attentions`` only
+    (``weights @ v`` is the output the linear forms give)."""
+    group = q.shape[1] // k.shape[1]
+    acc = _accumulation_dtype(q.dtype)
+    scores = (q.to(acc) @ k.to(acc).repeat_interleave(group, dim=1).transpose(-1, -2)) * q.shape[-1] ** -0.5
+    scores = scores.masked_fill(~visible, 0.0)
+    return (_iso_tanh_gain(scores.square().sum(-1, keepdim=True)) * scores).to(q.dtype)
+
+
+@_without_autocast
 def iso_tanh_recurrent(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                        state: IsoTanhState | None) -> tuple[torch.Tensor, IsoTanhState]:
     """iso_tanh attention one token at a time with an O(1) state: generation without a KV cache.

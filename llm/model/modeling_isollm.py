@@ -1,7 +1,9 @@
 """The isollm decoder: a Qwen3-style transformer with swappable FFN blocks and attention scoring.
 
 One module serves plain-PyTorch training (``model(input_ids).logits``) and the Hugging Face hub
-(``PreTrainedModel`` + ``GenerationMixin``). Module and parameter names follow transformers' Qwen3
+(``PreTrainedModel`` + ``GenerationMixin``). Its classes are those of transformers' Qwen3 modelling file:
+``IsoLLMPreTrainedModel``, ``IsoLLMModel`` (the base model), ``IsoLLMForCausalLM`` and transformers' generic
+sequence- and token-classification heads on top. Module and parameter names follow transformers' Qwen3
 (``model.layers[i].self_attn.o_proj`` ...), except that the attention's q/k/v projections are fused
 into ``qkv_proj`` and the FFN's input projections into ``mlp.in_proj`` (one matmul each); the stock
 Qwen3 export (``llm/hf``) splits them back.
@@ -30,9 +32,15 @@ import torch
 import torch.nn.functional as F
 import transformers
 from torch import nn
-from transformers import GenerationMixin, PreTrainedModel
-from transformers.modeling_layers import GradientCheckpointingLayer
-from transformers.modeling_outputs import CausalLMOutputWithPast
+from transformers import AutoModel, GenerationMixin, PreTrainedModel
+from transformers.modeling_layers import (
+    GenericForSequenceClassification,
+    GenericForTokenClassification,
+    GradientCheckpointingLayer,
+)
+from transformers.modeling_outputs import BaseModelOutputWithPast, CausalLMOutputWithPast
+from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+from transformers.utils import ModelOutput
 
 from .attention import ATTN_SCORING_REGISTRY
 from .cache import DecodeStep, IsoLLMCache, LayerState
@@ -54,8 +62,13 @@ def mup_scaled_parameters(model: nn.Module) -> list[nn.Parameter]:
 
 
 # The name under which the installed transformers' ``generate()`` hands the state to ``forward`` and reads it
-# back from the output: ``cache`` from 5.24 on, ``past_key_values`` before (read off its public output class).
-CACHE_ARG = "cache" if "cache" in {f.name for f in dataclasses.fields(CausalLMOutputWithPast)} else "past_key_values"
+# back from the output: ``cache`` from 5.24 on, ``past_key_values`` before (read off its public output classes).
+def _cache_field(output_class: type[ModelOutput]) -> str:
+    return "cache" if "cache" in {f.name for f in dataclasses.fields(output_class)} else "past_key_values"
+
+
+CACHE_ARG = _cache_field(CausalLMOutputWithPast)
+BASE_CACHE_ARG = _cache_field(BaseModelOutputWithPast)
 
 
 PACKED_WITH_STATE = (
@@ -83,13 +96,16 @@ class IsoLLMAttention(nn.Module):
         self.q_norm = norm()
         self.k_norm = norm()
         self.scoring = ATTN_SCORING_REGISTRY[config.attn_scoring](config)
+        self.config = config  # its attn_implementation, read at each call: set_attn_implementation changes it
         self.query_scale = config.query_scale  # muP's attention scale (1 under standard and at the base)
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, state: LayerState | None = None,
                 padding_mask: torch.Tensor | None = None, documents: PackedDocuments | None = None,
-                step: DecodeStep | None = None) -> torch.Tensor:
+                step: DecodeStep | None = None, attentions: list[torch.Tensor] | None = None) -> torch.Tensor:
         """``state``: the layer's generation state (None in training), whose scoring state this call advances;
-        ``step``: a static cache's one-token step after its prompt (None otherwise)."""
+        ``step``: a static cache's one-token step after its prompt (None otherwise); ``attentions``: a list the
+        attention weights are appended to (``output_attentions``), None when not asked."""
+        implementation = getattr(self.config, "_attn_implementation", None)  # None on a plain ModelConfig
         b, t, _ = x.shape
         qkv = self.qkv_proj(x).view(b, t, self.num_heads + 2 * self.num_kv_heads, self.head_dim)
         q, k, v = qkv.split([self.num_heads, self.num_kv_heads, self.num_kv_heads], dim=2)
@@ -100,10 +116,12 @@ class IsoLLMAttention(nn.Module):
         if step is not None:
             out = self.scoring.static_step(q, k, v.transpose(1, 2), state.attention, step)
         elif state is None:
-            out, _ = self.scoring(q, k, v.transpose(1, 2), padding_mask=padding_mask, documents=documents)
+            out, _ = self.scoring(q, k, v.transpose(1, 2), padding_mask=padding_mask, documents=documents,
+                                  implementation=implementation, weights=attentions)
         else:
             out, state.attention = self.scoring(q, k, v.transpose(1, 2), past=state.attention, use_cache=True,
-                                                padding_mask=padding_mask)
+                                                padding_mask=padding_mask, implementation=implementation,
+                                                weights=attentions)
         return self.o_proj(out.transpose(1, 2).reshape(b, t, -1))
 
 
@@ -124,72 +142,198 @@ class IsoLLMDecoderLayer(GradientCheckpointingLayer):
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, state: LayerState | None = None,
                 padding_mask: torch.Tensor | None = None, documents: PackedDocuments | None = None,
-                step: DecodeStep | None = None) -> torch.Tensor:
+                step: DecodeStep | None = None, attentions: list[torch.Tensor] | None = None) -> torch.Tensor:
         """``padding_mask``: ``[B, T_past + T]``, True at real tokens (None: all real); ``documents``: the packed
-        documents of each row (None: one per row); see attention.py. ``step``: a static cache's step."""
+        documents of each row (None: one per row); see attention.py. ``step``: a static cache's step;
+        ``attentions``: where the attention weights go when asked (``IsoLLMAttention``)."""
         ffn_cache = state.ffn if state is not None else None
         ffn_mask = padding_mask[:, -x.shape[1]:] if padding_mask is not None else None
-        x = x + self.self_attn(self.input_layernorm(x), cos, sin, state, padding_mask, documents, step)
+        x = x + self.self_attn(self.input_layernorm(x), cos, sin, state, padding_mask, documents, step, attentions)
         return x + self.mlp(self.post_attention_layernorm(x), cache=ffn_cache, padding_mask=ffn_mask,
                             doc_starts=documents.starts if documents is not None else None)
 
 
-class IsoLLMModel(nn.Module):
-    """Embedding, decoder layers and final norm: token ids -> normalised hidden states."""
+AUTO_CLASSES = {"AutoModel": "IsoLLMModel", "AutoModelForCausalLM": "IsoLLMForCausalLM",
+                "AutoModelForSequenceClassification": "IsoLLMForSequenceClassification",
+                "AutoModelForTokenClassification": "IsoLLMForTokenClassification"}
+"""transformers' Auto class -> the isollm class it builds (``llm/__init__.py`` registers them)."""
 
-    def __init__(self, config: ModelConfig) -> None:
-        super().__init__()
+
+class IsoLLMPreTrainedModel(PreTrainedModel):
+    """What every isollm model shares with transformers: its config class, the base model's name (``model``), the
+    attention implementations its scoring applies, gradient checkpointing."""
+
+    config_class = IsoLLMConfig
+    config: IsoLLMConfig
+    base_model_prefix = "model"
+    _no_split_modules: ClassVar[list[str]] = ["IsoLLMDecoderLayer"]
+    supports_gradient_checkpointing = True
+    _supports_sdpa = True
+    _supports_flex_attn = True
+
+    @classmethod
+    def _can_set_attn_implementation(cls) -> bool:
+        """Every scoring reads the config's ``_attn_implementation`` at each call (transformers' own test of this,
+        a search of the source for its attention interface, does not see that)."""
+        return True
+
+    def get_correct_attn_implementation(self, requested_attention: str | None, is_init_check: bool = False) -> str:
+        """transformers' choice among the scoring's ``IMPLEMENTATIONS`` (the first by default); one that does not
+        apply to the scoring is refused, naming those that do."""
+        applicable = ATTN_SCORING_REGISTRY[self.config.attn_scoring].IMPLEMENTATIONS
+        if requested_attention is None:
+            return applicable[0]
+        if requested_attention in (*ALL_ATTENTION_FUNCTIONS.valid_keys(), "eager") and \
+                requested_attention not in applicable:
+            raise ValueError(f'attn_implementation="{requested_attention}" does not apply to attn_scoring='
+                             f'{self.config.attn_scoring}; it runs {", ".join(applicable)}')
+        return super().get_correct_attn_implementation(requested_attention, is_init_check)
+
+    def save_pretrained(self, *args: Any, **kwargs: Any) -> None:
+        """transformers' ``save_pretrained``; a class registered for an Auto class (as importing the llm package
+        does) lists every ``AUTO_CLASSES`` entry in the directory's ``auto_map``, so that a causal-LM checkpoint
+        also loads into ``AutoModel`` and the heads with ``trust_remote_code``."""
+        if self._auto_class is not None:
+            module = type(self).__module__.rsplit(".", 1)[-1]  # the name of the file copied beside the weights
+            entries = {auto: f"{module}.{name}" for auto, name in AUTO_CLASSES.items()}
+            self.config.auto_map = {**(getattr(self.config, "auto_map", None) or {}), **entries}
+        return super().save_pretrained(*args, **kwargs)
+
+
+class IsoLLMModel(IsoLLMPreTrainedModel):
+    """Embedding, decoder layers and final norm: token ids (or their embeddings) -> normalised hidden states."""
+
+    def __init__(self, config: IsoLLMConfig, inside_causal_lm: bool = False) -> None:
+        super().__init__(config)
         self.head_dim = config.resolved_head_dim
         self.rope_theta = config.rope_theta
         self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
         self.layers = nn.ModuleList(IsoLLMDecoderLayer(config) for _ in range(config.num_hidden_layers))
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.document_mask = ATTN_SCORING_REGISTRY[config.attn_scoring].document_mask
+        self._init_by_causal_lm = inside_causal_lm
+        self.post_init()
 
-    def forward(self, input_ids: torch.Tensor, position_ids: torch.Tensor | None = None,
-                cache: IsoLLMCache | None = None, output_hidden_states: bool = False,
-                padding_mask: torch.Tensor | None = None) -> tuple[torch.Tensor, tuple[torch.Tensor, ...] | None]:
-        """Return ``norm(x_L)`` and, if asked, ``(x_0, ..., x_L)``: the embedding output and every block's
-        output, before the final norm (the per-layer isotropy metrics read these).
+    def init_weights(self) -> None:
+        """transformers' init, except once inside ``IsoLLMForCausalLM``, whose ``post_init`` initialises the whole
+        model in one pass after its head is built: in the order, and from the random state, of the decoder before
+        it was a ``PreTrainedModel``, so that a seed gives the weights it gave then."""
+        if self._init_by_causal_lm:
+            self._init_by_causal_lm = False
+            return
+        super().init_weights()
 
-        ``padding_mask``: ``[B, T_past + T]`` bool, True at real tokens, or None when all are real.
+    def get_input_embeddings(self) -> nn.Embedding:
+        return self.embed_tokens
+
+    def set_input_embeddings(self, value: nn.Embedding) -> None:
+        self.embed_tokens = value
+
+    def forward(self, input_ids: torch.LongTensor | None = None, attention_mask: torch.Tensor | None = None,
+                position_ids: torch.LongTensor | None = None, cache: IsoLLMCache | None = None,
+                inputs_embeds: torch.Tensor | None = None, use_cache: bool | None = None,
+                output_attentions: bool | None = None, output_hidden_states: bool | None = None,
+                return_dict: bool | None = None, past_key_values: IsoLLMCache | None = None, **kwargs: Any,
+                ) -> BaseModelOutputWithPast | tuple:
+        """``norm(x_L)`` as ``last_hidden_state``; ``hidden_states`` (when asked, by keyword or config):
+        ``(x_0, ..., x_L)``, the embedding output and every block's output before the final norm (the per-layer
+        isotropy metrics read these); ``attentions``: each layer's weights (``IsoLLMAttention``). Either
+        ``input_ids`` or ``inputs_embeds`` (``[B, T, hidden_size]``, e.g. soft prompts) is given.
+
+        ``cache`` (or its older name ``past_key_values``, which transformers before 5.24 uses): an
+        ``IsoLLMCache`` from an earlier call; the inputs then hold only the new tokens. ``use_cache=True``
+        without one starts a cache.
+
+        ``attention_mask``: ``[B, T_past + T]``, 1 at real tokens and 0 at padding (left or right), as
+        transformers' tokenizers and ``generate()`` give it. Each row then gives exactly what its real
+        tokens give alone; a padded position repeats the hidden state of the row's last real token before it.
         Without ``position_ids``, positions count each row's real tokens from 0, as transformers does
         (``cumsum(mask) - 1``), so a left-padded row is rotated as if it stood alone. ``position_ids`` that
         restart (not continuing the previous position by 1) mark packed documents, as transformers' own
         models read them: each document is then scored as if alone. That holds without a cache or padding mask
         only; with either, restarts between real tokens, or after the cache's, are refused rather than attended across.
         """
-        t = input_ids.shape[1]
+        if (input_ids is None) == (inputs_embeds is None):
+            raise ValueError("give exactly one of input_ids and inputs_embeds")
+        if cache is not None and past_key_values is not None and cache is not past_key_values:
+            raise ValueError("pass the generation state as cache= or past_key_values=, not two different ones")
+        cache = cache if cache is not None else past_key_values
+        if cache is not None and not isinstance(cache, IsoLLMCache):
+            raise TypeError(f"the generation state must be an IsoLLMCache; got {type(cache).__name__}")
+        if cache is None and use_cache:
+            cache = IsoLLMCache(self.config.num_hidden_layers)
+        config = self.config
+        output_hidden_states = output_hidden_states if output_hidden_states is not None else config.output_hidden_states
+        attentions = [] if (output_attentions if output_attentions is not None else config.output_attentions) else None
+        b, t = input_ids.shape if input_ids is not None else inputs_embeds.shape[:2]
+        padding_mask = _padding_mask(attention_mask, (b, t), cache)
         if cache is not None and cache.max_length is not None:  # a static cache: its prompt, then one-token steps
             if cache.seen_tokens:
-                return self.norm(static_step(self, input_ids, padding_mask, cache, output_hidden_states)), None
+                if inputs_embeds is not None or attentions is not None:
+                    raise ValueError("a static cache's steps take input_ids, without output_attentions")
+                hidden = self.norm(static_step(self, input_ids, padding_mask, cache, output_hidden_states))
+                return _output(BaseModelOutputWithPast(last_hidden_state=hidden, **{BASE_CACHE_ARG: cache}),
+                               return_dict, config)
             if t > cache.max_length:
                 raise ValueError(f"the prompt has {t} tokens, more than the static cache's max_length "
                                  f"{cache.max_length}")
-        x = self.embed_tokens(input_ids)
+        x = self.embed_tokens(input_ids) if inputs_embeds is None else inputs_embeds
         packed = position_ids is not None and cache is None and padding_mask is None
         if position_ids is not None and not packed and t > 1:  # one token (a decoding step) is not read back
             _refuse_restarts(position_ids, padding_mask, cache)
-        doc_starts = document_starts(position_ids, input_ids.shape[0]) if packed else None
+        doc_starts = document_starts(position_ids, b) if packed else None
         documents = PackedDocuments(doc_starts, self.document_mask(doc_starts)) if doc_starts is not None else None
         if position_ids is None and padding_mask is not None:
             position_ids = (padding_mask.long().cumsum(-1) - 1).clamp_min(0)[:, -t:]
         elif position_ids is None:
             start = cache.seen_tokens if cache is not None else 0
-            position_ids = torch.arange(start, start + t, device=input_ids.device)[None]
+            position_ids = torch.arange(start, start + t, device=x.device)[None]
         cos, sin = rotary_cos_sin(position_ids, self.head_dim, self.rope_theta, x.dtype)
         hidden = [x] if output_hidden_states else None
         for i, layer in enumerate(self.layers):
-            x = layer(x, cos, sin, cache.layers[i] if cache is not None else None, padding_mask, documents)
+            x = layer(x, cos, sin, cache.layers[i] if cache is not None else None, padding_mask, documents,
+                      attentions=attentions)
             if hidden is not None:
                 hidden.append(x)
         if cache is not None:
             if cache.max_length is not None:  # the prompt's states move into the buffers of the steps
-                static_prompt(self, cache, padding_mask, input_ids)
+                static_prompt(self, cache, padding_mask, (b, t), x.device)
             cache.seen_tokens += t
         if padding_mask is not None and t > 1:  # one token (a generation step) is its own source: nothing to do
             x = _from_last_real_token(x, padding_mask[:, -t:])
-        return self.norm(x), (tuple(hidden) if hidden is not None else None)
+        out = BaseModelOutputWithPast(last_hidden_state=self.norm(x), hidden_states=_tuple(hidden),
+                                      attentions=_tuple(attentions), **{BASE_CACHE_ARG: cache})
+        return _output(out, return_dict, config)
+
+
+def _tuple(values: list[torch.Tensor] | None) -> tuple[torch.Tensor, ...] | None:
+    return tuple(values) if values is not None else None
+
+
+def _output(out: ModelOutput, return_dict: bool | None, config: IsoLLMConfig) -> ModelOutput | tuple:
+    """``out``, or its ``to_tuple()`` under ``return_dict=False`` (by keyword, else the config's), as transformers'
+    models return."""
+    return out if (return_dict if return_dict is not None else config.return_dict) else out.to_tuple()
+
+
+def _padding_mask(attention_mask: torch.Tensor | None, shape: tuple[int, int],
+                  cache: IsoLLMCache | None) -> torch.Tensor | None:
+    """``attention_mask`` as a bool mask, or None when no token is padding (the unmasked fast path); ``shape``: the
+    new tokens' ``(B, T)``.
+
+    A generation step (one token after a cache) keeps the mask without asking whether it holds padding:
+    the answer would cost a device-to-host copy on every token, and masking one query costs nothing.
+    """
+    if attention_mask is None:
+        return None
+    step = cache is not None and cache.seen_tokens > 0 and shape[1] == 1
+    if not step and bool(attention_mask.all()):
+        return None
+    expected = (shape[0], shape[1] + (cache.seen_tokens if cache is not None else 0))
+    if tuple(attention_mask.shape) != expected:
+        raise ValueError(f"attention_mask must be [batch, past + new tokens] = {list(expected)}; "
+                         f"got {list(attention_mask.shape)}")
+    return attention_mask.bool()
 
 
 def _refuse_restarts(position_ids: torch.Tensor, padding_mask: torch.Tensor | None, cache: IsoLLMCache | None) -> None:
@@ -220,20 +364,15 @@ def _from_last_real_token(x: torch.Tensor, real: torch.Tensor) -> torch.Tensor:
     return x.gather(1, source[..., None].expand_as(x))
 
 
-class IsoLLMForCausalLM(PreTrainedModel, GenerationMixin):
+class IsoLLMForCausalLM(IsoLLMPreTrainedModel, GenerationMixin):
     """The decoder plus LM head; the training module and the hub model at once."""
 
-    config_class = IsoLLMConfig
-    config: IsoLLMConfig
-    base_model_prefix = "model"
-    _no_split_modules: ClassVar[list[str]] = ["IsoLLMDecoderLayer"]
-    supports_gradient_checkpointing = True
     _tied_weights_keys: ClassVar[dict[str, str]] = {"lm_head.weight": "model.embed_tokens.weight"}
     """A dict in transformers 5; without it tie_word_embeddings is silently ignored."""
 
     def __init__(self, config: IsoLLMConfig) -> None:
         super().__init__(config)
-        self.model = IsoLLMModel(config)
+        self.model = IsoLLMModel(config, inside_causal_lm=True)
         self.lm_head = LMHead(config.hidden_size, config.vocab_size, config.lm_head_precision)
         self.post_init()  # transformers' init (normal(0, initializer_range), norms to 1) and weight tying
         self.logit_multiplier = 1 / config.width_multiplier  # muP's output multiplier (1 under standard)
@@ -247,12 +386,13 @@ class IsoLLMForCausalLM(PreTrainedModel, GenerationMixin):
     def get_output_embeddings(self) -> nn.Linear:
         return self.lm_head
 
-    def forward(self, input_ids: torch.LongTensor, attention_mask: torch.Tensor | None = None,
+    def forward(self, input_ids: torch.LongTensor | None = None, attention_mask: torch.Tensor | None = None,
                 position_ids: torch.LongTensor | None = None, cache: IsoLLMCache | None = None,
                 use_cache: bool | None = None, labels: torch.LongTensor | None = None,
                 shift_labels: torch.LongTensor | None = None, output_hidden_states: bool | None = None,
-                logits_to_keep: int = 0, past_key_values: IsoLLMCache | None = None, **kwargs: Any,
-                ) -> CausalLMOutputWithPast:
+                logits_to_keep: int = 0, past_key_values: IsoLLMCache | None = None,
+                inputs_embeds: torch.Tensor | None = None, output_attentions: bool | None = None,
+                return_dict: bool | None = None, **kwargs: Any) -> CausalLMOutputWithPast | tuple:
         """Logits ``[B, T, V]`` (only the last ``logits_to_keep`` positions when > 0, as ``generate()``
         asks) and, given targets, the mean next-token cross-entropy in fp32 over targets != -100.
 
@@ -262,25 +402,14 @@ class IsoLLMForCausalLM(PreTrainedModel, GenerationMixin):
         is fused with the LM head (``lm_head.linear_cross_entropy``) and ``logits`` is None: the
         ``[B, T, V]`` logits are never materialised. In eval mode the logits are returned as well.
 
-        ``cache`` (or its older name ``past_key_values``, which transformers before 5.24 uses): an
-        ``IsoLLMCache`` from an earlier call; ``input_ids`` then holds only the new tokens. ``use_cache=True``
-        without one starts a cache. The output carries it under ``CACHE_ARG``, the name the installed
-        transformers reads (``out.cache`` / ``out.past_key_values``).
-
-        ``attention_mask``: ``[B, T_past + T]``, 1 at real tokens and 0 at padding (left or right), as
-        transformers' tokenizers and ``generate()`` give it. Each row then gives exactly what its real
-        tokens give alone. At a padded position the logits repeat those of the row's last real token
+        The inputs, the cache, the attention mask and the output flags are ``IsoLLMModel.forward``'s; the output
+        carries the cache under ``CACHE_ARG``, the name the installed transformers reads (``out.cache`` /
+        ``out.past_key_values``). At a padded position the logits repeat those of the row's last real token
         before it, so ``logits[:, -1]`` is each row's next-token prediction, whichever side is padded.
         """
-        if cache is not None and past_key_values is not None and cache is not past_key_values:
-            raise ValueError("pass the generation state as cache= or past_key_values=, not two different ones")
-        cache = cache if cache is not None else past_key_values
-        if cache is not None and not isinstance(cache, IsoLLMCache):
-            raise TypeError(f"the generation state must be an IsoLLMCache; got {type(cache).__name__}")
-        if cache is None and use_cache:
-            cache = IsoLLMCache(self.config.num_hidden_layers)
-        padding_mask = self._padding_mask(attention_mask, input_ids, cache)
-        hidden, all_hidden = self.model(input_ids, position_ids, cache, bool(output_hidden_states), padding_mask)
+        base = self.model(input_ids, attention_mask, position_ids, cache, inputs_embeds, use_cache, output_attentions,
+                          output_hidden_states, return_dict=True, past_key_values=past_key_values)
+        hidden = base.last_hidden_state
         if self.logit_multiplier != 1:  # logits = lm_head(hidden) / m: scaling the head's input is the same
             hidden = hidden * self.logit_multiplier
         if shift_labels is None and labels is not None:
@@ -294,26 +423,9 @@ class IsoLLMForCausalLM(PreTrainedModel, GenerationMixin):
                 stats_dtype = torch.promote_types(logits.dtype, torch.float32)  # fp32, or fp64 in tests
                 loss = F.cross_entropy(logits.flatten(0, 1).to(stats_dtype), shift_labels.flatten(),
                                        ignore_index=IGNORE_INDEX)
-        return CausalLMOutputWithPast(loss=loss, logits=logits, hidden_states=all_hidden, **{CACHE_ARG: cache})
-
-    @staticmethod
-    def _padding_mask(attention_mask: torch.Tensor | None, input_ids: torch.Tensor,
-                      cache: IsoLLMCache | None) -> torch.Tensor | None:
-        """``attention_mask`` as a bool mask, or None when no token is padding (the unmasked fast path).
-
-        A generation step (one token after a cache) keeps the mask without asking whether it holds padding:
-        the answer would cost a device-to-host copy on every token, and masking one query costs nothing.
-        """
-        if attention_mask is None:
-            return None
-        step = cache is not None and cache.seen_tokens > 0 and input_ids.shape[1] == 1
-        if not step and bool(attention_mask.all()):
-            return None
-        expected = (input_ids.shape[0], input_ids.shape[1] + (cache.seen_tokens if cache is not None else 0))
-        if tuple(attention_mask.shape) != expected:
-            raise ValueError(f"attention_mask must be [batch, past + new tokens] = {list(expected)}; "
-                             f"got {list(attention_mask.shape)}")
-        return attention_mask.bool()
+        out = CausalLMOutputWithPast(loss=loss, logits=logits, hidden_states=base.hidden_states,
+                                     attentions=base.attentions, **{CACHE_ARG: getattr(base, BASE_CACHE_ARG)})
+        return _output(out, return_dict, self.config)
 
     def generate(self, *args: Any, **kwargs: Any) -> Any:
         """transformers' ``generate()``, without the ``torch.compile`` of the whole forward it starts for a static
@@ -322,7 +434,8 @@ class IsoLLMForCausalLM(PreTrainedModel, GenerationMixin):
         kwargs.setdefault("disable_compile", True)
         return super().generate(*args, **kwargs)
 
-    def prepare_inputs_for_generation(self, input_ids: torch.LongTensor, **kwargs: Any) -> dict[str, Any]:
+    def prepare_inputs_for_generation(self, input_ids: torch.LongTensor, inputs_embeds: torch.Tensor | None = None,
+                                      **kwargs: Any) -> dict[str, Any]:
         """``generate()``'s inputs for one step (the public hook models override): transformers' own, with
         this model's ``IsoLLMCache`` as the state and without transformers' ``position_ids``.
 
@@ -337,19 +450,22 @@ class IsoLLMForCausalLM(PreTrainedModel, GenerationMixin):
           continues each row from its last prompt position, which is 0 at a right-padded row's trailing
           padding; counting real tokens gives every row, left- or right-padded, the positions it has alone.
         """
-        cache = self._generation_cache(input_ids, kwargs)
+        cache = self._generation_cache(input_ids, inputs_embeds, kwargs)
         given = kwargs.get("position_ids")
         if given is not None and (cache is None or cache.seen_tokens == 0):  # the prompt: packed documents?
             mask = kwargs.get("attention_mask")
             if restarts_between_real_tokens(given, mask[:, -given.shape[-1]:].bool() if mask is not None else None):
                 raise ValueError(f"generate(): {PACKED_WITH_STATE}")
-        inputs = super().prepare_inputs_for_generation(input_ids, **kwargs, **{CACHE_ARG: cache})
+        inputs = super().prepare_inputs_for_generation(input_ids, inputs_embeds=inputs_embeds, **kwargs,
+                                                       **{CACHE_ARG: cache})
         inputs.pop("position_ids", None)
         return inputs
 
-    def _generation_cache(self, input_ids: torch.Tensor, kwargs: dict[str, Any]) -> IsoLLMCache | None:
+    def _generation_cache(self, input_ids: torch.Tensor, inputs_embeds: torch.Tensor | None,
+                          kwargs: dict[str, Any]) -> IsoLLMCache | None:
         """Pop the state ``generate()`` passed (under either name) from ``kwargs``; check that it holds the
-        tokens this step continues after, or start one on the first step."""
+        tokens this step continues after (a prompt given as ``inputs_embeds`` included), or start one on the
+        first step."""
         states = (kwargs.pop(name, None) for name in ("cache", "past_key_values"))
         given = [state for state in states if state is not None]
         if len(given) == 2 and given[0] is not given[1]:
@@ -357,7 +473,6 @@ class IsoLLMForCausalLM(PreTrainedModel, GenerationMixin):
                              f"{transformers.__version__} reads {CACHE_ARG}=")
         cache = given[0] if given else None
         new_tokens = kwargs.get("next_sequence_length")  # None: every token of input_ids is new
-        past = input_ids.shape[1] - new_tokens if new_tokens is not None else None
         if not isinstance(cache, IsoLLMCache):
             if cache is not None and cache.get_seq_length() > 0:
                 raise TypeError(f"{type(self).__name__} generates with its own IsoLLMCache; "
@@ -366,12 +481,34 @@ class IsoLLMForCausalLM(PreTrainedModel, GenerationMixin):
                 return None
             max_length = cache.get_max_length() if cache is not None else -1  # cache_implementation="static"
             cache = IsoLLMCache(self.config.num_hidden_layers, max_length=max_length if max_length > 0 else None)
+        if inputs_embeds is not None and cache.seen_tokens == 0:  # input_ids will hold the generated tokens only
+            cache.embedded_prompt = inputs_embeds.shape[1]
+        past = input_ids.shape[1] + cache.embedded_prompt - new_tokens if new_tokens is not None else None
         if past is not None and cache.seen_tokens != past:
             raise RuntimeError(
                 f"generate() continues after {past} tokens but the model's cache holds {cache.seen_tokens}: the "
                 f"state of the last step did not come back (transformers {transformers.__version__} passes it as "
                 f"{CACHE_ARG!r}); the tokens would be wrong")
         return cache
+
+
+class _BaseModelByAutoModel:
+    """transformers' generic heads build their base model with ``AutoModel.from_config(config)``: the class of the
+    config they are given maps to this module's ``IsoLLMModel`` first. (As a hub directory's remote code, the config
+    class comes from a module of its own, which ``llm``'s registration of ``AutoModel`` cannot know.)"""
+
+    def __init__(self, config: IsoLLMConfig) -> None:
+        AutoModel.register(type(config), IsoLLMModel, exist_ok=True)
+        super().__init__(config)
+
+
+class IsoLLMForSequenceClassification(_BaseModelByAutoModel, GenericForSequenceClassification, IsoLLMPreTrainedModel):
+    """``IsoLLMModel`` plus a linear ``score`` head read at each row's last non-padding token (transformers' generic
+    head, as Qwen3's); ``config.num_labels`` classes, ``config.pad_token_id`` marks padding."""
+
+
+class IsoLLMForTokenClassification(_BaseModelByAutoModel, GenericForTokenClassification, IsoLLMPreTrainedModel):
+    """``IsoLLMModel`` plus a linear ``score`` head at every token (transformers' generic head, as Qwen3's)."""
 
 
 def meta_model(config: ModelConfig) -> IsoLLMForCausalLM:

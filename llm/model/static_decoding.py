@@ -40,11 +40,11 @@ if TYPE_CHECKING:
 
 
 def static_prompt(model: IsoLLMModel, cache: IsoLLMCache, padding_mask: torch.Tensor | None,
-                  input_ids: torch.Tensor) -> None:
-    """After a static cache's prompt (``input_ids``, its first call): its ``max_length`` slots, the prompt's in
-    them, and each layer's scoring state turned into its static one."""
-    real = padding_mask if padding_mask is not None else torch.ones_like(input_ids, dtype=torch.bool)
-    cache.decoding = StaticDecoding(slot=input_ids.new_full((1,), input_ids.shape[1]),
+                  shape: tuple[int, int], device: torch.device) -> None:
+    """After a static cache's prompt (its first call, of ``shape`` ``(B, T)``): its ``max_length`` slots, the
+    prompt's in them, and each layer's scoring state turned into its static one."""
+    real = padding_mask if padding_mask is not None else torch.ones(shape, dtype=torch.bool, device=device)
+    cache.decoding = StaticDecoding(slot=torch.full((1,), shape[1], device=device),
                                     real_keys=F.pad(real, (0, cache.max_length - real.shape[1])))
     for layer, state in zip(model.layers, cache.layers, strict=True):
         state.attention = layer.self_attn.scoring.static_state(state.attention, cache.max_length)

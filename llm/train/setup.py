@@ -30,6 +30,7 @@ from llm.metrics.flops import flops_per_token, peak_flops
 from llm.metrics.gradnorm import GradNormTracker, GroupGradNorms, grad_norm_groups
 from llm.metrics.layers import layer_report
 from llm.model import IsoLLMConfig, IsoLLMForCausalLM, param_counts
+from llm.model.attention import ATTN_SCORING_REGISTRY
 from llm.model.config import ConfigError, ModelConfig
 from llm.train.checkpoint import resume_checkpoint, save_checkpoint
 from llm.train.checkpoint_files import checkpoint_names
@@ -41,7 +42,7 @@ from llm.train.logging import MetricsLog, ProgressBar, drop_tracker, main_print,
 from llm.train.optim import build_optimizer, multiplier_of, schedule_warnings
 from llm.train.step import TrainingError, gradient_accumulation_steps, tf32_matmuls
 
-__all__ = ["Run", "TrainerState", "build_data", "build_model", "resolve_max_steps", "setup_run"]
+__all__ = ["Run", "TrainerState", "build_data", "build_model", "resolve_max_steps", "setup_run", "train_attention"]
 
 
 @dataclass
@@ -62,6 +63,16 @@ def resolve_max_steps(config: RunConfig) -> int:
 def build_model(model_cfg: ModelConfig) -> IsoLLMForCausalLM:
     """The decoder of ``model_cfg``, initialised from the current torch RNG state."""
     return IsoLLMForCausalLM(IsoLLMConfig.from_model_config(model_cfg))
+
+
+def train_attention(config: RunConfig, device_type: str) -> str | None:
+    """The attention implementation training runs, named for what runs: packed documents on CUDA are a block-sparse
+    mask, which no SDPA kernel takes, so softmax runs FlexAttention there, as ``flex_attention``; None keeps the
+    model's default. Eval and the hub keep the implementation their user asks for."""
+    implementations = ATTN_SCORING_REGISTRY[config.model.attn_scoring].IMPLEMENTATIONS
+    if config.data.document_masking and device_type == "cuda" and "flex_attention" in implementations:
+        return "flex_attention"
+    return None
 
 
 def _mixed_precision(config: RunConfig, device_type: str) -> str:
@@ -275,6 +286,8 @@ def setup_run(config: RunConfig, teardown: ExitStack) -> Run:
 
     set_seed(config.seed)
     model = build_model(config.model)
+    if implementation := train_attention(config, accelerator.device.type):
+        model.set_attn_implementation(implementation)
     if config.train.activation_checkpointing:  # before prepare: FSDP2's hooks then wrap the checkpointed layers
         model.activation_checkpointing_enable(every_n_layers=config.train.activation_checkpointing)
     optimizer = build_optimizer(model, config)

@@ -23,6 +23,7 @@ from llm.data.errors import DataError
 from llm.data.tokenizer import EOS_TOKEN
 from llm.hf import export_qwen3, save_for_hub
 from llm.model import IsoLLMConfig, IsoLLMForCausalLM
+from llm.model.modeling_isollm import AUTO_CLASSES
 
 TINY = dict(vocab_size=256, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
             num_key_value_heads=2, iso_tanh_chunk_size=4)
@@ -70,7 +71,9 @@ def test_hub_directory_holds_config_auto_map_and_code(saved):
     config = json.loads((directory / "config.json").read_text())
     assert config["model_type"] == "isollm"
     assert config["auto_map"] == {"AutoConfig": "configuration_isollm.IsoLLMConfig",
-                                  "AutoModelForCausalLM": "modeling_isollm.IsoLLMForCausalLM"}
+                                  **{auto: f"modeling_isollm.{name}" for auto, name in AUTO_CLASSES.items()}}
+    assert set(AUTO_CLASSES) == {"AutoModel", "AutoModelForCausalLM", "AutoModelForSequenceClassification",
+                                 "AutoModelForTokenClassification"}
     card = (directory / "README.md").read_text()
     assert card.startswith("---\nlibrary_name: ") and "No training run was recorded" in card
     assert f'from_pretrained("{directory}", trust_remote_code=True)' in card
@@ -190,6 +193,7 @@ QUIET_SAVE = """
 import sys
 from llm.hf import save_model_dir
 from llm.model import IsoLLMConfig, IsoLLMForCausalLM
+from llm.model.modeling_isollm import AUTO_CLASSES
 
 save_model_dir(IsoLLMForCausalLM(IsoLLMConfig(vocab_size=64, hidden_size=16, intermediate_size=32,
                                               num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=1)),

@@ -89,3 +89,25 @@ def test_activation_checkpointing_changes_no_number_of_a_run(tiny_config) -> Non
     assert trajectory(checkpointed.run_dir) == trajectory(plain.run_dir)
     last_val = lambda run: metrics_rows(run.run_dir, "eval")[-1]["val_loss"]  # noqa: E731
     assert last_val(checkpointed) == last_val(plain)
+
+
+@pytest.mark.parametrize(("scoring", "masking", "device", "expected"), [
+    ("softmax", True, "cuda", "flex_attention"), ("softmax", False, "cuda", None), ("softmax", True, "cpu", None),
+    ("iso_tanh", True, "cuda", None)])
+def test_training_names_the_attention_that_runs(scoring, masking, device, expected) -> None:
+    """Packed documents on CUDA are a block mask that only FlexAttention takes: training softmax there selects
+    ``flex_attention`` (not ``sdpa`` running FlexAttention under its name); elsewhere the default stays. The model
+    takes that choice and gives the same fp64 logits on packed documents (one FlexAttention method for both)."""
+    from llm.config import DataConfig, RunConfig
+    from llm.model.config import ModelConfig
+    from llm.train.setup import train_attention
+
+    config = RunConfig(model=ModelConfig(attn_scoring=scoring), data=DataConfig(document_masking=masking))
+    assert train_attention(config, device) == expected
+    if expected is not None:  # no grad: FlexAttention has no backward on CPU
+        model = fp64_model(attn_scoring=scoring).requires_grad_(False)
+        ids, positions = torch.randint(4, 64, (1, 8)), torch.tensor([[0, 1, 2, 0, 1, 2, 3, 4]])
+        before = model(ids, position_ids=positions).logits
+        model.set_attn_implementation(expected)
+        assert model.config._attn_implementation == expected
+        torch.testing.assert_close(model(ids, position_ids=positions).logits, before, rtol=1e-10, atol=1e-10)
