@@ -82,6 +82,19 @@ def test_gpu_mode_needs_a_part(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) 
     assert [s.name for s in module.STAGES if s.part == 1] == ["pytest", "compile", "fp8"]  # correctness first
 
 
+@pytest.mark.parametrize("command", ["python scripts/gpu_check.py --list", "python scripts/gpu_runs.py versions"])
+def test_documented_commands_run_as_written_without_pythonpath(command: str) -> None:
+    """The scripts' docstrings' commands, from the repository root with no PYTHONPATH: Python puts scripts/ on
+    the path, so the scripts add the root themselves (bench and llm, this checkout's)."""
+    argv = command.split()
+    assert command in (REPO / argv[1]).read_text()
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    done = subprocess.run([sys.executable, *argv[1:]], cwd=REPO, env=env, capture_output=True, text=True,
+                          timeout=300, check=False)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.startswith("| part | stage | box s |" if "--list" in argv else "python ")
+
+
 def test_the_dry_run_is_not_bounded_by_the_gpu_boxes(tmp_path: Path) -> None:
     """A loaded CPU may run a stage many times slower than a GPU's box allows: the dry run's box is a hang guard
     (``DRY_BOX_S``), so a stage whose GPU box is shorter than its command still passes there, and on a GPU it
