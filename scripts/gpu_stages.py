@@ -200,7 +200,8 @@ def short(m: Mode, times: int = 1) -> list[str]:
     return [f"train.{key}={m.steps // 5 * times}" for key in ("max_steps", "checkpoint_every", "eval_every")]
 
 
-# Each box: the stage's time on the last GPU checks (docs/performance.md, "GPU results"), with a little room.
+# Each box: the stage's time on the last GPU checks (docs/performance.md, "GPU results"), or its parts' times where
+# it never ran whole. Part 1's, env's included, add up to 480 s: the first device call proves and measures first.
 @stage("env", 0, 25, tail=20)  # ~18 s to import torch and the package (H100, 2026-11-25)
 def env_commands(m: Mode) -> list[Command]:
     """Versions, the GPU, and `pip check`: every installed package's requirements met (the carried wheels'
@@ -261,6 +262,7 @@ def step_commands(m: Mode) -> list[Command]:
                                                                      "--profile"]), "--csv", "{logs}/step.csv")]
 
 
+# not run yet: 2 x 2 compiled rows at 16k and 32k, fla's first call autotuning (~50 s, H100, 2026-11-25)
 @stage("long", 2, 90, tail=12, targets=json_targets("long-*.json", gpu_runs.bench_targets, LONG))
 def long_commands(m: Mode) -> list[Command]:
     """swiglu+softmax against swiglu+iso_tanh at 1 x 16k and 1 x 32k (dry run: 128): step time paired, each
@@ -270,6 +272,7 @@ def long_commands(m: Mode) -> list[Command]:
             for i, t in enumerate(m.pick([16384, 32768], [128]))]
 
 
+# 4 of 5 lengths in 250 s, each worker autotuning fla (H100, 2026-11-25); the workers now share triton's cache
 @stage("attention", 2, 240, tail=10, targets=json_targets("attention.json", gpu_runs.attention_targets, 8192))
 def attention_commands(m: Mode) -> list[Command]:
     """bench/bench_attention.py: fwd+bwd time (paired) and memory of iso_tanh through fla's custom ops eager and
@@ -282,6 +285,7 @@ def attention_commands(m: Mode) -> list[Command]:
         "--json", "{logs}/attention.json"])]
 
 
+# 70 s (H100, 2026-11-26)
 @stage("generate", 3, 200, tail=12, targets=json_targets("generate.json", gpu_runs.generate_targets, 16384))
 def generate_commands(m: Mode) -> list[Command]:
     """bench/bench_generate.py: 134m, decode tokens/s (paired per token) and state, softmax's KV cache against
@@ -300,6 +304,7 @@ def batch_targets(logs: Path) -> list[Row]:
             *json_targets("batch-1.json", gpu_runs.bench_targets, QWEN3)(logs)]
 
 
+# not run yet: 3 compiled rows at 32-64 x 2048, then 4 at 8 x 2048 with Qwen3 compiled whole (44-63 s each)
 @stage("batch", 3, 300, tail=20, targets=batch_targets)
 def batch_commands(m: Mode) -> list[Command]:
     """swiglu+softmax at micro batch 32, 48 and 64 x 2048 (tokens/s paired, step peak); then at 8 x 2048 against
@@ -313,6 +318,7 @@ def batch_commands(m: Mode) -> list[Command]:
                        *m.pick([], ["--qwen3", "loss-outside", "loss-inside"]))]
 
 
+# its part, env included, in 366 s (H100, 2026-11-25)
 @stage("train", 4, 470, checks=train_checks)
 def train_commands(m: Mode) -> list[Command]:
     """train.py, 100 steps of 134m (dry run: 20) on the FineWeb sample, through ddp, fsdp2, deepspeed_zero3, a
@@ -326,6 +332,7 @@ def train_commands(m: Mode) -> list[Command]:
             *(train("train", c, c, m) for c in m.pick(["single_gpu", "deepspeed_zero2"], []))]
 
 
+# not run yet: two eager DDP runs of 200 steps x 8k tokens (eager DDP: 62-90k tokens/s, 2026-11-25/26)
 @stage("fp8_loss", 5, 120, checks=loss_stage("fp8_loss", ("bf16_head", lambda m: ("fp8_head",), FP8_LOSS_TOLERANCE)))
 def fp8_loss_commands(m: Mode) -> list[Command]:
     """train.py through DDP, 200 steps (dry run: 40), with bf16's LM head and the FP8 head. Decides: the FP8
@@ -334,6 +341,7 @@ def fp8_loss_commands(m: Mode) -> list[Command]:
             (("bf16_head", []), ("fp8_head", [f"model.{FP8_HEAD}"]))]
 
 
+# 166 s at 3 rounds (H100, 2026-11-26); now 10
 @stage("step_more", 5, 320, tail=40, targets=json_targets("step_more-*.json", lambda run: [
     (f"{name} at {run['setup']}: MFU of the measured matmul rate, compile s",
      f"{f['of_roofline']:.1%}, {f['first_step_s']:.0f} s", "-") for name, f in run["variants"].items()]))
