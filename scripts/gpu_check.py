@@ -5,13 +5,15 @@ the targets it decides), run in order through scripts/gpu_check.sh, and the repo
     python scripts/gpu_check.py --dry-run OUTDIR    # every stage at tiny size on CPU (fp32, no fla)
     python scripts/gpu_check.py --list              # the table, as docs/performance.md shows it
 
-Correctness comes first (part 1: the GPU tests, every engine with ``train.compile``, the FP8 head), then the
-speed rows (part 2: the headline step at 134m, 32 x 2048, long context, attention), then generation and the micro
-batch, the launch configs with a resume, and the FP8 head's loss and the larger sizes. Each part is one device
-call within ``GPU_BUDGET_S``. A stage whose command fails or runs out of its box is recorded and the next command
-and stage still run. The boxes are set from the GPU checks of 2026-11-25/26 (one H100 and one H200: ~18 s to
-import torch and the package, a step stage of ~10 compiled rows 123-182 s, nine GPU tests 100 s with their
-collection, fla's autotuning ~40 s in each attention worker's process). Every bench_train_step run times its rows
+Part 1 proves correctness and measures the headline within 480 s of boxes: the GPU tests, every engine with
+``train.compile`` and the FP8 head against eager DDP, then the headline rows at 134m, 32 x 2048 (swiglu, isogmlp,
+swiglu+iso_tanh, the FP8 head) against the fair Qwen3 row. Then every step row, long context and attention
+(part 2), generation and the micro batch, the launch configs with a resume, and the FP8 head's loss over 200
+steps and the larger sizes. Each part is one device call within ``GPU_BUDGET_S``. A stage whose command fails or
+runs out of its box is recorded and the next command and stage still run. The boxes are set from the GPU checks
+of 2026-11-25/26 (one H100 and one H200: ~18 s to import torch and the package, a step stage of ~10 compiled rows
+123-182 s, nine GPU tests 100 s with their collection, fla's autotuning ~40 s in each attention worker's
+process; each box cites its figure in gpu_stages.py). Every bench_train_step run times its rows
 in paired rounds and gives each ratio with its 95% interval; a target is met only where the interval clears it.
 
 OUTDIR receives report.md and logs.tar.gz (every command's output, the bench figures as JSON and the training

@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
 # Five commands for a lent GPU machine (one H100, no registry, each one device call under 10 minutes): install
 # the carried wheels offline, then run one part of scripts/gpu_check.py's stage table (scripts/gpu_stages.py;
-# `python scripts/gpu_check.py --list` prints it) into OUTDIR/report.md and OUTDIR/logs.tar.gz: 1 = correctness
-# (GPU tests, every engine with train.compile, the FP8 head), 2 = the headline speed (step rows at 134m 32 x 2048,
-# long context, attention), 3 = generation and the micro batch with the Qwen3 rows, 4 = train.py through every
-# one-GPU launch config with a resume, 5 = the FP8 head's loss and more steps (250m, profiles).
+# `python scripts/gpu_check.py --list` prints it) into OUTDIR/report.md and OUTDIR/logs.tar.gz: 1 = correctness and
+# the headline (GPU tests; every engine with train.compile and the FP8 head against eager DDP; swiglu, isogmlp,
+# swiglu+iso_tanh and the FP8 head at 134m 32 x 2048 against the fair Qwen3 row), 2 = every step row, long context,
+# attention, 3 = generation and the micro batch with the Qwen3 rows, 4 = train.py through every one-GPU launch
+# config with a resume, 5 = the FP8 head's loss over 200 steps and more steps (250m, profiles).
 # `make gpu-wheels` fills .whl/ (carry it); see docs/performance.md, "On a GPU machine".
 #   scripts/gpu_check.sh --part N [OUTDIR]    N in 1 2 3 4 5; OUTDIR: default $OUT
 #   scripts/gpu_check.sh --dry-run [OUTDIR]   every stage at tiny size on CPU (fp32, no fla, no wheels)

@@ -14,6 +14,9 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
+# The check's scripts run as `python scripts/NAME.py`, which puts scripts/ first on the path, not the repository
+# root that holds bench and llm: without this, they would need PYTHONPATH (or import another checkout's llm).
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from bench.paired import PairedRatio, median_interval, paired_ratio, verdict
 from llm.model.attention import FLA_MIN_LENGTH
 
