@@ -212,6 +212,9 @@ class RunConfig:
     trackers: list[str] = field(default_factory=lambda: ["tensorboard"])
     """Accelerate trackers besides metrics.jsonl: tensorboard, wandb (the `track` extra), or none."""
     wandb_project: str = "isollm"
+    planned_by: str = ""
+    """The plan.csv whose sweep added this run's seed (``eval.py compare --plan`` writes it into each planned
+    config); empty for any other run. Planning again from such a seed is a second look, which ``--plan`` names."""
     model: ModelConfig = field(default_factory=ModelConfig)
     data: DataConfig = field(default_factory=DataConfig)
     train: TrainConfig = field(default_factory=TrainConfig)

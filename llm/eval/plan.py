@@ -128,6 +128,8 @@ def write_plan(comparison: Comparison, plans: list[RowPlan], gap: float, out: st
     the comparison has used, data paths absolute, its run directory beside the row's first run's."""
     out = Path(out)
     again = (out / "plan.csv").exists()
+    earlier = sorted({str(run.meta["config"].get("planned_by") or "") for row in comparison.rows for run in row.runs}
+                     - {""})  # plans whose seeds are among the pilot's
     first = 1 + max(run.seed for row in comparison.rows for run in [*row.runs, *row.diverged, *row.incomplete])
     new = []  # (the pilot run whose config it takes, seed, run name)
     for pilot, seeds in ((p.row.runs[0], range(first, first + p.more_seeds)) for p in plans if p.more_seeds):
@@ -149,7 +151,8 @@ def write_plan(comparison: Comparison, plans: list[RowPlan], gap: float, out: st
     files = {name: str((out / "plan-configs" / f"{name}.yaml").resolve()) for _, _, name in new}
     for pilot, seed, name in new:
         save_config(replace(_absolute(read_saved(pilot.meta["config"])), seed=seed, name=name,
-                            out_dir=str(pilot.path.parent.resolve())), files[name])
+                            out_dir=str(pilot.path.parent.resolve()), planned_by=str((out / "plan.csv").resolve())),
+                    files[name])
     planned = {p.row.variant for p in plans}
     text = [f"plan for a {gap:g}-nat gap at {POWER:.0%} power ({ASSUMPTION}):", *(
         f"  {p.row.variant}: {p.design}, {p.row.n} pilot seeds -> " + (f"over {MAX_SEEDS} per arm: not launched"
@@ -157,9 +160,11 @@ def write_plan(comparison: Comparison, plans: list[RowPlan], gap: float, out: st
             "" if math.isnan(p.threshold) else f", resolved if |final gap| > {p.threshold:.4f}")) for p in plans),
         *(f"  {row.variant}: not planned (fewer than 2 seeds, or losses that do not vary, in it or its baseline)"
           for row in comparison.rows if row.variant not in planned)]
-    if again:
-        text.append(f"note: {out / 'plan.csv'} existed and is replaced; planning again from seeds a plan added is a "
-                    "second look, which Stein's test does not allow for")
+    if again or earlier:
+        why = (f"seeds of these runs were added by {', '.join(earlier)}" if earlier
+               else f"{out / 'plan.csv'} existed and is replaced")
+        text.append(f"note: {why}; planning again from seeds a plan added is a second look, which Stein's test does "
+                    "not allow for")
     if files:
         (out / "plan-sweep.yaml").write_text(yaml.safe_dump({"name": f"plan-{gap:g}", "files": {"run": files},
                                                              "run_name": "{run}"}, sort_keys=False))

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from test_compare import write_run
+from test_compare import run_config, write_run
 from test_compare_plan import BASE, SPREAD
 
 from llm.cli.eval import main
@@ -185,3 +185,20 @@ def test_a_planned_row_has_one_verdict_steins_with_its_interval_resolved_or_not(
     assert (f"isogmlp+softmax {gap:+.4f} not resolved (Stein) [{gap - threshold:+.4f}, {gap + threshold:+.4f}], "
             "although a true gap of 0.15 or more would have been resolved with 80% power") in table
     assert "would need" not in table and "this comparison resolves gaps above" not in table
+
+
+def test_planning_from_seeds_a_plan_added_names_the_second_look_whatever_the_out_directory(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Each planned config records its plan.csv (``planned_by``), so a new plan over runs trained from it says it is a
+    second look even when written to another --out (where no plan.csv existed)."""
+    runs, plan = _pilot_and_plan(tmp_path)
+    files = yaml.safe_load((plan.parent / "plan-sweep.yaml").read_text())["files"]["run"]
+    planned = load_config([next(iter(files.values()))])
+    assert planned.planned_by == str(plan.resolve())
+    for variant, loss in (("swiglu+softmax", 4.9), ("isogmlp+softmax", 5.1)):
+        write_run(runs, variant, planned.seed, loss,
+                  config={**run_config(variant, planned.seed), "planned_by": planned.planned_by})
+    capsys.readouterr()
+    assert main(["compare", str(runs / "*"), "--out", str(tmp_path / "other"), "--no-plots", "--plan", "0.15"]) == 0
+    assert f"note: seeds of these runs were added by {plan.resolve()}; planning again from seeds a plan added is a " \
+        "second look" in capsys.readouterr().out
