@@ -17,8 +17,9 @@ Generation keeps an ``IsoLLMCache`` (cache.py, a transformers ``Cache``): per la
 KV cache for softmax, the O(1) ``(S, G)`` sums for iso_tanh) and a dict the FFN may keep running statistics in;
 a static one (``max_length``) decodes each token after the prompt as one CUDA graph replay (static_decoding.py).
 ``generate()`` reaches the model through public hooks only (``prepare_inputs_for_generation``, ``forward``).
-Siblings: attention.py (scoring registry; iso_tanh's forms in iso_tanh.py), ffn.py (FFN registry),
-fused_ops.py (RMSNorm and rotary kernels), lm_head.py (the LM head and its fused cross-entropy).
+Siblings: decoder_layer.py (one block: attention and FFN), attention.py (scoring registry; iso_tanh's forms in
+iso_tanh.py), ffn.py (FFN registry), fused_ops.py (RMSNorm and rotary kernels), padding.py (padded rows),
+lm_head.py (the LM head and its fused cross-entropy).
 
 Copied to the hub with its relative imports: torch and transformers only.
 """
@@ -36,20 +37,20 @@ from transformers import AutoModel, GenerationMixin, PreTrainedModel
 from transformers.modeling_layers import (
     GenericForSequenceClassification,
     GenericForTokenClassification,
-    GradientCheckpointingLayer,
 )
 from transformers.modeling_outputs import BaseModelOutputWithPast, CausalLMOutputWithPast
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 from transformers.utils import ModelOutput
 
 from .attention import ATTN_SCORING_REGISTRY
-from .cache import DecodeStep, IsoLLMCache, LayerState
+from .cache import IsoLLMCache
 from .config import ModelConfig
 from .configuration_isollm import IsoLLMConfig
-from .ffn import FFN_REGISTRY
-from .fused_ops import RMSNorm, apply_rotary, rotary_cos_sin
+from .decoder_layer import IsoLLMDecoderLayer
+from .fused_ops import RMSNorm, rotary_cos_sin
 from .layout import PackedDocuments, document_starts, restarts_between_real_tokens
 from .lm_head import IGNORE_INDEX, LMHead
+from .padding import PACKED_WITH_STATE, from_last_real_token, real_token_mask, refuse_restarts
 from .static_decoding import static_prompt, static_step
 
 
@@ -69,88 +70,6 @@ def _cache_field(output_class: type[ModelOutput]) -> str:
 
 CACHE_ARG = _cache_field(CausalLMOutputWithPast)
 BASE_CACHE_ARG = _cache_field(BaseModelOutputWithPast)
-
-
-PACKED_WITH_STATE = (
-    "position_ids restart between real tokens or after the cache's (packed documents), which are kept apart only "
-    "without a cache (use_cache=False) and without padding in attention_mask; score or generate each document in a "
-    "row of its own")
-
-
-class IsoLLMAttention(nn.Module):
-    """Grouped-query attention: fused ``qkv_proj``, Qwen3's per-head ``q_norm``/``k_norm`` before RoPE,
-    scoring from ``ATTN_SCORING_REGISTRY[config.attn_scoring]``, ``o_proj``; no biases."""
-
-    MUP_SCALED: ClassVar[tuple[str, ...]] = ("qkv_proj.weight", "o_proj.weight")
-    """Hidden matrices."""
-
-    def __init__(self, config: ModelConfig) -> None:
-        super().__init__()
-        self.num_heads = config.num_attention_heads
-        self.num_kv_heads = config.num_key_value_heads
-        self.head_dim = config.resolved_head_dim
-        qkv_size = (self.num_heads + 2 * self.num_kv_heads) * self.head_dim
-        self.qkv_proj = nn.Linear(config.hidden_size, qkv_size, bias=False)
-        self.o_proj = nn.Linear(self.num_heads * self.head_dim, config.hidden_size, bias=False)
-        norm = (lambda: RMSNorm(self.head_dim, config.rms_norm_eps)) if config.qk_norm else nn.Identity
-        self.q_norm = norm()
-        self.k_norm = norm()
-        self.scoring = ATTN_SCORING_REGISTRY[config.attn_scoring](config)
-        self.config = config  # its attn_implementation, read at each call: set_attn_implementation changes it
-        self.query_scale = config.query_scale  # muP's attention scale (1 under standard and at the base)
-
-    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, state: LayerState | None = None,
-                padding_mask: torch.Tensor | None = None, documents: PackedDocuments | None = None,
-                step: DecodeStep | None = None, attentions: list[torch.Tensor] | None = None) -> torch.Tensor:
-        """``state``: the layer's generation state (None in training), whose scoring state this call advances;
-        ``step``: a static cache's one-token step after its prompt (None otherwise); ``attentions``: a list the
-        attention weights are appended to (``output_attentions``), None when not asked."""
-        implementation = getattr(self.config, "_attn_implementation", None)  # None on a plain ModelConfig
-        b, t, _ = x.shape
-        qkv = self.qkv_proj(x).view(b, t, self.num_heads + 2 * self.num_kv_heads, self.head_dim)
-        q, k, v = qkv.split([self.num_heads, self.num_kv_heads, self.num_kv_heads], dim=2)
-        q = apply_rotary(self.q_norm(q).transpose(1, 2), cos, sin)
-        if self.query_scale != 1.0:  # muP: the scorings divide by sqrt(head_dim), q brings the rest
-            q = q * self.query_scale
-        k = apply_rotary(self.k_norm(k).transpose(1, 2), cos, sin)
-        if step is not None:
-            out = self.scoring.static_step(q, k, v.transpose(1, 2), state.attention, step)
-        elif state is None:
-            out, _ = self.scoring(q, k, v.transpose(1, 2), padding_mask=padding_mask, documents=documents,
-                                  implementation=implementation, weights=attentions)
-        else:
-            out, state.attention = self.scoring(q, k, v.transpose(1, 2), past=state.attention, use_cache=True,
-                                                padding_mask=padding_mask, implementation=implementation,
-                                                weights=attentions)
-        return self.o_proj(out.transpose(1, 2).reshape(b, t, -1))
-
-
-class IsoLLMDecoderLayer(GradientCheckpointingLayer):
-    """Pre-norm block: ``x + self_attn(norm(x))``, then ``x + mlp(norm(x))``.
-
-    A ``GradientCheckpointingLayer``: after ``model.activation_checkpointing_enable(every_n_layers=n)`` (the
-    public transformers API), every n-th layer keeps only its input in training and recomputes the rest in the
-    backward pass (non-reentrant ``torch.utils.checkpoint``, around ``forward`` so FSDP2's hooks stay outside).
-    """
-
-    def __init__(self, config: ModelConfig) -> None:
-        super().__init__()
-        self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
-        self.self_attn = IsoLLMAttention(config)
-        self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
-        self.mlp = FFN_REGISTRY[config.ffn](config)
-
-    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, state: LayerState | None = None,
-                padding_mask: torch.Tensor | None = None, documents: PackedDocuments | None = None,
-                step: DecodeStep | None = None, attentions: list[torch.Tensor] | None = None) -> torch.Tensor:
-        """``padding_mask``: ``[B, T_past + T]``, True at real tokens (None: all real); ``documents``: the packed
-        documents of each row (None: one per row); see attention.py. ``step``: a static cache's step;
-        ``attentions``: where the attention weights go when asked (``IsoLLMAttention``)."""
-        ffn_cache = state.ffn if state is not None else None
-        ffn_mask = padding_mask[:, -x.shape[1]:] if padding_mask is not None else None
-        x = x + self.self_attn(self.input_layernorm(x), cos, sin, state, padding_mask, documents, step, attentions)
-        return x + self.mlp(self.post_attention_layernorm(x), cache=ffn_cache, padding_mask=ffn_mask,
-                            doc_starts=documents.starts if documents is not None else None)
 
 
 AUTO_CLASSES = {"AutoModel": "IsoLLMModel", "AutoModelForCausalLM": "IsoLLMForCausalLM",
@@ -266,7 +185,7 @@ class IsoLLMModel(IsoLLMPreTrainedModel):
         output_hidden_states = output_hidden_states if output_hidden_states is not None else config.output_hidden_states
         attentions = [] if (output_attentions if output_attentions is not None else config.output_attentions) else None
         b, t = input_ids.shape if input_ids is not None else inputs_embeds.shape[:2]
-        padding_mask = _padding_mask(attention_mask, (b, t), cache)
+        padding_mask = real_token_mask(attention_mask, (b, t), cache)
         if cache is not None and cache.max_length is not None:  # a static cache: its prompt, then one-token steps
             if cache.seen_tokens:
                 if inputs_embeds is not None or attentions is not None:
@@ -280,7 +199,7 @@ class IsoLLMModel(IsoLLMPreTrainedModel):
         x = self.embed_tokens(input_ids) if inputs_embeds is None else inputs_embeds
         packed = position_ids is not None and cache is None and padding_mask is None
         if position_ids is not None and not packed and t > 1:  # one token (a decoding step) is not read back
-            _refuse_restarts(position_ids, padding_mask, cache)
+            refuse_restarts(position_ids, padding_mask, cache)
         doc_starts = document_starts(position_ids, b) if packed else None
         documents = PackedDocuments(doc_starts, self.document_mask(doc_starts)) if doc_starts is not None else None
         if position_ids is None and padding_mask is not None:
@@ -300,7 +219,7 @@ class IsoLLMModel(IsoLLMPreTrainedModel):
                 static_prompt(self, cache, padding_mask, (b, t), x.device)
             cache.seen_tokens += t
         if padding_mask is not None and t > 1:  # one token (a generation step) is its own source: nothing to do
-            x = _from_last_real_token(x, padding_mask[:, -t:])
+            x = from_last_real_token(x, padding_mask[:, -t:])
         out = BaseModelOutputWithPast(last_hidden_state=self.norm(x), hidden_states=_tuple(hidden),
                                       attentions=_tuple(attentions), **{BASE_CACHE_ARG: cache})
         return _output(out, return_dict, config)
@@ -314,54 +233,6 @@ def _output(out: ModelOutput, return_dict: bool | None, config: IsoLLMConfig) ->
     """``out``, or its ``to_tuple()`` under ``return_dict=False`` (by keyword, else the config's), as transformers'
     models return."""
     return out if (return_dict if return_dict is not None else config.return_dict) else out.to_tuple()
-
-
-def _padding_mask(attention_mask: torch.Tensor | None, shape: tuple[int, int],
-                  cache: IsoLLMCache | None) -> torch.Tensor | None:
-    """``attention_mask`` as a bool mask, or None when no token is padding (the unmasked fast path); ``shape``: the
-    new tokens' ``(B, T)``.
-
-    A generation step (one token after a cache) keeps the mask without asking whether it holds padding:
-    the answer would cost a device-to-host copy on every token, and masking one query costs nothing.
-    """
-    if attention_mask is None:
-        return None
-    step = cache is not None and cache.seen_tokens > 0 and shape[1] == 1
-    if not step and bool(attention_mask.all()):
-        return None
-    expected = (shape[0], shape[1] + (cache.seen_tokens if cache is not None else 0))
-    if tuple(attention_mask.shape) != expected:
-        raise ValueError(f"attention_mask must be [batch, past + new tokens] = {list(expected)}; "
-                         f"got {list(attention_mask.shape)}")
-    return attention_mask.bool()
-
-
-def _refuse_restarts(position_ids: torch.Tensor, padding_mask: torch.Tensor | None, cache: IsoLLMCache | None) -> None:
-    """Refuse ``position_ids`` that restart (``PACKED_WITH_STATE``) between two real tokens of the call, or after a
-    cache's tokens at the call's first: a row continues at its count of real tokens so far, the position
-    ``forward`` itself gives its next token. One bool is read back, once per call of several tokens; under
-    ``torch.compile`` that read breaks the graph, so that the refusal is the same compiled and eager."""
-    t = position_ids.shape[-1]
-    real = padding_mask[:, -t:] if padding_mask is not None else None
-    if cache is not None and cache.seen_tokens > 0:
-        past = (padding_mask[:, :-t].sum(-1, keepdim=True) if padding_mask is not None
-                else position_ids.new_full((1, 1), cache.seen_tokens))
-        rows = max(past.shape[0], position_ids.shape[0])
-        position_ids = torch.cat([(past - 1).expand(rows, 1), position_ids.expand(rows, t)], dim=-1)
-        real = torch.cat([past > 0, real], dim=-1) if real is not None else None
-    if restarts_between_real_tokens(position_ids, real):
-        raise ValueError(PACKED_WITH_STATE)
-
-
-def _from_last_real_token(x: torch.Tensor, real: torch.Tensor) -> torch.Tensor:
-    """``x`` ``[B, T, d]`` with each padded position holding the row's last real token before it.
-
-    Then ``logits[:, -1]`` is every row's next-token prediction, right-padded rows included (generate()
-    reads it); positions before a row's first real token keep their own (meaningless) value.
-    """
-    positions = torch.arange(x.shape[1], device=x.device).expand_as(real)
-    source = torch.where(real, positions, 0).cummax(dim=1).values
-    return x.gather(1, source[..., None].expand_as(x))
 
 
 class IsoLLMForCausalLM(IsoLLMPreTrainedModel, GenerationMixin):
