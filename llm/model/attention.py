@@ -306,7 +306,6 @@ class IsoTanhScoring(nn.Module):
             out, state = iso_tanh_chunked(q, k, v, self.chunk_size, past)
         return out, (state if use_cache else None)
 
-
     def quadratic(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, use_cache: bool,
                   padding_mask: torch.Tensor | None, documents: PackedDocuments | None, past: IsoTanhState | None,
                   weights: list[torch.Tensor]) -> tuple[torch.Tensor, IsoTanhState | None]:
