@@ -29,6 +29,7 @@ class IsoLLMConfig(ModelConfig, PreTrainedConfig):
     keys_to_ignore_at_inference: ClassVar[list[str]] = ["cache", "past_key_values"]
     """The generation state in the output, which the HF Trainer's evaluation leaves out: ``cache`` from
     transformers 5.24 on, ``past_key_values`` before."""
+    base_model_tp_plan: ClassVar[dict[str, str]] = {"embed_tokens": "embedding_rowwise"}
 
     def __post_init__(self, **kwargs: Any) -> None:
         super().__post_init__(**kwargs)

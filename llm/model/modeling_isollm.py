@@ -240,6 +240,7 @@ class IsoLLMForCausalLM(IsoLLMPreTrainedModel, GenerationMixin):
 
     _tied_weights_keys: ClassVar[dict[str, str]] = {"lm_head.weight": "model.embed_tokens.weight"}
     """A dict in transformers 5; without it tie_word_embeddings is silently ignored."""
+    _tp_plan: ClassVar[dict[str, str]] = {"lm_head": "colwise_gather_output"}
 
     def __init__(self, config: IsoLLMConfig) -> None:
         super().__init__(config)
@@ -286,7 +287,9 @@ class IsoLLMForCausalLM(IsoLLMPreTrainedModel, GenerationMixin):
         if shift_labels is None and labels is not None:
             shift_labels = F.pad(labels[:, 1:], (0, 1), value=IGNORE_INDEX)
         logits = loss = None
-        if shift_labels is not None and self.training:
+        # Under tensor parallelism (``from_pretrained(tp_plan="auto")``) the head holds a slice of the vocabulary:
+        # the loss then reads the logits its plan gathers, exactly; the fused kernel needs the whole weight.
+        if shift_labels is not None and self.training and (self.tp_size or 1) == 1:
             loss = self.lm_head(hidden, shift_labels)
         else:
             logits = self.lm_head(hidden[:, -logits_to_keep:] if logits_to_keep else hidden)

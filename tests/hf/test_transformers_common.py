@@ -89,10 +89,6 @@ class IsoLLMModelTester:
         return self.get_config(), {"input_ids": input_ids, "attention_mask": attention_mask}
 
 
-NO_TP_PLAN = ("no tensor-parallel plan: qkv_proj fuses q, k and v of unequal widths under GQA, which no "
-              "transformers style shards apart (packed_colwise splits equal halves); see docs/ARCHITECTURE.md")
-
-
 class IsoLLMCommonTest(ModelTesterMixin):
     all_model_classes = (IsoLLMModel, IsoLLMForCausalLM, IsoLLMForSequenceClassification,
                          IsoLLMForTokenClassification)
@@ -105,12 +101,6 @@ class IsoLLMCommonTest(ModelTesterMixin):
         """Generation is tested by this repository's own tests (the module's docstring), not transformers' mixin,
         which its sdist lacks; the causal LM is the one class that generates."""
         assert [cls for cls in self.all_model_classes if cls.can_generate()] == [IsoLLMForCausalLM]
-
-    def test_tp_plan_matches_params(self) -> None:
-        self.skipTest(NO_TP_PLAN)
-
-    def test_tied_head_has_a_tp_plan_entry(self) -> None:
-        self.skipTest(NO_TP_PLAN)
 
 
 class IsoTanhCommonTest(IsoLLMCommonTest):
