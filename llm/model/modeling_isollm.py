@@ -272,7 +272,8 @@ class IsoLLMForCausalLM(IsoLLMPreTrainedModel, GenerationMixin):
         or as ``shift_labels`` (already aligned: position t predicts ``shift_labels[:, t]``, so a packed
         ``[B, T + 1]`` window trains on all T predictions). In training mode (``model.train()``) the loss
         is fused with the LM head (``lm_head.linear_cross_entropy``) and ``logits`` is None: the
-        ``[B, T, V]`` logits are never materialised. In eval mode the logits are returned as well.
+        ``[B, T, V]`` logits are never materialised. In eval mode, and under tensor parallelism, the logits are
+        returned as well.
 
         The inputs, the cache, the attention mask and the output flags are ``IsoLLMModel.forward``'s; the output
         carries the cache under ``CACHE_ARG``, the name the installed transformers reads (``out.cache`` /
@@ -287,8 +288,8 @@ class IsoLLMForCausalLM(IsoLLMPreTrainedModel, GenerationMixin):
         if shift_labels is None and labels is not None:
             shift_labels = F.pad(labels[:, 1:], (0, 1), value=IGNORE_INDEX)
         logits = loss = None
-        # Under tensor parallelism (``from_pretrained(tp_plan="auto")``) the head holds a slice of the vocabulary:
-        # the loss then reads the logits its plan gathers, exactly; the fused kernel needs the whole weight.
+        # Under tensor parallelism (a ``tp_plan`` at load) the head holds a slice of the vocabulary: the loss then
+        # reads the logits its plan gathers, exactly; the fused kernel needs the whole weight.
         if shift_labels is not None and self.training and (self.tp_size or 1) == 1:
             loss = self.lm_head(hidden, shift_labels)
         else:
