@@ -70,6 +70,12 @@ def threshold(paired: Array, pilot: tuple[int, int], seeds: tuple[Array, Array],
                     stats.t.isf(ALPHA / 2, min(pilot) - 1) * np.sqrt(sum(parts)))
 
 
+def stein_resolves(gap: Array, threshold: Array) -> Array:
+    """Stein's final verdict: the mean gap over exactly the planned seeds lies beyond the plan's ``threshold`` (the
+    decision compare prints for a planned row, and the one the simulation in the tests runs, replicate by replicate)."""
+    return np.abs(gap) > threshold
+
+
 @dataclass
 class RowPlan:
     row: VariantSummary

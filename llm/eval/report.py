@@ -10,6 +10,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from llm.eval.compare import Comparison, VariantSummary
+from llm.eval.plan import stein_resolves
 from llm.eval.scaling import scaling_series
 from llm.eval.stats import ALPHA, MAX_SEEDS, POWER, Gap
 
@@ -61,7 +62,7 @@ def _design(gap: Gap) -> tuple[str, float, float] | None:
     gap resolved when either test rejects would be two tries at ALPHA (a true gap of 0 "resolved" more often than
     ALPHA)."""
     if not math.isnan(threshold := gap.stein_threshold):  # a planned row: its interval is gap +- threshold
-        return ("Stein", gap.gap - threshold, gap.gap + threshold) if abs(gap.gap) > threshold else None
+        return ("Stein", gap.gap - threshold, gap.gap + threshold) if stein_resolves(gap.gap, threshold) else None
     design, p, low, high = (("Welch", gap.p_value, gap.ci_low, gap.ci_high) if math.isnan(gap.p_paired) else
                             ("paired", gap.p_paired, gap.paired_ci_low, gap.paired_ci_high))
     return (design, low, high) if p < ALPHA else None

@@ -1,9 +1,9 @@
 """The whole planned procedure is valid in every cell of a grid (Type I error at most 5.5%, power at least 80% at the
 planned gap): the pilot, the design and the seeds of ``llm.eval.plan.design``, the planned seeds, then Stein's final
-test at ``llm.eval.plan.threshold``, simulated exactly as ``compare --plan`` / ``--planned`` run them, with normal
-seed effects and no training. The grid: pilots of 2, 3 and 5 seeds; rows that pair (same seeds, seed effects
-correlated 0, 0.5 or 0.9 across the variants) and rows that do not (Welch's design); the variant's seed SD 1 or 4
-times the baseline's; a true gap of 0 and of the planned gap.
+test at ``llm.eval.plan.threshold``, decided by compare's own ``llm.eval.plan.stein_resolves``, simulated exactly as
+``compare --plan`` / ``--planned`` run them, with normal seed effects and no training. The grid: pilots of 2, 3 and 5
+seeds; rows that pair (same seeds, seed effects correlated 0, 0.5 or 0.9 across the variants) and rows that do not
+(Welch's design); the variant's seed SD 1 or 4 times the baseline's; a true gap of 0 and of the planned gap.
 
 ``REPLICATES`` pilots per cell: the Monte Carlo standard error is 0.07 points at a 5% rejection rate and 0.13 points at
 80%. Measured: Type I 4.9-5.1% where the rows pair, 0.6-4.1% where they do not (Welch's df min(pilot) - 1 is
@@ -19,7 +19,7 @@ import math
 import numpy as np
 from scipy import stats
 
-from llm.eval.plan import design, stein_seeds, threshold
+from llm.eval.plan import design, stein_resolves, stein_seeds, threshold
 from llm.eval.stats import ALPHA, welch_df
 
 REPLICATES, GAP = 100_000, 1.0  # the baseline's seed SD is 1: GAP is in its units
@@ -52,7 +52,7 @@ def _procedure(rng: np.random.Generator, gap: float, pilot: int, correlation: fl
     paired, seeds = design(GAP, (pilot, pilot), variances, difference)
     extra_sums, _ = _seeds(rng, gap, root, seeds - pilot)
     gaps = (pilot_sums + extra_sums) @ np.array([1.0, -1.0]) / seeds
-    resolved = np.abs(gaps) > threshold(paired, (pilot, pilot), (seeds, seeds), variances, difference)
+    resolved = stein_resolves(gaps, threshold(paired, (pilot, pilot), (seeds, seeds), variances, difference))
     return {"resolved": resolved.mean(), "paired": np.mean(paired), "seeds": np.median(seeds)}
 
 

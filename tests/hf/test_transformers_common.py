@@ -14,6 +14,7 @@ import contextlib
 import os
 import tempfile
 import unittest
+import warnings
 from typing import ClassVar
 from unittest import mock
 
@@ -33,7 +34,9 @@ from llm.model import (
 try:
     from transformers_suite import common_tests
 
-    ModelTesterMixin = common_tests().ModelTesterMixin
+    with warnings.catch_warnings():  # transformers' own CI marks (accelerate_tests, flash_attn_test...): not ours
+        warnings.simplefilter("ignore", pytest.PytestUnknownMarkWarning)
+        ModelTesterMixin = common_tests().ModelTesterMixin
 except Exception as error:  # no sdist (offline): the suite cannot run
     if os.environ.get("CI") == "true":
         raise
