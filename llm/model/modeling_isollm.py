@@ -190,7 +190,7 @@ class IsoLLMModel(IsoLLMPreTrainedModel):
             raise TypeError(f"the generation state must be an IsoLLMCache; got {type(cache).__name__}")
         if cache is None and use_cache:
             cache = IsoLLMCache(self.config.num_hidden_layers)
-        # as capture_outputs reads them
+        # the flags as capture_outputs resolves them: keyword, else config
         output_attentions = kwargs.get("output_attentions", self.config.output_attentions)
         output_hidden_states = kwargs.get("output_hidden_states", self.config.output_hidden_states)
         b, t = input_ids.shape if input_ids is not None else inputs_embeds.shape[:2]

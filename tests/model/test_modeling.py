@@ -101,9 +101,11 @@ def test_loss_is_the_shifted_cross_entropy_in_fp32():
 
 
 def test_training_forward_returns_logits_only():
-    out = build()(tokens())
+    model = build()
+    out = model(tokens())
     assert out.logits.shape == (2, T, VOCAB)
     assert out.loss is None and out.get(CACHE_ARG) is None and out.hidden_states is None
+    assert not any(module._forward_hooks for module in model.modules())  # transformers' capture: only when asked
 
 
 def test_hidden_states_end_with_the_last_hidden_state_as_in_transformers_models():
