@@ -7,8 +7,10 @@ forward pass gathers parameters); only the main process needs to log the result.
 
 from __future__ import annotations
 
+import contextlib
 import math
 import warnings
+from collections.abc import Iterator
 from typing import Any
 
 import torch
@@ -31,6 +33,23 @@ def _isotropy_or_nan(points: torch.Tensor) -> dict[str, float]:
     return isotropy_metrics(points)
 
 
+@contextlib.contextmanager
+def block_outputs(model: nn.Module) -> Iterator[list[torch.Tensor]]:
+    """A list that each forward of ``model`` (an ``IsoLLMForCausalLM``) inside the block appends ``x_0, ..., x_L`` to:
+    the first block's input (the embedding output) and every block's output, before the final norm. (The model's
+    ``hidden_states`` end with ``norm(x_L)``, transformers' convention.) The hooks are the block's own and go at its
+    end, leaving none behind (transformers' output capture, once asked, hooks every layer for good)."""
+    states: list[torch.Tensor] = []
+    blocks = getattr(model, "_orig_mod", model).model.layers  # whose hooks the wrapper's own call would not see
+    handles = [blocks[0].register_forward_pre_hook(lambda block, args: states.append(args[0]))]
+    handles += [block.register_forward_hook(lambda block, args, out: states.append(out)) for block in blocks]
+    try:
+        yield states
+    finally:
+        for handle in handles:
+            handle.remove()
+
+
 @torch.no_grad()
 def layer_report(model: nn.Module, input_ids: torch.Tensor, samples: int, seed: int,
                  document_eos: int | None = None) -> list[dict[str, float]]:
@@ -48,21 +67,15 @@ def layer_report(model: nn.Module, input_ids: torch.Tensor, samples: int, seed: 
     if samples <= 0:
         raise ValueError(f"samples: expected a positive integer, got {samples}")
     model = getattr(model, "_orig_mod", model)  # whose hooks the wrapper's own call would not see
-    ffn_inputs: dict[int, torch.Tensor] = {}
-
-    def capture(index: int) -> Any:
-        def hook(module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
-            ffn_inputs[index] = args[0] if args else kwargs["x"]
-        return hook
-
     blocks = model.model.layers
-    handles = [block.mlp.register_forward_pre_hook(capture(i), with_kwargs=True) for i, block in enumerate(blocks)]
+    ffn_inputs: list[torch.Tensor] = []  # each block's, in order
+    handles = [block.mlp.register_forward_pre_hook(lambda mlp, args: ffn_inputs.append(args[0])) for block in blocks]
     was_training = model.training
     model.eval()
     try:
-        with torch.compiler.set_stance("force_eager"), warnings.catch_warnings():
+        with torch.compiler.set_stance("force_eager"), warnings.catch_warnings(), block_outputs(model) as hidden_states:
             warnings.filterwarnings("ignore", "flex_attention called without torch.compile")  # one batch: no matter
-            hidden_states = model(**model_inputs(input_ids, document_eos), output_hidden_states=True).hidden_states
+            model(**model_inputs(input_ids, document_eos))
     finally:
         model.train(was_training)
         for handle in handles:

@@ -45,10 +45,12 @@ class IsoLLMAttention(nn.Module):
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, state: LayerState | None = None,
                 padding_mask: torch.Tensor | None = None, documents: PackedDocuments | None = None,
-                step: DecodeStep | None = None, attentions: list[torch.Tensor] | None = None) -> torch.Tensor:
-        """``state``: the layer's generation state (None in training), whose scoring state this call advances;
-        ``step``: a static cache's one-token step after its prompt (None otherwise); ``attentions``: a list the
-        attention weights are appended to (``output_attentions``), None when not asked."""
+                step: DecodeStep | None = None, output_attentions: bool = False,
+                ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """The attention's output and its weights ``[B, H, T, T_past + T]``, computed only under
+        ``output_attentions`` (None otherwise: transformers' output capture records them from here). ``state``: the
+        layer's generation state (None in training), whose scoring state this call advances; ``step``: a static
+        cache's one-token step after its prompt (None otherwise)."""
         implementation = getattr(self.config, "_attn_implementation", None)  # None on a plain ModelConfig
         b, t, _ = x.shape
         qkv = self.qkv_proj(x).view(b, t, self.num_heads + 2 * self.num_kv_heads, self.head_dim)
@@ -57,16 +59,17 @@ class IsoLLMAttention(nn.Module):
         if self.query_scale != 1.0:  # muP: the scorings divide by sqrt(head_dim), q brings the rest
             q = q * self.query_scale
         k = apply_rotary(self.k_norm(k).transpose(1, 2), cos, sin)
+        weights = [] if output_attentions else None  # the scoring appends its weights to it
         if step is not None:
             out = self.scoring.static_step(q, k, v.transpose(1, 2), state.attention, step)
         elif state is None:
             out, _ = self.scoring(q, k, v.transpose(1, 2), padding_mask=padding_mask, documents=documents,
-                                  implementation=implementation, weights=attentions)
+                                  implementation=implementation, weights=weights)
         else:
             out, state.attention = self.scoring(q, k, v.transpose(1, 2), past=state.attention, use_cache=True,
                                                 padding_mask=padding_mask, implementation=implementation,
-                                                weights=attentions)
-        return self.o_proj(out.transpose(1, 2).reshape(b, t, -1))
+                                                weights=weights)
+        return self.o_proj(out.transpose(1, 2).reshape(b, t, -1)), (weights[0] if weights else None)
 
 
 class IsoLLMDecoderLayer(GradientCheckpointingLayer):
@@ -86,12 +89,14 @@ class IsoLLMDecoderLayer(GradientCheckpointingLayer):
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, state: LayerState | None = None,
                 padding_mask: torch.Tensor | None = None, documents: PackedDocuments | None = None,
-                step: DecodeStep | None = None, attentions: list[torch.Tensor] | None = None) -> torch.Tensor:
+                step: DecodeStep | None = None, output_attentions: bool = False) -> torch.Tensor:
         """``padding_mask``: ``[B, T_past + T]``, True at real tokens (None: all real); ``documents``: the packed
         documents of each row (None: one per row); see attention.py. ``step``: a static cache's step;
-        ``attentions``: where the attention weights go when asked (``IsoLLMAttention``)."""
+        ``output_attentions``: whether the attention computes its weights (``IsoLLMAttention``)."""
         ffn_cache = state.ffn if state is not None else None
         ffn_mask = padding_mask[:, -x.shape[1]:] if padding_mask is not None else None
-        x = x + self.self_attn(self.input_layernorm(x), cos, sin, state, padding_mask, documents, step, attentions)
+        attended, _ = self.self_attn(self.input_layernorm(x), cos, sin, state, padding_mask, documents, step,
+                                     output_attentions)
+        x = x + attended
         return x + self.mlp(self.post_attention_layernorm(x), cache=ffn_cache, padding_mask=ffn_mask,
                             doc_starts=documents.starts if documents is not None else None)

@@ -40,13 +40,14 @@ from transformers.modeling_layers import (
 )
 from transformers.modeling_outputs import BaseModelOutputWithPast, CausalLMOutputWithPast
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
-from transformers.utils import ModelOutput
+from transformers.utils import ModelOutput, can_return_tuple
+from transformers.utils.output_capturing import capture_outputs
 
 from .attention import ATTN_SCORING_REGISTRY
 from .cache import IsoLLMCache
 from .config import ModelConfig
 from .configuration_isollm import IsoLLMConfig
-from .decoder_layer import IsoLLMDecoderLayer
+from .decoder_layer import IsoLLMAttention, IsoLLMDecoderLayer
 from .fused_ops import RMSNorm, rotary_cos_sin
 from .layout import PackedDocuments, document_starts, restarts_between_real_tokens
 from .lm_head import IGNORE_INDEX, LMHead
@@ -80,7 +81,8 @@ AUTO_CLASSES = {"AutoModel": "IsoLLMModel", "AutoModelForCausalLM": "IsoLLMForCa
 
 class IsoLLMPreTrainedModel(PreTrainedModel):
     """What every isollm model shares with transformers: its config class, the base model's name (``model``), the
-    attention implementations its scoring applies, gradient checkpointing."""
+    attention implementations its scoring applies, gradient checkpointing, the outputs ``capture_outputs`` records
+    (``_can_record_outputs``: each decoder layer's output, each attention's weights)."""
 
     config_class = IsoLLMConfig
     config: IsoLLMConfig
@@ -89,6 +91,8 @@ class IsoLLMPreTrainedModel(PreTrainedModel):
     supports_gradient_checkpointing = True
     _supports_sdpa = True
     _supports_flex_attn = True
+    _can_record_outputs: ClassVar[dict[str, type[nn.Module]]] = {"hidden_states": IsoLLMDecoderLayer,
+                                                                  "attentions": IsoLLMAttention}
 
     @classmethod
     def _can_set_attn_implementation(cls) -> bool:
@@ -148,16 +152,21 @@ class IsoLLMModel(IsoLLMPreTrainedModel):
     def set_input_embeddings(self, value: nn.Embedding) -> None:
         self.embed_tokens = value
 
+    @capture_outputs
     def forward(self, input_ids: torch.LongTensor | None = None, attention_mask: torch.Tensor | None = None,
                 position_ids: torch.LongTensor | None = None, cache: IsoLLMCache | None = None,
                 inputs_embeds: torch.Tensor | None = None, use_cache: bool | None = None,
-                output_attentions: bool | None = None, output_hidden_states: bool | None = None,
-                return_dict: bool | None = None, past_key_values: IsoLLMCache | None = None, **kwargs: Any,
-                ) -> BaseModelOutputWithPast | tuple:
-        """``norm(x_L)`` as ``last_hidden_state``; ``hidden_states`` (when asked, by keyword or config):
-        ``(x_0, ..., x_L)``, the embedding output and every block's output before the final norm (the per-layer
-        isotropy metrics read these); ``attentions``: each layer's weights (``IsoLLMAttention``). Either
-        ``input_ids`` or ``inputs_embeds`` (``[B, T, hidden_size]``, e.g. soft prompts) is given.
+                past_key_values: IsoLLMCache | None = None, **kwargs: Any) -> BaseModelOutputWithPast:
+        """``norm(x_L)`` as ``last_hidden_state``. Either ``input_ids`` or ``inputs_embeds`` (``[B, T, hidden_size]``,
+        e.g. soft prompts) is given.
+
+        transformers' ``capture_outputs`` (as in Qwen3) reads ``output_hidden_states``, ``output_attentions`` and
+        ``return_dict`` from the keywords, else the config, and records with hooks it installs on first request:
+        ``hidden_states``, the embedding output and every block's output, the last replaced by ``last_hidden_state``
+        (after the final norm; ``output_hidden_states`` may also be indices into them, the others then None);
+        ``attentions``, each layer's weights, which the attention computes only then (``IsoLLMAttention``).
+        Nothing asked, nothing is hooked or computed. (The per-layer metrics read the blocks' outputs before the
+        final norm with their own hooks: llm/metrics/layers.py.)
 
         ``cache`` (or its older name ``past_key_values``, which transformers before 5.24 uses): an
         ``IsoLLMCache`` from an earlier call; the inputs then hold only the new tokens. ``use_cache=True``
@@ -181,18 +190,18 @@ class IsoLLMModel(IsoLLMPreTrainedModel):
             raise TypeError(f"the generation state must be an IsoLLMCache; got {type(cache).__name__}")
         if cache is None and use_cache:
             cache = IsoLLMCache(self.config.num_hidden_layers)
-        config = self.config
-        output_hidden_states = output_hidden_states if output_hidden_states is not None else config.output_hidden_states
-        attentions = [] if (output_attentions if output_attentions is not None else config.output_attentions) else None
+        # the flags as capture_outputs resolves them: keyword, else config
+        output_attentions = kwargs.get("output_attentions", self.config.output_attentions)
+        output_hidden_states = kwargs.get("output_hidden_states", self.config.output_hidden_states)
         b, t = input_ids.shape if input_ids is not None else inputs_embeds.shape[:2]
         padding_mask = real_token_mask(attention_mask, (b, t), cache)
         if cache is not None and cache.max_length is not None:  # a static cache: its prompt, then one-token steps
-            if cache.seen_tokens:
-                if inputs_embeds is not None or attentions is not None:
-                    raise ValueError("a static cache's steps take input_ids, without output_attentions")
-                hidden = self.norm(static_step(self, input_ids, padding_mask, cache, output_hidden_states))
-                return _output(BaseModelOutputWithPast(last_hidden_state=hidden, **{BASE_CACHE_ARG: cache}),
-                               return_dict, config)
+            if cache.seen_tokens:  # a captured graph: no hook sees its layers
+                if inputs_embeds is not None or output_attentions or output_hidden_states:
+                    raise ValueError("a static cache's steps take input_ids, without output_attentions or "
+                                     "output_hidden_states")
+                hidden = self.norm(static_step(self, input_ids, padding_mask, cache))
+                return BaseModelOutputWithPast(last_hidden_state=hidden, **{BASE_CACHE_ARG: cache})
             if t > cache.max_length:
                 raise ValueError(f"the prompt has {t} tokens, more than the static cache's max_length "
                                  f"{cache.max_length}")
@@ -208,31 +217,16 @@ class IsoLLMModel(IsoLLMPreTrainedModel):
             start = cache.seen_tokens if cache is not None else 0
             position_ids = torch.arange(start, start + t, device=x.device)[None]
         cos, sin = rotary_cos_sin(position_ids, self.head_dim, self.rope_theta, x.dtype)
-        hidden = [x] if output_hidden_states else None
         for i, layer in enumerate(self.layers):
             x = layer(x, cos, sin, cache.layers[i] if cache is not None else None, padding_mask, documents,
-                      attentions=attentions)
-            if hidden is not None:
-                hidden.append(x)
+                      output_attentions=bool(output_attentions))
         if cache is not None:
             if cache.max_length is not None:  # the prompt's states move into the buffers of the steps
                 static_prompt(self, cache, padding_mask, (b, t), x.device)
             cache.seen_tokens += t
         if padding_mask is not None and t > 1:  # one token (a generation step) is its own source: nothing to do
             x = from_last_real_token(x, padding_mask[:, -t:])
-        out = BaseModelOutputWithPast(last_hidden_state=self.norm(x), hidden_states=_tuple(hidden),
-                                      attentions=_tuple(attentions), **{BASE_CACHE_ARG: cache})
-        return _output(out, return_dict, config)
-
-
-def _tuple(values: list[torch.Tensor] | None) -> tuple[torch.Tensor, ...] | None:
-    return tuple(values) if values is not None else None
-
-
-def _output(out: ModelOutput, return_dict: bool | None, config: IsoLLMConfig) -> ModelOutput | tuple:
-    """``out``, or its ``to_tuple()`` under ``return_dict=False`` (by keyword, else the config's), as transformers'
-    models return."""
-    return out if (return_dict if return_dict is not None else config.return_dict) else out.to_tuple()
+        return BaseModelOutputWithPast(last_hidden_state=self.norm(x), **{BASE_CACHE_ARG: cache})
 
 
 class IsoLLMForCausalLM(IsoLLMPreTrainedModel, GenerationMixin):
@@ -258,13 +252,13 @@ class IsoLLMForCausalLM(IsoLLMPreTrainedModel, GenerationMixin):
     def get_output_embeddings(self) -> nn.Linear:
         return self.lm_head
 
+    @can_return_tuple
     def forward(self, input_ids: torch.LongTensor | None = None, attention_mask: torch.Tensor | None = None,
                 position_ids: torch.LongTensor | None = None, cache: IsoLLMCache | None = None,
                 use_cache: bool | None = None, labels: torch.LongTensor | None = None,
-                shift_labels: torch.LongTensor | None = None, output_hidden_states: bool | None = None,
-                logits_to_keep: int = 0, past_key_values: IsoLLMCache | None = None,
-                inputs_embeds: torch.Tensor | None = None, output_attentions: bool | None = None,
-                return_dict: bool | None = None, **kwargs: Any) -> CausalLMOutputWithPast | tuple:
+                shift_labels: torch.LongTensor | None = None, logits_to_keep: int = 0,
+                past_key_values: IsoLLMCache | None = None, inputs_embeds: torch.Tensor | None = None,
+                **kwargs: Any) -> CausalLMOutputWithPast:
         """Logits ``[B, T, V]`` (only the last ``logits_to_keep`` positions when > 0, as ``generate()``
         asks) and, given targets, the mean next-token cross-entropy in fp32 over targets != -100.
 
@@ -275,13 +269,14 @@ class IsoLLMForCausalLM(IsoLLMPreTrainedModel, GenerationMixin):
         ``[B, T, V]`` logits are never materialised. In eval mode, and under tensor parallelism, the logits are
         returned as well.
 
-        The inputs, the cache, the attention mask and the output flags are ``IsoLLMModel.forward``'s; the output
+        The inputs, the cache, the attention mask and the output flags (``kwargs``) are ``IsoLLMModel.forward``'s;
+        ``return_dict=False`` (by keyword, else the config's) gives the output's ``to_tuple()``. The output
         carries the cache under ``CACHE_ARG``, the name the installed transformers reads (``out.cache`` /
         ``out.past_key_values``). At a padded position the logits repeat those of the row's last real token
         before it, so ``logits[:, -1]`` is each row's next-token prediction, whichever side is padded.
         """
-        base = self.model(input_ids, attention_mask, position_ids, cache, inputs_embeds, use_cache, output_attentions,
-                          output_hidden_states, return_dict=True, past_key_values=past_key_values)
+        base = self.model(input_ids, attention_mask, position_ids, cache, inputs_embeds, use_cache, past_key_values,
+                          return_dict=True, **kwargs)
         hidden = base.last_hidden_state
         if self.logit_multiplier != 1:  # logits = lm_head(hidden) / m: scaling the head's input is the same
             hidden = hidden * self.logit_multiplier
@@ -298,9 +293,8 @@ class IsoLLMForCausalLM(IsoLLMPreTrainedModel, GenerationMixin):
                 stats_dtype = torch.promote_types(logits.dtype, torch.float32)  # fp32, or fp64 in tests
                 loss = F.cross_entropy(logits.flatten(0, 1).to(stats_dtype), shift_labels.flatten(),
                                        ignore_index=IGNORE_INDEX)
-        out = CausalLMOutputWithPast(loss=loss, logits=logits, hidden_states=base.hidden_states,
-                                     attentions=base.attentions, **{CACHE_ARG: getattr(base, BASE_CACHE_ARG)})
-        return _output(out, return_dict, self.config)
+        return CausalLMOutputWithPast(loss=loss, logits=logits, hidden_states=base.hidden_states,
+                                      attentions=base.attentions, **{CACHE_ARG: getattr(base, BASE_CACHE_ARG)})
 
     def generate(self, *args: Any, **kwargs: Any) -> Any:
         """transformers' ``generate()``, without the ``torch.compile`` of the whole forward it starts for a static

@@ -51,14 +51,13 @@ def static_prompt(model: IsoLLMModel, cache: IsoLLMCache, padding_mask: torch.Te
 
 
 def static_step(model: IsoLLMModel, input_ids: torch.Tensor, padding_mask: torch.Tensor | None,
-                cache: IsoLLMCache, output_hidden_states: bool) -> torch.Tensor:
+                cache: IsoLLMCache) -> torch.Tensor:
     """``decode_step`` for one token after a static cache's prompt, before the final norm: on CUDA the first step
     runs eagerly and is captured, every later one replays the capture; elsewhere each is called as it is (where it
     is what the tests check)."""
-    if input_ids.shape[1] != 1 or torch.is_grad_enabled() or output_hidden_states:
-        raise ValueError(f"a static cache takes one token per call after its prompt, under torch.no_grad(), "
-                         f"without output_hidden_states; got {input_ids.shape[1]} tokens, autograd "
-                         f"{'on' if torch.is_grad_enabled() else 'off'}, {output_hidden_states=}")
+    if input_ids.shape[1] != 1 or torch.is_grad_enabled():
+        raise ValueError(f"a static cache takes one token per call after its prompt, under torch.no_grad(); got "
+                         f"{input_ids.shape[1]} tokens, autograd {'on' if torch.is_grad_enabled() else 'off'}")
     if cache.seen_tokens >= cache.max_length:
         raise ValueError(f"the static cache is full: it holds max_length={cache.max_length} tokens")
     cache.seen_tokens += 1

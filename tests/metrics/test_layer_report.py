@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from llm.metrics.isotropy import isotropy_metrics
-from llm.metrics.layers import flatten_for_tracker, layer_report
+from llm.metrics.layers import block_outputs, flatten_for_tracker, layer_report
 from llm.model.configuration_isollm import IsoLLMConfig
 from llm.model.modeling_isollm import IsoLLMForCausalLM
 
@@ -39,8 +39,14 @@ def test_rows_are_the_isotropy_of_each_hidden_state(ffn: str, ffn_keys: set[str]
     assert set(rows[0]) == ISO_KEYS
     assert all(set(row) == ISO_KEYS | ffn_keys for row in rows[1:])
 
+    with torch.no_grad(), block_outputs(model) as hidden:
+        out = model(ids, output_hidden_states=True)
+    # the rows read x_L before the final norm, which makes it the model's last hidden state
+    assert len(hidden) == len(out.hidden_states) == 3
+    for got, want in zip(hidden[:-1], out.hidden_states[:-1], strict=True):
+        torch.testing.assert_close(got, want, rtol=0, atol=0)
     with torch.no_grad():
-        hidden = model(ids, output_hidden_states=True).hidden_states
+        torch.testing.assert_close(model.model.norm(hidden[-1]), out.hidden_states[-1], rtol=0, atol=0)
     chosen = torch.randperm(ids.numel(), generator=torch.Generator().manual_seed(7))[:30]
     for row, states in zip(rows, hidden, strict=True):
         expected = isotropy_metrics(states.reshape(-1, 32)[chosen])
@@ -74,7 +80,7 @@ def test_restores_training_mode_removes_hooks_and_is_deterministic() -> None:
     model.train()
     first = layer_report(model, ids, samples=16, seed=3)
     assert model.training
-    assert all(not block.mlp._forward_pre_hooks for block in model.model.layers)
+    assert not any(module._forward_pre_hooks or module._forward_hooks for module in model.modules())
     assert all(p.grad is None for p in model.parameters())
     assert layer_report(model, ids, samples=16, seed=3) == first
     assert layer_report(model, ids, samples=16, seed=4) != first

@@ -9,6 +9,7 @@ import torch
 from test_modeling import VOCAB, build, variant_id
 from test_packing import ROWS, packed
 
+from llm.metrics.layers import layer_report
 from llm.model.attention import ATTN_SCORING_REGISTRY
 from llm.model.ffn import FFN_REGISTRY, ISOGMLP_GATES
 from llm.model.linear import LINEAR_REGISTRY
@@ -52,7 +53,9 @@ def test_training_step_compiles_as_one_graph_and_equals_eager(variant):
 
 
 def test_train_compile_compiles_the_decoder_layer_once_for_every_layer():
-    """Regional compilation: the layers share one graph, so compile time does not grow with depth."""
+    """Regional compilation: the layers share one graph, so compile time does not grow with depth; the per-layer
+    metrics at an eval (hooks) leave no hook behind, nor does a training step (nothing asked), so the next step
+    reuses that graph."""
     graphs = []
 
     def counting_backend(graph: torch.fx.GraphModule, example_inputs: list) -> torch.fx.GraphModule:
@@ -68,7 +71,10 @@ def test_train_compile_compiles_the_decoder_layer_once_for_every_layer():
     assert_same_step(eager, loss_and_grads(model, model, **step))
     assert len(graphs) == 1
     assert_same_step(eager, loss_and_grads(model, model, **step))  # the second step reuses it
+    layer_report(model, ids, samples=4, seed=0)
+    assert_same_step(eager, loss_and_grads(model, model, **step))
     assert len(graphs) == 1
+    assert not any(module._forward_pre_hooks or module._forward_hooks for module in model.modules())
 
 
 def test_train_compile_fails_past_the_recompile_limit_instead_of_running_eagerly():

@@ -101,20 +101,29 @@ def test_loss_is_the_shifted_cross_entropy_in_fp32():
 
 
 def test_training_forward_returns_logits_only():
-    out = build()(tokens())
+    model = build()
+    out = model(tokens())
     assert out.logits.shape == (2, T, VOCAB)
     assert out.loss is None and out.get(CACHE_ARG) is None and out.hidden_states is None
+    assert not any(module._forward_hooks for module in model.modules())  # transformers' capture: only when asked
 
 
-def test_hidden_states_are_the_embedding_and_every_block_output():
+def test_hidden_states_end_with_the_last_hidden_state_as_in_transformers_models():
+    """``(x_0, ..., x_{L-1}, norm(x_L))``: the last is ``last_hidden_state``, the LM head's input; indices select
+    among them (the others None)."""
     model = build(num_hidden_layers=3)
     ids = tokens()
     with torch.no_grad():
         out = model(ids, output_hidden_states=True)
         assert len(out.hidden_states) == 4
         torch.testing.assert_close(out.hidden_states[0], model.model.embed_tokens(ids), rtol=0, atol=0)
-        torch.testing.assert_close(model.lm_head(model.model.norm(out.hidden_states[-1])), out.logits,
-                                   rtol=0, atol=0)
+        torch.testing.assert_close(model.lm_head(out.hidden_states[-1]), out.logits, rtol=0, atol=0)
+        base = model.model(ids, output_hidden_states=True)
+        torch.testing.assert_close(base.hidden_states[-1], base.last_hidden_state, rtol=0, atol=0)
+        chosen = model(ids, output_hidden_states=[1, -1]).hidden_states
+        assert chosen[0] is None and chosen[2] is None
+        for i in (1, 3):
+            torch.testing.assert_close(chosen[i], out.hidden_states[i], rtol=0, atol=0)
         last = model(ids, logits_to_keep=1).logits
         torch.testing.assert_close(last, out.logits[:, -1:], rtol=0, atol=1e-12)
 

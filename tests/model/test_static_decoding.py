@@ -116,6 +116,11 @@ def test_a_static_cache_refuses_what_it_cannot_hold():
         model(ids[:, :PROMPT], cache=cache)
         with pytest.raises(ValueError, match=r"one token per call after its prompt.*got 2 tokens"):
             model(ids[:, PROMPT:], cache=cache)
+        model.config.output_hidden_states = True  # a captured step's layers run unhooked: asked, refused
+        with pytest.raises(ValueError, match="static cache's steps take input_ids, without output_attentions or "
+                                             "output_hidden_states"):
+            model(ids[:, PROMPT:PROMPT + 1], cache=cache)
+        model.config.output_hidden_states = False
     with pytest.raises(ValueError, match="autograd on"):
         model(ids[:, PROMPT:PROMPT + 1], cache=cache)
     with torch.no_grad():

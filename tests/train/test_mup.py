@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from llm.config import RunConfig, load_config
+from llm.metrics.layers import block_outputs
 from llm.model import IsoLLMForCausalLM
 from llm.model.config import upgrade_saved
 from llm.model.modeling_isollm import mup_scaled_parameters
@@ -149,11 +150,11 @@ def test_coordinate_check_is_flat_under_mup_and_grows_under_standard() -> None:
     def movement(width: int, parametrization: str) -> list[float]:
         torch.manual_seed(0)
         before = build_model(config(width, parametrization).model).eval()
-        with torch.no_grad():
-            start = before(probe, output_hidden_states=True).hidden_states
+        with torch.no_grad(), block_outputs(before) as start:  # x_0 .. x_L, all before the final norm
+            before(probe)
         model, _ = train(config(width, parametrization), steps=4)
-        with torch.no_grad():
-            end = model.eval()(probe, output_hidden_states=True).hidden_states
+        with torch.no_grad(), block_outputs(model) as end:
+            model.eval()(probe)
         return [(b - a).pow(2).mean().sqrt().item() for a, b in zip(start[1:], end[1:], strict=True)]
 
     widths = (64, 128, 256, 512)
