@@ -31,13 +31,17 @@ class IsoLLMConfig(ModelConfig, PreTrainedConfig):
     transformers 5.24 on, ``past_key_values`` before."""
 
     def __post_init__(self, **kwargs: Any) -> None:
+        ModelConfig.validate(self)  # before transformers reads rope_parameters, which may not even be a mapping
+        if not kwargs.get("rope_scaling"):  # transformers' older name for rope_parameters, which it reads itself
+            self.rope_parameters = self.resolved_rope_parameters  # completed, as transformers' models hold it
         super().__post_init__(**kwargs)
         ModelConfig.validate(self)
 
     def validate(self) -> IsoLLMConfig:
-        """Run transformers' own checks (called by ``save_pretrained``), then ``ModelConfig``'s."""
-        PreTrainedConfig.validate(self)
+        """Run ``ModelConfig``'s checks (one line naming the field), then transformers' own (called by
+        ``save_pretrained``)."""
         ModelConfig.validate(self)
+        PreTrainedConfig.validate(self)
         return self
 
     @classmethod

@@ -66,7 +66,7 @@ def listed_as_in_the_library():
 class IsoLLMModelTester:
     """The tiny model and inputs the suite builds its checks from (the attributes it reads)."""
 
-    batch_size, seq_length, vocab_size, hidden_size = 2, 7, 99, 32
+    batch_size, seq_length, vocab_size, hidden_size, max_position_embeddings = 2, 7, 99, 32, 32
     num_hidden_layers, num_attention_heads, num_key_value_heads, intermediate_size = 2, 4, 2, 37
     num_labels, pad_token_id, is_training = 3, 0, True
 
@@ -79,6 +79,7 @@ class IsoLLMModelTester:
                             intermediate_size=self.intermediate_size, num_hidden_layers=self.num_hidden_layers,
                             num_attention_heads=self.num_attention_heads,
                             num_key_value_heads=self.num_key_value_heads, num_labels=self.num_labels,
+                            max_position_embeddings=self.max_position_embeddings,
                             pad_token_id=self.pad_token_id, iso_tanh_chunk_size=4, **self.variant)
 
     def prepare_config_and_inputs_for_common(self) -> tuple[IsoLLMConfig, dict[str, torch.Tensor]]:
