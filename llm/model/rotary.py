@@ -27,7 +27,8 @@ UPDATED_PER_CALL = ("dynamic", "longrope")
 
 def rope_config(config: Any) -> PreTrainedConfig:
     """What transformers' RoPE functions read of ``config`` (a ``ModelConfig`` or the HF config), on a
-    ``PreTrainedConfig``, with ``rope_parameters`` standardised and validated by it (a missing key is a ``KeyError``). ``head_dim`` is resolved: 0 means derived here, which the dynamic type would read as 0."""
+    ``PreTrainedConfig``, with ``rope_parameters`` standardised and validated by it (a missing key is a
+    ``KeyError``). ``head_dim`` is resolved: 0 means derived here, which the dynamic type would read as 0."""
     view = PreTrainedConfig(hidden_size=config.hidden_size, num_attention_heads=config.num_attention_heads,
                             head_dim=config.head_dim or config.hidden_size // config.num_attention_heads,
                             max_position_embeddings=config.max_position_embeddings)

@@ -8,13 +8,13 @@ import itertools
 import pytest
 import torch
 import torch.nn.functional as F
+from reference import rotary_cos_sin
 
 from llm.model import IsoLLMCache, IsoLLMConfig, IsoLLMForCausalLM, ModelConfig, param_counts
 from llm.model.attention import ATTN_SCORING_REGISTRY
 from llm.model.ffn import FFN_REGISTRY, ISOGMLP_GATES
 from llm.model.fused_ops import RMSNorm, _RMSNorm, apply_rotary
 from llm.model.linear import LINEAR_REGISTRY
-from reference import rotary_cos_sin
 from llm.model.modeling_isollm import CACHE_ARG
 
 VOCAB, T = 256, 12
