@@ -89,7 +89,12 @@ class IsoLLMRotaryEmbedding(nn.Module):
     @torch.no_grad()
     @dynamic_rope_update
     def forward(self, x: torch.Tensor, position_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        freqs = position_ids[..., None].float() * self.inv_freq
+        # The default type computes its frequencies on the positions' device at each call, as isollm always has:
+        # the bits of every checkpoint trained before scaling existed (the buffer, computed on the CPU by
+        # transformers' init, could differ from a GPU's pow in the last bit). Two tiny ops on D/2 values.
+        inv_freq = self.inv_freq if self.rope_type != "default" else \
+            self.compute_default_rope_parameters(self.config, position_ids.device)[0]
+        freqs = position_ids[..., None].float() * inv_freq
         angles = torch.cat([freqs, freqs], dim=-1)
         cos, sin = angles.cos(), angles.sin()
         if self.attention_scaling != 1:

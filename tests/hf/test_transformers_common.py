@@ -11,6 +11,7 @@ and ``tests/model/test_static_decoding.py`` (generate() equals the full forward;
 from __future__ import annotations
 
 import contextlib
+import inspect
 import os
 import tempfile
 import unittest
@@ -136,6 +137,14 @@ class IsoTanhCommonTest(IsoLLMCommonTest):
             assert IsoLLMModel.from_pretrained(directory).config._attn_implementation == "eager"
             with pytest.raises(ValueError, match=r'^attn_implementation="sdpa" does not apply'):
                 IsoLLMModel.from_pretrained(directory, attn_implementation="sdpa")
+
+
+def test_the_suites_rope_tests_apply():
+    """The suite skips its RoPE tests (scaling from the config, the frequencies of each type, partial rotation) for a
+    model without ``rope_parameters`` holding ``partial_rotary_factor``, or without a ``rotary_emb`` module."""
+    config = IsoLLMModelTester(None, {}).get_config()
+    assert "partial_rotary_factor" in config.rope_parameters
+    assert list(inspect.signature(type(IsoLLMModel(config).rotary_emb)).parameters) == ["config"]
 
 
 for _name, _variant in VARIANTS.items():

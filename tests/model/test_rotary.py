@@ -24,12 +24,21 @@ POSITIONS = torch.arange(0, 6000, 7)[None]  # past max_position_embeddings (64),
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16])
 def test_default_rope_gives_the_bits_of_the_formula_checkpoints_were_trained_with(dtype):
-    """fp32 frequencies whatever the model's dtype (``model.to(bf16)`` would round them: the module keeps them)."""
     rotary = build(dtype=dtype, rope_theta=10_000.0).model.rotary_emb
-    assert rotary.inv_freq.dtype == torch.float32
     for ours, formula in zip(rotary(torch.zeros(1, dtype=dtype), POSITIONS), rotary_cos_sin(POSITIONS, 8, 1e4, dtype),
                              strict=True):
         assert torch.equal(ours, formula)
+
+
+def test_scaled_frequencies_stay_fp32_in_a_bf16_model():
+    """``model.to(bf16)`` would round the frequencies to 8 bits: the module keeps them fp32 (its ``_apply``)."""
+    rotary = build(dtype=torch.float32, rope_parameters={"rope_type": "linear", "factor": 4.0}).model.rotary_emb
+    x = torch.zeros(1, dtype=torch.bfloat16)
+    fp32 = rotary(x, POSITIONS)
+    rotary.to(torch.bfloat16)
+    assert rotary.inv_freq.dtype == rotary.original_inv_freq.dtype == torch.float32
+    for ours, before in zip(rotary(x, POSITIONS), fp32, strict=True):
+        assert torch.equal(ours, before)
 
 
 SCALED = [{"rope_type": "linear", "factor": 4.0},
