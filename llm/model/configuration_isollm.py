@@ -32,8 +32,8 @@ class IsoLLMConfig(ModelConfig, PreTrainedConfig):
 
     def __post_init__(self, **kwargs: Any) -> None:
         ModelConfig.validate(self)  # before transformers reads rope_parameters, which may not even be a mapping
-        if not kwargs.get("rope_scaling"):  # transformers' older name for rope_parameters, which it reads itself
-            self.rope_parameters = self.resolved_rope_parameters  # completed, as transformers' models hold it
+        # completed, as transformers' models hold it (its older name, a saved rope_scaling, takes precedence)
+        self.rope_parameters = self.resolved_rope_parameters
         super().__post_init__(**kwargs)
         ModelConfig.validate(self)
 

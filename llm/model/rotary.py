@@ -21,8 +21,6 @@ from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS, dynamic_rope_u
 from .errors import ConfigError, check_choice
 
 ROPE_TYPES = ("default", *ROPE_INIT_FUNCTIONS)
-UPDATED_PER_CALL = ("dynamic", "longrope")
-"""The types whose frequencies ``dynamic_rope_update`` recomputes from the longest position of each call."""
 
 
 def rope_config(config: Any) -> PreTrainedConfig:

@@ -33,7 +33,6 @@ import torch
 import torch.nn.functional as F
 
 from .cache import DecodeStep, IsoLLMCache, StaticDecoding
-from .rotary import UPDATED_PER_CALL
 
 if TYPE_CHECKING:
     from .modeling_isollm import IsoLLMModel
@@ -43,7 +42,7 @@ def static_prompt(model: IsoLLMModel, cache: IsoLLMCache, padding_mask: torch.Te
                   shape: tuple[int, int], device: torch.device) -> None:
     """After a static cache's prompt (its first call, of ``shape`` ``(B, T)``): its ``max_length`` slots, the
     prompt's in them, and each layer's scoring state turned into its static one."""
-    if (rope_type := model.rotary_emb.rope_type) in UPDATED_PER_CALL:
+    if (rope_type := model.rotary_emb.rope_type) in ("dynamic", "longrope"):  # updated by dynamic_rope_update
         raise ValueError(f"a static cache cannot decode with rope_type={rope_type}, whose frequencies follow the "
                          f"sequence length (a CUDA graph step replays fixed ones); generate with a dynamic cache")
     real = padding_mask if padding_mask is not None else torch.ones(shape, dtype=torch.bool, device=device)
