@@ -84,10 +84,13 @@ def upgrade_saved(values: dict[str, Any]) -> dict[str, Any]:
     They also hold every option at the defaults of its time (``iso_r0: 1.0`` ...), including those the
     variant does not read, which ``validate`` refuses: those had no effect, and take today's defaults.
     A ``mup`` config saved before ``mup_base_head_dim`` existed scored attention q.k / head_dim, which
-    ``mup_base_head_dim=1`` computes. Newer fields are returned as they are.
+    ``mup_base_head_dim=1`` computes; one saved before ``rope_parameters`` rotated by plain RoPE (None). Newer fields
+    are returned as they are.
     """
     if values.get("parametrization") == "mup" and "mup_base_head_dim" not in values:
         values = {**values, "mup_base_head_dim": 1}
+    if "rope_parameters" not in values:  # saved before RoPE scaling existed: plain RoPE at rope_theta
+        values = {**values, "rope_parameters": None}
     if "ffn_init" in values:
         return values
     values = {**values, "ffn_init": "paper"}

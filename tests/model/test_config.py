@@ -24,8 +24,10 @@ def test_hf_config_has_exactly_the_model_config_fields_and_defaults():
     hf_fields = {f.name: f for f in fields(IsoLLMConfig)}
     for f in fields(ModelConfig):
         assert f.name in hf_fields
-        default = getattr(ModelConfig(), "resolved_" + f.name, getattr(ModelConfig(), f.name))
-        assert getattr(IsoLLMConfig(), f.name) == default, f.name  # the HF config holds rope_parameters completed
+        default = getattr(ModelConfig(), f.name)
+        if f.name == "rope_parameters":  # the HF config holds them completed
+            default = ModelConfig().resolved_rope_parameters
+        assert getattr(IsoLLMConfig(), f.name) == default, f.name
     assert IsoLLMConfig.model_type == "isollm"
     assert IsoLLMConfig().tie_word_embeddings is True
 

@@ -15,7 +15,7 @@ from transformers.models.qwen3.modeling_qwen3 import Qwen3RotaryEmbedding
 
 from llm.config import load_config
 from llm.model import IsoLLMConfig, IsoLLMForCausalLM, ModelConfig
-from llm.model.config import ConfigError
+from llm.model.config import ConfigError, upgrade_saved
 from llm.model.fused_ops import apply_rotary
 from llm.model.rotary import IsoLLMRotaryEmbedding
 
@@ -105,3 +105,10 @@ def test_a_checkpoint_saved_before_rope_parameters_loads_with_its_logits(tmp_pat
     with torch.no_grad():
         assert torch.equal(loaded(ids).logits, model(ids).logits)
     assert TINY["hidden_size"] // TINY["num_attention_heads"] == 8  # the head_dim the formula above assumes
+
+
+def test_a_run_config_saved_before_rope_parameters_reads_as_plain_rope():
+    """What the old run provably computed, so that it compares as one configuration with today's unscaled runs."""
+    assert upgrade_saved({"ffn_init": "matched", "rope_theta": 1e4})["rope_parameters"] is None
+    assert upgrade_saved({"ffn_init": "matched", "rope_parameters": {"rope_type": "linear", "factor": 2.0}}
+                         )["rope_parameters"] == {"rope_type": "linear", "factor": 2.0}
