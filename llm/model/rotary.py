@@ -25,14 +25,17 @@ ROPE_TYPES = ("default", *ROPE_INIT_FUNCTIONS)
 
 def rope_config(config: Any) -> PreTrainedConfig:
     """What transformers' RoPE functions read of ``config`` (a ``ModelConfig`` or the HF config), on a
-    ``PreTrainedConfig``, with ``rope_parameters`` standardised and validated by it (a missing key is a
-    ``KeyError``). ``head_dim`` is resolved: 0 means derived here, which the dynamic type would read as 0."""
+    ``PreTrainedConfig``, with ``rope_parameters`` standardised and validated by it (what it refuses, a missing key
+    for one, is a ``ConfigError``). ``head_dim`` is resolved: 0 means derived here, which dynamic would read as 0."""
     view = PreTrainedConfig(hidden_size=config.hidden_size, num_attention_heads=config.num_attention_heads,
                             head_dim=config.head_dim or config.hidden_size // config.num_attention_heads,
                             max_position_embeddings=config.max_position_embeddings)
     view.rope_parameters = dict(config.resolved_rope_parameters)
-    view.standardize_rope_params()
-    view.validate_rope()
+    try:
+        view.standardize_rope_params()
+        view.validate_rope()
+    except (KeyError, TypeError, ValueError) as err:
+        raise ConfigError("rope_parameters", str(err.args[0] if err.args else err)) from None
     return view
 
 
@@ -50,10 +53,7 @@ def check_rope_parameters(config: Any) -> None:
         raise ConfigError("rope_parameters.partial_rotary_factor", f"expected a fraction in (0, 1], got {partial!r}")
     if not isinstance(factor := resolved.get("factor", 1), int | float) or factor < 1:
         raise ConfigError("rope_parameters.factor", f"expected a number >= 1, got {factor!r}")
-    try:
-        rope_config(config)
-    except (KeyError, TypeError, ValueError) as err:
-        raise ConfigError("rope_parameters", str(err.args[0] if err.args else err)) from None
+    rope_config(config)
 
 
 class IsoLLMRotaryEmbedding(nn.Module):
