@@ -5,7 +5,7 @@ isollm's decoder is Qwen3's with two projections fused for speed; the export spl
     layers.i.self_attn.qkv_proj  [(H + 2 Hkv) D, d] -> q_proj [H D, d], k_proj [Hkv D, d], v_proj [Hkv D, d]
     layers.i.mlp.in_proj         [2 h, d]           -> gate_proj [h, d], up_proj [h, d]   (rows [gate; up])
 
-Every other tensor keeps its name. RMSNorm, rotate-half RoPE, QK-norm before RoPE and the
+Every other tensor keeps its name. RMSNorm, rotate-half RoPE (scaled or not), QK-norm before RoPE and the
 ``1/sqrt(D)`` softmax are Qwen3's, so transformers' own ``Qwen3ForCausalLM`` gives the same logits.
 """
 
@@ -41,15 +41,19 @@ def check_qwen3_exportable(config: ModelConfig) -> None:
         if value != required:
             raise ConfigError(name, f"stock Qwen3 export needs {name}={required!r}, got {value!r}; "
                               "save this variant with llm.hf.save_for_hub (trust_remote_code) instead")
+    if (partial := config.resolved_rope_parameters["partial_rotary_factor"]) != 1:  # Qwen3 rotates whole heads
+        raise ConfigError("rope_parameters.partial_rotary_factor", f"stock Qwen3 export needs 1, got {partial}; "
+                          "save this model with llm.hf.save_for_hub (trust_remote_code) instead")
 
 
 def qwen3_config(model: IsoLLMForCausalLM) -> Qwen3Config:
-    """The ``Qwen3Config`` of the same architecture (``rope_parameters``: transformers 5's RoPE field)."""
+    """The ``Qwen3Config`` of the same architecture, RoPE scaling included (``rope_parameters``, which both models
+    compute with transformers' functions)."""
     config = model.config
     check_qwen3_exportable(config)
     return Qwen3Config(
         intermediate_size=model.model.layers[0].mlp.intermediate_size, head_dim=config.resolved_head_dim,
-        hidden_act="silu", rope_parameters={"rope_type": "default", "rope_theta": config.rope_theta},
+        hidden_act="silu", rope_parameters=dict(config.resolved_rope_parameters),
         attention_bias=False, use_sliding_window=False, **{name: getattr(config, name) for name in QWEN3_SHARED_FIELDS},
         **{name: getattr(config, name, None) for name in ("bos_token_id", "eos_token_id", "pad_token_id")})
 

@@ -19,6 +19,7 @@ from .errors import ConfigError, check_choice
 from .ffn import FFN_REGISTRY, ISOGMLP_GATES
 from .isotropic import ISO_ACTIVATIONS
 from .linear import LINEAR_REGISTRY
+from .rotary import check_rope_parameters
 
 __all__ = ["ConfigError", "ModelConfig", "check_choice", "upgrade_saved"]
 
@@ -83,10 +84,13 @@ def upgrade_saved(values: dict[str, Any]) -> dict[str, Any]:
     They also hold every option at the defaults of its time (``iso_r0: 1.0`` ...), including those the
     variant does not read, which ``validate`` refuses: those had no effect, and take today's defaults.
     A ``mup`` config saved before ``mup_base_head_dim`` existed scored attention q.k / head_dim, which
-    ``mup_base_head_dim=1`` computes. Newer fields are returned as they are.
+    ``mup_base_head_dim=1`` computes; one saved before ``rope_parameters`` rotated by plain RoPE (None). Newer fields
+    are returned as they are.
     """
     if values.get("parametrization") == "mup" and "mup_base_head_dim" not in values:
         values = {**values, "mup_base_head_dim": 1}
+    if "rope_parameters" not in values:  # saved before RoPE scaling existed: plain RoPE at rope_theta
+        values = {**values, "rope_parameters": None}
     if "ffn_init" in values:
         return values
     values = {**values, "ffn_init": "paper"}
@@ -117,6 +121,13 @@ class ModelConfig:
     """Longest sequence the model is meant for (written to the HF and Qwen3 configs); RoPE angles are
     computed per position, so nothing is sized by it."""
     rope_theta: float = 1_000_000.0
+    """RoPE's base: frequencies ``rope_theta^(-2i/rotary_dim)`` (Su et al. 2021)."""
+    rope_parameters: dict[str, Any] | None = None
+    """RoPE scaling as transformers' ``rope_parameters`` (which computes it): None is plain RoPE at ``rope_theta``;
+    else ``rope_type`` (linear | dynamic | yarn | longrope | llama3 | proportional) and that type's keys, e.g.
+    ``{rope_type: yarn, factor: 4.0, original_max_position_embeddings: 4096}``; ``partial_rotary_factor`` (< 1:
+    that fraction of each head rotates) with any type. The HF config holds it completed by transformers' defaults
+    (docs/ARCHITECTURE.md, "RoPE")."""
     rms_norm_eps: float = 1e-6
     tie_word_embeddings: bool = True
     """Share the input embedding with the LM head (the papers' 83M-250M models do)."""
@@ -210,6 +221,12 @@ class ModelConfig:
         return self.initializer_range / math.sqrt(self.width_multiplier)
 
     @property
+    def resolved_rope_parameters(self) -> dict[str, Any]:
+        """``rope_parameters`` over its defaults: type default, ``rope_theta``, ``partial_rotary_factor`` 1."""
+        return {"rope_type": "default", "rope_theta": self.rope_theta, "partial_rotary_factor": 1.0,
+                **(self.rope_parameters or {})}
+
+    @property
     def resolved_head_dim(self) -> int:
         return self.head_dim or self.hidden_size // self.num_attention_heads
 
@@ -289,6 +306,7 @@ class ModelConfig:
                      "mixing_lr_mult", "focus_mu_lr_mult", "focus_sigma_lr_mult"):
             if not 0 < getattr(self, name) < math.inf:
                 raise ConfigError(name, f"expected a positive finite number, got {getattr(self, name)!r}")
+        check_rope_parameters(self)
         for selector, registry in _variant_registries().items():
             check_choice(selector, getattr(self, selector), registry)
         check_choice("isogmlp_gate", self.isogmlp_gate, ISOGMLP_GATES)

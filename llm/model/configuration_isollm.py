@@ -32,13 +32,17 @@ class IsoLLMConfig(ModelConfig, PreTrainedConfig):
     base_model_tp_plan: ClassVar[dict[str, str]] = {"embed_tokens": "embedding_rowwise"}
 
     def __post_init__(self, **kwargs: Any) -> None:
+        ModelConfig.validate(self)  # before transformers reads rope_parameters, which may not even be a mapping
+        # completed, as transformers' models hold it (its older name, a saved rope_scaling, takes precedence)
+        self.rope_parameters = self.resolved_rope_parameters
         super().__post_init__(**kwargs)
         ModelConfig.validate(self)
 
     def validate(self) -> IsoLLMConfig:
-        """Run transformers' own checks (called by ``save_pretrained``), then ``ModelConfig``'s."""
-        PreTrainedConfig.validate(self)
+        """Run ``ModelConfig``'s checks (one line naming the field), then transformers' own (called by
+        ``save_pretrained``)."""
         ModelConfig.validate(self)
+        PreTrainedConfig.validate(self)
         return self
 
     @classmethod

@@ -1,4 +1,4 @@
-"""RMSNorm and rotary position embedding (RoPE), fused, with hand-written backward passes.
+"""RMSNorm and rotary position embedding (RoPE; its angles: rotary.py), fused, with hand-written backward passes.
 
 Each kernel is an ``autograd.Function`` that makes fewer passes over its input than autograd's record of
 the composed ops. Under ``torch.compile`` the composed ops are used instead: the compiler fuses them
@@ -57,22 +57,6 @@ class _RMSNorm(torch.autograd.Function):
         return grad_x.to(x.dtype), grad_weight.to(weight.dtype), None
 
 
-def rotary_cos_sin(position_ids: torch.Tensor, head_dim: int, theta: float,
-                   dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
-    """RoPE's cos and sin, ``[B, T, head_dim]``, for integer positions ``[B, T]`` (Su et al. 2021).
-
-    Frequencies ``theta^(-2i/head_dim)`` are laid out as ``[f_0..f_{D/2-1}, f_0..f_{D/2-1}]``, the
-    rotate-half convention of Llama and Qwen3 (not interleaved pairs), so that an exported model gives
-    stock Qwen3's logits. Computed per call in fp32 rather than kept as a buffer: it is a tiny
-    ``T x D`` table shared by all layers, and a buffer would be cast to bf16 by ``model.to(bf16)``.
-    """
-    exponent = torch.arange(0, head_dim, 2, dtype=torch.float32, device=position_ids.device) / head_dim
-    inv_freq = 1.0 / (theta**exponent)
-    freqs = position_ids[..., None].float() * inv_freq
-    angles = torch.cat([freqs, freqs], dim=-1)
-    return angles.cos().to(dtype), angles.sin().to(dtype)
-
-
 class _Rotary(torch.autograd.Function):
     """``x * cos + rotate_half(x) * sin``, with ``rotate_half([x1, x2]) = [-x2, x1]``, written half by half
     into one output (two passes over x where the composed ops take five); the backward pass is the
@@ -102,11 +86,14 @@ class _Rotary(torch.autograd.Function):
 
 
 def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """Rotate ``x`` ``[B, heads, T, D]`` by its positions' angles (cos, sin ``[B, T, D]``, no gradient).
+    """Rotate ``x`` ``[B, heads, T, D]`` by its positions' angles (cos, sin ``[B, T, R]``, no gradient; rotary.py):
+    its first R dimensions, the rest passing unrotated when ``partial_rotary_factor`` makes R < D.
 
     Under ``torch.compile`` the composed ops are left to the compiler, which fuses them itself (and does
     not support the ``out=`` writes into slices that ``_Rotary`` uses).
     """
+    if (rotary_dim := cos.shape[-1]) < x.shape[-1]:
+        return torch.cat([apply_rotary(x[..., :rotary_dim], cos, sin), x[..., rotary_dim:]], dim=-1)
     cos, sin = cos[:, None], sin[:, None]
     if torch.compiler.is_compiling():
         x1, x2 = x.chunk(2, dim=-1)

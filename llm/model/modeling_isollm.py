@@ -48,10 +48,11 @@ from .cache import IsoLLMCache
 from .config import ModelConfig
 from .configuration_isollm import IsoLLMConfig
 from .decoder_layer import IsoLLMAttention, IsoLLMDecoderLayer
-from .fused_ops import RMSNorm, rotary_cos_sin
+from .fused_ops import RMSNorm
 from .layout import PackedDocuments, document_starts, restarts_between_real_tokens
 from .lm_head import IGNORE_INDEX, LMHead
 from .padding import PACKED_WITH_STATE, from_last_real_token, real_token_mask, refuse_restarts
+from .rotary import IsoLLMRotaryEmbedding
 from .static_decoding import static_prompt, static_step
 
 
@@ -128,11 +129,10 @@ class IsoLLMModel(IsoLLMPreTrainedModel):
 
     def __init__(self, config: IsoLLMConfig, inside_causal_lm: bool = False) -> None:
         super().__init__(config)
-        self.head_dim = config.resolved_head_dim
-        self.rope_theta = config.rope_theta
         self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
         self.layers = nn.ModuleList(IsoLLMDecoderLayer(config) for _ in range(config.num_hidden_layers))
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.rotary_emb = IsoLLMRotaryEmbedding(config)  # the cos/sin every layer shares
         self.document_mask = ATTN_SCORING_REGISTRY[config.attn_scoring].document_mask
         self._init_by_causal_lm = inside_causal_lm
         self.post_init()
@@ -216,7 +216,7 @@ class IsoLLMModel(IsoLLMPreTrainedModel):
         elif position_ids is None:
             start = cache.seen_tokens if cache is not None else 0
             position_ids = torch.arange(start, start + t, device=x.device)[None]
-        cos, sin = rotary_cos_sin(position_ids, self.head_dim, self.rope_theta, x.dtype)
+        cos, sin = self.rotary_emb(x, position_ids)
         for i, layer in enumerate(self.layers):
             x = layer(x, cos, sin, cache.layers[i] if cache is not None else None, padding_mask, documents,
                       output_attentions=bool(output_attentions))

@@ -33,7 +33,6 @@ import torch
 import torch.nn.functional as F
 
 from .cache import DecodeStep, IsoLLMCache, StaticDecoding
-from .fused_ops import rotary_cos_sin
 
 if TYPE_CHECKING:
     from .modeling_isollm import IsoLLMModel
@@ -43,6 +42,9 @@ def static_prompt(model: IsoLLMModel, cache: IsoLLMCache, padding_mask: torch.Te
                   shape: tuple[int, int], device: torch.device) -> None:
     """After a static cache's prompt (its first call, of ``shape`` ``(B, T)``): its ``max_length`` slots, the
     prompt's in them, and each layer's scoring state turned into its static one."""
+    if (rope_type := model.rotary_emb.rope_type) in ("dynamic", "longrope"):  # updated by dynamic_rope_update
+        raise ValueError(f"a static cache cannot decode with rope_type={rope_type}, whose frequencies follow the "
+                         f"sequence length (a CUDA graph step replays fixed ones); generate with a dynamic cache")
     real = padding_mask if padding_mask is not None else torch.ones(shape, dtype=torch.bool, device=device)
     cache.decoding = StaticDecoding(slot=torch.full((1,), shape[1], device=device),
                                     real_keys=F.pad(real, (0, cache.max_length - real.shape[1])))
@@ -85,7 +87,7 @@ def decode_step(model: IsoLLMModel, input_ids: torch.Tensor, real: torch.Tensor,
     step = DecodeStep(decoding.slot, (decoding.real_keys | own)[:, None, None], real)  # once for every layer
     position = (decoding.real_keys.sum(-1, keepdim=True) - 1).clamp_min(0)  # as forward counts real tokens
     x = model.embed_tokens(input_ids)
-    cos, sin = rotary_cos_sin(position, model.head_dim, model.rope_theta, x.dtype)
+    cos, sin = model.rotary_emb(x, position)
     for layer, state in zip(model.layers, cache.layers, strict=True):
         x = layer(x, cos, sin, state, real, step=step)  # the step's padding mask: whether its token is real
     decoding.slot.add_(1)

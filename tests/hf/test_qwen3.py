@@ -65,3 +65,24 @@ def test_variants_qwen3_cannot_express_fail_naming_the_field(tmp_path, overrides
         export_qwen3(build(**overrides), tmp_path)
     assert info.value.field == field
     assert not any(tmp_path.iterdir())  # nothing half-written
+
+
+@pytest.mark.parametrize("rope", [{"rope_type": "linear", "factor": 4.0},
+                                  {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 8}],
+                         ids=["linear", "yarn"])
+def test_scaled_rope_exports_to_qwen3_with_equal_fp64_logits(tmp_path, rope):
+    model = build(rope_parameters=rope, max_position_embeddings=32).double()
+    export_qwen3(model, tmp_path)
+    assert json.loads((tmp_path / "config.json").read_text())["rope_parameters"]["rope_type"] == rope["rope_type"]
+    qwen3 = AutoModelForCausalLM.from_pretrained(tmp_path, dtype=torch.float64).eval()
+    ids = torch.randint(0, 256, (2, 24), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():  # Qwen3's RMSNorm computes in fp32 even in an fp64 model: equal to 1e-7
+        torch.testing.assert_close(qwen3(ids).logits, model(ids).logits, rtol=0, atol=1e-6)
+        unscaled = build(max_position_embeddings=32).double()(ids).logits  # the same weights (seed 0)
+        assert (unscaled - model(ids).logits).abs().max() > 1e-3  # so the scaling is what the export carries
+
+
+def test_partial_rotation_is_refused_by_the_qwen3_export(tmp_path):
+    with pytest.raises(ConfigError, match=r"^rope_parameters.partial_rotary_factor: stock Qwen3 export needs 1, "):
+        export_qwen3(build(rope_parameters={"partial_rotary_factor": 0.5}), tmp_path)
+    assert not any(tmp_path.iterdir())

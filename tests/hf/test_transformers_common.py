@@ -11,6 +11,7 @@ and ``tests/model/test_static_decoding.py`` (generate() equals the full forward;
 from __future__ import annotations
 
 import contextlib
+import inspect
 import os
 import tempfile
 import unittest
@@ -69,7 +70,7 @@ def listed_as_in_the_library():
 class IsoLLMModelTester:
     """The tiny model and inputs the suite builds its checks from (the attributes it reads)."""
 
-    batch_size, seq_length, vocab_size, hidden_size = 2, 7, 99, 32
+    batch_size, seq_length, vocab_size, hidden_size, max_position_embeddings = 2, 7, 99, 32, 32
     num_hidden_layers, num_attention_heads, num_key_value_heads, intermediate_size = 2, 4, 2, 37
     num_labels, pad_token_id, is_training = 3, 0, True
 
@@ -82,6 +83,7 @@ class IsoLLMModelTester:
                             intermediate_size=self.intermediate_size, num_hidden_layers=self.num_hidden_layers,
                             num_attention_heads=self.num_attention_heads,
                             num_key_value_heads=self.num_key_value_heads, num_labels=self.num_labels,
+                            max_position_embeddings=self.max_position_embeddings,
                             pad_token_id=self.pad_token_id, iso_tanh_chunk_size=4, **self.variant)
 
     def prepare_config_and_inputs_for_common(self) -> tuple[IsoLLMConfig, dict[str, torch.Tensor]]:
@@ -128,6 +130,14 @@ class IsoTanhCommonTest(IsoLLMCommonTest):
             assert IsoLLMModel.from_pretrained(directory).config._attn_implementation == "eager"
             with pytest.raises(ValueError, match=r'^attn_implementation="sdpa" does not apply'):
                 IsoLLMModel.from_pretrained(directory, attn_implementation="sdpa")
+
+
+def test_the_suites_rope_tests_apply():
+    """The suite skips its RoPE tests (scaling from the config, the frequencies of each type, partial rotation) for a
+    model without ``rope_parameters`` holding ``partial_rotary_factor``, or without a ``rotary_emb`` module."""
+    config = IsoLLMModelTester(None, {}).get_config()
+    assert "partial_rotary_factor" in config.rope_parameters
+    assert list(inspect.signature(type(IsoLLMModel(config).rotary_emb)).parameters) == ["config"]
 
 
 for _name, _variant in VARIANTS.items():

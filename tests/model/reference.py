@@ -33,3 +33,14 @@ def ffn_param_count(config: ModelConfig) -> int:
     with torch.device("meta"):
         block = FFN_REGISTRY[config.ffn](config, intermediate_size=resolve_intermediate_size(config))
     return sum(p.numel() for p in block.parameters())
+
+
+def rotary_cos_sin(position_ids: torch.Tensor, head_dim: int, theta: float,
+                   dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    """RoPE's cos and sin ``[B, T, head_dim]`` as isollm computed them before RoPE scaling existed (every checkpoint
+    trained then rotates by these bits): ``theta^(-2i/D)`` in fp32, rotate-half layout."""
+    exponent = torch.arange(0, head_dim, 2, dtype=torch.float32, device=position_ids.device) / head_dim
+    inv_freq = 1.0 / (theta**exponent)
+    freqs = position_ids[..., None].float() * inv_freq
+    angles = torch.cat([freqs, freqs], dim=-1)
+    return angles.cos().to(dtype), angles.sin().to(dtype)

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, fields
+from dataclasses import asdict, fields, replace
 from pathlib import Path
 
 import pytest
@@ -24,7 +24,10 @@ def test_hf_config_has_exactly_the_model_config_fields_and_defaults():
     hf_fields = {f.name: f for f in fields(IsoLLMConfig)}
     for f in fields(ModelConfig):
         assert f.name in hf_fields
-        assert getattr(IsoLLMConfig(), f.name) == getattr(ModelConfig(), f.name), f.name
+        default = getattr(ModelConfig(), f.name)
+        if f.name == "rope_parameters":  # the HF config holds them completed
+            default = ModelConfig().resolved_rope_parameters
+        assert getattr(IsoLLMConfig(), f.name) == default, f.name
     assert IsoLLMConfig.model_type == "isollm"
     assert IsoLLMConfig().tie_word_embeddings is True
 
@@ -34,8 +37,8 @@ def test_for_model_builds_any_variant_and_round_trips():
                                   iso_ln_alpha=1.5, **TINY)
     assert isinstance(config, IsoLLMConfig)
     model_config = config.to_model_config()
-    assert model_config == ModelConfig(ffn="iso_ln", ffn_linear="focus", attn_scoring="iso_tanh",
-                                       iso_ln_alpha=1.5, **TINY)
+    expected = ModelConfig(ffn="iso_ln", ffn_linear="focus", attn_scoring="iso_tanh", iso_ln_alpha=1.5, **TINY)
+    assert model_config == replace(expected, rope_parameters=expected.resolved_rope_parameters)
     assert IsoLLMConfig.from_model_config(model_config).to_model_config() == model_config
     assert isinstance(AutoModelForCausalLM.from_config(config), IsoLLMForCausalLM)
 

@@ -8,13 +8,14 @@ import itertools
 import pytest
 import torch
 import torch.nn.functional as F
+from reference import rotary_cos_sin
 
 from llm.model import IsoLLMCache, IsoLLMConfig, IsoLLMForCausalLM, ModelConfig, param_counts
 from llm.model.attention import ATTN_SCORING_REGISTRY
 from llm.model.ffn import FFN_REGISTRY, ISOGMLP_GATES
 from llm.model.fused_ops import RMSNorm, _RMSNorm, apply_rotary
 from llm.model.linear import LINEAR_REGISTRY
-from llm.model.modeling_isollm import CACHE_ARG, rotary_cos_sin
+from llm.model.modeling_isollm import CACHE_ARG
 
 VOCAB, T = 256, 12
 TINY = dict(vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=2,

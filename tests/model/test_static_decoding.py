@@ -158,3 +158,19 @@ def test_cache_implementation_static_decodes_through_the_static_cache(monkeypatc
     static = model.generate(prompt, cache_implementation="static", **kwargs)
     assert torch.equal(static, model.generate(prompt, **kwargs))
     assert len(steps) == STEPS - 1 and steps[0].max_length == PROMPT + STEPS - 1  # the last token is not fed
+
+
+@pytest.mark.parametrize("rope", [{"rope_type": "yarn", "factor": 4.0, "partial_rotary_factor": 0.5},
+                                  {"rope_type": "linear", "factor": 2.0}], ids=["yarn_partial", "linear"])
+def test_static_cache_rotates_as_the_growing_cache_with_scaled_rope(rope):
+    model = build(rope_parameters=rope)
+    ids, mask = padded_batch()
+    static, growing = (decode(model, ids, mask, IsoLLMCache(2, max_length=n)) for n in (PROMPT + STEPS, None))
+    torch.testing.assert_close(static[real_steps(mask)], growing[real_steps(mask)], rtol=0, atol=1e-12)
+
+
+def test_a_static_cache_refuses_a_rope_that_follows_the_sequence_length():
+    model = build(rope_parameters={"rope_type": "dynamic", "factor": 2.0})
+    with torch.no_grad(), pytest.raises(ValueError, match=r"^a static cache cannot decode with rope_type=dynamic, "
+                                                          r"whose frequencies follow the sequence length"):
+        model(tokens(seq=PROMPT), cache=IsoLLMCache(2, max_length=PROMPT + 1))
