@@ -72,6 +72,7 @@ class FeedForward(nn.Module):
         self.in_proj = make_linear(config, config.hidden_size, k * intermediate_size, groups=k)
         self.down_proj = nn.Linear(intermediate_size, config.hidden_size, bias=False)
         nn.init.normal_(self.down_proj.weight, std=self.init_std)
+        self.drew_at_construction = not self.down_proj.weight.is_meta  # see Projection
 
     def projection_names(self, config: ModelConfig) -> tuple[str, ...]:
         """Names of the pathways fused into ``in_proj`` (its row blocks, in order)."""

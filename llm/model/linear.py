@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING, ClassVar
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
+from transformers import initialization as init
 
 if TYPE_CHECKING:
     from .config import ModelConfig
@@ -57,6 +58,9 @@ class Projection(nn.Module):
         self.weight = nn.Parameter(torch.empty(out_features, in_features))
         self.add_form_parameters(config)
         self.reset_parameters()
+        # Built on the meta device (from_pretrained) it drew nothing: the model's _init_weights then draws what the
+        # checkpoint lacks. Built for real it keeps this draw (a seed gives the weights it always gave).
+        self.drew_at_construction = not self.weight.is_meta
 
     def add_form_parameters(self, config: ModelConfig) -> None:
         """Register the parameters a subclass adds to the weight (uninitialised; see ``reset_parameters``)."""
@@ -133,9 +137,8 @@ class Focus(Projection):
         block = self.out_features // self.groups
         # Midpoints of `block` equal cells of [0, 1]: even spacing without piling up on the borders.
         centres = (torch.arange(block, device=self.focus_mu.device, dtype=torch.float32) + 0.5) / block
-        with torch.no_grad():
-            self.focus_mu.copy_(centres.repeat(self.groups))
-            self.focus_sigma.fill_(self.sigma_init)
+        init.copy_(self.focus_mu, centres.repeat(self.groups))  # transformers' init: a loaded value is kept
+        nn.init.constant_(self.focus_sigma, self.sigma_init)
 
     def focus_coefficients(self) -> Tensor:
         """Phi ``[out, in]`` of eq. 6-7 for the current ``focus_mu`` / ``focus_sigma``.

@@ -24,10 +24,8 @@ lm_head.py (the LM head and its fused cross-entropy).
 Copied to the hub with its relative imports: torch and transformers only.
 """
 
-from __future__ import annotations
-
 import dataclasses
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Unpack
 
 import torch
 import torch.nn.functional as F
@@ -40,7 +38,7 @@ from transformers.modeling_layers import (
 )
 from transformers.modeling_outputs import BaseModelOutputWithPast, CausalLMOutputWithPast
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
-from transformers.utils import ModelOutput, can_return_tuple
+from transformers.utils import ModelOutput, TransformersKwargs, can_return_tuple
 from transformers.utils.output_capturing import capture_outputs
 
 from .attention import ATTN_SCORING_REGISTRY
@@ -113,6 +111,15 @@ class IsoLLMPreTrainedModel(PreTrainedModel):
                              f'{self.config.attn_scoring}; it runs {", ".join(applicable)}')
         return super().get_correct_attn_implementation(requested_attention, is_init_check)
 
+    def _init_weights(self, module: nn.Module) -> None:
+        """transformers' init, and this package's FFN blocks and projections (``reset_parameters``) where
+        ``from_pretrained`` built them on the meta device (``drew_at_construction`` False) and the checkpoint lacks
+        a value: transformers guards ``torch.nn.init`` here, so what was loaded is kept. Built for real, a block
+        keeps what its constructor drew: drawing again would change the weights a seed gives."""
+        super()._init_weights(module)
+        if getattr(module, "drew_at_construction", True) is False:
+            module.reset_parameters()
+
     def save_pretrained(self, *args: Any, **kwargs: Any) -> None:
         """transformers' ``save_pretrained``; a class registered for an Auto class (as importing the llm package
         does) lists every ``AUTO_CLASSES`` entry in the directory's ``auto_map``, so that a causal-LM checkpoint
@@ -156,7 +163,8 @@ class IsoLLMModel(IsoLLMPreTrainedModel):
     def forward(self, input_ids: torch.LongTensor | None = None, attention_mask: torch.Tensor | None = None,
                 position_ids: torch.LongTensor | None = None, cache: IsoLLMCache | None = None,
                 inputs_embeds: torch.Tensor | None = None, use_cache: bool | None = None,
-                past_key_values: IsoLLMCache | None = None, **kwargs: Any) -> BaseModelOutputWithPast:
+                past_key_values: IsoLLMCache | None = None, **kwargs: Unpack[TransformersKwargs],
+                ) -> BaseModelOutputWithPast:
         """``norm(x_L)`` as ``last_hidden_state``. Either ``input_ids`` or ``inputs_embeds`` (``[B, T, hidden_size]``,
         e.g. soft prompts) is given.
 
@@ -258,7 +266,7 @@ class IsoLLMForCausalLM(IsoLLMPreTrainedModel, GenerationMixin):
                 use_cache: bool | None = None, labels: torch.LongTensor | None = None,
                 shift_labels: torch.LongTensor | None = None, logits_to_keep: int = 0,
                 past_key_values: IsoLLMCache | None = None, inputs_embeds: torch.Tensor | None = None,
-                **kwargs: Any) -> CausalLMOutputWithPast:
+                **kwargs: Unpack[TransformersKwargs]) -> CausalLMOutputWithPast:
         """Logits ``[B, T, V]`` (only the last ``logits_to_keep`` positions when > 0, as ``generate()``
         asks) and, given targets, the mean next-token cross-entropy in fp32 over targets != -100.
 

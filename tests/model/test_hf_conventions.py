@@ -12,7 +12,13 @@ from test_modeling import VOCAB, T, build, tokens
 from transformers import AutoModel, AutoModelForSequenceClassification, AutoModelForTokenClassification
 
 import llm  # noqa: F401  (registers the Auto classes)
-from llm.model import IsoLLMConfig, IsoLLMForSequenceClassification, IsoLLMForTokenClassification, IsoLLMModel
+from llm.model import (
+    IsoLLMConfig,
+    IsoLLMForCausalLM,
+    IsoLLMForSequenceClassification,
+    IsoLLMForTokenClassification,
+    IsoLLMModel,
+)
 from llm.model import attention as attention_module
 from llm.model.attention import IsoTanhScoring, SoftmaxScoring
 
@@ -149,3 +155,38 @@ def test_the_auto_classes_build_the_base_model_and_heads_and_a_head_loads_a_chec
     saved = causal.model.state_dict()
     for name, value in head.model.state_dict().items():
         assert torch.equal(value, saved[name]), name
+
+
+@pytest.mark.parametrize("variant", [dict(ffn="isogmlp", ffn_linear="focus"),
+                                     dict(ffn="iso_ln", ffn_linear="affine_like")])
+def test_weights_a_checkpoint_lacks_are_initialised_and_the_loaded_ones_kept(tmp_path, variant):
+    """transformers reports the keys a checkpoint lacks as "newly initialized": this package's FFN blocks and
+    projections (which transformers' default init does not know) are, by their own ``reset_parameters``, instead of
+    keeping the uninitialised memory of the meta-device build; every loaded value stays bit for bit; and building
+    the model for real draws what it always drew (the seed's weights do not depend on this)."""
+    from safetensors.torch import load_file, save_file
+
+    config = IsoLLMConfig(vocab_size=VOCAB, hidden_size=32, intermediate_size=36, num_hidden_layers=2,
+                          num_attention_heads=4, num_key_value_heads=2, **variant)
+    torch.manual_seed(0)
+    model = IsoLLMForCausalLM(config)
+    torch.manual_seed(0)
+    assert all(torch.equal(a, b) for a, b in zip(model.state_dict().values(),
+                                                 IsoLLMForCausalLM(config).state_dict().values(), strict=True))
+    with torch.no_grad():  # loaded values unlike any init
+        for param in model.parameters():
+            param.add_(0.5)
+    model.save_pretrained(tmp_path)
+    saved = load_file(tmp_path / "model.safetensors")
+    missing = [key for key in saved if key.startswith("model.layers.1.mlp.")]
+    save_file({key: value for key, value in saved.items() if key not in missing}, tmp_path / "model.safetensors",
+              metadata={"format": "pt"})
+    loaded = IsoLLMForCausalLM.from_pretrained(tmp_path).state_dict()
+    fresh = IsoLLMForCausalLM(config).state_dict()  # what init gives, where it is not random
+    for key in saved:
+        if key not in missing:
+            assert torch.equal(loaded[key], saved[key]), key
+        elif key.endswith("weight") and loaded[key].dim() == 2:
+            assert abs(loaded[key].std().item() - config.initializer_range) < 0.004, key
+        else:
+            assert torch.equal(loaded[key], fresh[key]), key
