@@ -293,6 +293,9 @@ def _resolve(layers: list[DictConfig | dict[str, Any]], overrides: list[str], sa
             except yaml.YAMLError:  # OmegaConf parses the value as YAML and lets the parser's error through
                 key, value = override.split("=", 1)
                 raise ConfigError(key, f"{value!r} is not a YAML value") from None
+            except TypeError:  # OmegaConf's "incompatible container types", which names no key
+                key, value = override.split("=", 1)
+                raise ConfigError(key, f"{value!r}: a list where a mapping is expected, or the reverse") from None
         config = OmegaConf.to_object(merged)
     except OmegaConfBaseException as err:  # in one line, naming the key
         message, key = str(err).splitlines()[0], getattr(err, "full_key", None) or "config"

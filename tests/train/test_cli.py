@@ -20,6 +20,7 @@ from llm.config import RunConfig, load_config, save_config
     ("train.nope=1", "train.nope", "unknown key"),
     ("model.iso_ln_alpha=1.5", "model.iso_ln_alpha", "has no effect: it is an option of ffn=iso_ln"),
     ("resume=[", "resume", "'[' is not a YAML value"),
+    ("model.rope_parameters=[1,2]", "model.rope_parameters", "a list where a mapping is expected"),
 ])
 def test_bad_config_is_one_line_exit_2(override: str, field: str, message: str, tmp_path: Path,
                                       capsys: pytest.CaptureFixture) -> None:
