@@ -242,21 +242,22 @@ def apply_plan(comparison: Comparison, plan_csv: str | Path) -> list[RunRecord]:
     one in a row of another config, a changed pilot, another baseline. Returns the complete runs of planned rows
     that the plan did not plan (to compare again without them; each named in a warning)."""
     rows = {row.variant: row for row in comparison.rows}
+    losses_of = {row.variant: {run.seed: run.final_val_loss for run in row.runs} for row in comparison.rows}
     base_of = {row.size: row.variant for row in comparison.rows if row.variant in comparison.baselines}
     everyone = [run for row in comparison.rows for run in row.runs]
     left_out = []
     for entry in read_plan(plan_csv):
         name, pilot = entry["variant"], entry["pilot"]
-        found = [row for row in rows.values() if all(loss == {r.seed: r.final_val_loss for r in row.runs}.get(seed)
-                                                     for seed, loss in pilot.items())]
-        if (row := rows.get(name)) is None or row not in found:  # relabelled by a run of another config: its pilot
-            row = next((row for row in found if row.variant.startswith(name)), row)
-        if row is None:
+        found = [variant for variant, losses in losses_of.items()
+                 if all(losses.get(seed) == loss for seed, loss in pilot.items())]
+        # relabelled by a run of another config: the row that holds its pilot
+        variant = name if name in found else next((v for v in found if v.startswith(name)), name)
+        if (row := rows.get(variant)) is None:
             raise EvalError(f"--planned {plan_csv}: its row {name!r} is not among the compared rows")
         if (baseline := base_of.get(row.size)) != entry["baseline"]:
             raise EvalError(f"--planned {plan_csv}: {name} was planned against {entry['baseline']}, and is "
                             f"compared against {baseline}; compare with --baseline {entry['baseline']}")
-        losses = {run.seed: run.final_val_loss for run in row.runs}
+        losses = losses_of[row.variant]
         if changed := [seed for seed, loss in pilot.items() if losses.get(seed) != loss]:
             raise EvalError(f"--planned {plan_csv}: {name}'s pilot changed (seed {changed[0]}: planned at loss "
                             f"{pilot[changed[0]]!r}, now {losses.get(changed[0], 'missing')})")
