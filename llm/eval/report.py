@@ -210,6 +210,7 @@ def format_table(comparison: Comparison) -> str:
     lines = _table(["Variant", *comparison.tune, "Params (total)", "Params (non-emb.)", "Val loss (mean ± std)", "n",
                     "Diverged / incomplete ⁴", *_gap_header(comparison), "Grad-norm variance after warmup ²",
                     "Tokens/s ³"], rows)
+    scopes = sorted({row.seed_scope for row in comparison.rows})
     lines += [*_conclusion(comparison), "", *(f"- {note}" for note in (
         *(["[key]: a short name of the row's configuration (less its size), which --baseline accepts."]
           if any(row.key for row in comparison.rows) else []),
@@ -225,8 +226,8 @@ def format_table(comparison: Comparison) -> str:
         "otherwise.",
         f"⁶ Seeds per arm (pairs, paired) at {POWER:.0%} power, p < {ALPHA}, the observed spreads taken as true"
         + ("" if comparison.target_gap is None else f"; for a gap of {comparison.target_gap:g} (--target-gap)") + ".",
-        "Seed scope: " + "; ".join(SEED_SCOPES[scope] for scope in sorted({r.seed_scope for r in comparison.rows}))
-        + ("" if len({r.seed_scope for r in comparison.rows}) < 2 else " (each row's: seed_scope in comparison.csv)."),
+        "Seed scope: " + "; ".join(SEED_SCOPES[scope] for scope in scopes)
+        + ("" if len(scopes) < 2 else " (each row's: seed_scope in comparison.csv)."),
         ASSUMPTIONS, *([OPTIMISM_NOTE] if comparison.tune else []),
         *([STEIN_NOTE] if any(row.gap and not math.isnan(row.gap.stein_threshold) for row in comparison.rows) else []),
         f"Method: {METHOD}.", *(f"Warning: {w}" for w in comparison.warnings)))]
