@@ -34,9 +34,8 @@ def losses(root: Path) -> dict[tuple[str, str], dict[int, float]]:
     for scope in SCOPES:
         for ffn in FFNS:
             for path in sorted(root.glob(f"{scope}-{ffn}-s*")):
-                run = load_run(path)
-                if run.evals and run.evals[-1]["step"] == run.train[-1]["step"]:
-                    found.setdefault((scope, ffn), {})[run.seed] = float(run.evals[-1]["val_loss"])
+                if (run := load_run(path)).complete:
+                    found.setdefault((scope, ffn), {})[run.seed] = run.final_val_loss
     return found
 
 
