@@ -82,20 +82,19 @@ def main(root: Path) -> None:
     print("\n## Within a pair (the two variants of one seed)\n")
     print("| scope | pairs | correlation (95% CI, Fisher z) | SD of the differences (95% CI) | mean difference |"
           "\n|---|---|---|---|---|")
-    pair_sd = {}
+    pair_sd, differences = {}, {}
     for scope in SCOPES:
         seeds = sorted(set(data[scope, "swiglu"]) & set(data[scope, "isogmlp"]))
         sw = np.array([data[scope, "swiglu"][s] for s in seeds])
         iso = np.array([data[scope, "isogmlp"][s] for s in seeds])
         r = float(np.corrcoef(sw, iso)[0, 1])
         z, half = math.atanh(r), 1.96 / math.sqrt(len(seeds) - 3)
-        var, low, high = var_interval(list(iso - sw))
+        differences[scope] = list(iso - sw)
+        var, low, high = var_interval(differences[scope])
         pair_sd[scope] = (var ** 0.5, low ** 0.5, high ** 0.5)
         print(f"| {scope} | {len(seeds)} | {r:+.2f} ({math.tanh(z - half):+.2f} to {math.tanh(z + half):+.2f}) | "
               f"{var ** 0.5:.4f} ({low ** 0.5:.4f}-{high ** 0.5:.4f}) | {float(np.mean(iso - sw)):+.4f} |")
 
-    differences = {scope: [data[scope, "isogmlp"][s] - data[scope, "swiglu"][s] for s in sorted(data[scope, "swiglu"])]
-                   for scope in SCOPES}
     test = stats.ttest_ind(differences["init"], differences["run"], equal_var=False)
     shift = float(np.mean(differences["init"])) - float(np.mean(differences["run"]))
     print(f"\nThe pair's gap itself, init scope minus run scope: {shift:+.4f} (Welch p = {test.pvalue:.3f}): the one data order of the init scope is one draw of the run scope's.")
