@@ -111,9 +111,11 @@ def demo_venv(clone: Path) -> None:
     ``train.py``'s arguments, and ``bin/`` holds pyproject.toml's console scripts."""
     venv.create(clone / ".venv", symlinks=True)
     packages = next((clone / ".venv" / "lib").glob("python*/site-packages"))
-    (packages / "readme_test.pth").write_text(
+    # site reads a venv's .pth files twice; the module they import runs once
+    (packages / "readme_test.py").write_text(
         f"import site; site.addsitedir({site.getsitepackages()[0]!r})\n"
         f"import sys; sys.argv[0].endswith('train.py') and sys.argv.extend({SHORTEN!r})\n")
+    (packages / "readme_test.pth").write_text("import readme_test\n")
     scripts = tomllib.loads((clone / "pyproject.toml").read_text())["project"]["scripts"]
     for name, target in scripts.items():
         module, function = target.split(":")
