@@ -16,7 +16,7 @@ from typing import Any
 
 import torch
 import yaml
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig, ListConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from llm.model.config import ConfigError, ModelConfig, check_choice, upgrade_saved
@@ -278,24 +278,50 @@ def _read_back_saved(node: DictConfig) -> DictConfig:
     return node
 
 
+def _container_mismatch(schema: DictConfig, node: DictConfig, prefix: str = "") -> str | None:
+    """The dotted key where ``node`` gives a list and ``schema`` holds a mapping, or the reverse (OmegaConf's
+    "incompatible container types" names none)."""
+    for key in (key for key in node if key in schema):  # an unknown key is OmegaConf's to name
+        have, given = schema._get_node(key), node._get_node(key)
+        if not isinstance(have, DictConfig | ListConfig) or not isinstance(given, DictConfig | ListConfig):
+            continue
+        if type(have) is not type(given):
+            return f"{prefix}{key}"
+        if isinstance(given, DictConfig) and not have._is_none() and not given._is_none() and (
+                found := _container_mismatch(have, given, f"{prefix}{key}.")):
+            return found
+    return None
+
+
+def _merge(merged: DictConfig, node: DictConfig, value: str | None = None) -> DictConfig:
+    """``OmegaConf.merge``; a list where the merged config holds a mapping (or the reverse) is one ``ConfigError``
+    naming its key (and the override's ``value``)."""
+    try:
+        return OmegaConf.merge(merged, node)
+    except TypeError:
+        message = "a list where a mapping is expected, or the reverse"
+        raise ConfigError(_container_mismatch(merged, node) or "config",
+                          f"{value}: {message}" if value else message) from None
+
+
 def _resolve(layers: list[DictConfig | dict[str, Any]], overrides: list[str], saved_run: bool) -> RunConfig:
     """Merge ``layers`` (the first one saved by a run when ``saved_run``) and overrides over the schema."""
     try:
         nodes = [OmegaConf.create(layer) for layer in layers]
         if saved_run and nodes:
             nodes[0] = _read_back_saved(nodes[0])
-        merged = OmegaConf.merge(OmegaConf.structured(RunConfig), *nodes)
+        merged = OmegaConf.structured(RunConfig)
+        for node in nodes:
+            merged = _merge(merged, node)
         for override in overrides:
             if "=" not in override:
                 raise ConfigError(override, "expected key.sub=value")
+            key, value = override.split("=", 1)
             try:
-                merged = OmegaConf.merge(merged, OmegaConf.from_dotlist([override]))
+                node = OmegaConf.from_dotlist([override])
             except yaml.YAMLError:  # OmegaConf parses the value as YAML and lets the parser's error through
-                key, value = override.split("=", 1)
                 raise ConfigError(key, f"{value!r} is not a YAML value") from None
-            except TypeError:  # OmegaConf's "incompatible container types", which names no key
-                key, value = override.split("=", 1)
-                raise ConfigError(key, f"{value!r}: a list where a mapping is expected, or the reverse") from None
+            merged = _merge(merged, node, repr(value))
         config = OmegaConf.to_object(merged)
     except OmegaConfBaseException as err:  # in one line, naming the key
         message, key = str(err).splitlines()[0], getattr(err, "full_key", None) or "config"

@@ -64,13 +64,13 @@ def _check_saved(saved: Path) -> None:
     if not saved.is_file():
         raise ConfigError("config", f"{saved} is missing, but the run holds {len(found)} checkpoint(s): restore it "
                                     f"(e.g. copy {found[0]}) to resume")
+    have = set(_keys(OmegaConf.to_container(read_yaml(saved))))
+    sections = {key.split(".")[0] for key in have}  # a whole section missing is load_config's to name
     for reference in found:  # the newest that reads (the resume skips a damaged checkpoint too)
         try:
             want = _keys(OmegaConf.to_container(read_yaml(reference)))
         except ConfigError:
             continue
-        have = set(_keys(OmegaConf.to_container(read_yaml(saved))))
-        sections = {key.split(".")[0] for key in have}  # a whole section missing is load_config's to name
         if missing := [key for key in want if key not in have and key.split(".")[0] in sections]:
             more = f" and {len(missing) - 1} more key(s)" if len(missing) > 1 else ""
             raise ConfigError("config", f"{saved} lacks {missing[0]}{more}, which the checkpoint config {reference} "

@@ -30,6 +30,14 @@ def test_bad_config_is_one_line_exit_2(override: str, field: str, message: str, 
     assert not any(tmp_path.iterdir())  # no run directory was created
 
 
+def test_a_list_for_a_mapping_in_a_config_file_is_one_line(tmp_path: Path, capsys) -> None:
+    """As on the command line: the key named, not OmegaConf's TypeError traceback."""
+    (path := tmp_path / "bad.yaml").write_text("model:\n  rope_parameters: [1, 2]\n")
+    assert main(["--config", str(path), f"out_dir={tmp_path / 'runs'}", "train.max_steps=1"]) == 2
+    assert capsys.readouterr().err == ("error: model.rope_parameters: a list where a mapping is expected, or the "
+                                       "reverse\n")
+
+
 def test_missing_config_file(tmp_path: Path, capsys) -> None:
     assert main(["--config", str(tmp_path / "nope.yaml")]) == 2
     assert capsys.readouterr().err.startswith("error: config: no such config file")
