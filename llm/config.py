@@ -280,7 +280,8 @@ def _read_back_saved(node: DictConfig) -> DictConfig:
 
 def _container_mismatch(schema: DictConfig, node: DictConfig, prefix: str = "") -> str | None:
     """The dotted key where ``node`` gives a list and ``schema`` holds a mapping, or the reverse (OmegaConf's
-    "incompatible container types" names none)."""
+    "incompatible container types" names none). It reads OmegaConf's nodes (``_get_node``, ``_is_none``: private, as
+    a field whose value is None has no public node); tests/train/test_cli.py fails the day they change."""
     for key in (key for key in node if key in schema):  # an unknown key is OmegaConf's to name
         have, given = schema._get_node(key), node._get_node(key)
         if not isinstance(have, DictConfig | ListConfig) or not isinstance(given, DictConfig | ListConfig):
