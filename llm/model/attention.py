@@ -161,21 +161,18 @@ class SoftmaxScoring(nn.Module):
         tq, tk = q.shape[2], k.shape[2]
         block_mask = documents.attention_mask if documents is not None else None
         block_mask = block_mask if isinstance(block_mask, BlockMask) else None  # packed documents on CUDA
-        if weights is not None or implementation in ("eager", "flex_attention"):  # weights: the eager path's
-            real = _check_padding_mask(padding_mask, q, tk) if padding_mask is not None else None
-            if weights is None and implementation == "flex_attention":
-                out = self.flex(q, k, v, block_mask if block_mask is not None else
-                                visible_keys(tq, tk, q.device, real, documents))
-            else:
-                out = self.eager(q, k, v, visible_keys(tq, tk, q.device, real, documents), weights)
-            if real is not None:  # a padded query reaches no real token
-                out = out.masked_fill(~real[:, None, tk - tq:, None], 0.0)
+        real = _check_padding_mask(padding_mask, q, tk) if padding_mask is not None else None
+        if weights is not None or implementation == "eager":  # weights: the eager path's
+            out = self.eager(q, k, v, visible_keys(tq, tk, q.device, real, documents), weights)
         elif block_mask is not None:  # block-sparse, which no SDPA kernel is: FlexAttention (training names it)
             out = self.flex(q, k, v, block_mask)
+        elif implementation == "flex_attention":
+            out = self.flex(q, k, v, visible_keys(tq, tk, q.device, real, documents))
         elif documents is not None:
             out = F.scaled_dot_product_attention(q, k, v, attn_mask=documents.attention_mask, enable_gqa=True)
-        elif padding_mask is not None:
-            out = self.padded(q, k, v, _check_padding_mask(padding_mask, q, tk))
+        elif real is not None:  # causal attention over the real keys only
+            out = F.scaled_dot_product_attention(q, k, v, attn_mask=visible_keys(tq, tk, q.device, real),
+                                                 enable_gqa=True)
         elif tq == tk:
             out = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
         elif tq == 1:  # one new token sees every key
@@ -184,6 +181,8 @@ class SoftmaxScoring(nn.Module):
         else:  # SDPA's is_causal aligns top-left when Tq != Tk; query i sits at key position i + tk - tq
             visible = torch.ones(tq, tk, dtype=torch.bool, device=q.device).tril(diagonal=tk - tq)
             out = F.scaled_dot_product_attention(q, k, v, attn_mask=visible, enable_gqa=True)
+        if real is not None:  # zero at padded queries, so that a padded query reaches no real token
+            out = out.masked_fill(~real[:, None, tk - tq:, None], 0.0)
         return out, ((k, v) if use_cache else None)
 
     @staticmethod
@@ -209,15 +208,6 @@ class SoftmaxScoring(nn.Module):
         grouped = q.reshape(b, k.shape[1], -1, d).to(keys.dtype) * d**-0.5  # [B, Hkv, H / Hkv, D]
         scores = (grouped @ keys.transpose(-1, -2)).masked_fill_(~step.visible, -math.inf)
         return (scores.softmax(-1).to(v.dtype) @ values).reshape(b, h, 1, d)
-
-    @staticmethod
-    def padded(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, padding_mask: torch.Tensor) -> torch.Tensor:
-        """Causal attention over the real keys only; zero at padded queries (``visible_keys``), so that a padded
-        query reaches no real token."""
-        tq, tk = q.shape[2], k.shape[2]
-        out = F.scaled_dot_product_attention(q, k, v, attn_mask=visible_keys(tq, tk, q.device, padding_mask),
-                                             enable_gqa=True)
-        return out.masked_fill(~padding_mask[:, None, tk - tq:, None], 0.0)
 
     @staticmethod
     def eager(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, visible: torch.Tensor,

@@ -26,10 +26,9 @@ ROPE_TYPES = ("default", *ROPE_INIT_FUNCTIONS)
 def rope_config(config: Any) -> PreTrainedConfig:
     """What transformers' RoPE functions read of ``config`` (a ``ModelConfig`` or the HF config), on a
     ``PreTrainedConfig``, with ``rope_parameters`` standardised and validated by it (what it refuses, a missing key
-    for one, is a ``ConfigError``). ``head_dim`` is resolved: 0 means derived here, which dynamic would read as 0."""
+    for one, is a ``ConfigError``). ``head_dim`` is resolved: 0 means derived, which dynamic would read as 0."""
     view = PreTrainedConfig(hidden_size=config.hidden_size, num_attention_heads=config.num_attention_heads,
-                            head_dim=config.head_dim or config.hidden_size // config.num_attention_heads,
-                            max_position_embeddings=config.max_position_embeddings)
+                            head_dim=config.resolved_head_dim, max_position_embeddings=config.max_position_embeddings)
     view.rope_parameters = dict(config.resolved_rope_parameters)
     try:
         view.standardize_rope_params()

@@ -193,7 +193,6 @@ QUIET_SAVE = """
 import sys
 from llm.hf import save_model_dir
 from llm.model import IsoLLMConfig, IsoLLMForCausalLM
-from llm.model.modeling_isollm import AUTO_CLASSES
 
 save_model_dir(IsoLLMForCausalLM(IsoLLMConfig(vocab_size=64, hidden_size=16, intermediate_size=32,
                                               num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=1)),

@@ -157,7 +157,8 @@ def test_the_auto_classes_build_the_base_model_and_heads_and_a_head_loads_a_chec
         assert torch.equal(value, saved[name]), name
 
 
-@pytest.mark.parametrize("variant", [dict(ffn="isogmlp", ffn_linear="focus"),
+@pytest.mark.parametrize("variant", [dict(ffn="swiglu", ffn_linear="linear"),  # a block without parameters of its own
+                                     dict(ffn="isogmlp", ffn_linear="focus"),
                                      dict(ffn="iso_ln", ffn_linear="affine_like")])
 def test_weights_a_checkpoint_lacks_are_initialised_and_the_loaded_ones_kept(tmp_path, variant):
     """transformers reports the keys a checkpoint lacks as "newly initialized": this package's FFN blocks and
