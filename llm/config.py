@@ -10,7 +10,7 @@ is one line naming the field.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
 
@@ -28,6 +28,8 @@ __all__ = ["FORMAT_NAMES", "PLACEHOLDER_BUDGET", "ConfigError", "DataConfig", "M
 # An override giving ``TrainConfig.validate`` the training budget it requires where nothing is trained (a size
 # preset is only a ``model:`` section; a hub model has no run config); files or overrides that set one win.
 PLACEHOLDER_BUDGET = "train.max_steps=1"
+# Seeds reach numpy's legacy seeding (``accelerate.utils.set_seed``) and torch generators, which take [0, 2**32).
+SEED_RANGE = range(2**32)
 # ``data.format`` -> how its documents are read (llm.data.sources), for local files whatever their suffix
 # (WikiText-2's ``wiki.test.raw`` is text). Here, so that the config validates it without importing the data
 # layer.
@@ -235,6 +237,11 @@ class RunConfig:
             raise ConfigError("resume", f"expected true, false or restart, got {self.resume!r}")
         for tracker in self.trackers:
             check_choice("trackers", tracker, ("tensorboard", "wandb"))
+        # every integer field named like a seed, in every section, not a list of them: a new one is checked too
+        for prefix, section in (("", self), ("model.", self.model), ("data.", self.data), ("train.", self.train)):
+            for name in (f.name for f in fields(section) if "seed" in f.name):
+                if type(value := getattr(section, name)) is int and value not in SEED_RANGE:
+                    raise ConfigError(f"{prefix}{name}", f"expected an integer in [0, 2**32), got {value}")
         for section in ("model", "data", "train"):
             try:
                 getattr(self, section).validate()

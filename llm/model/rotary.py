@@ -10,7 +10,10 @@ Copied to the hub with the modelling code: torch and transformers only.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import logging
+import math
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import torch
@@ -38,13 +41,42 @@ def rope_config(config: Any) -> PreTrainedConfig:
     return view
 
 
+@contextmanager
+def _rope_warnings() -> Iterator[list[str]]:
+    """The messages transformers' RoPE validation only logs as warnings (an unknown key, llama3's low_freq_factor
+    above its high_freq_factor, ...), collected whatever transformers' verbosity, and not printed."""
+    logger, messages = logging.getLogger("transformers.modeling_rope_utils"), []
+    handler = logging.Handler(logging.WARNING)
+    handler.emit = lambda record: messages.append(record.getMessage())  # type: ignore[method-assign]
+    level, propagate = logger.level, logger.propagate
+    logger.addHandler(handler)
+    logger.setLevel(logging.WARNING)
+    logger.propagate = False
+    try:
+        yield messages
+    finally:
+        logger.removeHandler(handler)
+        logger.setLevel(level)
+        logger.propagate = propagate
+
+
 def check_rope_parameters(config: Any) -> None:
-    """Raise ``ConfigError`` naming ``config.rope_parameters`` where transformers would refuse them or only warn."""
+    """Raise ``ConfigError`` naming ``config.rope_parameters`` where transformers would refuse them or only warn.
+    Every value is checked, not the keys known today: a number (or a list's) must be finite and not a bool (but
+    YaRN's ``truncate``), so an inf factor cannot remove all position information."""
     if not isinstance(config.rope_parameters, dict | None):
         raise ConfigError("rope_parameters", f"expected a mapping such as {{rope_type: yarn, factor: 4.0}}, "
                           f"got {config.rope_parameters!r}")
     resolved = config.resolved_rope_parameters
     check_choice("rope_parameters.rope_type", resolved["rope_type"], ROPE_TYPES)
+    for key, value in resolved.items():
+        if key != "truncate" and any(isinstance(v, bool) or (isinstance(v, float) and not math.isfinite(v))
+                                     for v in (value if isinstance(value, list) else [value])):
+            raise ConfigError(f"rope_parameters.{key}", f"expected a finite number, got {value!r}")
+    original = resolved.get("original_max_position_embeddings", 1)
+    if type(original) is not int or original < 1:  # transformers divides by it
+        raise ConfigError("rope_parameters.original_max_position_embeddings",
+                          f"expected a positive integer, got {original!r}")
     if resolved["rope_theta"] != config.rope_theta:
         raise ConfigError("rope_parameters.rope_theta", f"{resolved['rope_theta']} differs from rope_theta="
                           f"{config.rope_theta}: set the field rope_theta alone")
@@ -52,7 +84,10 @@ def check_rope_parameters(config: Any) -> None:
         raise ConfigError("rope_parameters.partial_rotary_factor", f"expected a fraction in (0, 1], got {partial!r}")
     if not isinstance(factor := resolved.get("factor", 1), int | float) or factor < 1:
         raise ConfigError("rope_parameters.factor", f"expected a number >= 1, got {factor!r}")
-    rope_config(config)
+    with _rope_warnings() as warned:
+        rope_config(config)
+    if warned:
+        raise ConfigError("rope_parameters", f"{warned[0]} (transformers only warns)")
 
 
 class IsoLLMRotaryEmbedding(nn.Module):

@@ -75,7 +75,22 @@ BAD_ROPE = [("3", "rope_parameters"),
             ("{rope_type: linear}", "rope_parameters"),  # transformers' own check: factor is missing
             ("{rope_type: yarn, factor: 0.5}", "rope_parameters.factor"),
             ("{rope_type: linear, factor: 2, rope_theta: 500}", "rope_parameters.rope_theta"),
-            ("{partial_rotary_factor: 1.5}", "rope_parameters.partial_rotary_factor")]
+            ("{partial_rotary_factor: 1.5}", "rope_parameters.partial_rotary_factor"),
+            # accepted before: inf removes all position information, NaN and true pass ``factor < 1``
+            ("{rope_type: linear, factor: .inf}", "rope_parameters.factor"),
+            ("{rope_type: linear, factor: .nan}", "rope_parameters.factor"),
+            ("{rope_type: linear, factor: true}", "rope_parameters.factor"),
+            ("{rope_type: longrope, factor: 2.0, short_factor: [1.0, .nan], long_factor: [1.0, 1.0]}",
+             "rope_parameters.short_factor"),
+            # a ZeroDivisionError traceback before, and a negative original length trained
+            ("{rope_type: yarn, factor: 2.0, original_max_position_embeddings: 0}",
+             "rope_parameters.original_max_position_embeddings"),
+            ("{rope_type: yarn, factor: 2.0, original_max_position_embeddings: -32}",
+             "rope_parameters.original_max_position_embeddings"),
+            # transformers only logs these, and the run trained on them
+            ("{rope_type: llama3, factor: 8.0, original_max_position_embeddings: 16, low_freq_factor: 4.0, "
+             "high_freq_factor: 1.0}", "rope_parameters"),
+            ("{rope_type: linear, factor: 2.0, facter: 4.0}", "rope_parameters")]
 
 
 @pytest.mark.parametrize(("value", "field"), BAD_ROPE, ids=[value for value, _ in BAD_ROPE])

@@ -21,6 +21,11 @@ from llm.config import RunConfig, load_config, save_config
     ("model.iso_ln_alpha=1.5", "model.iso_ln_alpha", "has no effect: it is an option of ffn=iso_ln"),
     ("resume=[", "resume", "'[' is not a YAML value"),
     ("model.rope_parameters=[1,2]", "model.rope_parameters", "a list where a mapping is expected"),
+    # seeds by range, every seed field: tracebacks before (-1, -5 after config.yaml was written; 1e20 at the first eval)
+    ("seed=-5", "seed", "expected an integer in [0, 2**32), got -5"),
+    ("data.seed=-1", "data.seed", "expected an integer in [0, 2**32), got -1"),
+    ("data.seed=99999999999999999999", "data.seed", "expected an integer in [0, 2**32), got 99999999999999999999"),
+    ("seed=4294967296", "seed", "expected an integer in [0, 2**32)"),
 ])
 def test_bad_config_is_one_line_exit_2(override: str, field: str, message: str, tmp_path: Path,
                                       capsys: pytest.CaptureFixture) -> None:
