@@ -156,8 +156,11 @@ def _records(f: BinaryIO, kind: str, start: int, hi: int, max_bytes: int
         previous, after_blank, pos = pos, blank or not text, pos + len(line)
 
 
-def _decode(source: Source, piece: Piece, raw: bytes, edges: tuple[bool, bool]) -> tuple[str | None, object]:
-    """(text, id) of one raw record; a txt record is stripped at the ``edges`` (start, end) of its paragraph."""
+def _decode(source: Source, piece: Piece, raw: bytes, edges: tuple[bool, bool], pos: int
+            ) -> tuple[str | None, object]:
+    """(text, id) of one raw record starting at byte ``pos``; a txt record is stripped at the ``edges`` (start, end)
+    of its paragraph. A jsonl record that is not an object holding the text column is refused, as
+    ``llm.data.sources`` refuses it up front in a local file (a hub file is met here first)."""
     if piece.kind == "text":
         text = raw.decode("utf-8", errors="replace")  # a record holds whole lines: no character is split
         text = text.lstrip() if edges[0] else text
@@ -166,13 +169,17 @@ def _decode(source: Source, piece: Piece, raw: bytes, edges: tuple[bool, bool]) 
         return None, None
     try:
         record = json.loads(raw)
-    except json.JSONDecodeError as err:
-        raise DataError(f"data.source: {piece.file} holds a line that is not JSON ({err})") from None
-    text = record.get(source.text_column) if isinstance(record, dict) else None
+    except (json.JSONDecodeError, UnicodeDecodeError) as err:
+        raise DataError(f"data.source: {piece.file} holds a line that is not UTF-8 JSON at byte {pos} ({err})"
+                        ) from None
+    if not isinstance(record, dict) or source.text_column not in record:
+        raise DataError(f"data.source: {piece.file} holds a record without field {source.text_column!r} at byte "
+                        f"{pos}; set data.text_column")
+    text = record[source.text_column]
     if text is not None and not isinstance(text, str):
         raise DataError(f"data.source: {piece.file} field {source.text_column!r} holds "
                         f"{type(text).__name__}, expected text (string); set data.text_column")
-    return text, record.get(source.id_column) if source.id_column and isinstance(record, dict) else None
+    return text, record.get(source.id_column) if source.id_column else None
 
 
 def _lines(source: Source, piece: Piece, start: int, hi: int, batch_size: int, max_bytes: int
@@ -183,7 +190,7 @@ def _lines(source: Source, piece: Piece, start: int, hi: int, batch_size: int, m
         for pos, raw, after, edges in _records(f, piece.kind, start, hi, max_bytes):
             if not batch:
                 first = pos
-            batch.append(_decode(source, piece, raw, edges))
+            batch.append(_decode(source, piece, raw, edges, pos))
             if len(batch) == batch_size:
                 yield first, _columns(source, batch), after
                 batch = []

@@ -11,8 +11,8 @@ errors naming the file):
 
 - parquet: must hold ``text_column`` as a string column; files with zero rows are skipped (counted, with a
   warning).
-- jsonl/json (JSON Lines: one object per line): empty files are skipped; the first record must hold
-  ``text_column``.
+- jsonl/json (JSON Lines: one object per line): empty files are skipped; every line is read once per process: each
+  must be UTF-8 JSON, and every record an object holding ``text_column`` (a bad line is named by its number).
 - txt: one document per paragraph (separated by blank lines; a paragraph longer than ``data.max_doc_chars``
   bytes is cut at lines: ``llm.data.pieces``); empty files are skipped; a file that is not UTF-8 is refused,
   naming its first bad byte (decoded with replacement characters, it would train on U+FFFD).
@@ -124,19 +124,31 @@ def check_parquet(file: str, footer: Footer, text_column: str) -> list[str]:
 
 
 def _check_json(path: Path, text_column: str) -> bool:
+    """Whether the file holds a record. Every line is read (as a txt file is whole), so that a bad line is named
+    by its number: one that is not UTF-8 or not JSON is a ``DataError``; records that are not objects or lack
+    ``text_column`` (each would be dropped) are counted in one, naming the first."""
+    records, lacking, first = 0, 0, ""
     with path.open("rb") as f:
-        first = next((line for line in f if line.strip()), None)
-    if first is None:
-        return False
-    try:
-        record = json.loads(first)
-    except (json.JSONDecodeError, UnicodeDecodeError):
-        record = None
-    if not isinstance(record, dict):
-        raise DataError(f"data.source: {path} is not JSON Lines (one JSON object per line)")
-    if text_column not in record:
-        raise DataError(f"data.source: {path} has no field {text_column!r} (fields: {', '.join(map(str, record))})")
-    return True
+        for number, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            try:
+                record = json.loads(line.decode("utf-8"))
+            except UnicodeDecodeError as err:
+                raise DataError(f"data.source: {path} line {number} is not UTF-8 (byte 0x{line[err.start]:02x} at "
+                                f"column {err.start + 1}); convert it, e.g. iconv -f latin1 -t utf-8") from None
+            except json.JSONDecodeError as err:
+                raise DataError(f"data.source: {path} line {number} is not JSON ({err.msg}); expected JSON Lines "
+                                "(one JSON object per line)") from None
+            records += 1
+            if not isinstance(record, dict) or text_column not in record:
+                lacking += 1
+                first = first or (f"line {number}: fields {', '.join(map(str, record))}" if isinstance(record, dict)
+                                  else f"line {number}: a JSON {type(record).__name__}, not an object")
+    if lacking:
+        raise DataError(f"data.source: {path} has no field {text_column!r} in {lacking} of its {records} records "
+                        f"(first: {first}); set data.text_column, or remove them")
+    return records > 0
 
 
 def _check_text(path: Path) -> bool:

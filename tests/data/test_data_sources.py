@@ -109,8 +109,37 @@ def test_jsonl_source_and_missing_field(tmp_path: Path) -> None:
     assert guarded(lambda: docs_of(str(good))) == [f"doc {i}" for i in range(5)]
     bad = tmp_path / "bad.jsonl"
     bad.write_text(json.dumps({"body": "x"}) + "\n")
-    with pytest.raises(ValueError, match=r"bad\.jsonl has no field 'text' \(fields: body\)"):
+    with pytest.raises(ValueError, match=r"bad\.jsonl has no field 'text' in 1 of its 1 records \(first: line 1: "
+                                         r"fields body\)"):
         guarded(lambda: resolve_source(str(bad)))
+
+
+def test_jsonl_records_without_the_text_field_after_the_first_are_counted_in_one_line(tmp_path: Path) -> None:
+    """Before, only the first record was checked: prepare dropped 150 of 300 documents without a word."""
+    path = tmp_path / "half.jsonl"
+    records = [{"text": f"doc {i}"} if i % 2 == 0 else {"body": f"doc {i}"} for i in range(298)] + [[1], "x"]
+    path.write_text("".join(json.dumps(record) + "\n" for record in records))
+    with pytest.raises(DataError) as info:
+        resolve_source(str(path))
+    assert str(info.value) == (f"data.source: {path} has no field 'text' in 151 of its 300 records (first: line 2: "
+                               "fields body); set data.text_column, or remove them")
+    path.write_text(json.dumps({"text": "a"}) + "\n" + json.dumps([1]) + "\n")
+    with pytest.raises(DataError, match=r"in 1 of its 2 records \(first: line 2: a JSON list, not an object\)"):
+        resolve_source(str(path))
+
+
+def test_a_jsonl_line_that_is_not_utf8_or_not_json_is_named_by_its_number(tmp_path: Path) -> None:
+    """Before: "not JSON Lines" whatever the fault, at line 1 whatever its line; a later line was a traceback."""
+    path = tmp_path / "latin1.jsonl"
+    path.write_bytes(b'{"text": "a"}\n\n{"text": "caf\xe9"}\n')
+    with pytest.raises(DataError) as info:
+        resolve_source(str(path))
+    assert str(info.value) == (f"data.source: {path} line 3 is not UTF-8 (byte 0xe9 at column 14); convert it, e.g. "
+                               "iconv -f latin1 -t utf-8")
+    path.write_bytes(b'{"text": "a"}\n{"text": \n')
+    with pytest.raises(DataError, match=rf"^data.source: {path} line 2 is not JSON \(Expecting value\); expected "
+                                        r"JSON Lines \(one JSON object per line\)$"):
+        resolve_source(str(path))
 
 
 def test_txt_paragraphs_and_non_utf8_bytes(tmp_path: Path, bpe: Tokenizer) -> None:
@@ -159,3 +188,16 @@ def test_cli_reports_bad_source_in_one_line(tmp_path: Path, capsys: pytest.Captu
     assert guarded(lambda: main(["prepare", "--out", str(tmp_path / "out"), "--source", str(missing)])) == 2
     err = capsys.readouterr().err.strip()
     assert err == f"isollm-data prepare: error: data.source: no such file: {missing}"
+
+
+def test_a_jsonl_record_without_the_text_field_met_while_reading_is_refused(tmp_path: Path) -> None:
+    """A hub file is not read up front: such a record, met while reading, was dropped without a word."""
+    from llm.data.sources import Source
+
+    path = tmp_path / "late.jsonl"
+    path.write_text(json.dumps({"text": "a"}) + "\n" + json.dumps({"body": "b"}) + "\n")
+    source = Source(path="json", name=None, split="train", text_column="text", id_column=None,
+                    data_files=(str(path),))
+    piece = list_pieces(source)[0]
+    with pytest.raises(DataError, match=rf"^data.source: {path} holds a record without field 'text' at byte 14; "):
+        list(read_piece(source, piece, 0, piece.size, 8))
