@@ -52,6 +52,7 @@ from llm.train.checkpoint_files import (
     CheckpointError,
     CheckpointWarning,
     checkpoint_name,
+    checkpoint_names,
     fsync_path,
     pointer_target,
     prune,
@@ -164,7 +165,8 @@ def save_checkpoint(ckpt_dir: str | Path, step: int, *, accelerator: Accelerator
             shutil.rmtree(tmp, ignore_errors=True)
             (ckpt_dir / f".{POINTER}.tmp").unlink(missing_ok=True)
         accelerator.wait_for_everyone()  # the pointer is read after the main process cleaned up
-        previous = pointer_target(ckpt_dir, warn=False)
+        # the pointer, else the newest renamed directory (a pointer that is not a file names none)
+        previous = pointer_target(ckpt_dir, warn=False) or next(iter(checkpoint_names(ckpt_dir)), None)
         raise CheckpointError(
             f"could not write checkpoint {tmp} ({'; '.join(errors)}); the previous checkpoint is intact: "
             f"{ckpt_dir / previous if previous else 'none'}")
@@ -212,8 +214,8 @@ def resume_checkpoint(ckpt_dir: str | Path, *, accelerator: Accelerator, loader:
     ``trainer.json``. One that fails to load on any rank (bytes that verify but do not parse: a file
     written corrupt) is skipped with a ``CheckpointWarning`` and the previous one is tried, as one that
     fails verification. ``(None, None)`` when none is usable; a checkpoint that does not fit this launch
-    (``ConfigError``, or the data loader's ``DataError``: another world size on a streamed source) stops the
-    search. Every rank takes the same decisions."""
+    (``ConfigError``, or the data loader's ``DataError``: another world size on a streamed source) or whose name is
+    not its step (a directory renamed by hand: the newest by name, not by step) stops the search. Every rank takes the same decisions."""
     for candidate in usable_checkpoints(ckpt_dir, all_ranks=True):
         error, saved = None, None
         try:
@@ -221,6 +223,10 @@ def resume_checkpoint(ckpt_dir: str | Path, *, accelerator: Accelerator, loader:
                                     tokenizer=tokenizer)
             if not isinstance(saved, dict) or not {"state", "grad_norm_tracker"} <= saved.keys():
                 raise ValueError("trainer.json lacks its state or grad_norm_tracker")
+            if (name := checkpoint_name(saved["state"]["step"])) != candidate.name:  # chosen by its name as newest
+                raise ConfigError("resume", f"{candidate} holds step {saved['state']['step']} (its trainer.json): a "
+                                            f"directory renamed by hand; resumed, the run would save over newer "
+                                            f"checkpoints. Rename it {name} or move it out of {ckpt_dir}")
         except (ConfigError, DataError):  # the checkpoint is sound but does not fit this launch or data
             raise
         except Exception as err:  # torch, pickle, json and accelerate each raise their own types

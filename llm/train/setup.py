@@ -33,7 +33,7 @@ from llm.model import IsoLLMConfig, IsoLLMForCausalLM, param_counts
 from llm.model.attention import ATTN_SCORING_REGISTRY
 from llm.model.config import ConfigError, ModelConfig
 from llm.train.checkpoint import resume_checkpoint, save_checkpoint
-from llm.train.checkpoint_files import checkpoint_names
+from llm.train.checkpoint_files import POINTER, checkpoint_names
 from llm.train.distributed import disagreement, gather_messages, is_distributed, is_main_process, rank_and_world_size
 from llm.train.engine import engine_in_use, engine_mismatch, engine_requested, set_deepspeed_micro_batch
 from llm.train.evaluate import evaluate
@@ -278,6 +278,9 @@ def setup_run(config: RunConfig, teardown: ExitStack) -> Run:
     if not config.resume and checkpoint_names(ckpt_dir):
         raise ConfigError("resume", f"{run_dir} already holds checkpoints; pass resume=true to continue "
                                     f"that run or choose another name=")
+    if (pointer := ckpt_dir / POINTER).exists() and not pointer.is_file():  # no checkpoint could be published
+        raise ConfigError("resume", f"{pointer} is not the pointer file the run writes there (a directory?): move "
+                                    f"it out of {ckpt_dir}")
     max_steps = resolve_max_steps(config)
     tokenizer = load_tokenizer(config.data.tokenizer)
     if past := ids_past(tokenizer, config.model.vocab_size):  # a row for every id the data can hold

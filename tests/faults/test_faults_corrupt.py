@@ -185,3 +185,37 @@ def test_corrupt_validation_cache_is_rebuilt(run_overrides: list[str]) -> None:
         with pytest.warns(UserWarning, match=rf"rebuilding the validation cache {path}: unreadable"):
             assert torch.equal(build_val_windows(config.data, tokenizer), windows)
         assert torch.equal(torch.load(path)["windows"], windows)  # the cache file is whole again
+
+
+def _files(run_dir: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(run_dir)): p.read_bytes() for p in sorted(run_dir.rglob("*")) if p.is_file()}
+
+
+def test_a_checkpoint_renamed_by_hand_is_refused_not_resumed_over_newer_ones(run_copy: Path, run_overrides: list[str],
+                                                                             capsys) -> None:
+    """step_2 renamed step_8: before, chosen by its name as the newest, resumed at step 2 and then saved over the
+    newer complete step_4, while the warning said "never overwriting newer ones"."""
+    ckpts = run_copy / "checkpoints"
+    (ckpts / PREVIOUS).rename(renamed := ckpts / "step_00000008")
+    before = _files(run_copy)
+    with pytest.warns(CheckpointWarning):  # latest names step_4, older than step_8
+        code, _, err = _resume(run_overrides, capsys, "resume=true")
+    assert code == 2
+    assert err == (f"error: resume: {renamed} holds step 2 (its trainer.json): a directory renamed by hand; resumed, "
+                   f"the run would save over newer checkpoints. Rename it {PREVIOUS} or move it out of {ckpts}\n")
+    assert _files(run_copy) == before
+
+
+def test_a_directory_in_place_of_the_latest_pointer_is_refused_before_training(run_copy: Path,
+                                                                               run_overrides: list[str],
+                                                                               capsys) -> None:
+    """Before: 2 steps trained, then "could not write checkpoint ...; the previous checkpoint is intact: none"."""
+    ckpts = run_copy / "checkpoints"
+    (ckpts / "latest").unlink()
+    (ckpts / "latest").mkdir()
+    before = _files(run_copy)
+    code, _, err = _resume(run_overrides, capsys, "resume=true")
+    assert code == 2
+    assert err == (f"error: resume: {ckpts / 'latest'} is not the pointer file the run writes there (a directory?): "
+                   f"move it out of {ckpts}\n")
+    assert _files(run_copy) == before
