@@ -186,6 +186,11 @@ def load_checkpoint(path: str | Path, *, accelerator: Accelerator, loader: Any, 
     if saved_config.seed != config.seed:
         raise ConfigError("seed", f"checkpoint {path} was trained with seed {saved_config.seed}, this run has seed "
                                   f"{config.seed}: the seed cannot change mid-run; start another run (name=) for it")
+    batch, was = config.train.global_batch_tokens, saved_config.train.global_batch_tokens
+    if not config.train.max_steps and batch != was:  # max_steps = ceil(max_tokens / batch) would change mid-run
+        raise ConfigError("train.global_batch_tokens", f"checkpoint {path} was trained at {was} tokens a step toward "
+                          f"train.max_tokens: at {batch} the run would end short of or past its budget, its lr "
+                          f"schedule jumping; resume with train.global_batch_tokens={was}")
     saved = asdict(saved_config.model)  # schema fills newer fields
     current = asdict(config.model)
     if diffs := [f"{k} (checkpoint {saved.get(k)!r}, config {current.get(k)!r})"

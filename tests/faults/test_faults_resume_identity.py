@@ -182,3 +182,23 @@ def test_a_saved_config_cut_inside_a_section_is_refused(run_overrides: list[str]
         f"to resume"]
     assert main([*args, "train.max_steps=4", "resume=1"]) == 2  # before: a type-hint message
     assert _error_lines(capsys.readouterr().err) == ["error: resume: expected true, false or restart, got '1'"]
+
+
+def test_a_token_budget_resumed_with_another_global_batch_is_refused(run_overrides: list[str], tmp_path: Path,
+                                                                      capsys) -> None:
+    """Before: max_steps recomputed from train.max_tokens (8 -> 4 here), the run ended at another token count than
+    its budget, the lr schedule jumping, exit 0 and no line."""
+    budget = ["train.max_tokens=2048", "train.checkpoint_every=2"]
+    assert main([*run_overrides, "name=b", *budget, "train.max_steps=0", "train.global_batch_tokens=256",
+                 "train.max_tokens=512"]) == 0
+    run_dir = tmp_path / "runs" / "b"
+    before = _files(run_dir)
+    capsys.readouterr()
+    assert main([*run_overrides, "name=b", *budget, "train.global_batch_tokens=512", "resume=true"]) == 2
+    assert _error_lines(capsys.readouterr().err) == [
+        f"error: train.global_batch_tokens: checkpoint {run_dir / 'checkpoints' / 'step_00000002'} was trained at "
+        f"256 tokens a step toward train.max_tokens: at 512 the run would end short of or past its budget, its lr "
+        f"schedule jumping; resume with train.global_batch_tokens=256"]
+    assert _files(run_dir) == before
+    assert main([*run_overrides, "name=b", *budget, "train.global_batch_tokens=256", "resume=true"]) == 0
+    assert metrics_rows(run_dir, "train")[-1]["tokens"] == 2048
