@@ -3,7 +3,8 @@
 Layout of a prepared directory (one token file per source file; the index records each piece's token range,
 so the pieces can be visited in the streaming reader's epoch order)::
 
-    index.json            format, source identity, tokenizer fingerprint, val_bucket, max_doc_chars, files
+    index.json            format, source identity, tokenizer fingerprint, val_bucket, max_doc_chars, the data fields
+                          it was prepared with (``llm.data.identity``), files
                           (each with its token count and checksum: ``llm.data.prepared_index``), pieces
                           (written last)
     tokens_00000.bin      uint32 tokens of file 0's training documents, each followed by EOS (no file for a file
@@ -35,6 +36,7 @@ from tokenizers import Tokenizer
 from llm.config import DataConfig
 from llm.data.cache_io import write_atomically
 from llm.data.errors import DataError
+from llm.data.identity import READ_TIME, data_identity, identity_differences
 from llm.data.prepared_index import CHECKSUM, FORMAT, INDEX_FILE, file_problems, read_index
 from llm.data.sources import data_source, source_fingerprint
 from llm.data.split import epoch_order
@@ -90,7 +92,7 @@ def prepare(data_cfg: DataConfig, tokenizer: Tokenizer, out_dir: str | Path, max
                        "num_held_out": held_out})
     index = {"format": FORMAT, "source": stream.source.identity(), "tokenizer": stream.fingerprints["tokenizer"],
              "val_bucket": data_cfg.val_bucket, "max_doc_chars": data_cfg.max_doc_chars, "tokenization": TOKENIZATION,
-             "max_tokens": max_tokens,
+             "max_tokens": max_tokens, "data": data_identity(data_cfg, READ_TIME),
              "files": [{"tokens": f"tokens_{k:05d}.bin", "num_tokens": n, CHECKSUM: digest.hexdigest()}
                        for k, (n, digest) in enumerate(zip(written, digests, strict=True))],
              "pieces": pieces}
@@ -155,10 +157,11 @@ class PreparedTokens(TokenSource):
             raise DataError(f"data.prepared: {self.root} was prepared with another document tokenization "
                             f"({self.index.get('tokenization', 'not recorded')!r}, now {TOKENIZATION!r}); "
                             "prepare again")
-        for key in ("val_bucket", "max_doc_chars"):
-            if self.index[key] != getattr(data_cfg, key):
-                raise DataError(f"data.prepared: {self.root} was prepared with {key} {self.index[key]}, "
-                                f"data.{key} is {getattr(data_cfg, key)}; prepare again")
+        # every data field the tokens were prepared with (``llm.data.identity``); an older index records two
+        recorded = self.index.get("data") or {key: self.index[key] for key in ("val_bucket", "max_doc_chars")}
+        if diffs := identity_differences(recorded, data_identity(data_cfg, READ_TIME)):
+            raise DataError(f"data.prepared: {self.root} was prepared with other data settings: {', '.join(diffs)}; "
+                            "prepare again")
         # the validation set is read from data.source, so tokens prepared from another source would not
         # have its held-out documents removed (or would train on another corpus than the one evaluated)
         if difference := _source_difference(self.index["source"], data_source(data_cfg).identity()):

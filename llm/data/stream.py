@@ -24,6 +24,7 @@ from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
 from llm.config import DataConfig
 from llm.data.errors import DataError, DataWarning
+from llm.data.identity import data_identity
 from llm.data.shards import PreparedTokens
 from llm.data.streaming import StreamingTokens
 from llm.data.token_source import State, TokenSource
@@ -73,11 +74,10 @@ class TrainLoader:
         self._unchecked = False
 
     def _identity(self, topology: bool = True) -> dict[str, Any]:
-        """What a saved state must match; ``topology=False`` leaves out what a resharded resume may change."""
-        fixed = {"seq_len": self.cfg.seq_len, "seed": self.cfg.seed, "shuffle_block": self.cfg.shuffle_block,
-                 "shuffle_shards": self.cfg.shuffle_shards, "val_bucket": self.cfg.val_bucket,
-                 "max_doc_chars": self.cfg.max_doc_chars, "prepared": self.cfg.prepared is not None,
-                 "tokenization": TOKENIZATION,
+        """What a saved state must match: the data's identity (``llm.data.identity``: every data field but a declared
+        few), the tokenization rule and the fingerprints; ``topology=False`` leaves out what a resharded resume may
+        change."""
+        fixed = {**data_identity(self.cfg), "tokenization": TOKENIZATION,
                  **{f"{data}_fingerprint": value for data, value in self.source.fingerprints.items()}}
         if not topology:
             return fixed
@@ -110,13 +110,14 @@ class TrainLoader:
         return {**self._identity(), "next_worker": self.next_worker, "workers": copy.deepcopy(self.states)}
 
     def _check(self, state: dict[str, Any], expected: dict[str, Any]) -> None:
-        """Refuse a state of other data in one line naming both values. What an older state does not record: the
-        tokenization came with the tokenizer's fingerprint (a state with it was cut by today's rule; one without
-        may not have been, and is refused); the source's fingerprint is recorded from this resume on."""
+        """Refuse a state of other data in one line naming both values. What an older state does not record: a data
+        field (the checkpoint's config.yaml checks it: ``load_checkpoint``); the tokenization came with the
+        tokenizer's fingerprint (a state with it was cut by today's rule; one without may not have been, and is
+        refused); the source's fingerprint is recorded from this resume on."""
         for key, value in expected.items():
-            if key in state or not (key.endswith("_fingerprint") or key == "tokenization"):
-                if state.get(key) != value:
-                    raise DataError(f"data loader state: {key} was {state.get(key)!r}, this loader has "
+            if key in state:
+                if state[key] != value:
+                    raise DataError(f"data loader state: {key} was {state[key]!r}, this loader has "
                                     f"{value!r}; resume with the same data settings and files")
             elif key == "tokenization" and "tokenizer_fingerprint" not in state:
                 raise DataError("data loader state: written by an isollm that recorded neither the tokenizer nor the "

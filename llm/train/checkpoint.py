@@ -43,6 +43,7 @@ from torch import nn
 
 from llm.config import RunConfig, load_config, save_config
 from llm.data.errors import DataError
+from llm.data.identity import data_identity, identity_differences
 from llm.data.tokenizer import encoding_identity
 from llm.errors import one_line
 from llm.model.config import ConfigError
@@ -196,6 +197,12 @@ def load_checkpoint(path: str | Path, *, accelerator: Accelerator, loader: Any, 
     if diffs := [f"{k} (checkpoint {saved.get(k)!r}, config {current.get(k)!r})"
                  for k in sorted(set(saved) | set(current)) if saved.get(k) != current.get(k)]:
         raise ConfigError("model", f"checkpoint {path} has a different model: {', '.join(diffs)}")
+    # every data field but those that cannot change a token, the split or the model's view (llm.data.identity);
+    # document_masking among them: changed mid-run, the model would see its data otherwise from here on
+    if diffs := identity_differences(data_identity(saved_config.seeded_data()), data_identity(config.seeded_data())):
+        raise ConfigError("data", f"checkpoint {path} was trained on other data settings: {', '.join(diffs)}; they "
+                                  f"change the tokens, the split or how the model sees them: resume with the "
+                                  f"checkpoint's, or start another run (name=)")
     # the checkpoint's own tokenizer: a run older than the loader state's fingerprints is checked by it too
     saved_tokenizer = path / MODEL_DIR / "tokenizer.json"
     if saved_tokenizer.is_file() and (was := encoding_identity(Tokenizer.from_file(str(saved_tokenizer)))) != (
@@ -220,7 +227,8 @@ def resume_checkpoint(ckpt_dir: str | Path, *, accelerator: Accelerator, loader:
     written corrupt) is skipped with a ``CheckpointWarning`` and the previous one is tried, as one that
     fails verification. ``(None, None)`` when none is usable; a checkpoint that does not fit this launch
     (``ConfigError``, or the data loader's ``DataError``: another world size on a streamed source) or whose name is
-    not its step (a directory renamed by hand: the newest by name, not by step) stops the search. Every rank takes the same decisions."""
+    not its step (a directory renamed by hand: the newest by name, not by step) stops the search. Every rank takes
+    the same decisions."""
     for candidate in usable_checkpoints(ckpt_dir, all_ranks=True):
         error, saved = None, None
         try:

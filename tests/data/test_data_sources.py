@@ -18,7 +18,7 @@ from tokenizers import Tokenizer
 from llm.config import DataConfig
 from llm.data.errors import DataError
 from llm.data.pieces import iter_local_texts, list_pieces, read_piece
-from llm.data.sources import resolve_source
+from llm.data.sources import Source, resolve_source
 from llm.data.stream import build_train_loader
 from llm.data.validation import build_val_windows
 
@@ -192,8 +192,6 @@ def test_cli_reports_bad_source_in_one_line(tmp_path: Path, capsys: pytest.Captu
 
 def test_a_jsonl_record_without_the_text_field_met_while_reading_is_refused(tmp_path: Path) -> None:
     """A hub file is not read up front: such a record, met while reading, was dropped without a word."""
-    from llm.data.sources import Source
-
     path = tmp_path / "late.jsonl"
     path.write_text(json.dumps({"text": "a"}) + "\n" + json.dumps({"body": "b"}) + "\n")
     source = Source(path="json", name=None, split="train", text_column="text", id_column=None,

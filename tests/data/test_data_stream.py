@@ -7,7 +7,7 @@ import importlib.util
 import json
 import shutil
 from collections import Counter
-from dataclasses import replace
+from dataclasses import fields, replace
 from itertools import islice
 from pathlib import Path
 
@@ -21,6 +21,7 @@ from tokenizers import Tokenizer
 from llm.cli.data import main
 from llm.config import DataConfig
 from llm.data.errors import DataError
+from llm.data.identity import NOT_IDENTITY, READ_TIME
 from llm.data.shards import FORMAT, INDEX_FILE, PreparedTokens, prepare
 from llm.data.stream import build_train_loader
 from llm.data.streaming import StreamingTokens, iter_windows
@@ -250,3 +251,25 @@ def test_a_loader_state_from_before_the_fingerprints_still_resumes(data_cfg: Dat
     with pytest.raises(DataError, match=r"^data loader state: tokenizer_fingerprint was 'other', this loader has "
                                         rf"'{tokenizer_identity(bpe)}'; resume with the same data settings and files$"):
         resumed.load_state_dict({**state, "tokenizer_fingerprint": "other"})
+
+
+def test_the_data_identity_is_every_data_field_but_the_declared_exemptions(data_cfg: DataConfig, bpe: Tokenizer,
+                                                                           tmp_path: Path) -> None:
+    """Derived from the whole DataConfig, so that a new field is identity by default (before: a list of eight, and
+    a state of another text_column, id_column or document_masking resumed silently)."""
+    names = {f.name for f in fields(DataConfig)}
+    assert set(NOT_IDENTITY) | READ_TIME <= names  # no exemption outlives its field
+    loader = build_train_loader(data_cfg, bpe, 2, 0, 1)
+    state = loader.state_dict()
+    assert names - set(NOT_IDENTITY) <= set(state)
+    for key, other in (("text_column", "id"), ("id_column", None), ("document_masking", False)):
+        with pytest.raises(DataError, match=rf"^data loader state: {key} was {other!r}, this loader has "):
+            build_train_loader(data_cfg, bpe, 2, 0, 1).load_state_dict({**state, key: other})
+    older = {key: value for key, value in state.items() if key not in ("text_column", "format")}
+    build_train_loader(data_cfg, bpe, 2, 0, 1).load_state_dict(older)  # fields it did not record: config.yaml's
+    index = prepare(data_cfg, bpe, out := tmp_path / "prepared")
+    assert set(index["data"]) == names - set(NOT_IDENTITY) - READ_TIME
+    PreparedTokens(replace(data_cfg, prepared=str(out), seed=3, seq_len=16, document_masking=False), bpe)
+    with pytest.raises(DataError, match=rf"^data.prepared: {out} was prepared with other data settings: format "
+                                        r"\(recorded None, now 'parquet'\); prepare again$"):
+        PreparedTokens(replace(data_cfg, prepared=str(out), format="parquet"), bpe)

@@ -13,6 +13,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 from tiny import metrics_rows
 from tokenizers import Tokenizer
 
@@ -202,3 +203,33 @@ def test_a_token_budget_resumed_with_another_global_batch_is_refused(run_overrid
     assert _files(run_dir) == before
     assert main([*run_overrides, "name=b", *budget, "train.global_batch_tokens=256", "resume=true"]) == 0
     assert metrics_rows(run_dir, "train")[-1]["tokens"] == 2048
+
+
+@pytest.mark.parametrize(("override", "difference"), [
+    ("data.text_column=id", "text_column (recorded 'text', now 'id')"),  # trained on another column
+    ("data.id_column=null", "id_column (recorded 'id', now None)"),  # the validation split moved
+    ("data.document_masking=false", "document_masking (recorded True, now False)"),  # the model's view changed
+    ("data.val_tokens=100", "val_tokens (recorded 330, now 100)"),  # the val curve on another set from here on
+])
+def test_a_resume_on_any_other_data_field_is_refused(override: str, difference: str, run_overrides: list[str],
+                                                     tmp_path: Path, capsys) -> None:
+    """The data identity is every data field but a declared few (llm.data.identity). Before, it was a list of
+    eight: each of these resumed without a line."""
+    assert main([*run_overrides, "name=d", *SAVE]) == 0
+    run_dir = tmp_path / "runs" / "d"
+    before = _files(run_dir)
+    capsys.readouterr()
+    assert main([*run_overrides, "name=d", override, "train.max_steps=4", "resume=true"]) == 2
+    assert _error_lines(capsys.readouterr().err) == [
+        f"error: data: checkpoint {run_dir / 'checkpoints' / 'step_00000002'} was trained on other data settings: "
+        f"{difference}; they change the tokens, the split or how the model sees them: resume with the checkpoint's, "
+        f"or start another run (name=)"]
+    assert _files(run_dir) == before
+
+
+def test_a_resume_with_fields_that_cannot_change_a_token_continues(run_overrides: list[str], tmp_path: Path) -> None:
+    """The declared exemptions: batching of the tokenizer, retries; the run continues to its end."""
+    assert main([*run_overrides, "name=e", *SAVE]) == 0
+    assert main([*run_overrides, "name=e", "data.tokenize_batch=7", "data.read_retries=1", "data.retry_backoff_s=0.5",
+                 "train.max_steps=4", "resume=true"]) == 0
+    assert [row["step"] for row in metrics_rows(tmp_path / "runs" / "e", "train")] == [1, 2, 3, 4]
