@@ -96,6 +96,24 @@ def test_failed_write_keeps_previous_checkpoint(tiny_config, monkeypatch: pytest
     verify_checkpoint(ckpts / "step_00000002")
 
 
+def test_a_failed_write_names_the_previous_checkpoint_when_the_pointer_does_not(
+        tiny_config, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A pointer made unreadable (resume scans the directories then): before, "the previous checkpoint is intact:
+    none", though step_2 was there."""
+    real = checkpoint.save_config
+
+    def save_config(config, path):
+        if "step_00000004" in str(path):
+            (config.run_dir / "checkpoints" / "latest").write_bytes(b"\xff garbage")
+            raise OSError(errno.ENOSPC, "No space left on device")
+        real(config, path)
+
+    monkeypatch.setattr(checkpoint, "save_config", save_config)
+    config = tiny_config("train.max_steps=6", "train.checkpoint_every=2")
+    with pytest.raises(CheckpointError, match=r"No space left.*intact: .*checkpoints/step_00000002$"):
+        fit(config)
+
+
 def test_model_directory_loads_with_transformers(tiny_config, bpe: Path) -> None:
     result = fit(tiny_config("train.max_steps=2"))
     model_dir = result.last_checkpoint / "model"
