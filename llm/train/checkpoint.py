@@ -184,6 +184,10 @@ def load_checkpoint(path: str | Path, *, accelerator: Accelerator, loader: Any, 
     if saved_config.seed != config.seed:
         raise ConfigError("seed", f"checkpoint {path} was trained with seed {saved_config.seed}, this run has seed "
                                   f"{config.seed}: the seed cannot change mid-run; start another run (name=) for it")
+    if (was := saved_config.train.optimizer) != config.train.optimizer:  # its state is the other optimizer's
+        raise ConfigError("train.optimizer", f"checkpoint {path} was trained with {was}, this run has "
+                                             f"{config.train.optimizer}: the optimizer cannot change mid-run (its "
+                                             f"state is {was}'s); start another run (name=) for it")
     saved = asdict(saved_config.model)  # schema fills newer fields
     current = asdict(config.model)
     if diffs := [f"{k} (checkpoint {saved.get(k)!r}, config {current.get(k)!r})"
