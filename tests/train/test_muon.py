@@ -155,3 +155,14 @@ def test_resuming_with_the_other_optimizer_is_refused_in_one_line(tiny_config) -
                                           r"adamw: [^\n]*$"):
         fit(tiny_config("train.max_steps=4", "resume=true"))
     assert sorted(p.name for p in (first.run_dir / "checkpoints").iterdir()) == checkpoints
+
+
+def test_fit_refuses_muon_on_a_sharding_engine_before_its_first_step(tiny_config, monkeypatch) -> None:
+    """On CPU Accelerate drops the FSDP and DeepSpeed plugins, so the engine the prepared model shows is faked."""
+    import llm.train.setup as setup
+
+    monkeypatch.setattr(setup, "engine_in_use", lambda model, accelerator: "deepspeed-zero2")
+    config = tiny_config("train.max_steps=2", "train.optimizer=muon")
+    with pytest.raises(ConfigError, match=r"^train.optimizer: muon cannot train under deepspeed-zero2: [^\n]*$"):
+        fit(config)
+    assert not (config.run_dir / "metrics.jsonl").exists() and not (config.run_dir / "checkpoints").exists()
