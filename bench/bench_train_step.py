@@ -26,7 +26,9 @@ with changes: ModelConfig fields (e.g. ``lm_head_precision=fp8``, the FP8 LM hea
 rows differing in batch compare tokens/s), ``packed_docs=MEAN`` (the trainer's inputs for document masking:
 ``position_ids`` restarting at documents of MEAN tokens on average, exponential lengths), ``tf32=false`` (fp32
 matmuls in full fp32, ``train.tf32: false``) and ``activation_checkpointing=N`` (every N-th layer keeps only its
-input, ``train.activation_checkpointing``); values typed as a config override types them. E.g. activation
+input, ``train.activation_checkpointing``) and ``optimizer=muon`` (``train.optimizer``: every row steps the
+trainer's optimizer, ``build_optimizer``, AdamW unless a row says otherwise; transformers' Qwen3 rows AdamW); values
+typed as a config override types them. E.g. activation
 checkpointing's cost and saving at the 134m preset::
 
     .venv/bin/python bench/bench_train_step.py --preset 134m --seq 1024 --batch 1 --variants swiglu+softmax \
@@ -61,12 +63,13 @@ from llm.metrics.flops import flops_per_token, mfu, peak_flops
 from llm.model import ModelConfig
 from llm.model.attention import ATTN_SCORING_REGISTRY
 from llm.model.ffn import FFN_REGISTRY
+from llm.train.optim import build_optimizer
 from llm.train.step import tf32_matmuls
 
 ROOFLINE_MATMUL_N = {"cpu": 1024, "cuda": 8192}
 """The roofline's matmul: ``[n, n] @ [n, n]`` in the step's dtype, timed in every round (best kept); on a GPU
 large enough to reach the tensor cores' rate."""
-ROW_KEYS = ("batch", "packed_docs", "tf32", "activation_checkpointing")
+ROW_KEYS = ("batch", "packed_docs", "tf32", "activation_checkpointing", "optimizer")
 """``--extra-row`` keys that change the row (``Spec``) rather than the model."""
 
 
@@ -161,7 +164,8 @@ def main() -> None:
             except ImportError as err:  # Liger-Kernel: the gpu extra's, CUDA only
                 print(f"# skipped {name}: {f'{err.name} is not installed' if err.name else err}")
                 continue
-            steps[name] = make_step(row.model.parameters(), row.loss, device, dtype, row.tf32)
+            run = load_config(None, ["train.max_steps=1", f"train.optimizer={specs.get(name, Spec(base)).optimizer}"])
+            steps[name] = make_step(build_optimizer(row.model, run), row.loss, device, dtype, row.tf32)
             first_step[name] = timed(steps[name], device)()  # warm-up: allocator, AdamW state, compilation
             check_compiled(steps[name], name)
             saved[name] = None if args.compile else saved_bytes(row) / 2**20  # hooks would recompile the graph

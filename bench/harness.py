@@ -125,11 +125,12 @@ def figures(name: str, reference: str | None, seconds: dict[str, list[float]], t
                    paired_ratio(per_token[name], per_token[reference or name]))
 
 
-def make_step(parameters: Iterable[torch.nn.Parameter], loss: Callable[[], torch.Tensor], device: torch.device,
-              dtype: torch.dtype, tf32: bool = True) -> Callable[[], None]:
+def make_step(optimizer: torch.optim.Optimizer | Iterable[torch.nn.Parameter], loss: Callable[[], torch.Tensor],
+              device: torch.device, dtype: torch.dtype, tf32: bool = True) -> Callable[[], None]:
     """One training micro-step as the trainer takes it: forward under autocast, backward outside it, both in the
-    trainer's TF32 scope (``train.tf32``), then fused AdamW and ``zero_grad``."""
-    optimizer = torch.optim.AdamW(parameters, lr=1e-4, fused=True)
+    trainer's TF32 scope (``train.tf32``), then ``optimizer``'s step (given parameters instead: a fused AdamW's over
+    them, all that bench_trees.py asks of an older tree's ``llm``) and ``zero_grad``."""
+    optimizer = optimizer if isinstance(optimizer, torch.optim.Optimizer) else torch.optim.AdamW(optimizer, fused=True)
 
     def step() -> None:
         with tf32_matmuls(device, tf32):

@@ -2,7 +2,8 @@
 
 A step is what the trainer does per micro-batch (bench/harness.py ``make_step``): forward and loss, then backward,
 both inside the trainer's TF32 scope (``llm.train.step.tf32_matmuls``, as ``train_step`` wraps them), then fused
-AdamW (``build_optimizer``'s).
+AdamW, or Muon on the hidden matrices with AdamW on the rest, as ``build_optimizer`` builds it for the row's
+``train.optimizer`` (bench_train_step.py; bench_trees.py's workers: fused AdamW over all parameters).
 
 Compilation: ours as ``train.compile`` does (``compile_decoder_layers``), transformers' Qwen3 whole. Dynamo keeps
 its compiled code per Python code object, so every row's decoder layers (one class, one ``forward``) share one
@@ -66,6 +67,8 @@ class Spec:
     packed_docs: int = 0
     tf32: bool = True
     activation_checkpointing: int = 0
+    optimizer: str = "adamw"
+    """``train.optimizer`` of the row's step (the trainer's ``build_optimizer``)."""
 
 
 def qwen3_twin(config: ModelConfig) -> Qwen3ForCausalLM:

@@ -130,6 +130,11 @@ class TrainConfig:
     """Tokens per optimizer step over all processes; gradient accumulation makes up the difference."""
     micro_batch_size: int = 8
     """Sequences per forward pass per process."""
+    optimizer: str = "adamw"
+    """adamw | muon: muon orthogonalises the updates of the hidden matrices (attention and FFN projections, each
+    fused part apart) with torch's Muon at AdamW's lr and weight decay (the RMS-matching rule); every other
+    parameter stays on AdamW (llm/train/optim.py, docs/training.md). Part of the run's identity: a checkpoint
+    resumes with the optimizer it was trained with only."""
     weight_decay: float = 0.1
     """Decoupled weight decay of matrices; norms, biases, gains and embeddings get none."""
     beta1: float = 0.9
@@ -189,6 +194,7 @@ class TrainConfig:
             if not 0 <= getattr(self, name) < 1:
                 raise ConfigError(name, f"expected a value in [0, 1), got {getattr(self, name)}")
         check_choice("precision", self.precision, ("auto", "fp32", "bf16"))
+        check_choice("optimizer", self.optimizer, ("adamw", "muon"))  # llm/train/optim.py OPTIMIZERS
         return self
 
     def autocast_dtype(self, device_type: str) -> torch.dtype | None:

@@ -43,6 +43,11 @@ class IsoLLMAttention(nn.Module):
         self.config = config  # its attn_implementation, read at each call: set_attn_implementation changes it
         self.query_scale = config.query_scale  # muP's attention scale (1 under standard and at the base)
 
+    def fused_parts(self) -> dict[str, list[int]]:
+        """The row blocks of the fused projection: q, k and v, three maps fused for speed only, which an optimizer
+        that orthogonalises matrices (llm/train/optim.py, Muon) treats apart."""
+        return {"qkv_proj.weight": [n * self.head_dim for n in (self.num_heads, self.num_kv_heads, self.num_kv_heads)]}
+
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, state: LayerState | None = None,
                 padding_mask: torch.Tensor | None = None, documents: PackedDocuments | None = None,
                 step: DecodeStep | None = None, output_attentions: bool = False,

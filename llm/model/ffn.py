@@ -78,6 +78,11 @@ class FeedForward(nn.Module):
         """Names of the pathways fused into ``in_proj`` (its row blocks, in order)."""
         return self.PROJECTIONS
 
+    def fused_parts(self) -> dict[str, list[int]]:
+        """The row blocks of ``in_proj.weight``, one per pathway (``projections``), which an optimizer that
+        orthogonalises matrices (llm/train/optim.py, Muon) treats apart."""
+        return {"in_proj.weight": [self.intermediate_size] * len(self.projections)}
+
     def reset_parameters(self) -> None:
         """Re-initialise the block as its constructor does (e.g. after building on the meta device)."""
         self.in_proj.reset_parameters()

@@ -192,6 +192,10 @@ def load_checkpoint(path: str | Path, *, accelerator: Accelerator, loader: Any, 
         raise ConfigError("train.global_batch_tokens", f"checkpoint {path} was trained at {was} tokens a step toward "
                           f"train.max_tokens: at {batch} the run would end short of or past its budget, its lr "
                           f"schedule jumping; resume with train.global_batch_tokens={was}")
+    if (was := saved_config.train.optimizer) != config.train.optimizer:  # its state is the other optimizer's
+        raise ConfigError("train.optimizer", f"checkpoint {path} was trained with {was}, this run has "
+                                             f"{config.train.optimizer}: the optimizer cannot change mid-run (its "
+                                             f"state is {was}'s); start another run (name=) for it")
     saved = asdict(saved_config.model)  # schema fills newer fields
     current = asdict(config.model)
     if diffs := [f"{k} (checkpoint {saved.get(k)!r}, config {current.get(k)!r})"

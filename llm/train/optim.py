@@ -1,4 +1,5 @@
-"""AdamW parameter groups, the focus clipping hook and the warmup + cosine learning-rate schedule.
+"""AdamW (or Muon on the hidden matrices) parameter groups, the focus clipping hook and the warmup + cosine
+learning-rate schedule.
 
 The schedule is a function, not an object (as OLMo-core computes it): before every optimizer step ``set_schedule``
 gives each group the lr and weight decay that the config in force assigns to the number of updates applied so
@@ -22,6 +23,26 @@ model config: every module lists them in ``LR_MULTIPLIERS`` (parameter name -> m
 - ``focus_mu`` / ``focus_sigma`` (``focus_mu_lr_mult``, ``focus_sigma_lr_mult``): the focusing neuron's
   centres and apertures (the paper trains them at 0.1x and 0.1-0.005x the global rate, e.g.
   eta_g = 0.1, eta_mu = eta_sigma = 0.01 on MNIST).
+
+``train.optimizer: muon`` (``MuonWithAdamW``) moves the hidden matrices (each module's ``MUP_SCALED`` that is no
+mixing parameter: the attention's qkv_proj and o_proj, the FFN's in_proj and down_proj) from the ``decay`` group to
+``muon`` (``muon_mup`` under muP), updated by torch's Muon: the Nesterov momentum orthogonalised by 5 Newton-Schulz
+steps (about U V^T of its SVD), an update that rotates with the matrix's input and output spaces, where AdamW's
+per-coordinate normalisation privileges the standard basis (isotropic-deep-learning.txt, appendix B.1). The rest
+(the embedding and a tied or untied LM head, norms, biases, the mixing scalars and gates, the focus centres and
+apertures) keeps AdamW and the groups above, as the references split them (Keller Jordan's Muon and modded-nanogpt,
+Moonshot's "Muon is Scalable for LLM Training": embeddings, head and gains on AdamW).
+
+Its lr is AdamW's, by Moonshot's rule (torch's ``adjust_lr_fn="match_rms_adamw"``, their eq. 4): the orthogonalised
+update of an A x B matrix is scaled by ``0.2 sqrt(max(A, B))``, which gives it about the RMS of an AdamW update, so
+``train.lr`` and ``train.weight_decay`` mean the same under both optimizers and one lr grid (``--tune train.lr``)
+serves both. The weight decay is decoupled as AdamW's (``p -= lr * weight_decay * p`` before the update), on the
+matrices only, as above. Under ``parametrization=mup`` the AdamW groups keep their muP scaling and the Muon groups
+get ``lr / sqrt(width_multiplier)``: the RMS rule makes the update's spectral norm grow as ``sqrt(width)``, and the
+spectral condition for feature learning (Yang, Simon and Bernstein 2023: a hidden matrix's update of spectral norm
+Theta(sqrt(fan_out / fan_in)), i.e. width-independent) asks for it to stay put, so a base lr tuned at the base width
+is meant to transfer across width for both optimizers (at the base width muP's groups are the standard ones). That
+transfer follows from the rule; it is not yet measured here.
 """
 
 from __future__ import annotations
@@ -31,14 +52,20 @@ from contextlib import suppress
 
 import torch
 from torch import nn
+from torch.optim._muon import muon  # torch's functional Muon (tests/train/test_muon.py fails if it changes)
 
 from llm.config import RunConfig
+from llm.model.config import ConfigError
 from llm.model.modeling_isollm import mup_scaled_parameters
 
-__all__ = ["build_optimizer", "lr_multiplier", "multiplier_of", "param_groups", "schedule_warnings", "set_schedule"]
+__all__ = ["MuonWithAdamW", "build_optimizer", "check_engine", "lr_multiplier", "multiplier_of", "param_groups",
+           "schedule_warnings", "set_schedule"]
 
 # ``ModelConfig`` multiplier field -> optimizer group name, in group order.
 MULTIPLIER_GROUPS = {"mixing_lr_mult": "mixing", "focus_mu_lr_mult": "focus_mu", "focus_sigma_lr_mult": "focus_sigma"}
+MUON_GROUPS = ("muon", "muon_mup")
+MUON_ENGINES = ("single", "ddp")
+"""The engines (llm/train/engine.py) that hand the optimizer each matrix whole, as Muon needs it."""
 
 
 def multiplier_of(model: nn.Module) -> dict[int, str]:
@@ -58,12 +85,14 @@ def param_groups(model: nn.Module, config: RunConfig) -> list[dict]:
     ``decay``: matrices (ndim >= 2) that are neither embeddings nor mixing parameters; ``mup_hidden``: under
     ``parametrization=mup``, the hidden matrices (``mup_scaled_parameters``); ``no_decay``: the other non-mixing
     parameters; then one group per multiplier (``MULTIPLIER_GROUPS``), each followed by its muP-scaled members
-    (``<group>_mup``: isogmlp's width -> 1 gate). Empty groups are dropped, so a standard run's groups are what they
-    were before muP; tied parameters appear once (``parameters`` deduplicates).
+    (``<group>_mup``: isogmlp's width -> 1 gate). Under ``train.optimizer=muon`` the hidden matrices go to ``muon``
+    (``muon_mup`` under muP) instead (module docstring). Empty groups are dropped, so a standard run's groups are
+    what they were before muP and Muon; tied parameters appear once (``parameters`` deduplicates).
     """
     embeddings = {id(m.weight) for m in model.modules() if isinstance(m, nn.Embedding)}
     multipliers = multiplier_of(model)
-    scaled = {id(p) for p in mup_scaled_parameters(model)} if config.model.parametrization == "mup" else set()
+    hidden, mup = {id(p) for p in mup_scaled_parameters(model)}, config.model.parametrization == "mup"
+    scaled = hidden if mup else set()
     settings = group_settings(config)
     buckets: dict[str, list[nn.Parameter]] = {name: [] for name in settings}  # in the groups' order
     for p in model.parameters():
@@ -72,6 +101,8 @@ def param_groups(model: nn.Module, config: RunConfig) -> list[dict]:
         if id(p) in multipliers:
             group = MULTIPLIER_GROUPS[multipliers[id(p)]]
             buckets[f"{group}_mup" if id(p) in scaled else group].append(p)
+        elif id(p) in hidden and config.train.optimizer == "muon":
+            buckets["muon_mup" if mup else "muon"].append(p)
         elif id(p) in scaled:
             buckets["mup_hidden"].append(p)
         elif p.ndim >= 2 and id(p) not in embeddings:
@@ -90,17 +121,77 @@ def group_settings(config: RunConfig) -> dict[str, tuple[float, float]]:
         group_lr = lr * getattr(config.model, field)
         settings[group] = (group_lr, 0.0)
         settings[f"{group}_mup"] = (group_lr / width, 0.0)
+    settings |= {"muon": (lr, decay), "muon_mup": (lr / math.sqrt(width), decay)}  # module docstring
     return settings
 
 
-def build_optimizer(model: nn.Module, config: RunConfig) -> torch.optim.AdamW:
+class MuonWithAdamW(torch.optim.Optimizer):
+    """torch's Muon on the ``MUON_GROUPS`` and ``adamw`` on the other groups, as one optimizer: one ``param_groups``
+    (AdamW's first, so the lr the metrics log is still the ``decay`` or ``no_decay`` group's), one ``state`` and
+    torch's ``state_dict`` of both (the momentum buffers with AdamW's moments), so Accelerate, the schedule, the
+    checkpoints and the step hooks handle it as they handle AdamW.
+
+    A fused projection is orthogonalised per part (``fused_parts`` of its module): ``qkv_proj`` as q, k and v, an
+    FFN's ``in_proj`` as each of its pathways (gate, up, iso). The parts are separate maps concatenated for speed;
+    orthogonalising the concatenation would couple their singular values (a large gradient in q would shrink k's
+    and v's update) and scale the RMS rule by the concatenation's height, so the update would depend on how the
+    code fuses. The references orthogonalise merged weights per part too (modded-nanogpt views its merged qkvo
+    weight as a batch of 4 matrices). The least code that does it: each step hands torch's own functional ``muon``
+    the row blocks of the parameter, its gradient and its momentum buffer as separate matrices (views, updated in
+    place), so each part is exactly what ``torch.optim.Muon`` does to a matrix of that shape, and the state keeps
+    torch's layout (one buffer per parameter)."""
+
+    def __init__(self, adamw: torch.optim.AdamW, muon_groups: list[dict], fused_parts: dict[int, list[int]]) -> None:
+        # torch's Muon fills each group with its defaults (momentum 0.95, Nesterov, 5 quintic Newton-Schulz steps)
+        # and refuses a parameter that is not 2-D
+        muon_defaults = torch.optim.Muon(muon_groups, adjust_lr_fn="match_rms_adamw").defaults
+        super().__init__([*adamw.param_groups, *muon_groups], {})
+        self.adamw, self.fused_parts, self.muon_settings = adamw, fused_parts, tuple(muon_defaults)
+
+    @torch.no_grad()
+    def step(self, closure: None = None) -> None:
+        # load_state_dict (a resume, Accelerate's prepare) replaces the group dicts and the state: AdamW is given
+        # today's at every step
+        self.adamw.param_groups = [g for g in self.param_groups if g["name"] not in MUON_GROUPS]
+        self.adamw.state = self.state
+        self.adamw.step()
+        for group in (g for g in self.param_groups if g["name"] in MUON_GROUPS):
+            settings = {key: group[key] for key in self.muon_settings}
+            for p in (p for p in group["params"] if p.grad is not None):
+                rows = self.fused_parts.get(id(p), len(p))
+                buffer = self.state[p].setdefault("momentum_buffer", torch.zeros_like(p))
+                muon(list(p.split(rows)), list(p.grad.split(rows)), list(buffer.split(rows)), has_complex=False,
+                     **settings)
+
+
+def fused_parts(model: nn.Module) -> dict[int, list[int]]:
+    """``id(parameter)`` -> its row blocks, for every fused projection a module of ``model`` lists (``fused_parts``:
+    the attention's qkv_proj, an FFN's in_proj)."""
+    return {id(module.get_parameter(name)): rows for module in model.modules() if hasattr(module, "fused_parts")
+            for name, rows in module.fused_parts().items()}
+
+
+def check_engine(config: RunConfig, engine: str) -> None:
+    """Refuse, before the first step, a muon run under an engine (llm/train/engine.py) that shards its matrices."""
+    if config.train.optimizer == "muon" and engine not in MUON_ENGINES:
+        raise ConfigError("train.optimizer", f"muon cannot train under {engine}: it orthogonalises each whole 2-D "
+                                             f"matrix, and {engine} hands the optimizer shards of them (FSDP2 rows, "
+                                             f"ZeRO and FSDP1 flat 1-D partitions); train it on DDP or one process, "
+                                             f"or use train.optimizer=adamw")
+
+
+def build_optimizer(model: nn.Module, config: RunConfig) -> torch.optim.Optimizer:
     """AdamW over ``param_groups`` (clipping the focus parameters after each step), fused: one kernel for
     all parameters, on CPU as on CUDA (4x faster than the default multi-tensor path on these CPUs;
-    bench/bench_train_step.py). Under DeepSpeed, which updates its own fp32 copies of the weights and overwrites
+    bench/bench_train_step.py); under ``train.optimizer=muon`` with Muon on the ``MUON_GROUPS``
+    (``MuonWithAdamW``). Under DeepSpeed, which updates its own fp32 copies of the weights and overwrites
     the model's, the hook's clip is lost; llm/train/deepspeed_step.py clips both after the engine's step."""
     t = config.train
-    optimizer = torch.optim.AdamW(param_groups(model, config), lr=t.lr, betas=(t.beta1, t.beta2), eps=t.eps,
-                                  fused=True)
+    groups = param_groups(model, config)
+    optimizer = torch.optim.AdamW([g for g in groups if g["name"] not in MUON_GROUPS], lr=t.lr,
+                                  betas=(t.beta1, t.beta2), eps=t.eps, fused=True)
+    if t.optimizer == "muon":
+        optimizer = MuonWithAdamW(optimizer, [g for g in groups if g["name"] in MUON_GROUPS], fused_parts(model))
     clipped = clipped_modules(model)  # found once, not a walk over every module at every step
 
     def clip_after_step(optimizer: torch.optim.Optimizer, args: object, kwargs: object) -> None:

@@ -39,7 +39,7 @@ from llm.train.engine import engine_in_use, engine_mismatch, engine_requested, s
 from llm.train.evaluate import evaluate
 from llm.train.lock import RunLock, RunLockedError
 from llm.train.logging import MetricsLog, ProgressBar, drop_tracker, main_print, main_warning, truncate_metrics
-from llm.train.optim import build_optimizer, multiplier_of, schedule_warnings
+from llm.train.optim import build_optimizer, check_engine, multiplier_of, schedule_warnings
 from llm.train.step import TrainingError, gradient_accumulation_steps, tf32_matmuls
 
 __all__ = ["Run", "TrainerState", "build_data", "build_model", "resolve_max_steps", "setup_run", "train_attention"]
@@ -300,6 +300,7 @@ def setup_run(config: RunConfig, teardown: ExitStack) -> Run:
     if config.train.compile:
         compile_decoder_layers(accelerator.unwrap_model(model))
     engine, asked_engine = engine_in_use(model, accelerator), engine_requested()
+    check_engine(config, engine)  # before the first step and before anything is written
     if (mismatch := engine_mismatch(asked_engine, engine)) is not None:
         main_print(mismatch)
 

@@ -142,9 +142,10 @@ def main() -> None:
     parser.add_argument("--activation-checkpointing", type=int, default=0, metavar="N",
                         help="recompute every N-th layer (train.activation_checkpointing), applied before wrapping")
     parser.add_argument("--focus", action="store_true", help="focusing-neuron FFN inputs, clipped after each step")
+    parser.add_argument("--optimizer", default="adamw", help="train.optimizer")
     args = parser.parse_args()
     config = load_config(None, [*TINY, f"data.source={args.data}", f"data.tokenizer={args.tokenizer}",
-                                f"data.cache_dir={args.out / 'data_cache'}",
+                                f"data.cache_dir={args.out / 'data_cache'}", f"train.optimizer={args.optimizer}",
                                 f"train.precision={'bf16' if args.bf16 else 'fp32'}", *(FOCUS if args.focus else [])])
     args.out.mkdir(parents=True, exist_ok=True)
 

@@ -116,6 +116,18 @@ def test_deepspeed_focus_clipping_matches_one_process(mode: str, ddp_run: Path, 
 
 
 @pytest.mark.slow
+def test_ddp_with_muon_matches_one_process(corpus: Path, tokenizer_file: Path, tmp_path: Path) -> None:
+    """``train.optimizer=muon`` under DDP: every rank orthogonalises the same all-reduced momentum, so the ranks stay
+    bit-identical (the worker checks) and the run follows one process accumulating the same global batch; the
+    sharding engines refuse muon before their first step (tests/train/test_muon.py)."""
+    run(torchrun(2, *worker("ddp", tmp_path / "ddp", corpus, tokenizer_file, "--optimizer", "muon")))
+    run([PYTHON, *worker("ddp", tmp_path / "one", corpus, tokenizer_file, "--optimizer", "muon", "--reference",
+                         str(tmp_path / "ddp"))])
+    result, reference = (torch.load(tmp_path / run_dir / "result.pt") for run_dir in ("ddp", "one"))
+    assert_matches_reference(result, reference)
+
+
+@pytest.mark.slow
 @pytest.mark.parametrize("mode", ["ddp", "fsdp2", "zero2", "zero3"])
 def test_activation_checkpointing_matches_one_process(mode: str, reference: dict, corpus: Path,
                                                       tokenizer_file: Path, tmp_path: Path) -> None:
