@@ -10,8 +10,9 @@ switch (``train.tf32``, ``train.document_masking``) turns on only what the devic
 ``CUDA`` is CUDA's policy, everything on; any other device type runs ``PORTABLE``, the eager forms the fp64 tests pin
 down. A test runs CUDA's choices on CPU tensors by mapping "cpu" to ``CUDA`` in ``POLICIES`` (tests/model/
 test_cuda_policy.py, with ``compiler="aot_eager"``, which traces as inductor does without generating code): every
-choice but fla's kernel then runs on a CPU as it does on a GPU. What cannot (CUDA graphs, capability checks, memory
-counters, FlexAttention's backward) is listed in docs/ARCHITECTURE.md, "The CUDA path on a CPU".
+choice but fla's kernel then takes CUDA's branch on a CPU. What cannot run there (inductor's Triton kernels, CUDA
+graphs, capability checks, memory counters, FlexAttention's backward) is listed in docs/ARCHITECTURE.md, "The CUDA
+path on a CPU".
 """
 
 from __future__ import annotations
