@@ -38,9 +38,7 @@ Variants (``ModelConfig.attn_scoring``):
 
 from __future__ import annotations
 
-import functools
 import math
-from collections.abc import Callable
 from typing import TYPE_CHECKING, ClassVar
 
 import torch
@@ -49,6 +47,7 @@ from torch import nn
 from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.nn.attention.flex_attention import BlockMask, create_block_mask, flex_attention
 
+from .acceleration import acceleration, compiled
 from .cache import DecodeStep
 from .fla_kernel import fla_kernel
 from .iso_tanh import (
@@ -78,31 +77,19 @@ DECODE_SDPA_BACKENDS = [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTI
 FLA_MIN_LENGTH = 8192
 
 
-@functools.cache
-def compiled_flex_attention() -> Callable[..., torch.Tensor]:
-    """FlexAttention compiled into its fused kernel (uncompiled it materialises the scores); inside a compiled
-    model the compiler inlines it."""
-    return torch.compile(flex_attention, dynamic=False)
-
-
-@functools.cache
-def compiled_create_block_mask() -> Callable[..., BlockMask]:
-    """``create_block_mask`` compiled, as torchtitan builds its masks: uncompiled it evaluates the mask on every
-    ``(query, key)`` pair at once, a dense ``[B, 1, T, T]`` transient (1 GiB at 4 x 16k); compiled, block by block."""
-    return torch.compile(create_block_mask)
-
-
 def document_block_mask(doc_starts: torch.Tensor) -> BlockMask:
-    """FlexAttention's block-sparse form of the block-diagonal causal mask of ``doc_starts`` (``[B, T]``); compiled
-    on CUDA (inlined inside a compiled caller). Nothing in it reads a value back: no host sync."""
+    """FlexAttention's block-sparse form of the block-diagonal causal mask of ``doc_starts`` (``[B, T]``). Where the
+    device's policy compiles (on CUDA; inlined inside a compiled caller) ``create_block_mask`` is compiled, as
+    torchtitan builds its masks: uncompiled it evaluates the mask on every ``(query, key)`` pair at once, a dense
+    ``[B, 1, T, T]`` transient (1 GiB at 4 x 16k); compiled, block by block. Nothing in it reads a value back: no
+    host sync."""
     document = doc_starts.long().cumsum(-1)
 
     def same_document_causal(b: torch.Tensor, h: torch.Tensor, q: torch.Tensor, kv: torch.Tensor) -> torch.Tensor:
         return (document[b, q] == document[b, kv]) & (q >= kv)
 
     b, t = doc_starts.shape
-    compiled = doc_starts.is_cuda and not torch.compiler.is_compiling()
-    create = compiled_create_block_mask() if compiled else create_block_mask
+    create = compiled(create_block_mask, doc_starts.device)
     return create(same_document_causal, b, None, t, t, device=doc_starts.device)
 
 
@@ -143,9 +130,9 @@ class SoftmaxScoring(nn.Module):
 
     @staticmethod
     def document_mask(doc_starts: torch.Tensor) -> BlockMask | torch.Tensor:
-        """The block-diagonal causal mask: FlexAttention's block mask on CUDA, which skips the blocks no query
-        sees; elsewhere a dense ``[B, 1, T, T]`` bool mask for SDPA."""
-        if doc_starts.is_cuda:
+        """The block-diagonal causal mask: FlexAttention's block mask where the device's policy says so (on CUDA),
+        which skips the blocks no query sees; elsewhere a dense ``[B, 1, T, T]`` bool mask for SDPA."""
+        if acceleration(doc_starts.device).block_mask:
             return document_block_mask(doc_starts)
         return same_document(doc_starts).tril()[:, None]
 
@@ -227,7 +214,8 @@ class SoftmaxScoring(nn.Module):
     @staticmethod
     def flex(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, visible: torch.Tensor | BlockMask) -> torch.Tensor:
         """FlexAttention over the ``visible`` keys (``visible_keys``, made a block mask here, or a block mask already)
-        compiled into its fused kernel on CUDA."""
+        compiled into its fused kernel where the device's policy compiles (on CUDA; uncompiled it materialises the
+        scores)."""
         if not isinstance(visible, BlockMask):
             dense = visible.expand(q.shape[0], -1, -1, -1)
 
@@ -235,8 +223,7 @@ class SoftmaxScoring(nn.Module):
                 return dense[b, 0, query, key]
 
             visible = create_block_mask(seen, q.shape[0], None, q.shape[2], k.shape[2], device=q.device)
-        flex = compiled_flex_attention() if q.is_cuda and not torch.compiler.is_compiling() else flex_attention
-        return flex(q, k, v, block_mask=visible, enable_gqa=True)
+        return compiled(flex_attention, q.device, dynamic=False)(q, k, v, block_mask=visible, enable_gqa=True)
 
 
 class IsoTanhScoring(nn.Module):
@@ -279,7 +266,7 @@ class IsoTanhScoring(nn.Module):
                 weights: list[torch.Tensor] | None = None) -> tuple[torch.Tensor, IsoTanhState | None]:
         if weights is not None:
             return self.quadratic(q, k, v, use_cache, padding_mask, documents, past, weights)
-        kernel = self.linear_attn if q.is_cuda and q.shape[2] >= FLA_MIN_LENGTH else None
+        kernel = self.linear_attn if acceleration(q.device).fla and q.shape[2] >= FLA_MIN_LENGTH else None
         if documents is not None:  # packed documents: each form restarts its sums at every document start
             if kernel is not None and not use_cache:  # fla's varlen kernels return no state
                 return iso_tanh_linear_attention(q, k, v, None, kernel, documents.starts)[0], None

@@ -29,6 +29,7 @@ from typing import Any, TypeVar
 import torch
 import torch.nn.functional as F
 
+from .acceleration import acceleration
 from .isotropic import tanh_ratio
 
 # ``(S, G)``, each ``[B, Hkv, D, D]`` in fp32 (fp64 for fp64 inputs): ``sum_j k_j v_j^T`` and
@@ -80,10 +81,11 @@ def _accumulation_dtype(dtype: torch.dtype) -> torch.dtype:
 
 
 def _matmul(a: torch.Tensor, b: torch.Tensor, acc: torch.dtype) -> torch.Tensor:
-    """``a @ b`` (equal batch shapes) in ``acc``. Two half-precision operands stay half on CUDA, the GEMM accumulating
-    and writing fp32 (``bmm``'s ``out_dtype``): no fp32 copies, no TF32. Otherwise both are cast to ``acc`` (the CPU
-    has no ``out_dtype`` kernel), so ``train.tf32`` rounds only products that have an fp32 operand anyway."""
-    if a.is_cuda and a.dtype == b.dtype != acc:
+    """``a @ b`` (equal batch shapes) in ``acc``. Two half-precision operands stay half where the device's policy says
+    so (``Acceleration.half_operands``: on CUDA), the GEMM accumulating and writing fp32 (``bmm``'s ``out_dtype``): no
+    fp32 copies, no TF32. Otherwise both are cast to ``acc`` (the CPU has no ``out_dtype`` kernel), so ``train.tf32``
+    rounds only products that have an fp32 operand anyway."""
+    if acceleration(a.device).half_operands and a.dtype == b.dtype != acc:
         out = torch.bmm(a.reshape(-1, *a.shape[-2:]), b.reshape(-1, *b.shape[-2:]), out_dtype=acc)
         return out.view(*a.shape[:-1], b.shape[-1])
     return a.to(acc) @ b.to(acc)

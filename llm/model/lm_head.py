@@ -9,9 +9,10 @@ backward pass then only scales them by the incoming gradient.
 
 The chunk loop is a ``torch.library`` custom op, so a compiled caller holds it as one opaque node rather than
 breaking its graph or unrolling the loop. ``train.compile`` compiles the decoder layers only: the loss op runs
-outside them, eagerly, its chunk loop in Python. On CUDA each chunk's softmax and gradient run as their own
-compiled kernel (``compiled(chunk_loss_and_grad)``) that reads the half-precision logits and writes their
-half-precision gradient, with the softmax statistics in fp32 in registers: no fp32 copy of the chunk's logits.
+outside them, eagerly, its chunk loop in Python. Where the device's policy compiles (acceleration.py: on CUDA)
+each chunk's softmax and gradient run as their own compiled kernel (``chunk_loss_and_grad``) that reads the
+half-precision logits and writes their half-precision gradient, with the softmax statistics in fp32 in registers:
+no fp32 copy of the chunk's logits.
 
 The result equals ``F.cross_entropy((hidden @ weight.T).float(), targets, ignore_index=...)`` (the mean over
 targets != ``ignore_index``), in value and in gradient: tests/model/test_lm_head.py checks it in fp64.
@@ -25,15 +26,14 @@ reference kernel of the same op (quantised operands, dequantised, fp32 matmul): 
 
 from __future__ import annotations
 
-import functools
 import re
-from collections.abc import Callable
 from typing import Any
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from .acceleration import acceleration, compiled
 from .errors import ConfigError
 
 # e4m3's largest finite value (448): each row's largest magnitude is scaled to it.
@@ -90,12 +90,6 @@ def chunk_loss_and_grad(logits: Tensor, target: Tensor, keep: Tensor, with_grad:
     return loss, probs.scatter_add_(1, target, torch.full_like(target, -1, dtype=probs.dtype)).to(logits.dtype)
 
 
-@functools.cache
-def compiled(fn: Callable[..., Any]) -> Callable[..., Any]:
-    """A chunk kernel (``chunk_loss_and_grad``, ``fp8_logits``) compiled for CUDA on first use, then reused."""
-    return torch.compile(fn, fullgraph=True)
-
-
 # The custom op's namespace, from this module's name: the hub's copy of this file (``trust_remote_code``)
 # registers its own op beside this package's in the same process.
 OP_NAMESPACE = re.sub(r"\W", "_", __name__)
@@ -113,8 +107,9 @@ def _linear_cross_entropy(hidden: Tensor, weight: Tensor, targets: Tensor, ignor
     grad_hidden = torch.empty_like(hidden) if with_grad else hidden.new_empty(0)
     grad_weight = torch.zeros_like(weight, dtype=torch.promote_types(weight.dtype, torch.float32)) \
         if with_grad else weight.new_empty(0)
-    chunk_fn, logits_fn = (compiled(chunk_loss_and_grad), compiled(fp8_logits)) if hidden.is_cuda \
-        else (chunk_loss_and_grad, fp8_logits)
+    policy = acceleration(hidden.device)
+    chunk_fn = compiled(chunk_loss_and_grad, hidden.device, fullgraph=True)
+    logits_fn = compiled(fp8_logits, hidden.device, fullgraph=True)
     weight8 = quantize_rowwise(weight) if fp8 else None
     for start in range(0, hidden.shape[0], chunk_rows):
         rows = slice(start, start + chunk_rows)
@@ -128,7 +123,7 @@ def _linear_cross_entropy(hidden: Tensor, weight: Tensor, targets: Tensor, ignor
         h_kept = h * keep
         if grad_weight.dtype == grad_logits.dtype:
             grad_weight.addmm_(grad_logits.T, h_kept)
-        elif hidden.is_cuda:  # half-precision operands accumulated in fp32 inside the GEMM's own epilogue
+        elif policy.half_operands:  # half-precision operands accumulated in fp32 inside the GEMM's own epilogue
             torch.addmm(grad_weight, grad_logits.T, h_kept, out_dtype=grad_weight.dtype, out=grad_weight)
         else:  # CPU has no out_dtype kernel: a half-precision matmul, then an fp32 add
             grad_weight += grad_logits.T @ h_kept

@@ -30,6 +30,7 @@ from llm.metrics.flops import flops_per_token, peak_flops
 from llm.metrics.gradnorm import GradNormTracker, GroupGradNorms, grad_norm_groups
 from llm.metrics.layers import layer_report
 from llm.model import IsoLLMConfig, IsoLLMForCausalLM, param_counts
+from llm.model.acceleration import acceleration
 from llm.model.attention import ATTN_SCORING_REGISTRY
 from llm.model.config import ConfigError, ModelConfig
 from llm.train.checkpoint import resume_checkpoint, save_checkpoint
@@ -65,12 +66,13 @@ def build_model(model_cfg: ModelConfig) -> IsoLLMForCausalLM:
     return IsoLLMForCausalLM(IsoLLMConfig.from_model_config(model_cfg))
 
 
-def train_attention(config: RunConfig, device_type: str) -> str | None:
-    """The attention implementation training runs, named for what runs: packed documents on CUDA are a block-sparse
-    mask, which no SDPA kernel takes, so softmax runs FlexAttention there, as ``flex_attention``; None keeps the
-    model's default. Eval and the hub keep the implementation their user asks for."""
+def train_attention(config: RunConfig, device: torch.device) -> str | None:
+    """The attention implementation training runs, named for what runs: packed documents where the device's policy
+    makes them a block-sparse mask (``Acceleration.block_mask``: on CUDA), which no SDPA kernel takes, make softmax
+    run FlexAttention, as ``flex_attention``; None keeps the model's default. Eval and the hub keep the
+    implementation their user asks for."""
     implementations = ATTN_SCORING_REGISTRY[config.model.attn_scoring].IMPLEMENTATIONS
-    if config.data.document_masking and device_type == "cuda" and "flex_attention" in implementations:
+    if config.data.document_masking and acceleration(device).block_mask and "flex_attention" in implementations:
         return "flex_attention"
     return None
 
@@ -289,7 +291,7 @@ def setup_run(config: RunConfig, teardown: ExitStack) -> Run:
 
     set_seed(config.seed)
     model = build_model(config.model)
-    if implementation := train_attention(config, accelerator.device.type):
+    if implementation := train_attention(config, accelerator.device):
         model.set_attn_implementation(implementation)
     if config.train.activation_checkpointing:  # before prepare: FSDP2's hooks then wrap the checkpointed layers
         model.activation_checkpointing_enable(every_n_layers=config.train.activation_checkpointing)

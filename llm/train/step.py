@@ -24,6 +24,7 @@ from torch import nn
 from llm.config import RunConfig
 from llm.data.packing import model_inputs
 from llm.metrics.gradnorm import GroupGradNorms
+from llm.model.acceleration import acceleration
 from llm.model.config import ConfigError
 from llm.model.lm_head import IGNORE_INDEX
 from llm.train.deepspeed_step import deepspeed_backward, deepspeed_engine
@@ -40,7 +41,8 @@ class TrainingError(RuntimeError):
 @contextlib.contextmanager
 def tf32_matmuls(device: torch.device, enabled: bool = True) -> Iterator[None]:
     """fp32 matmuls on ``device`` run on TF32 tensor cores inside the block (``train.tf32``), the precision before
-    it restored after it; a no-op off CUDA, where "high" may pick other reduced-precision paths.
+    it restored after it; a no-op where the device's policy says no TF32 (``Acceleration.tf32``: off CUDA, where
+    "high" may pick other reduced-precision paths).
 
     Under bf16 autocast the step's only fp32 matmuls are those that leave autocast to accumulate in fp32,
     iso_tanh's chunked running sums (llm/model/iso_tanh.py). TF32 keeps 10 mantissa bits of each operand and fp32's
@@ -49,7 +51,7 @@ def tf32_matmuls(device: torch.device, enabled: bool = True) -> Iterator[None]:
     accumulate in fp32. On an H100 that made the swiglu+iso_tanh step 1.13x faster (docs/performance.md).
     """
     before = torch.get_float32_matmul_precision()
-    if enabled and device.type == "cuda":
+    if enabled and acceleration(device).tf32:
         torch.set_float32_matmul_precision("high")
     try:
         yield

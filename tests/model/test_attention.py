@@ -252,15 +252,6 @@ def test_tf32_matmuls_stay_below_the_bf16_outputs_rounding() -> None:
     assert 1e-5 < rel(tf32) < rel(ref.to(torch.bfloat16)) / 2  # cut operands (not fp32's 1e-7), below bf16's
 
 
-def test_the_half_precision_gemm_with_fp32_output_signature() -> None:
-    """On CUDA the chunked form multiplies two bf16 inputs with ``bmm``'s ``out_dtype`` overload (``aten::bmm.dtype``,
-    fp32 accumulated and written); CPU has no kernel for it, its meta form checks that the call is accepted."""
-    a = torch.empty(3, 5, 4, dtype=torch.bfloat16, device="meta")
-    b = torch.empty(3, 4, 6, dtype=torch.bfloat16, device="meta")
-    out = torch.bmm(a, b, out_dtype=torch.float32)
-    assert out.dtype == torch.float32 and out.shape == (3, 5, 6)
-
-
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 @pytest.mark.parametrize("packed", [False, True])

@@ -77,16 +77,6 @@ def test_rows_of_one_token_train_with_finite_zero_gradients():
         assert p.grad is None or p.grad.abs().max() == 0, name
 
 
-def test_the_cuda_weight_gradient_gemm_signature():
-    """The CUDA path accumulates the weight gradient in fp32 inside the GEMM through ``addmm``'s ``out_dtype``
-    overload (``aten::addmm.dtype_out``); CPU has no kernel for it, its meta form checks that the call is accepted."""
-    acc = torch.zeros(5, 4, dtype=torch.float32, device="meta")
-    a = torch.empty(5, 3, dtype=torch.bfloat16, device="meta")
-    b = torch.empty(3, 4, dtype=torch.bfloat16, device="meta")
-    out = torch.addmm(acc, a, b, out_dtype=torch.float32, out=acc)
-    assert out.dtype == torch.float32 and out.shape == (5, 4)
-
-
 def test_default_chunks_are_equal_and_within_the_logits_budget():
     from llm.model.lm_head import LOGITS_PER_CHUNK, default_chunk_rows
     cuda = torch.device("cuda")

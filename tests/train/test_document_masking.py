@@ -103,7 +103,7 @@ def test_training_names_the_attention_that_runs(scoring, masking, device, expect
     from llm.train.setup import train_attention
 
     config = RunConfig(model=ModelConfig(attn_scoring=scoring), data=DataConfig(document_masking=masking))
-    assert train_attention(config, device) == expected
+    assert train_attention(config, torch.device(device)) == expected
     if expected is not None:  # no grad: FlexAttention has no backward on CPU
         model = fp64_model(attn_scoring=scoring).requires_grad_(False)
         ids, positions = torch.randint(4, 64, (1, 8)), torch.tensor([[0, 1, 2, 0, 1, 2, 3, 4]])

@@ -4,12 +4,15 @@ the training step's fp32 matmuls on TF32 tensor cores, on CUDA only."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 from accelerate import Accelerator
 from accelerate.state import AcceleratorState, GradientState
 
 from llm.config import RunConfig, TrainConfig, load_config
+from llm.model.acceleration import POLICIES, PORTABLE
 from llm.train import step
 from llm.train.setup import _mixed_precision, build_model
 from llm.train.step import tf32_matmuls
@@ -44,9 +47,9 @@ def test_tf32_matmuls_only_on_cuda_and_restored_even_on_error(device: str, enabl
 @pytest.mark.parametrize("tf32", [True, False])
 def test_train_step_runs_forward_and_backward_at_train_tf32(monkeypatch: pytest.MonkeyPatch, tiny_overrides: list[str],
                                                             tf32: bool) -> None:
-    """What ``train.tf32`` reaches: the precision the step's passes run at (CUDA's, forced here on CPU), fp32's
-    default after the step."""
-    monkeypatch.setattr(step, "tf32_matmuls", lambda device, enabled: tf32_matmuls(torch.device("cuda"), enabled))
+    """What ``train.tf32`` reaches: the precision the step's passes run at (CUDA's TF32 choice, the CPU's policy
+    here), fp32's default after the step."""
+    monkeypatch.setitem(POLICIES, "cpu", dataclasses.replace(PORTABLE, tf32=True))
     config = load_config(None, tiny_overrides)
     model = build_model(config.model)
     seen: list[str] = []
