@@ -24,8 +24,8 @@ import llm.data.pieces as pieces
 import llm.data.sources as sources
 from llm.cli.data import main
 from llm.config import DataConfig
+from llm.data.cache_io import files_cache_path
 from llm.data.files import file_size
-from llm.data.footers import footer_cache_path
 from llm.data.pieces import list_pieces
 from llm.data.sources import data_source
 from llm.data.stream import TrainLoader, build_train_loader
@@ -83,7 +83,7 @@ def test_cold_cache_reads_each_footer_once_and_warm_none(cfg: DataConfig, corpus
     cold = list_pieces(data_source(cfg))
     assert reads == dict.fromkeys(corpus, 1)  # resolving and listing share the reads
     assert [(p.group, p.size) for p in cold[:3]] == [(0, 15), (1, 15), (2, 10)] and len(cold) == 12
-    assert [p.name for p in Path(cfg.cache_dir).iterdir()] == [footer_cache_path(corpus, cfg.cache_dir).name]
+    assert [p.name for p in Path(cfg.cache_dir).iterdir()] == [files_cache_path("footers", corpus, cfg.cache_dir).name]
     reads.clear()
     new_process()
     assert list_pieces(data_source(cfg)) == cold
@@ -190,7 +190,7 @@ def test_stream_and_resume_are_the_same_cold_warm_and_after_a_corrupt_cache(
     assert warm == cold and warm_state == cold_state
     new_process()
     assert batches(cfg, bpe, 3, state)[0] == cold[3:] and first == cold[:3]  # a resume reads the warm cache
-    path = footer_cache_path(corpus, cfg.cache_dir)
+    path = files_cache_path("footers", corpus, cfg.cache_dir)
     damage(path)
     new_process()
     with pytest.warns(UserWarning, match=rf"^rebuilding the footer cache {path}: unreadable \(.+\)$"):
