@@ -16,7 +16,7 @@ import fsspec
 import pyarrow.parquet as pq
 import pytest
 import torch
-from tiny import TINY_MODEL, fineweb_files, run, torchrun
+from tiny import REPO, TINY_MODEL, fineweb_files, run, torchrun
 from tokenizers import Tokenizer
 
 import llm.data.footers as footers
@@ -257,18 +257,26 @@ def test_plan_and_prepare_share_the_cache(cfg: DataConfig, corpus: list[str], bp
 
 
 @pytest.mark.slow
-def test_rank_1_reads_no_footers(cfg: DataConfig, corpus: list[str], bpe: Tokenizer, tmp_path: Path) -> None:
-    """2 gloo processes build the trainer's data (``build_data``) on a cold cache: rank 0 reads the footers,
-    rank 1 none, and both hold the same validation windows."""
+def test_rank_1_reads_no_footers_and_hashes_no_file(cfg: DataConfig, corpus: list[str], bpe: Tokenizer,
+                                                    tmp_path: Path) -> None:
+    """2 gloo processes build the trainer's data (``build_data``) on a cold cache: rank 0 reads the footers and hashes
+    each file once (the content fingerprint), rank 1 neither, and both hold the same validation windows; a second
+    start (a requeue) reads no footer and hashes no file on either rank. Before, every rank hashed every file at
+    every start."""
     tok = tmp_path / "tok.json"
     bpe.save(str(tok))
     overrides = [*TINY_MODEL, f"data.source={cfg.source}", f"data.tokenizer={tok}", f"data.cache_dir={cfg.cache_dir}",
                  "data.val_bucket=20", "data.val_tokens=100", "train.micro_batch_size=2", "train.max_steps=1"]
-    run(torchrun(2, str(WORKER), str(tmp_path), *overrides), env={"ACCELERATE_USE_CPU": "1"})
+    env = {"ACCELERATE_USE_CPU": "1", "PYTHONPATH": str(REPO)}  # the worker imports this checkout's llm
+    run(torchrun(2, str(WORKER), str(tmp_path), *overrides), env=env)
     ranks = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(2)]
     assert set(ranks[0]["reads"]) == set(corpus) and ranks[1]["reads"] == []
+    assert sorted(ranks[0]["hashed"]) == corpus and ranks[1]["hashed"] == []
     assert ranks[0]["val"] == ranks[1]["val"]
     assert torch.tensor(ranks[0]["val"]).shape == (3, 33)
+    run(torchrun(2, str(WORKER), str(tmp_path), *overrides), env=env)
+    again = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(2)]
+    assert [(r["reads"], r["hashed"], r["val"]) for r in again] == [([], [], ranks[0]["val"])] * 2
 
 
 def test_data_warnings_print_as_one_line() -> None:
