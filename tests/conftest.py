@@ -34,14 +34,14 @@ def fresh_accelerate_state():
 @pytest.fixture(autouse=True)
 def footer_caches_out_of_the_repo(monkeypatch: pytest.MonkeyPatch, tmp_path_factory: pytest.TempPathFactory):
     """A test whose ``DataConfig`` keeps the default ``cache_dir`` (``data_cache``, relative to the repository
-    root the suite runs from) writes its footer cache under pytest's temporary folder instead."""
+    root the suite runs from) writes its footer and digest caches under pytest's temporary folder instead."""
     from llm.config import DataConfig
-    from llm.data import footers
+    from llm.data import cache_io, files, footers
 
-    real = footers.footer_cache_path
     scratch = str(tmp_path_factory.getbasetemp() / "data_cache")
-    monkeypatch.setattr(footers, "footer_cache_path", lambda files, cache_dir: real(
-        files, scratch if cache_dir == DataConfig.cache_dir else cache_dir))
+    for module in (files, footers):
+        monkeypatch.setattr(module, "files_cache_path", lambda kind, paths, cache_dir: cache_io.files_cache_path(
+            kind, paths, scratch if cache_dir == DataConfig.cache_dir else cache_dir))
 
 
 REPO_DATA_CACHE = Path(__file__).resolve().parents[1] / "data_cache"

@@ -21,8 +21,6 @@ cache warm; DataLoader workers receive the pieces with their dataset and list no
 from __future__ import annotations
 
 import functools
-import hashlib
-import json
 import warnings
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -32,12 +30,12 @@ from typing import Any
 
 import pyarrow.parquet as pq
 
-from llm.data.cache_io import warn_rebuilding, write_atomically
+from llm.data.cache_io import files_cache_path, read_entries, write_entries
 from llm.data.errors import DataError, DataWarning
 from llm.data.files import Fingerprint, fingerprints, open_file
 from llm.errors import one_line
 
-__all__ = ["FOOTER_THREADS", "FORMAT", "Footer", "footer_cache_path", "footers", "parquet_metadata", "read_cache",
+__all__ = ["FOOTER_THREADS", "FORMAT", "Footer", "footers", "parquet_metadata", "read_cache",
            "read_metadata", "write_cache"]
 
 # Footers read at once (one request each on the hub).
@@ -96,28 +94,9 @@ def parquet_metadata(file: str) -> pq.FileMetaData:
     return read_metadata(file)
 
 
-def footer_cache_path(files: Sequence[str], cache_dir: str) -> Path:
-    digest = hashlib.blake2b(json.dumps(list(files)).encode(), digest_size=10).hexdigest()
-    return Path(cache_dir) / f"footers_{digest}.json"
-
-
-def _checksum(entries: dict[str, Any]) -> str:
-    return hashlib.blake2b(json.dumps(entries, sort_keys=True).encode(), digest_size=16).hexdigest()
-
-
 def read_cache(path: Path) -> dict[str, tuple[Fingerprint, Footer]]:
     """The cached footers by file; empty, with a warning, when the file does not read back intact."""
-    try:
-        cached = json.loads(path.read_bytes())
-        if not (isinstance(cached, dict) and cached.get("format") == FORMAT
-                and cached.get("blake2b") == _checksum(cached.get("files"))):
-            reason = f"not a format {FORMAT} footer cache with its checksum"
-        else:
-            return {file: (entry["fingerprint"], Footer.from_json(entry)) for file, entry in cached["files"].items()}
-    except Exception as err:  # OSError, a JSON or UTF-8 error, or an entry of the wrong shape
-        reason = one_line(err)
-    warn_rebuilding("footer cache", path, reason)
-    return {}
+    return read_entries(path, "footer cache", FORMAT, lambda entry: (entry["fingerprint"], Footer.from_json(entry)))
 
 
 def write_cache(path: Path, files: Sequence[str], prints: Sequence[Fingerprint | None],
@@ -125,9 +104,8 @@ def write_cache(path: Path, files: Sequence[str], prints: Sequence[Fingerprint |
     """Write the footers of ``files`` with their fingerprints (those without one are left out) atomically."""
     entries = {file: {"fingerprint": fp, **asdict(found[file])}  # json writes the tuples as lists
                for file, fp in zip(files, prints, strict=True) if fp is not None}
-    text = json.dumps({"format": FORMAT, "blake2b": _checksum(entries), "files": entries}, separators=(",", ":"))
     try:
-        write_atomically(path, lambda tmp: tmp.write_text(text))
+        write_entries(path, entries, FORMAT)
     except OSError as err:
         warnings.warn(f"could not write the footer cache {path} ({one_line(err)}); the next process reads the "
                       "footers again", DataWarning, stacklevel=2)
@@ -141,7 +119,7 @@ def _cached_or_read(files: Sequence[str], cache_dir: str | None) -> dict[str, Fo
     path = None
     if cache_dir is not None:
         prints = fingerprints(files)
-        path = footer_cache_path(files, cache_dir)
+        path = files_cache_path("footers", files, cache_dir)
         cached = read_cache(path) if path.is_file() else {}
         for file, fp in zip(files, prints, strict=True):
             if fp is not None and file in cached and cached[file][0] == fp:

@@ -3,8 +3,9 @@
 Layout of a prepared directory (one token file per source file; the index records each piece's token range,
 so the pieces can be visited in the streaming reader's epoch order)::
 
-    index.json            format, source identity, tokenizer fingerprint, val_bucket, max_doc_chars, the data fields
-                          it was prepared with (``llm.data.identity``), files
+    index.json            format, source identity and fingerprint (``source_fingerprint``: what the tokens were
+                          read from), tokenizer fingerprint, val_bucket, max_doc_chars, the data fields it was
+                          prepared with (``llm.data.identity``), files
                           (each with its token count and checksum: ``llm.data.prepared_index``), pieces
                           (written last)
     tokens_00000.bin      uint32 tokens of file 0's training documents, each followed by EOS (no file for a file
@@ -90,7 +91,8 @@ def prepare(data_cfg: DataConfig, tokenizer: Tokenizer, out_dir: str | Path, max
                 break
         pieces.append({"file": k, "start": start, "num_tokens": written[k] - start, "num_docs": docs,
                        "num_held_out": held_out})
-    index = {"format": FORMAT, "source": stream.source.identity(), "tokenizer": stream.fingerprints["tokenizer"],
+    index = {"format": FORMAT, "source": stream.source.identity(), "source_fingerprint": stream.fingerprints["source"],
+             "tokenizer": stream.fingerprints["tokenizer"],
              "val_bucket": data_cfg.val_bucket, "max_doc_chars": data_cfg.max_doc_chars, "tokenization": TOKENIZATION,
              "max_tokens": max_tokens, "data": data_identity(data_cfg, READ_TIME),
              "files": [{"tokens": f"tokens_{k:05d}.bin", "num_tokens": n, CHECKSUM: digest.hexdigest()}
@@ -168,9 +170,12 @@ class PreparedTokens(TokenSource):
             raise DataError(f"data.prepared: {self.root} was prepared from another source than data.source "
                             f"({difference}); prepare again")
         self.cfg = data_cfg
-        # the index records every token file's checksum: another preparation is another fingerprint
+        # the index records every token file's checksum: another preparation is another fingerprint. The source's is
+        # the one prepare recorded of what it tokenized, not a new hash of files the run does not read (an index
+        # written before it was recorded: the source's now, as then)
         self.fingerprints = {"tokenizer": self.index["tokenizer"], "prepared": xxhash.xxh3_64_hexdigest(
-            json.dumps(self.index, sort_keys=True).encode()), "source": source_fingerprint(data_source(data_cfg))}
+            json.dumps(self.index, sort_keys=True).encode()),
+            "source": self.index.get("source_fingerprint") or source_fingerprint(data_source(data_cfg))}
         self.lengths = np.array([p["num_tokens"] for p in self.index["pieces"]], dtype=np.int64)
         self.epoch_tokens = int(self.lengths.sum())
         if self.epoch_tokens == 0:

@@ -230,10 +230,11 @@ def source_files(source: Source) -> tuple[str, tuple[str, ...]]:
 
 @functools.cache
 def source_fingerprint(source: Source) -> str:
-    """What the source's files hold (``content_fingerprint``: a local file's bytes, a hub file's blob id), once per
-    process: the validation cache's key, every loader state and meta row record it, so a source rewritten at the
-    same path (at the same size) is another validation set and is refused on resume."""
-    return content_fingerprint(source_files(source)[1])
+    """What the source's files hold (``content_fingerprint``: a local file's bytes, read once per job with
+    ``data.cache_dir`` and then trusted by its stat; a hub file's blob id), once per process: the validation cache's
+    key, every streamed loader state and meta row record it, so a source rewritten at the same path (at the same
+    size) is another validation set and is refused on resume."""
+    return content_fingerprint(source_files(source)[1], source.cache_dir)
 
 
 # ``resolve_source`` once per process for each set of arguments (``data_source``)

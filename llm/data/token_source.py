@@ -27,9 +27,9 @@ class TokenSource(ABC):
 
     cfg: DataConfig
     fingerprints: dict[str, str | None]
-    """What the data is beyond its settings: the fingerprint of the tokenizer's serialized content
-    (``tokenizer_identity``) under "tokenizer", a prepared index's under "prepared" (None when streaming), the
-    source's files' (``source_fingerprint``: the validation set is read from them) under "source"."""
+    """What the data is beyond its settings: the fingerprint of the tokenizer's definition (``tokenizer_identity``)
+    under "tokenizer", a prepared index's under "prepared" (None when streaming), the source's files'
+    (``source_fingerprint``; on prepared tokens the one ``prepare`` recorded of what it tokenized) under "source"."""
     resharding = False
     """Whether a position can continue with another number of nodes (``reshard``)."""
 

@@ -23,7 +23,7 @@ if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerFast
 
 __all__ = ["DEFAULT_HUB_TOKENIZER", "EOS_TOKEN", "TOKENIZATION", "as_transformers_tokenizer", "encode_documents",
-           "encoding_identity", "eos_id", "ids_past", "load_tokenizer", "padded_vocab_size", "special_tokens_as_text",
+           "eos_id", "ids_past", "load_tokenizer", "padded_vocab_size", "special_tokens_as_text",
            "text_parts", "tokenizer_identity", "top_id", "train_tokenizer"]
 
 # End-of-document token: Qwen3's, and the one special token our trained BPE gets (same name, so eos_id is
@@ -119,14 +119,11 @@ def padded_vocab_size(tok: Tokenizer, multiple: int = 128) -> int:
 
 
 def tokenizer_identity(tok: Tokenizer) -> str:
-    """A short stable fingerprint of the full tokenizer definition (vocab, merges, normalisers, specials):
-    two tokenizers with the same fingerprint produce the same ids, so cached tokens may be shared."""
-    return hashlib.blake2b(tok.to_str().encode(), digest_size=8).hexdigest()
-
-
-def encoding_identity(tok: Tokenizer) -> str:
-    """``tokenizer_identity`` of what turns text into ids without special tokens: the definition less its
-    post-processor, padding and truncation, which a checkpoint's tokenizer.json gains when transformers saves it."""
+    """A short stable fingerprint of the tokenizer's definition (vocab, merges, normalisers, pre-tokenizer, specials):
+    two tokenizers with the same fingerprint produce the same ids, so cached tokens may be shared. Its
+    post-processor, padding and truncation are left out: training encodes without special tokens, and a checkpoint's
+    tokenizer.json gains them when transformers saves it, so the tokenizer a run trained with and its saved copy are
+    one fingerprint (eval.py finds the run's validation cache; a resume from the saved copy is the same data)."""
     definition = {key: value for key, value in json.loads(tok.to_str()).items()
                   if key not in ("post_processor", "padding", "truncation")}
     return hashlib.blake2b(json.dumps(definition, sort_keys=True).encode(), digest_size=8).hexdigest()

@@ -44,7 +44,7 @@ from torch import nn
 from llm.config import RunConfig, load_config, save_config
 from llm.data.errors import DataError
 from llm.data.identity import data_identity, identity_differences
-from llm.data.tokenizer import encoding_identity
+from llm.data.tokenizer import tokenizer_identity
 from llm.errors import one_line
 from llm.model.config import ConfigError
 from llm.train.checkpoint_files import (
@@ -209,8 +209,8 @@ def load_checkpoint(path: str | Path, *, accelerator: Accelerator, loader: Any, 
                                   f"checkpoint's, or start another run (name=)")
     # the checkpoint's own tokenizer: a run older than the loader state's fingerprints is checked by it too
     saved_tokenizer = path / MODEL_DIR / "tokenizer.json"
-    if saved_tokenizer.is_file() and (was := encoding_identity(Tokenizer.from_file(str(saved_tokenizer)))) != (
-            now := encoding_identity(tokenizer)):
+    if saved_tokenizer.is_file() and (was := tokenizer_identity(Tokenizer.from_file(str(saved_tokenizer)))) != (
+            now := tokenizer_identity(tokenizer)):
         raise ConfigError("data.tokenizer", f"checkpoint {path} was trained with another tokenizer (fingerprint {was}, "
                                             f"data.tokenizer's {now}): resume with the tokenizer it saves, "
                                             f"{saved_tokenizer}")

@@ -16,7 +16,7 @@ import fsspec
 import pyarrow.parquet as pq
 import pytest
 import torch
-from tiny import TINY_MODEL, fineweb_files, run, torchrun
+from tiny import REPO, TINY_MODEL, fineweb_files, run, torchrun
 from tokenizers import Tokenizer
 
 import llm.data.footers as footers
@@ -24,8 +24,8 @@ import llm.data.pieces as pieces
 import llm.data.sources as sources
 from llm.cli.data import main
 from llm.config import DataConfig
+from llm.data.cache_io import files_cache_path
 from llm.data.files import file_size
-from llm.data.footers import footer_cache_path
 from llm.data.pieces import list_pieces
 from llm.data.sources import data_source
 from llm.data.stream import TrainLoader, build_train_loader
@@ -83,7 +83,7 @@ def test_cold_cache_reads_each_footer_once_and_warm_none(cfg: DataConfig, corpus
     cold = list_pieces(data_source(cfg))
     assert reads == dict.fromkeys(corpus, 1)  # resolving and listing share the reads
     assert [(p.group, p.size) for p in cold[:3]] == [(0, 15), (1, 15), (2, 10)] and len(cold) == 12
-    assert [p.name for p in Path(cfg.cache_dir).iterdir()] == [footer_cache_path(corpus, cfg.cache_dir).name]
+    assert [p.name for p in Path(cfg.cache_dir).iterdir()] == [files_cache_path("footers", corpus, cfg.cache_dir).name]
     reads.clear()
     new_process()
     assert list_pieces(data_source(cfg)) == cold
@@ -190,7 +190,7 @@ def test_stream_and_resume_are_the_same_cold_warm_and_after_a_corrupt_cache(
     assert warm == cold and warm_state == cold_state
     new_process()
     assert batches(cfg, bpe, 3, state)[0] == cold[3:] and first == cold[:3]  # a resume reads the warm cache
-    path = footer_cache_path(corpus, cfg.cache_dir)
+    path = files_cache_path("footers", corpus, cfg.cache_dir)
     damage(path)
     new_process()
     with pytest.warns(UserWarning, match=rf"^rebuilding the footer cache {path}: unreadable \(.+\)$"):
@@ -257,18 +257,26 @@ def test_plan_and_prepare_share_the_cache(cfg: DataConfig, corpus: list[str], bp
 
 
 @pytest.mark.slow
-def test_rank_1_reads_no_footers(cfg: DataConfig, corpus: list[str], bpe: Tokenizer, tmp_path: Path) -> None:
-    """2 gloo processes build the trainer's data (``build_data``) on a cold cache: rank 0 reads the footers,
-    rank 1 none, and both hold the same validation windows."""
+def test_rank_1_reads_no_footers_and_hashes_no_file(cfg: DataConfig, corpus: list[str], bpe: Tokenizer,
+                                                    tmp_path: Path) -> None:
+    """2 gloo processes build the trainer's data (``build_data``) on a cold cache: rank 0 reads the footers and hashes
+    each file once (the content fingerprint), rank 1 neither, and both hold the same validation windows; a second
+    start (a requeue) reads no footer and hashes no file on either rank. Before, every rank hashed every file at
+    every start."""
     tok = tmp_path / "tok.json"
     bpe.save(str(tok))
     overrides = [*TINY_MODEL, f"data.source={cfg.source}", f"data.tokenizer={tok}", f"data.cache_dir={cfg.cache_dir}",
                  "data.val_bucket=20", "data.val_tokens=100", "train.micro_batch_size=2", "train.max_steps=1"]
-    run(torchrun(2, str(WORKER), str(tmp_path), *overrides), env={"ACCELERATE_USE_CPU": "1"})
+    env = {"ACCELERATE_USE_CPU": "1", "PYTHONPATH": str(REPO)}  # the worker imports this checkout's llm
+    run(torchrun(2, str(WORKER), str(tmp_path), *overrides), env=env)
     ranks = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(2)]
     assert set(ranks[0]["reads"]) == set(corpus) and ranks[1]["reads"] == []
+    assert sorted(ranks[0]["hashed"]) == corpus and ranks[1]["hashed"] == []
     assert ranks[0]["val"] == ranks[1]["val"]
     assert torch.tensor(ranks[0]["val"]).shape == (3, 33)
+    run(torchrun(2, str(WORKER), str(tmp_path), *overrides), env=env)
+    again = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(2)]
+    assert [(r["reads"], r["hashed"], r["val"]) for r in again] == [([], [], ranks[0]["val"])] * 2
 
 
 def test_data_warnings_print_as_one_line() -> None:

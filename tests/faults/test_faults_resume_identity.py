@@ -20,7 +20,7 @@ from tokenizers import Tokenizer
 from llm.cli.train import main
 from llm.data import train_tokenizer
 from llm.data.shards import prepare
-from llm.data.tokenizer import encoding_identity, tokenizer_identity
+from llm.data.tokenizer import tokenizer_identity
 from llm.eval.runs import load_run
 from llm.train.lock import LOCK_FILE
 
@@ -66,7 +66,7 @@ def test_resume_on_another_tokenizer_at_the_same_path_is_refused(run_overrides: 
     checkpoint = run_dir / "checkpoints" / "step_00000002"
     assert _error_lines(capsys.readouterr().err) == [
         f"error: data.tokenizer: checkpoint {checkpoint} was trained with another tokenizer (fingerprint "
-        f"{encoding_identity(Tokenizer.from_file(str(bpe)))}, data.tokenizer's {encoding_identity(other)}): resume "
+        f"{tokenizer_identity(Tokenizer.from_file(str(bpe)))}, data.tokenizer's {tokenizer_identity(other)}): resume "
         f"with the tokenizer it saves, {checkpoint / 'model' / 'tokenizer.json'}"]
     assert _files(run_dir) == before
     fingerprints = metrics_rows(run_dir, "meta")[0]["data_fingerprints"]
