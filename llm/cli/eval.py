@@ -177,7 +177,7 @@ def _compare(argv: list[str]) -> int:
 
         written += write_plots(comparison.groups, args.out, comparison.sensitivity, comparison.tune,
                                scaling_series(comparison))
-    print(format_table(comparison))
+    print(format_table(comparison, full=written[0]))  # written[0]: comparison.md
     if plan:
         print(plan)
     print("wrote " + ", ".join(str(p) for p in written))
