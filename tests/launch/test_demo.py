@@ -98,4 +98,4 @@ def test_the_demo_trains_three_seeds_a_variant_and_compares_them_with_a_plan(dem
     *evaluations, compare = called
     assert [cmd[2] for cmd in evaluations] == [str(tmp_path / "runs" / f"demo-{f}-s0") for f in ("swiglu", "isogmlp")]
     assert compare[2:9] == ["compare", *(str(tmp_path / "runs" / n.removeprefix("name=")) for n in names)]
-    assert compare[9:11] == ["--plan", "0.02"]
+    assert compare[9:11] == ["--plan", "0.1"]
