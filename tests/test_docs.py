@@ -1,5 +1,6 @@
 """The docs hold together: every relative link of README.md and docs/ names a file that exists and, with an anchor, a
-heading of it; and the figures docs/training.md quotes for the size presets are the code's (``param_counts``).
+heading of it; and the figures docs/training.md quotes for the size presets (``param_counts``) and
+docs/comparison.md for choosing the number of seeds (``llm.eval.stats``) are the code's.
 The docs' commands run in tests/test_readme.py; the worked seed plan is checked in
 tests/eval/test_docs_worked_plan.py, the simulation's Type I error and power in
 tests/eval/test_compare_plan_simulation.py."""
@@ -13,6 +14,7 @@ import pytest
 from tiny import REPO
 
 from llm.config import load_config
+from llm.eval.stats import minimum_detectable_effect, seeds_needed
 from llm.model import param_counts
 
 PAGES = [REPO / "README.md", *sorted((REPO / "docs").rglob("*.md"))]
@@ -73,3 +75,17 @@ def test_the_size_table_quotes_the_presets_counts() -> None:
         counts = [f"{n:,}" for n in param_counts(model)]
         shape = [model.num_hidden_layers, model.hidden_size, model.num_attention_heads, model.num_key_value_heads]
         assert cells == [*counts, *map(str, shape), f"{model.vocab_size:,}"], name
+
+
+def test_the_seed_counts_of_choosing_the_number_of_seeds_are_the_codes() -> None:
+    """docs/comparison.md, "Choosing the number of seeds": the gap n seeds per arm resolve in units of a spread s
+    common to both rows (``minimum_detectable_effect``), and the seeds per arm some gaps need (``seeds_needed``)."""
+    page = " ".join((REPO / "docs" / "comparison.md").read_text().split())
+    mde = {n: minimum_detectable_effect(1.0, n, 1.0, n) for n in (2, 3, 4, 5, 10, 20, 50)}
+    assert (f"gaps of about {mde[2]:.1f} s at n = 2, {mde[3]:.1f} s at 3, {mde[4]:.1f} s at 4, {mde[5]:.1f} s at 5, "
+            f"{mde[10]:.1f} s at 10, {mde[20]:.1f} s at 20 and {mde[50]:.2f} s at 50") in page
+    by_d = [f"{seeds_needed(d, 1.0, 1.0):.0f}" for d in (0.5, 1.0, 2.0)]
+    assert f"needs {by_d[0]} seeds per arm at d = 0.5, {by_d[1]} at d = 1 and {by_d[2]} at d = 2" in page
+    tuned = [f"{seeds_needed(gap, s, s):.0f}" for s in (0.04, 0.01) for gap in (0.021, 0.009)]
+    assert (f"at 0.04 a gap of 0.021 needs {tuned[0]} seeds per arm and 0.009 needs {tuned[1]}, at 0.01 they need "
+            f"{tuned[2]} and {tuned[3]}") in page
