@@ -36,7 +36,7 @@ test: $(STAMP)
 
 # The suite against the newest releases inside pyproject's ranges (no constraints; torch stays the CPU build),
 # in a fresh $(LATEST). If it passes, `make pins` makes that set the tested one; if not, fix the code or lower
-# the range's upper bound in pyproject.toml, with a line in the README on why.
+# the range's upper bound in pyproject.toml, with a line in docs/install.md on why.
 test-latest:
 	rm -rf $(LATEST)
 	$(PY) -m venv $(LATEST)
@@ -67,7 +67,7 @@ bench: $(STAMP)
 	$(BIN)/python bench/bench_data.py
 	$(BIN)/python bench/bench_footers.py
 
-# The pins without torch and triton, for an environment that keeps its CUDA build of torch (README, Tested versions).
+# The pins without torch and triton, for an environment that keeps its CUDA build of torch (docs/install.md, Tested versions).
 gpu-constraints.txt: constraints.txt
 	grep -vE '^(torch|triton)==' constraints.txt > $@
 

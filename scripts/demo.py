@@ -1,21 +1,23 @@
-"""The README demo: train SwiGLU and IsoGMLP side by side on real text, then compare them.
+"""The README demo: train SwiGLU and IsoGMLP side by side on real text, three seeds each, then compare them.
 
 ``scripts/demo.sh [key=value ...]`` (what ``make demo`` runs; ``python scripts/demo.py`` where ``llm`` is installed):
 
-1. text: FineWeb streamed from the hub when online (a few thousand documents, saved locally so both
-   runs read the same file); offline the FineWeb sample in ``../shared/data/`` beside the checkout
+1. text: FineWeb streamed from the hub when online (a few thousand documents, saved locally so every
+   run reads the same file); offline the FineWeb sample in ``../shared/data/`` beside the checkout
    when present; otherwise the docstrings of this Python installation's standard library, a corpus
    every Python carries. It says which it used.
 2. a byte-level BPE of 4,096 tokens trained on that text (``llm.data.train_tokenizer``).
 3. ``train.py --config configs/demo.yaml`` for ``model.ffn=swiglu`` and ``model.ffn=isogmlp``
-   (parameter-matched, same seeds, same batches), both at once with one thread each: tiny matmuls
-   gain little from a second thread, so two runs in parallel finish sooner than two in a row.
-4. ``eval.py`` on each final checkpoint (val loss, bits per byte, isotropy, samples), then
-   ``eval.py compare`` on the two run directories.
+   (parameter-matched, same batches) at seeds 0, 1 and 2: a seed's two runs at once with one thread each
+   (tiny matmuls gain little from a second thread, so two runs in parallel finish sooner than two in a row).
+   One seed per variant gives a gap with no interval; three give the gap's interval, its verdict and a plan.
+4. ``eval.py`` on each variant's seed-0 checkpoint (val loss, bits per byte, isotropy, samples), then
+   ``eval.py compare`` on the six run directories with ``--plan 0.1``: the table, the gap to SwiGLU with its
+   interval and verdict, and the seeds per arm a 0.1-nat gap would need from these three as a pilot.
 
-Runs are ``runs/demo-swiglu`` and ``runs/demo-isogmlp`` and start with ``resume=true``, so running
-the demo again continues (or just re-compares) them; delete them to start over. Extra arguments
-are passed to both ``train.py`` calls (e.g. ``train.max_steps=50``).
+Runs are ``runs/demo-<ffn>-s<seed>`` and start with ``resume=true``, so running the demo again continues (or
+just re-compares) them; delete them to start over. Extra arguments are passed to every ``train.py`` call
+(e.g. ``train.max_steps=50``).
 """
 
 from __future__ import annotations
@@ -35,7 +37,8 @@ from urllib.parse import urlparse
 REPO = Path(__file__).resolve().parents[1]
 DEMO_DATA = REPO / "data_cache" / "demo"  # beside the validation caches (git-ignored)
 SHARED_SAMPLE = REPO.parent / "shared" / "data" / "fineweb-sample"
-VARIANTS = ("swiglu", "isogmlp")
+# PLAN_GAP: a gap this size can resolve with tens of seeds (0.02 would take hundreds at its ~0.04-nat spread)
+VARIANTS, SEEDS, PLAN_GAP = ("swiglu", "isogmlp"), (0, 1, 2), "0.1"
 HUB_DOCS = 4000
 HUB_TIMEOUT_S = 60.0
 VOCAB_SIZE = 4096
@@ -72,8 +75,6 @@ def _stream_fineweb(out: Path) -> None:
 
 def _try_hub(out: Path) -> bool:
     """Stream FineWeb in a worker thread, giving up after ``HUB_TIMEOUT_S`` (no network: fail fast)."""
-    if out.is_file():
-        return True
     if _offline() or not _hub_reachable():
         return False
     errors: list[BaseException] = []
@@ -118,7 +119,7 @@ def _stdlib_corpus(out: Path) -> None:
 def choose_source() -> tuple[Path, str, list[str]]:
     """The demo's text, a sentence saying what it is, and config overrides it needs."""
     hub_file = DEMO_DATA / "fineweb-sample-10BT.parquet"
-    if _try_hub(hub_file):
+    if hub_file.is_file() or _try_hub(hub_file):  # streamed by an earlier demo
         return hub_file, f"FineWeb sample-10BT from the hub ({HUB_DOCS} documents, saved in {hub_file})", []
     if any(SHARED_SAMPLE.glob("*.parquet")):
         return SHARED_SAMPLE, f"the local FineWeb sample in {SHARED_SAMPLE} (offline)", []
@@ -176,32 +177,33 @@ def main(argv: list[str] | None = None) -> int:
         print(f"demo: training a {VOCAB_SIZE}-token byte-level BPE -> {tokenizer}")
         train_tokenizer([source], VOCAB_SIZE, tokenizer)  # a directory resolves as data.source does
 
-    threads = str(max(1, (os.cpu_count() or 2) // len(VARIANTS)))
+    threads = str(max(1, (os.cpu_count() or 2) // len(VARIANTS)))  # each of a seed's runs
     env = {**os.environ, "OMP_NUM_THREADS": threads, "TOKENIZERS_PARALLELISM": "false"}
-    runs: dict[str, tuple[subprocess.Popen, Path]] = {}
-    for ffn in VARIANTS:
-        name = f"demo-{ffn}"
-        cmd = [sys.executable, str(REPO / "train.py"), "--config", str(REPO / "configs" / "demo.yaml"),
-               f"name={name}", f"model.ffn={ffn}", f"data.source={source}", f"data.tokenizer={tokenizer}",
-               "resume=true", *source_overrides, *extra]
-        log = REPO / "runs" / f"{name}.log"
-        log.parent.mkdir(parents=True, exist_ok=True)
-        print(f"demo: {' '.join(cmd[1:])}  (log: {log})")
-        with open(log, "w") as log_file:
-            runs[ffn] = (subprocess.Popen(cmd, cwd=REPO, env=env, stdout=log_file, stderr=subprocess.STDOUT),
-                         REPO / "runs" / name)
-    watch(list(runs.values()))
-    failed = [ffn for ffn, (proc, _) in runs.items() if proc.returncode != 0]
-    if failed:
-        print(f"demo: training failed for {', '.join(failed)}; see runs/demo-<variant>.log", file=sys.stderr)
-        return 1
-    for _, run_dir in runs.values():  # each final checkpoint: val loss, bits/byte, isotropy, samples
+    run_dirs = []
+    for seed in SEEDS:  # one seed's variants at once
+        runs: dict[str, subprocess.Popen] = {}
+        for ffn in VARIANTS:
+            name = f"demo-{ffn}-s{seed}"
+            cmd = [sys.executable, str(REPO / "train.py"), "--config", str(REPO / "configs" / "demo.yaml"),
+                   f"name={name}", f"seed={seed}", f"model.ffn={ffn}", f"data.source={source}",
+                   f"data.tokenizer={tokenizer}", "resume=true", *source_overrides, *extra]
+            log = REPO / "runs" / f"{name}.log"
+            log.parent.mkdir(parents=True, exist_ok=True)
+            print(f"demo: {' '.join(cmd[1:])}  (log: {log})")
+            with open(log, "w") as log_file:
+                runs[name] = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=log_file, stderr=subprocess.STDOUT)
+        watch([(proc, REPO / "runs" / name) for name, proc in runs.items()])
+        if failed := [name for name, proc in runs.items() if proc.returncode != 0]:
+            print(f"demo: training failed for {', '.join(failed)}; see runs/<name>.log", file=sys.stderr)
+            return 1
+        run_dirs += [REPO / "runs" / name for name in runs]
+    for run_dir in run_dirs[: len(VARIANTS)]:  # each variant's seed 0: val loss, bits/byte, isotropy, samples
         evaluate = [sys.executable, str(REPO / "eval.py"), str(run_dir), "--samples", "2", "--temperature", "0.8",
                     "--max-new-tokens", "32"]
         print(f"demo: {' '.join(evaluate[1:])}", flush=True)
         if subprocess.call(evaluate, cwd=REPO, env=env) != 0:
             return 1
-    compare = [sys.executable, str(REPO / "eval.py"), "compare", *(str(d) for _, d in runs.values()),
+    compare = [sys.executable, str(REPO / "eval.py"), "compare", *map(str, run_dirs), "--plan", PLAN_GAP,
                "--out", str(REPO / "runs" / "demo-comparison")]
     print(f"demo: {' '.join(compare[1:])}", flush=True)
     return subprocess.call(compare, cwd=REPO)

@@ -1,16 +1,17 @@
-"""Every command of README.md's fenced shell blocks runs as written on a fresh copy of the checkout beside the
-shipped FineWeb sample (``../shared/data/fineweb-sample``), in README order, the ones after the README's
-``ACTIVATE`` line in the activated ``.venv`` (as a reader's shell runs them) and nothing from the test's own
-environment on PATH.
+"""Every command of the fenced shell blocks of README.md and of the reference pages in docs/ (``docs/*.md``, in name
+order after the README) runs as written on a fresh copy of the checkout beside the shipped FineWeb sample
+(``../shared/data/fineweb-sample``), the ones after the README's ``ACTIVATE`` line (every docs page's) in the
+activated ``.venv`` (as a reader's shell runs them) and nothing from the test's own environment on PATH.
 
-The commands are read from the README itself, so this test follows it as it changes: a new command runs here,
+The commands are read from the pages themselves, so this test follows them as they change: a new command runs here,
 or is listed in ``EXCLUDED`` with the reason it cannot (a GPU, a cluster, the network or the hub). ``.venv`` stands
 for the one ``make demo`` installs: a virtual environment reading this interpreter's packages, with the project's
 console scripts. Runs are shortened only where they train: every ``train.py`` that the ``.venv``'s python starts
-(typed, in a loop, or launched by a sweep) gets ``SHORTEN`` appended at its start, and the lr sweep's grid is cut to
+(typed, in a loop, or launched by a sweep) gets ``SHORTEN`` appended at its start, and the sweeps' grids are cut to
 ``SWEEP_GRID`` in the copy. The model shrinks but the data settings stay as written (the validation set is the
 configs' own), so a config that asks for more validation tokens than the sample holds fails here. The runs share one
-copy, so a command reads what the ones before it wrote (the tokenizer, runs/).
+copy, so a command reads what the ones before it wrote (the tokenizer, runs/). The links between the pages are
+checked in tests/test_docs.py.
 """
 
 from __future__ import annotations
@@ -30,6 +31,9 @@ import yaml
 from tiny import fineweb_files
 
 REPO = Path(__file__).resolve().parents[1]
+PAGES = ["README.md", *sorted(str(page.relative_to(REPO)) for page in (REPO / "docs").glob("*.md"))]
+"""The pages whose commands run, in this order: the README, then the reference pages (not docs/results/, whose
+commands reproduce hours of training)."""
 ACTIVATE = "source .venv/bin/activate"
 SHELL_BLOCK = re.compile(r"^```(?:bash|sh|shell)\n(.*?)^```", re.MULTILINE | re.DOTALL)
 
@@ -50,6 +54,10 @@ EXCLUDED = {  # a command's start -> why it does not run here
     "the hub (network), and trains 83m parameters (GPU)",
     "python train.py name=83m-swiglu-s0 resume=true": "continues the FineWeb run above (GPU); resume by name: "
     "tests/train/test_cli.py",
+    "launch/torchrun.sh 8": "8 GPUs; 2 CPU processes through the same launchers: tests/launch",
+    "mkdir -p logs && sbatch": "submits to a Slurm cluster: tests/slurm",
+    "isollm-data plan HuggingFaceFW/fineweb": "reads FineWeb's file list from the hub (network); plan on the local "
+    "sample: docs/data.md's command",
     "python eval.py some-user/some-isollm-model": "a hub model (network)",
     "python eval.py lm-eval": "hellaswag's data set comes from the hub (network); lm-eval: tests/eval/test_lm_eval.py",
     "huggingface-cli login": "a hub account",
@@ -64,8 +72,9 @@ SHORTEN = [
 ]
 """Appended to every ``python train.py``: a 2-layer width-32 model for 2 steps, data settings untouched."""
 
-SWEEP_GRID = {"launch/sweeps/lr-tune-cpu.yaml": {"model.ffn": ["isogmlp"], "train.lr": [1e-3, 2e-3]}}
-"""The sweeps the README launches, cut to these grid values (20 runs would take minutes even shortened)."""
+SWEEP_GRID = {"launch/sweeps/lr-tune-cpu.yaml": {"model.ffn": ["isogmlp"], "train.lr": [1e-3, 2e-3]},
+              "launch/sweeps/cpu_sample.yaml": {"model.ffn": ["swiglu", "isogmlp"]}}
+"""The sweeps the pages launch, cut to these grid values (20 runs would take minutes even shortened)."""
 
 
 def readme_commands(text: str) -> list[str]:
@@ -74,18 +83,26 @@ def readme_commands(text: str) -> list[str]:
     return [line for line in lines if line and not line.startswith("#")]
 
 
+def page_commands() -> list[str]:
+    """Every page's commands, in ``PAGES`` order."""
+    return [command for page in PAGES for command in readme_commands((REPO / page).read_text())]
+
+
 def excluded(command: str) -> str | None:
     return next((why for start, why in EXCLUDED.items() if command.startswith(start)), None)
 
 
 def test_the_readme_commands_are_found_and_every_exclusion_names_one() -> None:
-    commands = readme_commands((REPO / "README.md").read_text())
-    assert ACTIVATE in commands, "the README no longer says to activate .venv"
+    readme = readme_commands((REPO / "README.md").read_text())
+    assert ACTIVATE in readme, "the README no longer says to activate .venv"
     # every command that needs the project's environment comes after the README activates it
-    assert not [c for c in commands[: commands.index(ACTIVATE)] if excluded(c) is None]
-    assert any(command.startswith("python train.py --config configs/experiments/small-cpu") for command in commands)
+    assert not [c for c in readme[: readme.index(ACTIVATE)] if excluded(c) is None]
+    assert any(command.startswith("python train.py --config configs/experiments/small-cpu") for command in readme)
+    commands = page_commands()
+    assert len(commands) > len(readme), "no docs page has a command"
+    assert any(c.startswith("isollm-data verify data_cache/prepared") for c in commands)  # docs/data.md's
     stale = [start for start in EXCLUDED if not any(command.startswith(start) for command in commands)]
-    assert not stale, f"EXCLUDED names commands the README no longer has: {stale}"
+    assert not stale, f"EXCLUDED names commands no page has: {stale}"
 
 
 def fresh_copy(root: Path) -> Path:
@@ -126,9 +143,9 @@ def demo_venv(clone: Path) -> None:
 
 
 @pytest.mark.slow
-def test_every_readme_command_runs_as_written(tmp_path: Path) -> None:
+def test_every_readme_and_docs_command_runs_as_written(tmp_path: Path) -> None:
     fineweb_files()  # skips without the shared sample
-    commands = [c for c in readme_commands((REPO / "README.md").read_text()) if excluded(c) is None]
+    commands = [c for c in page_commands() if excluded(c) is None]
     clone = fresh_copy(tmp_path)
     demo_venv(clone)
     env = {**os.environ, "PYTHONPATH": str(clone), "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1",
@@ -142,3 +159,4 @@ def test_every_readme_command_runs_as_written(tmp_path: Path) -> None:
         print(f"{time.perf_counter() - started:6.1f} s  {command}")
         assert done.returncode == 0, f"{command}\nexit {done.returncode}\n{done.stdout[-2000:]}\n{done.stderr[-3000:]}"
     assert (clone / "runs" / "cpu-comparison" / "comparison.md").is_file()
+    assert (clone / "runs" / "cpu-comparison" / "plan.csv").is_file()  # the README's comparison plans its seeds

@@ -89,7 +89,7 @@ def _compare_parser() -> argparse.ArgumentParser:
                         "loss; adds the sensitivity table and <key>_sensitivity.png")
     parser.add_argument("--target-gap", type=_gap_nats, default=None, metavar="NATS",
                         help="the smallest gap worth detecting, chosen before the runs: adds the seeds per arm it "
-                        "needs at each row's and its baseline's observed spreads (how to choose the seeds: README)")
+                        "needs at each row's and its baseline's observed spreads (choosing seeds: docs/comparison.md)")
     plan = parser.add_mutually_exclusive_group()  # planning from the planned seeds would be a second look
     plan.add_argument("--plan", type=_gap_nats, default=None, metavar="NATS",
                         help="plan the seeds each row needs to resolve this gap from the seeds run so far (the pilot): "
@@ -177,7 +177,7 @@ def _compare(argv: list[str]) -> int:
 
         written += write_plots(comparison.groups, args.out, comparison.sensitivity, comparison.tune,
                                scaling_series(comparison))
-    print(format_table(comparison))
+    print(format_table(comparison, full=written[0]))  # written[0]: comparison.md
     if plan:
         print(plan)
     print("wrote " + ", ".join(str(p) for p in written))

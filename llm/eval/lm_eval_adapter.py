@@ -5,7 +5,7 @@ The loaded model object (our registered HF class, no remote code) and the checkp
 are handed to lm_eval's ``HFLM`` and evaluated with ``lm_eval.simple_evaluate``; batches are padded
 (the model gives each row what it gives alone, so ``generate_until`` tasks batch too). Hub tasks
 download their datasets (offline, a task that cannot is named in one error line);
-``--include-path DIR`` adds task YAMLs of your own, e.g. over a local jsonl (README, "Evaluation and comparison").
+``--include-path DIR`` adds task YAMLs of your own, e.g. over a local jsonl (docs/evaluation.md).
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ def lm_eval_available() -> bool:
 
 
 LOCAL_TASK_HINT = ("offline, evaluate a local copy: --include-path DIR with a task YAML whose dataset_path "
-                   "is json, csv or parquet and whose data_files are local (README, Evaluation)")
+                   "is json, csv or parquet and whose data_files are local (docs/evaluation.md)")
 
 
 def hf_tokenizer(model_path: str, trust_remote_code: bool = False) -> Any:

@@ -200,16 +200,28 @@ def _loss_cell(row: VariantSummary, comparison: Comparison) -> str:
     return "all diverged" if row.diverged else "n/a"
 
 
-def format_table(comparison: Comparison) -> str:
+def _valued(header: Sequence[str], rows: Sequence[Sequence[object]]) -> tuple[list[str], list[list[object]]]:
+    """The columns with a value in some row: a column that is n/a or empty in every row says nothing (one seed per
+    row leaves ten such columns)."""
+    keep = [i for i in range(len(header)) if any(str(cells[i]) not in ("", "n/a") for cells in rows)]
+    return [header[i] for i in keep], [[cells[i] for i in keep] for cells in rows]
+
+
+def format_table(comparison: Comparison, full: Path | None = None) -> str:
     """The comparison as a Markdown table with footnotes (also readable as plain text), then, with ``tune``,
-    the sensitivity table, and, when a variant comes in several sizes, the scaling table."""
+    the sensitivity table, and, when a variant comes in several sizes, the scaling table. Given the path of the
+    ``full`` table (the console's view of comparison.md), the main table shows only the columns with a value in some
+    row and says where the full one is."""
     rows = [[row.variant + (f" [{row.key}]" if row.key else ""), *(row.tuned.get(k, "n/a") for k in comparison.tune),
              _params(row.params_total), _params(row.params_non_embedding), _loss_cell(row, comparison), row.n,
              f"{len(row.diverged)} / {len(row.incomplete)}", *_gap_cells(row, comparison),
              _num(row.training_stability, ".3g"), _num(row.tokens_per_s, ",.0f")] for row in comparison.rows]
-    lines = _table(["Variant", *comparison.tune, "Params (total)", "Params (non-emb.)", "Val loss (mean ± std)", "n",
-                    "Diverged / incomplete ⁴", *_gap_header(comparison), "Grad-norm variance after warmup ²",
-                    "Tokens/s ³"], rows)
+    header = ["Variant", *comparison.tune, "Params (total)", "Params (non-emb.)", "Val loss (mean ± std)", "n",
+              "Diverged / incomplete ⁴", *_gap_header(comparison), "Grad-norm variance after warmup ²", "Tokens/s ³"]
+    shown, cells = (header, rows) if full is None else _valued(header, rows)
+    lines = _table(shown, cells)
+    if len(shown) < len(header):
+        lines.append(f"(only the columns with a value; every column: {full}, and comparison.csv beside it)")
     scopes = sorted({row.seed_scope for row in comparison.rows})
     lines += [*_conclusion(comparison), "", *(f"- {note}" for note in (
         *(["[key]: a short name of the row's configuration (less its size), which --baseline accepts."]

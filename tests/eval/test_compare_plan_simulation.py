@@ -9,7 +9,7 @@ seeds; rows that pair (same seeds, seed effects correlated 0, 0.5 or 0.9 across 
 80%. Measured: Type I 4.9-5.1% where the rows pair, 0.6-4.1% where they do not (Welch's df min(pilot) - 1 is
 conservative); power 80.3-98.0%. The planned seeds are drawn as their sufficient statistics (each arm's sum and the two
 arms' scatter matrix: a Wishart draw, Bartlett's construction), exact for normal seeds and independent of how many. The
-RNG seed is fixed, so the figures (README "How many seeds?") are reproducible."""
+RNG seed is fixed, so the figures are reproducible; docs/comparison.md ("How many seeds?") quotes them, checked here."""
 
 from __future__ import annotations
 
@@ -18,6 +18,7 @@ import math
 
 import numpy as np
 from scipy import stats
+from tiny import REPO
 
 from llm.eval.plan import design, stein_resolves, stein_seeds, threshold
 from llm.eval.stats import ALPHA, welch_df
@@ -60,13 +61,20 @@ CELLS = list(itertools.product(PILOTS, CORRELATIONS, RATIOS))
 
 
 def test_the_planned_procedure_holds_its_type_i_error_and_power_in_every_cell() -> None:
-    rng = np.random.default_rng(0)
+    rng, rates = np.random.default_rng(0), {"paired": [], "Welch": [], "power": []}
     for pilot, correlation, ratio in CELLS:
         null, alternative = (_procedure(rng, gap, pilot, correlation, ratio) for gap in (0.0, GAP))
         cell = f"pilot {pilot}, correlation {correlation}, SD ratio {ratio}"
         assert null["resolved"] <= 0.055, cell
         assert alternative["resolved"] >= 0.80, cell
         assert null["paired"] == (correlation is not None), cell  # fixed by structure, never by the pilot's losses
+        rates["Welch" if correlation is None else "paired"].append(null["resolved"])
+        rates["power"].append(alternative["resolved"])
+    # the figures docs/comparison.md quotes are these
+    paired, welch, power = (f"{min(r):.1%}-{max(r):.1%}".replace("%-", "-") for r in rates.values())
+    page = " ".join((REPO / "docs" / "comparison.md").read_text().split())
+    assert f"rejects a true gap of 0 in {paired} of pilots where the rows pair and {welch} where they do not" in page
+    assert f"resolves the planned gap in {power} of them" in page
 
 
 def test_satterthwaites_df_would_be_liberal_at_small_pilots_and_unequal_spreads() -> None:

@@ -101,7 +101,7 @@ def test_the_mde_has_80_percent_power_for_the_test_the_table_runs(n: int, baseli
 
 def test_the_mde_in_seed_spreads_and_the_seeds_a_gap_needs_hold_in_simulation() -> None:
     """With one spread s in both arms, Welch's test at 80% power resolves about 10.4 s at 2 seeds per arm and 3.5 s
-    at 3 (the README's table); a gap of 1.5 s needs the seeds per arm that seeds_needed gives, and one fewer falls
+    at 3 (docs/comparison.md); a gap of 1.5 s needs the seeds per arm that seeds_needed gives, and one fewer falls
     short."""
     assert [round(minimum_detectable_effect(1.0, n, 1.0, n), 2) for n in (2, 3, 5, 10)] == [10.39, 3.51, 2.08, 1.33]
     needed = int(seeds_needed(1.5, 1.0, 1.0))

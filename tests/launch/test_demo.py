@@ -68,3 +68,34 @@ def test_watch_prints_a_line_only_when_a_run_moved(demo, tmp_path: Path, capsys:
         "demo: a: step 10/20 loss 7.900 ETA 0m10s | b: step 10/20 loss 7.900 ETA 0m10s",
         "demo: a: step 20/20 loss 7.800 ETA 0m00s | b: step 10/20 loss 7.900 ETA 0m10s",
     ]
+
+
+class Finished:
+    """A training process that has exited with ``returncode``."""
+
+    def __init__(self, cmd: list[str], returncode: int = 0, **_: object) -> None:
+        self.args, self.returncode = cmd, returncode
+
+    def poll(self) -> int:
+        return self.returncode
+
+
+def test_the_demo_trains_three_seeds_a_variant_and_compares_them_with_a_plan(demo, monkeypatch, tmp_path) -> None:
+    """Three seeds per variant give the gap an interval, a verdict and a plan; one seed gives none of them."""
+    started, called = [], []
+    monkeypatch.setattr(demo, "REPO", tmp_path)
+    monkeypatch.setattr(demo, "choose_source", lambda: (tmp_path / "text.jsonl", "a corpus", []))
+    (tmp_path / "data_cache" / "demo").mkdir(parents=True)
+    monkeypatch.setattr(demo, "DEMO_DATA", tmp_path / "data_cache" / "demo")
+    (tmp_path / "data_cache" / "demo" / "bpe4096-text.json").write_text("{}")  # the tokenizer exists
+    monkeypatch.setattr(demo.subprocess, "Popen", lambda cmd, **kw: started.append(cmd) or Finished(cmd))
+    monkeypatch.setattr(demo.subprocess, "call", lambda cmd, **kw: called.append(cmd) or 0)
+    monkeypatch.setattr(demo, "watch", lambda runs: None)
+    assert demo.main([]) == 0
+    names = [next(a for a in cmd if a.startswith("name=")) for cmd in started]
+    assert names == [f"name=demo-{ffn}-s{seed}" for seed in (0, 1, 2) for ffn in ("swiglu", "isogmlp")]
+    assert all(f"seed={name[-1]}" in cmd for name, cmd in zip(names, started, strict=True))
+    *evaluations, compare = called
+    assert [cmd[2] for cmd in evaluations] == [str(tmp_path / "runs" / f"demo-{f}-s0") for f in ("swiglu", "isogmlp")]
+    assert compare[2:9] == ["compare", *(str(tmp_path / "runs" / n.removeprefix("name=")) for n in names)]
+    assert compare[9:11] == ["--plan", "0.1"]
