@@ -46,7 +46,8 @@ TRAINER = """
     ids = torch.randint(2, 256, (24, 10), generator=generator)
     mask = (torch.arange(10) < torch.randint(3, 11, (24, 1), generator=generator)).long()
     ids = ids * mask + (1 - mask)
-    causal = {"input_ids": ids.tolist(), "attention_mask": mask.tolist(), "labels": ids.masked_fill(mask == 0, -100).tolist()}
+    labels = ids.masked_fill(mask == 0, -100)
+    causal = {"input_ids": ids.tolist(), "attention_mask": mask.tolist(), "labels": labels.tolist()}
     classes = {**causal, "labels": (ids[:, 0] % 2).tolist()}
 
     def fine_tune(load, rows, accumulation):
