@@ -48,6 +48,10 @@ class DecodeStep(NamedTuple):
     """``[B, 1]`` bool: whether the new token is real (the padding mask of the step)."""
 
 
+DROPS_DRAFTS = "assisted and prompt-lookup decoding drop rejected draft tokens from the cache, but {}"
+"""The refusal of a decoding strategy that would have a state forget tokens it cannot (its reason filled in)."""
+
+
 class IsoLLMCache(Cache):
     """Generation state of all layers plus the number of tokens seen (the next token's position).
 
@@ -109,7 +113,7 @@ class IsoLLMCache(Cache):
             return
         if not self.is_croppable:
             why = self.keeps_every_token or "a static cache (max_length) replays one captured step on fixed buffers"
-            raise NotImplementedError(f"assisted and prompt-lookup decoding drop rejected tokens from the cache: {why}")
+            raise NotImplementedError(DROPS_DRAFTS.format(why))
         self.seen_tokens += tokens_to_remove
         for layer in self.layers:
             if layer.attention is not None:  # softmax's (k, v), [B, Hkv, T, D]

@@ -42,7 +42,7 @@ from transformers.utils import ModelOutput, TransformersKwargs, can_return_tuple
 from transformers.utils.output_capturing import capture_outputs
 
 from .attention import ATTN_SCORING_REGISTRY
-from .cache import IsoLLMCache
+from .cache import DROPS_DRAFTS, IsoLLMCache
 from .config import ModelConfig
 from .configuration_isollm import IsoLLMConfig
 from .decoder_layer import IsoLLMAttention, IsoLLMDecoderLayer
@@ -333,7 +333,12 @@ class IsoLLMForCausalLM(IsoLLMPreTrainedModel, GenerationMixin):
     def generate(self, *args: Any, **kwargs: Any) -> Any:
         """transformers' ``generate()``, without the ``torch.compile`` of the whole forward it starts for a static
         cache (``disable_compile``): the static ``IsoLLMCache`` replays its own captured step instead, which
-        ``cache_implementation="static"`` also gets, sized as transformers sizes its own."""
+        ``cache_implementation="static"`` also gets, sized as transformers sizes its own. Assisted and prompt-lookup
+        decoding are refused up front where the state cannot forget the draft tokens they reject (``crop``)."""
+        lookup = getattr(kwargs.get("generation_config"), "prompt_lookup_num_tokens", None)
+        if self.model.keeps_every_token and (kwargs.get("assistant_model") or kwargs.get("prompt_lookup_num_tokens",
+                                                                                          lookup)):
+            raise NotImplementedError(DROPS_DRAFTS.format(self.model.keeps_every_token))
         kwargs.setdefault("disable_compile", True)
         return super().generate(*args, **kwargs)
 
