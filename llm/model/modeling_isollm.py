@@ -335,9 +335,9 @@ class IsoLLMForCausalLM(IsoLLMPreTrainedModel, GenerationMixin):
         cache (``disable_compile``): the static ``IsoLLMCache`` replays its own captured step instead, which
         ``cache_implementation="static"`` also gets, sized as transformers sizes its own. Assisted and prompt-lookup
         decoding are refused up front where the state cannot forget the draft tokens they reject (``crop``)."""
-        lookup = getattr(kwargs.get("generation_config"), "prompt_lookup_num_tokens", None)
-        if self.model.keeps_every_token and (kwargs.get("assistant_model") or kwargs.get("prompt_lookup_num_tokens",
-                                                                                          lookup)):
+        lookup = kwargs.get("prompt_lookup_num_tokens", getattr(kwargs.get("generation_config"),
+                                                                 "prompt_lookup_num_tokens", None))
+        if self.model.keeps_every_token and (kwargs.get("assistant_model") is not None or lookup):
             raise NotImplementedError(DROPS_DRAFTS.format(self.model.keeps_every_token))
         kwargs.setdefault("disable_compile", True)
         return super().generate(*args, **kwargs)

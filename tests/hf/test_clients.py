@@ -205,16 +205,17 @@ SFT = """
             if lora is not None:
                 loaded = PeftModel.from_pretrained(loaded, args.output_dir)
             again = loaded.eval()(probe).logits
+        adapted = {n.split(".lora_A")[0].split(".")[-1] for n, _ in trainer.model.named_parameters() if ".lora_A." in n}
         report[name] = {"loss": [row["loss"] for row in logs], "accuracy": [row["mean_token_accuracy"] for row in logs],
-                        "reloaded": (again - trained).abs().max().item()}
+                        "reloaded": (again - trained).abs().max().item(), "adapted": sorted(adapted)}
     print(json.dumps(report))
 """
 
 
 @pytest.mark.slow
 def test_trl_sft_fine_tunes_with_token_accuracy_with_and_without_lora_and_the_result_loads_back(tmp_path):
-    """TRL's ``SFTTrainer`` reads the logits of training forwards (its token accuracy): the loss falls, the accuracy
-    rises, and the saved model (or adapter) loads back to the trained outputs."""
+    """TRL's ``SFTTrainer``: the loss falls and its token accuracy rises, a LoRA config's ``all-linear`` adapts every
+    projection, and the saved model (or adapter) loads back to the trained outputs."""
     trained_checkpoint(tmp_path / "isollm")
     done = run_without_llm(SFT, str(tmp_path / "isollm"), cwd=tmp_path)
     report = json.loads(done.stdout.strip().splitlines()[-1])
@@ -223,3 +224,4 @@ def test_trl_sft_fine_tunes_with_token_accuracy_with_and_without_lora_and_the_re
         assert got["loss"][-1] < 0.95 * got["loss"][0], (name, got)
         assert got["accuracy"][-1] > got["accuracy"][0], (name, got)
         assert got["reloaded"] < 1e-5, (name, got)
+    assert report["lora"]["adapted"] == ["down_proj", "in_proj", "o_proj", "qkv_proj"], report["lora"]
