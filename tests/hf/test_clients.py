@@ -78,6 +78,7 @@ TRAINER = """
 """
 
 
+@pytest.mark.slow
 def test_trainer_logs_and_moves_the_same_at_every_gradient_accumulation_as_transformers_qwen3(tmp_path):
     """Right-padded rows, batch 8, SGD, no clipping: GA=4 (micro-batches of 2) logs the losses and gradient norms of
     GA=1 and moves the weights as far, for the causal LM (as the stock Qwen3 export of the same weights does, to the
