@@ -94,8 +94,8 @@ def ours(name: str, spec: Spec, batch: torch.Tensor, compile_: bool) -> Row:
         compile_decoder_layers(model)
     inputs, targets = batch[:, :-1], batch[:, 1:]
     positions = packed_positions(*inputs.shape, spec.packed_docs, batch.device) if spec.packed_docs else None
-    return Row(name, model, lambda: model(inputs, position_ids=positions, shift_labels=targets).loss, spec.config,
-               inputs.numel(), spec.reference, spec.tf32)
+    return Row(name, model, lambda: model(inputs, position_ids=positions, shift_labels=targets, fused_loss=True).loss,
+               spec.config, inputs.numel(), spec.reference, spec.tf32)
 
 
 def qwen3(kind: str, config: ModelConfig, batch: torch.Tensor, compile_: bool) -> Row:

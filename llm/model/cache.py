@@ -48,14 +48,18 @@ class DecodeStep(NamedTuple):
     """``[B, 1]`` bool: whether the new token is real (the padding mask of the step)."""
 
 
+DROPS_DRAFTS = "assisted and prompt-lookup decoding drop rejected draft tokens from the cache, but {}"
+"""The refusal of a decoding strategy that would have a state forget tokens it cannot (its reason filled in)."""
+
+
 class IsoLLMCache(Cache):
     """Generation state of all layers plus the number of tokens seen (the next token's position).
 
     A ``transformers.cache_utils.Cache`` (what ``generate()`` expects of a state), whose layers are
     ``LayerState``s rather than key/value layers: iso_tanh has no keys or values to cache, and an FFN may keep
     state of its own. It serves greedy decoding, sampling and beam search (``get_seq_length``,
-    ``reorder_cache``). It is not croppable: the (S, G) sums cannot forget a token, so assisted decoding, which
-    rolls rejected drafts back, is refused.
+    ``reorder_cache``), and assisted and prompt-lookup decoding, which roll rejected draft tokens back (``crop``),
+    where the state can forget a token: softmax's keys and values can, iso_tanh's (S, G) sums cannot.
 
     With ``max_length`` it is static: after the prompt, softmax's keys and values move into buffers of that many
     positions and every state is then updated in place, so that each one-token step has the same shapes and
@@ -65,7 +69,6 @@ class IsoLLMCache(Cache):
     """
 
     is_compileable = False
-    is_croppable = False
 
     def __init__(self, num_layers: int, max_length: int | None = None) -> None:
         if max_length is not None and max_length < 1:
@@ -77,6 +80,12 @@ class IsoLLMCache(Cache):
         """Set after the prompt of a static cache (``max_length``)."""
         self.embedded_prompt = 0
         """The prompt's tokens when ``generate()`` got it as ``inputs_embeds``: its ``input_ids`` leave them out."""
+        self.keeps_every_token: str | None = None
+        """Why the model's state cannot forget a token (None: it can), set by the model that fills the cache."""
+
+    @property
+    def is_croppable(self) -> bool:
+        return self.max_length is None and self.keeps_every_token is None
 
     def get_seq_length(self, layer_idx: int = 0) -> int:
         return self.seen_tokens
@@ -96,7 +105,16 @@ class IsoLLMCache(Cache):
                 state.copy_(state.index_select(0, beam_idx.to(state.device)))
 
     def crop(self, tokens_to_remove: int) -> None:
-        """Refused: assisted decoding rolls rejected draft tokens back, and the sums cannot forget a token."""
-        if tokens_to_remove:
-            raise NotImplementedError("IsoLLMCache cannot drop tokens: iso_tanh's (S, G) sums and the FFN's running "
-                                      "means cannot forget one, so assisted decoding is not supported")
+        """Forget the last ``-tokens_to_remove`` tokens (transformers 5 counts them negative): the draft tokens that
+        assisted or prompt-lookup decoding rejected. Softmax's keys and values are cut; other states refuse."""
+        if tokens_to_remove > 0:
+            raise ValueError(f"IsoLLMCache.crop takes minus the tokens to remove, got {tokens_to_remove}")
+        if not tokens_to_remove:
+            return
+        if not self.is_croppable:
+            why = self.keeps_every_token or "a static cache (max_length) replays one captured step on fixed buffers"
+            raise NotImplementedError(DROPS_DRAFTS.format(why))
+        self.seen_tokens += tokens_to_remove
+        for layer in self.layers:
+            if layer.attention is not None:  # softmax's (k, v), [B, Hkv, T, D]
+                layer.attention = tuple(t[:, :, : self.seen_tokens] for t in layer.attention)

@@ -46,9 +46,12 @@ class Projection(nn.Module):
     (``ModelConfig.validate`` refuses both elsewhere)."""
     LR_MULTIPLIERS: ClassVar[dict[str, str]] = {}
     """Parameter name -> the ``ModelConfig`` field of its learning-rate multiplier (llm/train/optim.py)."""
+    NOT_LORA: ClassVar[str] = ""
+    """Why LoRA's ``W + B A`` cannot adapt the projection (empty: it can). It is in the repr, which PEFT's refusal of
+    a module it cannot adapt prints: "Target module AffineLike(..., no LoRA: ...) is not supported"."""
 
     def __init__(self, in_features: int, out_features: int, config: ModelConfig, groups: int = 1) -> None:
-        super().__init__()
+        nn.Module.__init__(self)  # not nn.Linear's (``Linear`` is one): it would draw the weight a second time
         if groups < 1 or out_features % groups:
             raise ValueError(f"out_features={out_features} must split into groups={groups} equal blocks")
         self.in_features = in_features
@@ -69,11 +72,16 @@ class Projection(nn.Module):
         nn.init.normal_(self.weight, std=self.init_std)
 
     def extra_repr(self) -> str:
-        return f"in_features={self.in_features}, out_features={self.out_features}, groups={self.groups}"
+        refusal = f", no LoRA: {self.NOT_LORA}" if self.NOT_LORA else ""
+        return f"in_features={self.in_features}, out_features={self.out_features}, groups={self.groups}{refusal}"
 
 
-class Linear(Projection):
-    """``z = W x`` (no bias, as every projection of a Qwen3 decoder)."""
+class Linear(Projection, nn.Linear):
+    """``z = W x`` (no bias, as every projection of a Qwen3 decoder): an ``nn.Linear``, so that PEFT's LoRA adapts
+    the fused ``in_proj`` (``target_modules="all-linear"`` included) as it adapts Qwen3's gate_proj and up_proj."""
+
+    def add_form_parameters(self, config: ModelConfig) -> None:
+        self.register_parameter("bias", None)  # nn.Linear's attribute, None as it is without bias
 
     def forward(self, x: Tensor) -> Tensor:
         return F.linear(x, self.weight)
@@ -89,6 +97,7 @@ class AffineLike(Projection):
     """
 
     OPTIONS = ("ffn_init",)
+    NOT_LORA = "z = (W x + b) / sqrt(|x|^2 + 1) is not linear in x"
 
     def add_form_parameters(self, config: ModelConfig) -> None:
         self.bias = nn.Parameter(torch.empty(self.out_features))
@@ -121,6 +130,7 @@ class Focus(Projection):
     """
 
     OPTIONS = ("focus_sigma_init",)
+    NOT_LORA = "the effective weight W * Phi would mask a merged W + B A, unlike the unmerged B A x"
     LR_MULTIPLIERS: ClassVar[dict[str, str]] = {"focus_mu": "focus_mu_lr_mult", "focus_sigma": "focus_sigma_lr_mult"}
     CLIP_RANGES: ClassVar[dict[str, tuple[float, float]]] = {"focus_mu": FOCUS_MU_RANGE,
                                                              "focus_sigma": FOCUS_SIGMA_RANGE}

@@ -42,7 +42,7 @@ from transformers.utils import ModelOutput, TransformersKwargs, can_return_tuple
 from transformers.utils.output_capturing import capture_outputs
 
 from .attention import ATTN_SCORING_REGISTRY
-from .cache import IsoLLMCache
+from .cache import DROPS_DRAFTS, IsoLLMCache
 from .config import ModelConfig
 from .configuration_isollm import IsoLLMConfig
 from .decoder_layer import IsoLLMAttention, IsoLLMDecoderLayer
@@ -70,6 +70,16 @@ def _cache_field(output_class: type[ModelOutput]) -> str:
 
 CACHE_ARG = _cache_field(CausalLMOutputWithPast)
 BASE_CACHE_ARG = _cache_field(BaseModelOutputWithPast)
+
+
+def keeps_every_token(config: IsoLLMConfig) -> str | None:
+    """Why the generation state of the model ``config`` describes cannot forget a token (None: it can), as assisted
+    and prompt-lookup decoding would have it forget the draft tokens they reject."""
+    if config.attn_scoring != "softmax":  # the one scoring with a key and a value per token
+        return f"attn_scoring={config.attn_scoring} keeps running sums over every past token, which cannot forget one"
+    if config.ffn == "isogmlp" and config.isogmlp_gate == "causal_mean":
+        return "isogmlp_gate=causal_mean keeps a running mean over every past token, which cannot forget one"
+    return None
 
 
 AUTO_CLASSES = {"AutoModel": "IsoLLMModel", "AutoModelForCausalLM": "IsoLLMForCausalLM",
@@ -115,9 +125,12 @@ class IsoLLMPreTrainedModel(PreTrainedModel):
         """transformers' init, and this package's FFN blocks and projections (``reset_parameters``) where
         ``from_pretrained`` built them on the meta device (``drew_at_construction`` False) and the checkpoint lacks
         a value: transformers guards ``torch.nn.init`` here, so what was loaded is kept. Built for real, a block
-        keeps what its constructor drew: drawing again would change the weights a seed gives."""
-        super()._init_weights(module)
-        if getattr(module, "drew_at_construction", True) is False:
+        keeps what its constructor drew (transformers' would draw an ``nn.Linear`` projection again): drawing again
+        would change the weights a seed gives."""
+        drew = getattr(module, "drew_at_construction", None)
+        if drew is None:
+            super()._init_weights(module)
+        elif not drew:
             module.reset_parameters()
 
     def save_pretrained(self, *args: Any, **kwargs: Any) -> None:
@@ -141,6 +154,7 @@ class IsoLLMModel(IsoLLMPreTrainedModel):
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.rotary_emb = IsoLLMRotaryEmbedding(config)  # the cos/sin every layer shares
         self.document_mask = ATTN_SCORING_REGISTRY[config.attn_scoring].document_mask
+        self.keeps_every_token = keeps_every_token(config)
         self._init_by_causal_lm = inside_causal_lm
         self.post_init()
 
@@ -198,6 +212,8 @@ class IsoLLMModel(IsoLLMPreTrainedModel):
             raise TypeError(f"the generation state must be an IsoLLMCache; got {type(cache).__name__}")
         if cache is None and use_cache:
             cache = IsoLLMCache(self.config.num_hidden_layers)
+        if cache is not None:  # whether assisted decoding may roll it back (IsoLLMCache.crop)
+            cache.keeps_every_token = self.keeps_every_token
         # the flags as capture_outputs resolves them: keyword, else config
         output_attentions = kwargs.get("output_attentions", self.config.output_attentions)
         output_hidden_states = kwargs.get("output_hidden_states", self.config.output_hidden_states)
@@ -266,16 +282,23 @@ class IsoLLMForCausalLM(IsoLLMPreTrainedModel, GenerationMixin):
                 use_cache: bool | None = None, labels: torch.LongTensor | None = None,
                 shift_labels: torch.LongTensor | None = None, logits_to_keep: int = 0,
                 past_key_values: IsoLLMCache | None = None, inputs_embeds: torch.Tensor | None = None,
+                fused_loss: bool = False, num_items_in_batch: torch.Tensor | int | None = None,
                 **kwargs: Unpack[TransformersKwargs]) -> CausalLMOutputWithPast:
         """Logits ``[B, T, V]`` (only the last ``logits_to_keep`` positions when > 0, as ``generate()``
         asks) and, given targets, the mean next-token cross-entropy in fp32 over targets != -100.
 
         Targets come as ``labels`` (transformers' convention: position t predicts ``labels[:, t + 1]``)
         or as ``shift_labels`` (already aligned: position t predicts ``shift_labels[:, t]``, so a packed
-        ``[B, T + 1]`` window trains on all T predictions). In training mode (``model.train()``) the loss
-        is fused with the LM head (``lm_head.linear_cross_entropy``) and ``logits`` is None: the
-        ``[B, T, V]`` logits are never materialised. In eval mode, and under tensor parallelism, the logits are
-        returned as well.
+        ``[B, T + 1]`` window trains on all T predictions). The logits come back with the loss, as from
+        transformers' models (TRL's token accuracy and custom losses read them), unless the caller asks for
+        ``fused_loss=True`` (the project's trainer and bench do): the loss is then fused with the LM head
+        (``lm_head.linear_cross_entropy``), the ``[B, T, V]`` logits are never materialised and ``logits`` is
+        None. Under tensor parallelism, or with a head that is not this package's ``LMHead`` (transformers'
+        ``resize_token_embeddings`` puts a plain ``nn.Linear`` on an untied model), the loss reads the logits.
+
+        ``num_items_in_batch`` (``Trainer`` passes it under gradient accumulation): the targets of every
+        micro-batch of the optimizer step; the loss is then this micro-batch's sum over its targets divided by
+        it, as transformers' own loss functions give it, so that the accumulated gradient is the step's mean.
 
         The inputs, the cache, the attention mask and the output flags (``kwargs``) are ``IsoLLMModel.forward``'s;
         ``return_dict=False`` (by keyword, else the config's) gives the output's ``to_tuple()``. The output
@@ -293,7 +316,7 @@ class IsoLLMForCausalLM(IsoLLMPreTrainedModel, GenerationMixin):
         logits = loss = None
         # Under tensor parallelism (a ``tp_plan`` at load) the head holds a slice of the vocabulary: the loss then
         # reads the logits its plan gathers, exactly; the fused kernel needs the whole weight.
-        if shift_labels is not None and self.training and (self.tp_size or 1) == 1:
+        if fused_loss and shift_labels is not None and (self.tp_size or 1) == 1 and isinstance(self.lm_head, LMHead):
             loss = self.lm_head(hidden, shift_labels)
         else:
             logits = self.lm_head(hidden[:, -logits_to_keep:] if logits_to_keep else hidden)
@@ -301,13 +324,21 @@ class IsoLLMForCausalLM(IsoLLMPreTrainedModel, GenerationMixin):
                 stats_dtype = torch.promote_types(logits.dtype, torch.float32)  # fp32, or fp64 in tests
                 loss = F.cross_entropy(logits.flatten(0, 1).to(stats_dtype), shift_labels.flatten(),
                                        ignore_index=IGNORE_INDEX)
+        if loss is not None and num_items_in_batch is not None:  # the mean times this micro-batch's targets: its sum
+            targets = (shift_labels != IGNORE_INDEX).sum()  # (none: 0, not the mean's NaN, with a zero gradient)
+            loss = torch.where(targets > 0, loss * targets, 0) / num_items_in_batch
         return CausalLMOutputWithPast(loss=loss, logits=logits, hidden_states=base.hidden_states,
                                       attentions=base.attentions, **{CACHE_ARG: getattr(base, BASE_CACHE_ARG)})
 
     def generate(self, *args: Any, **kwargs: Any) -> Any:
         """transformers' ``generate()``, without the ``torch.compile`` of the whole forward it starts for a static
         cache (``disable_compile``): the static ``IsoLLMCache`` replays its own captured step instead, which
-        ``cache_implementation="static"`` also gets, sized as transformers sizes its own."""
+        ``cache_implementation="static"`` also gets, sized as transformers sizes its own. Assisted and prompt-lookup
+        decoding are refused up front where the state cannot forget the draft tokens they reject (``crop``)."""
+        lookup = kwargs.get("prompt_lookup_num_tokens", getattr(kwargs.get("generation_config"),
+                                                                 "prompt_lookup_num_tokens", None))
+        if self.model.keeps_every_token and (kwargs.get("assistant_model") is not None or lookup):
+            raise NotImplementedError(DROPS_DRAFTS.format(self.model.keeps_every_token))
         kwargs.setdefault("disable_compile", True)
         return super().generate(*args, **kwargs)
 
@@ -383,9 +414,15 @@ class IsoLLMForSequenceClassification(_BaseModelByAutoModel, GenericForSequenceC
     """``IsoLLMModel`` plus a linear ``score`` head read at each row's last non-padding token (transformers' generic
     head, as Qwen3's); ``config.num_labels`` classes, ``config.pad_token_id`` marks padding."""
 
+    accepts_loss_kwargs = False
+    """The generic head's loss is each micro-batch's mean and ignores ``num_items_in_batch``: declared, ``Trainer``
+    divides it by the accumulation steps itself (its forward's ``**kwargs`` would tell it the opposite)."""
+
 
 class IsoLLMForTokenClassification(_BaseModelByAutoModel, GenericForTokenClassification, IsoLLMPreTrainedModel):
     """``IsoLLMModel`` plus a linear ``score`` head at every token (transformers' generic head, as Qwen3's)."""
+
+    accepts_loss_kwargs = False  # as the sequence head's
 
 
 def meta_model(config: ModelConfig) -> IsoLLMForCausalLM:

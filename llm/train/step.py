@@ -135,7 +135,8 @@ def train_step(model: nn.Module, batches: list[torch.Tensor], optimizer: torch.o
     engine, group_norms = deepspeed_engine(model), None
     for batch in batches:
         with accelerator.accumulate(model), tf32_matmuls(accelerator.device, tf32):
-            loss = model(**model_inputs(batch[:, :-1], document_eos), shift_labels=batch[:, 1:]).loss
+            inputs = model_inputs(batch[:, :-1], document_eos)  # the loss fused with the head: no [B, T, V] logits
+            loss = model(**inputs, shift_labels=batch[:, 1:], fused_loss=True).loss
             if engine is None:
                 accelerator.backward(loss)
             else:  # the engine steps on the boundary; the group norms are read before, focus clipped after

@@ -117,7 +117,7 @@ def deepspeed_step(engine: nn.Module, batches: list[torch.Tensor], grad_groups: 
     and clips inside backward/step; the group norms are measured before the step, focus clipped after it."""
     loss_sum = torch.zeros(())
     for i, batch in enumerate(batches):
-        loss = engine(input_ids=batch[:, :-1], shift_labels=batch[:, 1:]).loss
+        loss = engine(input_ids=batch[:, :-1], shift_labels=batch[:, 1:], fused_loss=True).loss
         norms = deepspeed_backward(engine, loss, i == len(batches) - 1, grad_groups)
         loss_sum += loss.detach()
     grad_groups.record(norms.tolist())

@@ -72,7 +72,7 @@ def test_rows_of_one_token_train_with_finite_zero_gradients():
                           num_attention_heads=2, num_key_value_heads=1)
     model = IsoLLMForCausalLM(config).double().train()
     ids = torch.randint(0, V, (3, 1))
-    model(ids, labels=ids).loss.backward()
+    model(ids, labels=ids, fused_loss=True).loss.backward()
     for name, p in model.named_parameters():
         assert p.grad is None or p.grad.abs().max() == 0, name
 
@@ -131,7 +131,7 @@ def test_model_training_mode_fuses_the_loss_and_matches_eval_mode(tied):
     def loss_and_grads(train: bool, **kwargs):
         model.train(train)
         model.zero_grad()
-        out = model(ids, **kwargs)
+        out = model(ids, fused_loss=train, **kwargs)
         out.loss.backward()
         return out, [p.grad.clone() for p in model.parameters()]
 
@@ -164,7 +164,7 @@ def test_torch_compile_training_step_equals_eager(checkpoint_every: int):
 
     def loss_and_grads(module):
         model.zero_grad()
-        loss = module(ids[:, :-1], shift_labels=ids[:, 1:]).loss
+        loss = module(ids[:, :-1], shift_labels=ids[:, 1:], fused_loss=True).loss
         loss.backward()
         return loss.detach(), [p.grad.clone() for p in model.parameters()]
 

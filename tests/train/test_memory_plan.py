@@ -33,7 +33,7 @@ def saved_for_backward(model: IsoLLMForCausalLM, ids: torch.Tensor) -> int:
         return t
 
     with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-        model(input_ids=ids[:, :-1], shift_labels=ids[:, 1:])
+        model(input_ids=ids[:, :-1], shift_labels=ids[:, 1:], fused_loss=True)
     return storage_bytes(saved)
 
 
@@ -71,7 +71,7 @@ def test_static_memory_of_one_process_is_exact() -> None:
     model = IsoLLMForCausalLM(IsoLLMConfig.from_model_config(SHAPE))
     optimizer = torch.optim.AdamW(model.parameters())
     ids = torch.randint(0, SHAPE.vocab_size, (2, 33))
-    model(input_ids=ids[:, :-1], shift_labels=ids[:, 1:]).loss.backward()
+    model(input_ids=ids[:, :-1], shift_labels=ids[:, 1:], fused_loss=True).loss.backward()
     optimizer.step()
     plan = plan_memory(SHAPE, "single", 1, 2, 32, precision="fp32")
     params = list(model.parameters())
