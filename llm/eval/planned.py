@@ -51,28 +51,16 @@ def _field(plan_csv: str | Path, line: int, entry: dict[str, str], column: str, 
         raise _refuse(plan_csv, line, entry, column, expected) from None
 
 
-def _label(text: str) -> str:
-    if not text:
-        raise ValueError(text)
-    return text
-
-
-def _gap(text: str) -> float:
-    if not 0 < (value := float(text)) < math.inf:  # NaN is not > 0
-        raise ValueError(text)
+def _checked(value: Any, ok: bool) -> Any:
+    """``value`` where ``ok``; else a ValueError, which ``_field`` turns into the line naming the column."""
+    if not ok:
+        raise ValueError(value)
     return value
-
-
-def _distinct(values: list[Any], least: int = 0) -> list[Any]:
-    if len(set(values)) < len(values) or len(values) < least:
-        raise ValueError(values)
-    return values
 
 
 def _pilot(text: str) -> dict[int, float]:
     pairs = [(int(seed), float(loss)) for seed, loss in (pair.split(":") for pair in text.split())]
-    _distinct([seed for seed, _ in pairs], 2)
-    return dict(pairs)
+    return _checked(dict(pairs), len(dict(pairs)) == len(pairs) >= 2)
 
 
 def read_plan(plan_csv: str | Path) -> list[dict[str, Any]]:
@@ -88,12 +76,14 @@ def read_plan(plan_csv: str | Path) -> list[dict[str, Any]]:
     rows = []
     for line, entry in enumerate(entries, start=2):
         field = partial(_field, plan_csv, line, entry)
-        rows.append({"line": line, "variant": field("variant", _label, "a row label"),
-                     "baseline": field("baseline", _label, "the baseline's row label"),
-                     "gap": field("gap", _gap, "the planned gap > 0"),
+        rows.append({"line": line, "variant": field("variant", lambda text: _checked(text, text != ""), "a row label"),
+                     "baseline": field("baseline", lambda text: _checked(text, text != ""), "the baseline's row label"),
+                     "gap": field("gap", lambda text: _checked(float(text), 0 < float(text) < math.inf),
+                                  "the planned gap > 0"),  # NaN is not > 0
                      "pilot": field("pilot", _pilot, "the pilot's seed:loss pairs, 2 or more, each seed once"),
-                     "seeds": field("seeds", lambda text: _distinct([int(s) for s in text.split()]), "seed numbers, "
-                                    "each once")})
+                     "seeds": field("seeds", lambda text: _checked((seeds := [int(s) for s in text.split()]),
+                                                                   len(set(seeds)) == len(seeds)),
+                                    "seed numbers, each once")})
     # every row's new seeds: one run of numbers from one seed (compare --plan's first unused one), above every pilot's
     first = next((row["seeds"][len(row["pilot"])] for row in rows if len(row["seeds"]) > len(row["pilot"])), 0)
     above = first > max(seed for row in rows for seed in row["pilot"])
@@ -162,9 +152,9 @@ def apply_plan(comparison: Comparison, plan_csv: str | Path) -> list[RunRecord]:
         if (row := _row_of(comparison, name, pilot)) is None:
             raise EvalError(f"--planned {plan_csv}: its row {name!r} is not among the compared rows")
         if (baseline := row.variant if row.variant in comparison.baselines else row.baseline) != entry["baseline"]:
-            raise EvalError(f"--planned {plan_csv}: {name} was planned against {entry['baseline']}, and is compared "
-                            f"against {baseline or f'none ({row.not_compared})'}; compare with --baseline "
-                            f"{entry['baseline']}")
+            raise EvalError(f"--planned {plan_csv}: {name} was planned against {entry['baseline']}, and " + (
+                f"its seeds now mean other things than its baseline's ({row.not_compared})" if row.not_compared else
+                f"is compared against {baseline or 'none'}; compare with --baseline {entry['baseline']}"))
         losses = {run.seed: run.final_val_loss for run in row.runs}
         if changed := [seed for seed, loss in pilot.items() if losses.get(seed) != loss]:
             now = losses[changed[0]] if changed[0] in losses else _missing(changed[0], row, everyone)

@@ -72,12 +72,6 @@ def test_a_plan_csv_that_its_own_pilot_does_not_give_is_refused(
     assert not (tmp_path / "final").exists()
 
 
-def test_the_plan_as_written_verifies_and_decides(tmp_path: Path) -> None:
-    runs, plan = _pilot_and_plan(tmp_path)
-    _train_planned(runs)
-    assert _planned(runs, plan, tmp_path / "final") == 0
-
-
 def test_a_planned_row_missing_while_its_runs_name_the_plan_is_refused(
         tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """Its row fell back to the ordinary Welch test over every seed, unplanned ones included. (Two rows that need as
