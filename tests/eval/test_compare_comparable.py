@@ -12,7 +12,6 @@ from test_compare import write_run
 
 from llm.cli.eval import main
 from llm.eval.compare import compare_runs
-from llm.eval.grouping import SEED_MEANING_EXEMPT, incomparable, seed_meaning
 from llm.eval.runs import load_run
 
 BASE = [4.900, 4.950, 4.930]
@@ -62,6 +61,8 @@ def test_with_the_baseline_in_both_scopes_each_row_is_compared_with_its_own(tmp_
 def test_the_predicate_covers_every_field_but_the_treatments_and_a_declared_few(tmp_path: Path) -> None:
     """Derived from the whole config: any compared field outside the model and train sections (a new one too) sets
     what a seed means; the exempt ones are declared with why. World size deals the data out."""
+    from llm.eval.grouping import SEED_MEANING_EXEMPT, incomparable, seed_meaning  # new API: imported here
+
     base = load_run(write_run(tmp_path, "swiglu+softmax", 0, 4.9))
     assert set(SEED_MEANING_EXEMPT) == {"data.document_masking", "data.tokenize_batch"}
     assert {key for key in seed_meaning(base) if key.startswith(("model.", "train."))} == set()
