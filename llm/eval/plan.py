@@ -79,11 +79,11 @@ def plan_pilots(gap: float, pilots: dict[str, dict[int, float]], baseline: str) 
     vary (``paired_p_value``), as compare pairs them; the baseline first, with the most seeds any paired row needs."""
     base, found = pilots[baseline], {}
     for label, losses in ((label, losses) for label, losses in pilots.items() if label != baseline):
-        variances = (statistics.variance(losses.values()), statistics.variance(base.values()))
-        pairs = ([losses[seed] for seed in losses], [base[seed] for seed in losses]) if losses.keys() == base.keys() \
-            else None
-        difference = math.nan if pairs is None or math.isnan(paired_p_value(*pairs)) else \
-            statistics.variance([mine - theirs for mine, theirs in zip(*pairs, strict=True)])
+        # the sample SD squared, as the table's std is: plans written before plan_pilots existed verify bit for bit
+        variances = (statistics.stdev(losses.values()) ** 2, statistics.stdev(base.values()) ** 2)
+        mine, theirs = list(losses.values()), [base.get(seed, math.nan) for seed in losses]
+        paired = losses.keys() == base.keys() and not math.isnan(paired_p_value(mine, theirs))
+        difference = statistics.variance([a - b for a, b in zip(mine, theirs, strict=True)]) if paired else math.nan
         paired, seeds = design(gap, (len(losses), len(base)), variances, difference)
         found[label] = (bool(paired), float(seeds) if seeds <= MAX_SEEDS else math.inf, variances, difference)
     most = max([len(base), *(seeds for _, seeds, *_ in found.values() if math.isfinite(seeds))])
@@ -158,10 +158,9 @@ PLANS_FILE = "plans.tsv"
 
 def _planned_here(folder: Path) -> list[tuple[str, set[int]]]:
     """The plans that added seeds to run folder ``folder`` (``PLANS_FILE``), each with those seeds."""
-    if not (folder / PLANS_FILE).is_file():
-        return []
-    lines = (line.split("\t") for line in (folder / PLANS_FILE).read_text().splitlines() if "\t" in line)
-    return [(plan, {int(seed) for seed in seeds.split() if seed.isdigit()}) for plan, seeds in lines]
+    lines = (folder / PLANS_FILE).read_text().splitlines() if (folder / PLANS_FILE).is_file() else []
+    return [(plan, {int(seed) for seed in seeds.split() if seed.isdigit()})
+            for plan, _, seeds in (line.partition("\t") for line in lines)]
 
 
 def write_plan(comparison: Comparison, plans: list[RowPlan], gap: float, out: str | Path) -> tuple[str, list[Path]]:

@@ -143,8 +143,9 @@ def _conclusion(comparison: Comparison) -> list[str]:
     none without a baseline."""
     tested = {row.variant: row.gap for row in comparison.rows if row.gap is not None and row.gap.se > 0}
     if not tested:
-        return ["", "Conclusion: no gap can be tested: that needs 2 or more complete seeds in a row and its baseline, "
-                    "and losses that vary."] if comparison.baselines else []
+        return ["", "Conclusion: no gap can be tested: that needs 2 or more complete seeds in a row and in a baseline "
+                    "whose seeds mean what its own do (see the warnings), and losses that vary."] \
+            if comparison.baselines else []
     resolved = [f"{label} {gap.gap:+.4f} resolved ({found[0]}) {_interval(*found[1:])}"
                 for label, gap in tested.items() if (found := _design(gap))]
     rows = [row for row in comparison.rows if row.variant in tested or row.variant in comparison.baselines]
@@ -161,6 +162,9 @@ def _conclusion(comparison: Comparison) -> list[str]:
             "per arm by Welch's test, 58-69% paired; see Assumptions), and a smaller true gap can go unseen")
     if untested := [row.variant for row in comparison.rows if row.gap is not None and row.variant not in tested]:
         parts.append(f"not testable (fewer than 2 seeds, or no spread): {', '.join(untested)}")
+    if apart := [row.variant for row in comparison.rows if row.not_compared]:
+        parts.append(f"not compared (their seeds mean other things than the baseline's: see the warnings): "
+                     f"{', '.join(apart)}")
     if left_out := [f"{run.path.name} ({'diverged' if run.diverged else 'incomplete'})"
                     for row in rows for run in [*row.diverged, *row.incomplete]]:
         parts.append(f"the figures rest on complete seeds only, left out: {', '.join(left_out)}")
