@@ -66,10 +66,13 @@ def threshold(paired: Array, pilot: tuple[int, int], seeds: tuple[Array, Array],
                     stats.t.isf(ALPHA / 2, min(pilot) - 1) * np.sqrt(sum(parts)))
 
 
-def stein_resolves(gap: Array, threshold: Array) -> Array:
+def stein_resolves(gap: Array, threshold: Array, undecided: Array = False) -> Array:
     """Stein's final verdict: the mean gap over exactly the planned seeds lies beyond the plan's ``threshold`` (the
-    decision compare prints for a planned row, and the one the simulation in the tests runs, replicate by replicate)."""
-    return np.abs(gap) > threshold
+    decision compare prints for a planned row, and the one the simulation in the tests runs, replicate by replicate);
+    never where a planned seed diverged (``undecided``: ``llm.eval.planned``). Those resolved are a subset of the
+    draws that would resolve had the seed not diverged (its loss is then the one it would have had), so the rule
+    keeps Stein's Type I error at most ALPHA whatever makes a seed diverge."""
+    return ~np.asarray(undecided) & (np.abs(gap) > threshold)
 
 
 def plan_pilots(gap: float, pilots: dict[str, dict[int, float]], baseline: str) -> dict[str, tuple[str, float, float]]:

@@ -64,9 +64,8 @@ def _design(gap: Gap) -> tuple[str, float, float] | None:
     gap resolved when either test rejects would be two tries at ALPHA (a true gap of 0 "resolved" more often than
     ALPHA)."""
     if not math.isnan(threshold := gap.stein_threshold):  # a planned row: its interval is gap +- threshold
-        if gap.undecided:
-            return None
-        return ("Stein", gap.gap - threshold, gap.gap + threshold) if stein_resolves(gap.gap, threshold) else None
+        resolves = stein_resolves(gap.gap, threshold, bool(gap.undecided))
+        return ("Stein", gap.gap - threshold, gap.gap + threshold) if resolves else None
     design, p, low, high = (("Welch", gap.p_value, gap.ci_low, gap.ci_high) if math.isnan(gap.p_paired) else
                             ("paired", gap.p_paired, gap.paired_ci_low, gap.paired_ci_high))
     return (design, low, high) if p < ALPHA else None
