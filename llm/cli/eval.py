@@ -145,7 +145,8 @@ def _evaluate(argv: list[str]) -> int:
 
 def _compare(argv: list[str]) -> int:
     from llm.eval.compare import compare_runs
-    from llm.eval.plan import apply_plan, plan_seeds, write_plan
+    from llm.eval.plan import plan_seeds, write_plan
+    from llm.eval.planned import apply_plan
     from llm.eval.report import format_table, write_comparison
     from llm.eval.runs import expand_run_dirs, load_run
     from llm.eval.scaling import scaling_series

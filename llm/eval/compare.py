@@ -6,7 +6,9 @@ series (``llm.eval.grouping``); inside a row the seeds must agree on what the co
 (``llm.eval.runs.RunRecord.status``) enter its statistics: a diverged or incomplete run is counted in its own
 column and named in a warning, never averaged, tested or chosen. Each row's complete seeds give the final
 validation loss as mean ± sample std (ddof=1) and its gap to the baseline row of the same model size
-(``llm.eval.stats``: Welch's test, and the paired one where both rows ran the same seeds on the same data).
+(``llm.eval.stats``: Welch's test, and the paired one where both rows ran the same seeds once each), where their
+seeds mean one thing (``llm.eval.grouping.incomparable``); a row whose seeds mean another is listed with the
+reason, with no gap.
 "Training stability" is ``RunRecord.stability``, as in isogmlp section 4.3; lower is more stable. With ``tune``
 keys (``eval.py compare --tune train.lr``) a row is its variant at its best value (``llm.eval.tune``). Rows of one
 size that end at different token counts are still tabulated but produce a warning, and so does a run whose config
@@ -22,7 +24,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from llm.eval.errors import EvalError
-from llm.eval.grouping import group_runs, model_size, resolve_baseline, series_key, series_labels
+from llm.eval.grouping import group_runs, incomparable, model_size, resolve_baseline, series_key, series_labels
 from llm.eval.runs import NOT_RECORDED, RunRecord
 from llm.eval.stats import Gap, Summary, gap_to_baseline
 from llm.eval.tune import TunePoint, at_values, choice_warnings, choose, one_seed_warning, tune_points, values_of
@@ -68,6 +70,10 @@ class VariantSummary:
     """Its gap to the baseline row of its size; None on a baseline row and when there is none."""
     key: str = ""
     """Its series' short name (``llm.eval.grouping.series_key``) where its label is more than its variant name."""
+    baseline: str = ""
+    """The label of the baseline row its gap is to; empty on a baseline row and where none is comparable."""
+    not_compared: str = ""
+    """Why no baseline row of its size is comparable (``llm.eval.grouping.incomparable``); empty otherwise."""
 
     @property
     def p_value(self) -> float:
@@ -92,6 +98,7 @@ class VariantSummary:
             "params_non_embedding": self.params_non_embedding, "val_loss_mean": self.val_loss_mean,
             "val_loss_std": self.val_loss_std, "final_tokens": self.final_tokens, "seed_scope": self.seed_scope,
             "training_stability": self.training_stability, "tokens_per_s": self.tokens_per_s,
+            "not_compared": self.not_compared,
             **{column: math.nan if self.gap is None else getattr(self.gap, key) for column, key in GAP_COLUMNS.items()}}
         return {key: "" if isinstance(value, float) and math.isnan(value) else value for key, value in row.items()}
 
@@ -118,12 +125,11 @@ class Comparison:
 
 
 def _gap(done: Sequence[RunRecord], baseline: Sequence[RunRecord], target_gap: float | None) -> Gap:
-    """The gap of complete runs ``done`` to the baseline's, paired by seed where both ran the same seeds once each
-    on one data order and validation set (the whole ``data`` section, and the world size)."""
+    """The gap of complete runs ``done`` to the baseline's, whose seeds mean what theirs do
+    (``llm.eval.grouping.incomparable``: one data order and validation set per seed), paired by seed where both ran
+    the same seeds once each."""
     mine, theirs = ({run.seed: run.final_val_loss for run in runs} for runs in (done, baseline))
-    data = {json.dumps([{k: v for k, v in run.setup.items() if k.startswith("data.")}, run.meta.get("world_size")],
-                       sort_keys=True) for run in [*done, *baseline]}
-    paired = len(mine) == len(done) == len(baseline) and mine.keys() == theirs.keys() and len(data) == 1
+    paired = len(mine) == len(done) == len(baseline) and mine.keys() == theirs.keys()
     return gap_to_baseline(*(Summary.of([run.final_val_loss for run in runs]) for runs in (done, baseline)),
                            ([mine[s] for s in mine], [theirs[s] for s in mine]) if paired else None, target_gap)
 
@@ -228,7 +234,7 @@ def compare_runs(runs: Sequence[RunRecord], baseline: str | None = None, tune: S
         if len({run.final_tokens for run in complete}) > 1:
             ends = ", ".join(f"{run.path.name}={run.final_tokens}" for run in complete)
             warnings.append(f"runs end at different token counts ({ends}): not a fair comparison")
-    baseline_runs = {sizes[label]: [r for r in chosen[label][0] if r.complete] for label in baselines}
+    baseline_runs = {label: [r for r in chosen[label][0] if r.complete] for label in baselines}
     rows = []
     for label in sorted(chosen, key=lambda v: (v not in baselines, series[v], groups[v][0].meta.get(
             "params_non_embedding") or 0, v)):
@@ -242,7 +248,11 @@ def compare_runs(runs: Sequence[RunRecord], baseline: str | None = None, tune: S
         if not done and not tune:  # with tune, _at_chosen_values says why no value was chosen
             warnings.append(f"row {label}: no complete run; compared without it")
         summary = Summary.of([r.final_val_loss for r in done])
-        base = None if label in baselines else baseline_runs.get(sizes[label])  # the baseline runs of its size
+        at_size = [] if label in baselines or not done else [b for b in baselines if sizes[b] == sizes[label]]
+        base = next((b for b in at_size if not incomparable(done, baseline_runs[b])), None)
+        if why := incomparable(done, baseline_runs[at_size[0]]) if at_size and base is None else "":
+            warnings.append(f"row {label}: not compared with {at_size[0]}: their seeds mean different things "
+                            f"({why}); no gap, p-value or plan")
         rows.append(VariantSummary(
             variant=label, runs=done, params_total=groups[label][0].meta.get("params_total"),
             params_non_embedding=groups[label][0].meta.get("params_non_embedding"), val_loss_mean=summary.mean,
@@ -251,9 +261,11 @@ def compare_runs(runs: Sequence[RunRecord], baseline: str | None = None, tune: S
             final_tokens=_shared(done, "final token count", lambda r: r.final_tokens, label) or 0,
             diverged=[r for r in broken if r.diverged], incomplete=[r for r in broken if not r.diverged],
             tuned=tuned, series=series[label], size=sizes[label],
-            gap=_gap(done, base, target_gap) if done and base else None,
-            key="" if label == groups[label][0].variant else series_key(groups[label][0], tune)))
-    shown = series[baselines[0]] if len(baselines) > 1 else baselines[0] if baselines else DEFAULT_BASELINE
+            gap=_gap(done, baseline_runs[base], target_gap) if base and baseline_runs[base] else None,
+            key="" if label == groups[label][0].variant else series_key(groups[label][0], tune), baseline=base or "",
+            not_compared=why))
+    shown = (baselines[0] if len(baselines) == 1 else series[baselines[0]] if len({series[b] for b in baselines}) == 1
+             else baseline or DEFAULT_BASELINE)
     return Comparison(baseline=shown, rows=rows, warnings=warnings, tune=tuple(tune),
                       sensitivity={row.variant: sensitivity[row.variant] for row in rows if tune},  # table order
                       baselines=tuple(row.variant for row in rows if row.variant in baselines), target_gap=target_gap)

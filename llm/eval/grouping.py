@@ -17,6 +17,15 @@ row). Labels can be long; the table prints a short key of each row whose label i
 A model size is a row's values of ``SIZE_KEYS`` (width and depth; the parameter counts follow from them). Rows that
 differ only there are one *series*, one variant at several sizes (``llm.eval.scaling``), labelled as rows are but
 with the size keys left out of the grouping; each row is compared with the baseline series' row of its size.
+
+Two rows are compared (given a gap, a p-value, a plan) only where their seeds mean the same thing
+(``incomparable``, the one predicate the table, the paired test, ``--plan`` and ``--planned`` use): every compared
+field outside the sections a comparison varies (``TREATMENTS``) is equal, the seed scope included, but for the
+fields ``SEED_MEANING_EXEMPT`` names, and so is the world size. An integer ``data.seed`` fixes one data order for
+every seed of a row, whose effect no number of seeds averages out: a row on another order, or of the ``run`` scope
+(one order per seed), against it would test that order's effect with the variant's. A row of another meaning is
+listed with the reason; where the baseline comes in several (one row per seed scope), each row is compared with the
+one of its own.
 """
 
 from __future__ import annotations
@@ -29,7 +38,8 @@ from typing import Any
 from llm.eval.errors import EvalError
 from llm.eval.runs import NOT_RECORDED, RunRecord
 
-__all__ = ["SIZE_KEYS", "group_runs", "model_size", "resolve_baseline", "series_key", "series_labels"]
+__all__ = ["SEED_MEANING_EXEMPT", "SIZE_KEYS", "TREATMENTS", "group_runs", "incomparable", "model_size",
+           "resolve_baseline", "seed_meaning", "series_key", "series_labels"]
 
 # The config keys of a model's size. ``ffn_param_match`` shrinks a wider FFN inside the model, not in the config,
 # so the rows of every variant at one size share these values.
@@ -37,6 +47,34 @@ SIZE_KEYS = ("model.hidden_size", "model.intermediate_size", "model.num_hidden_l
              "model.num_attention_heads", "model.num_key_value_heads", "model.head_dim")
 
 Rows = Mapping[str, Sequence[RunRecord]]
+
+# The sections in which a row differs from its baseline by design: the model and the training recipe (a learning
+# rate tuned per variant, say). Every other compared field (a new one too) sets what a seed means.
+TREATMENTS = ("model.", "train.")
+SEED_MEANING_EXEMPT = {
+    "data.document_masking": "which tokens a position attends to, not which tokens a seed draws: a treatment",
+    "data.tokenize_batch": "how many documents are tokenized at once: not one token changes",
+}
+"""Fields outside ``TREATMENTS`` that change neither which tokens a seed draws nor the validation split, with why."""
+
+
+def seed_meaning(run: RunRecord) -> dict[str, Any]:
+    """What a seed of ``run`` means: its seed scope, every compared field outside ``TREATMENTS`` (its data and the
+    data's fingerprints) but ``SEED_MEANING_EXEMPT``, and its world size (ranks x workers deal the data out)."""
+    return {"seed scope": "run" if run.setup.get("data.seed") == "run" else "init",
+            **{key: value for key, value in run.setup.items()
+               if not key.startswith(TREATMENTS) and key not in SEED_MEANING_EXEMPT},
+            "world size": run.meta.get("world_size")}
+
+
+def incomparable(runs: Sequence[RunRecord], baseline: Sequence[RunRecord]) -> str:
+    """Why the seeds of a row (``runs``) and those of ``baseline`` mean different things (``seed_meaning``), each
+    field that differs with its values in the row and in the baseline; empty when every seed of both means one."""
+    mine, theirs = ([seed_meaning(run) for run in group] for group in (runs, baseline))
+    differing = [key for key in {key: None for meaning in [*mine, *theirs] for key in meaning}
+                 if len({json.dumps(meaning.get(key)) for meaning in [*mine, *theirs]}) > 1]
+    return "; ".join(f"{key} {'/'.join(sorted({str(m.get(key)) for m in mine}))}, its baseline's "
+                     f"{'/'.join(sorted({str(m.get(key)) for m in theirs}))}" for key in differing)
 
 
 def model_size(run: RunRecord) -> tuple[Any, ...]:
@@ -86,7 +124,9 @@ def series_labels(rows: Rows, tune: Sequence[str] = ()) -> dict[str, str]:
 def resolve_baseline(rows: Rows, baseline: str, series: Mapping[str, str], tune: Sequence[str] = ()) -> list[str]:
     """The labels of the rows ``baseline`` names: one row label, or the rows (one per size) of the one series that
     ``baseline`` names by its label, its variant name, its FFN name alone (``swiglu`` when one scoring is present)
-    or its key (``series_key``). Empty when it names no row; an EvalError listing the series and their keys when it
+    or its key (``series_key``); where those rows come in several seed meanings (``seed_meaning``: both seed scopes,
+    say), the one series of each, so that each row is compared with the baseline whose seeds mean what its own
+    do. Empty when it names no row; an EvalError listing the series and their keys when it
     names rows of several (any choice among them would be a guess), suggesting ``--tune`` only where they differ
     in one key that is a choice to tune: not the data, the run's length, or a value changed on resume."""
     if baseline in rows:
@@ -94,7 +134,8 @@ def resolve_baseline(rows: Rows, baseline: str, series: Mapping[str, str], tune:
     for name_of in (lambda label: series[label], lambda label: rows[label][0].variant,
                     lambda label: rows[label][0].variant.split("+")[0], lambda label: series_key(rows[label][0], tune)):
         matches = [label for label in rows if name_of(label) == baseline]
-        if len({series[label] for label in matches}) == 1:
+        kinds = {(json.dumps(seed_meaning(rows[label][0]), sort_keys=True), series[label]) for label in matches}
+        if matches and len(kinds) == len({meaning for meaning, _ in kinds}):  # one series per seed meaning
             return matches
         if matches:
             named = [f"{name!r} [{key}]" for name, key in sorted({(series[label], series_key(rows[label][0], tune))

@@ -21,11 +21,8 @@ from __future__ import annotations
 import csv
 import math
 import statistics
-from collections.abc import Callable
 from dataclasses import dataclass, replace
-from functools import partial
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 import yaml
@@ -34,8 +31,7 @@ from scipy import stats
 from llm.config import RunConfig, read_saved, save_config
 from llm.eval.compare import Comparison, VariantSummary
 from llm.eval.errors import EvalError
-from llm.eval.runs import RunRecord
-from llm.eval.stats import ALPHA, MAX_SEEDS, POWER, Array
+from llm.eval.stats import ALPHA, MAX_SEEDS, POWER, Array, paired_p_value
 
 ASSUMPTION = ("assumes normal seed effects; Stein's rule: the pilot's t quantiles, not its SD taken as true; the final "
               "test is Stein's (the mean gap over exactly the planned seeds beyond the threshold), not compare's "
@@ -70,10 +66,45 @@ def threshold(paired: Array, pilot: tuple[int, int], seeds: tuple[Array, Array],
                     stats.t.isf(ALPHA / 2, min(pilot) - 1) * np.sqrt(sum(parts)))
 
 
-def stein_resolves(gap: Array, threshold: Array) -> Array:
+def stein_resolves(gap: Array, threshold: Array, undecided: Array = False) -> Array:
     """Stein's final verdict: the mean gap over exactly the planned seeds lies beyond the plan's ``threshold`` (the
-    decision compare prints for a planned row, and the one the simulation in the tests runs, replicate by replicate)."""
-    return np.abs(gap) > threshold
+    decision compare prints for a planned row, and the one the simulation in the tests runs, replicate by replicate);
+    never where a planned seed diverged (``undecided``: ``llm.eval.planned``). Those resolved are a subset of the
+    draws that would resolve had the seed not diverged (its loss is then the one it would have had), so the rule
+    keeps Stein's Type I error at most ALPHA whatever makes a seed diverge."""
+    return ~np.asarray(undecided) & (np.abs(gap) > threshold)
+
+
+def plan_pilots(gap: float, pilots: dict[str, dict[int, float]], baseline: str) -> dict[str, tuple[str, float, float]]:
+    """Row label -> its design, seeds per arm and threshold for ``gap`` (module docstring), from the pilots' seed:loss
+    pairs of a baseline (``pilots[baseline]``) and of the rows compared with it: what ``--plan`` writes and
+    ``--planned`` recomputes from plan.csv alone. Rows pair where they ran the baseline's seeds and their differences
+    vary (``paired_p_value``), as compare pairs them; the baseline first, with the most seeds any paired row needs."""
+    base, found = pilots[baseline], {}
+    for label, losses in ((label, losses) for label, losses in pilots.items() if label != baseline):
+        # the sample SD squared, as the table's std is: plans written before plan_pilots existed verify bit for bit
+        variances = (statistics.stdev(losses.values()) ** 2, statistics.stdev(base.values()) ** 2)
+        mine, theirs = list(losses.values()), [base.get(seed, math.nan) for seed in losses]
+        paired = losses.keys() == base.keys() and not math.isnan(paired_p_value(mine, theirs))
+        difference = statistics.variance([a - b for a, b in zip(mine, theirs, strict=True)]) if paired else math.nan
+        paired, seeds = design(gap, (len(losses), len(base)), variances, difference)
+        found[label] = (bool(paired), float(seeds) if seeds <= MAX_SEEDS else math.inf, variances, difference)
+    most = max([len(base), *(seeds for _, seeds, *_ in found.values() if math.isfinite(seeds))])
+    plans = {baseline: ("baseline", float(most), math.nan)}
+    for label, (paired, seeds, variances, difference) in found.items():
+        seeds = most if paired and math.isfinite(seeds) else seeds
+        plans[label] = ("paired" if paired else "Welch", seeds, float(threshold(
+            paired, (len(pilots[label]), len(base)), (seeds, most), variances, difference)) if seeds <= MAX_SEEDS
+            else math.nan)
+    return plans
+
+
+def plan_cells(design: str, seeds_per_arm: float, threshold: float, pilot: int) -> dict[str, str]:
+    """plan.csv's derived columns of a row planned so from a pilot of ``pilot`` seeds, as ``--plan`` writes them and
+    ``--planned`` requires them."""
+    more = 0 if math.isinf(seeds_per_arm) else int(seeds_per_arm) - pilot
+    return {"design": design, "pilot_seeds": str(pilot), "seeds_per_arm": f"{seeds_per_arm:g}",
+            "more_seeds": str(more), "threshold": "" if math.isnan(threshold) else repr(threshold)}
 
 
 @dataclass
@@ -88,29 +119,26 @@ class RowPlan:
 
     @property
     def more_seeds(self) -> int:
-        return 0 if math.isinf(self.seeds_per_arm) else int(self.seeds_per_arm) - self.row.n
+        return int(plan_cells(self.design, self.seeds_per_arm, self.threshold, self.row.n)["more_seeds"])
 
 
 def plan_seeds(comparison: Comparison, gap: float) -> list[RowPlan]:
-    """Each baseline, then each row with a gap to it that can be tested (2 or more seeds each, losses that vary:
-    ``Gap.se`` > 0), planned for ``gap`` (module docstring)."""
+    """Each baseline, then each row compared with it (``VariantSummary.baseline``, whose seeds mean what the
+    baseline's do) whose gap can be tested (2 or more seeds each, losses that vary: ``Gap.se`` > 0), planned for
+    ``gap`` (``plan_pilots``). A row or baseline that ran a seed twice is refused: a repeat is no independent seed."""
     if not 0 < gap < math.inf:
         raise EvalError(f"--plan {gap}: expected a finite gap > 0 nats (the smallest worth detecting)")
     plans = []
     for base in (row for row in comparison.rows if row.variant in comparison.baselines):
-        theirs, found = {run.seed: run.final_val_loss for run in base.runs}, []
-        for row in (row for row in comparison.rows if row.gap and row.gap.se > 0 and row.size == base.size):
-            variances = (row.val_loss_std**2, base.val_loss_std**2)
-            difference = math.nan if math.isnan(row.gap.p_paired) else \
-                statistics.variance([run.final_val_loss - theirs[run.seed] for run in row.runs])
-            paired, seeds = design(gap, (row.n, base.n), variances, difference)
-            found.append((row, bool(paired), float(seeds) if seeds <= MAX_SEEDS else math.inf, variances, difference))
-        most = max([base.n, *(seeds for _, paired, seeds, *_ in found if math.isfinite(seeds))])
-        plans.append(RowPlan(base, "baseline", most, base.variant))
-        for row, paired, seeds, variances, difference in found:
-            seeds = most if paired and math.isfinite(seeds) else seeds
-            plans.append(RowPlan(row, "paired" if paired else "Welch", seeds, base.variant, float(threshold(
-                paired, (row.n, base.n), (seeds, most), variances, difference)) if seeds <= MAX_SEEDS else math.nan))
+        rows = {row.variant: row for row in [base, *comparison.rows]
+                if row is base or (row.baseline == base.variant and row.gap and row.gap.se > 0)}
+        for row in rows.values():
+            if len(seeds := [run.seed for run in row.runs]) > len(set(seeds)):
+                raise EvalError(f"--plan: row {row.variant} ran seed {next(s for s in seeds if seeds.count(s) > 1)} "
+                                "more than once; a repeat is no independent seed: compare without all but one")
+        pilots = {label: {run.seed: run.final_val_loss for run in row.runs} for label, row in rows.items()}
+        plans += [RowPlan(rows[label], design_, seeds, base.variant, threshold_)
+                  for label, (design_, seeds, threshold_) in plan_pilots(gap, pilots, base.variant).items()]
     return plans
 
 
@@ -127,6 +155,17 @@ def _absolute(config: RunConfig) -> RunConfig:
     return replace(config, data=replace(data, **local))
 
 
+PLANS_FILE = "plans.tsv"
+"""In a folder the plan trains runs into: one line per plan, its plan.csv and the seeds it added there."""
+
+
+def _planned_here(folder: Path) -> list[tuple[str, set[int]]]:
+    """The plans that added seeds to run folder ``folder`` (``PLANS_FILE``), each with those seeds."""
+    lines = (folder / PLANS_FILE).read_text().splitlines() if (folder / PLANS_FILE).is_file() else []
+    return [(plan, {int(seed) for seed in seeds.split() if seed.isdigit()})
+            for plan, _, seeds in (line.partition("\t") for line in lines)]
+
+
 def write_plan(comparison: Comparison, plans: list[RowPlan], gap: float, out: str | Path) -> tuple[str, list[Path]]:
     """The ``plans`` for ``gap`` as text, and the files written under ``out``: plan.csv (each row's baseline, its
     planned seed numbers and its pilot as seed:loss) and, when seeds are missing, plan-sweep.yaml
@@ -134,8 +173,10 @@ def write_plan(comparison: Comparison, plans: list[RowPlan], gap: float, out: st
     the comparison has used, data paths absolute, its run directory beside the row's first run's."""
     out = Path(out)
     again = (out / "plan.csv").exists()
-    earlier = sorted({str(run.meta["config"].get("planned_by") or "") for row in comparison.rows for run in row.runs}
-                     - {""})  # plans whose seeds are among the pilot's
+    runs = [run for row in comparison.rows for run in row.runs]
+    earlier = sorted(({str(run.meta["config"].get("planned_by") or "") for run in runs}  # trained from its config
+                      | {plan for run in runs for plan, seeds in _planned_here(run.path.parent) if run.seed in seeds})
+                     - {""})  # plans whose seeds are among the pilot's, by the configs or by the seeds it added
     first = 1 + max(run.seed for row in comparison.rows for run in [*row.runs, *row.diverged, *row.incomplete])
     new = []  # (the pilot run whose config it takes, seed, run name)
     for pilot, seeds in ((p.row.runs[0], range(first, first + p.more_seeds)) for p in plans if p.more_seeds):
@@ -149,22 +190,29 @@ def write_plan(comparison: Comparison, plans: list[RowPlan], gap: float, out: st
         raise EvalError(f"{taken[0]}: a run directory the plan would train into exists already")
     (out / "plan-configs" if new else out).mkdir(parents=True, exist_ok=True)
     with (out / "plan.csv").open("w", newline="") as f:
-        csv.writer(f).writerows([COLUMNS, *([
-            p.row.variant, p.baseline, gap, p.design, p.row.n, f"{p.seeds_per_arm:g}", p.more_seeds,
-            "" if math.isnan(p.threshold) else p.threshold,
-            " ".join(str(seed) for seed in [*(run.seed for run in p.row.runs), *range(first, first + p.more_seeds)]),
-            " ".join(f"{run.seed}:{run.final_val_loss!r}" for run in p.row.runs)] for p in plans)])
+        writer = csv.DictWriter(f, COLUMNS)
+        writer.writeheader()
+        writer.writerows({"variant": p.row.variant, "baseline": p.baseline, "gap": repr(gap),
+                          **plan_cells(p.design, p.seeds_per_arm, p.threshold, p.row.n),
+                          "seeds": " ".join(map(str, [*(run.seed for run in p.row.runs),
+                                                      *range(first, first + p.more_seeds)])),
+                          "pilot": " ".join(f"{run.seed}:{run.final_val_loss!r}" for run in p.row.runs)} for p in plans)
     files = {name: str((out / "plan-configs" / f"{name}.yaml").resolve()) for _, _, name in new}
     for pilot, seed, name in new:
         save_config(replace(_absolute(read_saved(pilot.meta["config"])), seed=seed, name=name,
                             out_dir=str(pilot.path.parent.resolve()), planned_by=str((out / "plan.csv").resolve())),
                     files[name])
+    for folder in {pilot.path.parent for pilot, *_ in new}:  # so that seeds trained by hand are known as planned too
+        with (folder / PLANS_FILE).open("a") as f:
+            seeds = " ".join(str(seed) for pilot, seed, _ in new if pilot.path.parent == folder)
+            f.write(f"{(out / 'plan.csv').resolve()}\t{seeds}\n")
     planned = {p.row.variant for p in plans}
     text = [f"plan for a {gap:g}-nat gap at {POWER:.0%} power ({ASSUMPTION}):", *(
         f"  {p.row.variant}: {p.design}, {p.row.n} pilot seeds -> " + (f"over {MAX_SEEDS} per arm: not launched"
         if math.isinf(p.seeds_per_arm) else f"{p.seeds_per_arm:g} per arm ({p.more_seeds} more)" + (
             "" if math.isnan(p.threshold) else f", resolved if |final gap| > {p.threshold:.4f}")) for p in plans),
-        *(f"  {row.variant}: not planned (fewer than 2 seeds, or losses that do not vary, in it or its baseline)"
+        *(f"  {row.variant}: not planned (" + (f"not compared: {row.not_compared}" if row.not_compared else
+          "fewer than 2 seeds, or losses that do not vary, in it or its baseline") + ")"
           for row in comparison.rows if row.variant not in planned)]
     if again or earlier:
         why = (f"seeds of these runs were added by {', '.join(earlier)}" if earlier
@@ -176,108 +224,3 @@ def write_plan(comparison: Comparison, plans: list[RowPlan], gap: float, out: st
                                                              "run_name": "{run}"}, sort_keys=False))
         text.append(f"the {len(files)} missing seeds: python launch/sweep.py {out / 'plan-sweep.yaml'} --mode local")
     return "\n".join(text), [out / "plan.csv", *([out / "plan-sweep.yaml"] if files else [])]
-
-
-def _field(plan_csv: str | Path, line: int, entry: dict[str, str], column: str, parse: Callable[[str], Any],
-           expected: str) -> Any:
-    """``entry[column]`` parsed, or an EvalError naming the file, line and column."""
-    try:
-        return parse(entry[column])
-    except (ValueError, TypeError, KeyError):
-        raise EvalError(f"--planned {plan_csv}: line {line}, column {column}: expected {expected}, got "
-                        f"{entry.get(column)!r} (a plan.csv as compare --plan writes it)") from None
-
-
-def _label(text: str) -> str:
-    if not text:
-        raise ValueError(text)
-    return text
-
-
-def _design_name(text: str) -> str:
-    if text not in ("baseline", "paired", "Welch"):
-        raise ValueError(text)
-    return text
-
-
-def _positive(text: str, finite: bool = False) -> float:
-    if not (value := float(text)) > 0 or (finite and math.isinf(value)):  # NaN is not > 0
-        raise ValueError(text)
-    return value
-
-
-def _pilot(text: str) -> dict[int, float]:
-    return {int(seed): float(loss) for seed, loss in (pair.split(":") for pair in text.split())}
-
-
-def read_plan(plan_csv: str | Path) -> list[dict[str, Any]]:
-    """plan.csv's rows, every field validated (an EvalError naming the file, line and column)."""
-    try:
-        with open(plan_csv, newline="") as f:
-            entries = list(csv.DictReader(f))
-    except (OSError, UnicodeDecodeError, csv.Error) as err:
-        raise EvalError(f"--planned {plan_csv}: cannot be read ({err})") from None
-    if not entries:
-        raise EvalError(f"--planned {plan_csv}: no planned rows (a plan.csv as compare --plan writes it)")
-    parsed = []
-    for line, entry in enumerate(entries, start=2):
-        field = partial(_field, plan_csv, line, entry)
-        row = {"variant": field("variant", _label, "a row label"),
-               "baseline": field("baseline", _label, "the baseline's row label"),
-               "gap": field("gap", partial(_positive, finite=True), "the planned gap > 0"),
-               "design": field("design", _design_name, "baseline, paired or Welch"),
-               "seeds_per_arm": field("seeds_per_arm", _positive, "a number of seeds > 0, or inf"),
-               "seeds": field("seeds", lambda t: [int(s) for s in t.split()], "seed numbers")}
-        row["threshold"] = math.nan if row["design"] == "baseline" or math.isinf(row["seeds_per_arm"]) else field(
-            "threshold", partial(_positive, finite=True), "a finite threshold > 0")
-        row["pilot"] = field("pilot", _pilot, "the pilot's seed:loss pairs")
-        parsed.append(row)
-    return parsed
-
-
-def _differs(run: RunRecord, other: RunRecord) -> str:
-    return ", ".join(f"{key}={run.setup.get(key)}" for key in sorted(run.setup)
-                     if run.setup.get(key) != other.setup.get(key) and key != "seed") or "its run"
-
-
-def apply_plan(comparison: Comparison, plan_csv: str | Path) -> list[RunRecord]:
-    """``compare --planned plan.csv``: each planned row's verdict becomes Stein's final test
-    (``Gap.stein_threshold``) on exactly its planned seeds. Refused in one line: a row or a planned seed missing,
-    one in a row of another config, a changed pilot, another baseline. Returns the complete runs of planned rows
-    that the plan did not plan (to compare again without them; each named in a warning)."""
-    rows = {row.variant: row for row in comparison.rows}
-    losses_of = {row.variant: {run.seed: run.final_val_loss for run in row.runs} for row in comparison.rows}
-    base_of = {row.size: row.variant for row in comparison.rows if row.variant in comparison.baselines}
-    everyone = [run for row in comparison.rows for run in row.runs]
-    left_out = []
-    for entry in read_plan(plan_csv):
-        name, pilot = entry["variant"], entry["pilot"]
-        found = [variant for variant, losses in losses_of.items()
-                 if all(losses.get(seed) == loss for seed, loss in pilot.items())]
-        # relabelled by a run of another config: the row that holds its pilot
-        variant = name if name in found else next((v for v in found if v.startswith(name)), name)
-        if (row := rows.get(variant)) is None:
-            raise EvalError(f"--planned {plan_csv}: its row {name!r} is not among the compared rows")
-        if (baseline := base_of.get(row.size)) != entry["baseline"]:
-            raise EvalError(f"--planned {plan_csv}: {name} was planned against {entry['baseline']}, and is "
-                            f"compared against {baseline}; compare with --baseline {entry['baseline']}")
-        losses = losses_of[row.variant]
-        if changed := [seed for seed, loss in pilot.items() if losses.get(seed) != loss]:
-            raise EvalError(f"--planned {plan_csv}: {name}'s pilot changed (seed {changed[0]}: planned at loss "
-                            f"{pilot[changed[0]]!r}, now {losses.get(changed[0], 'missing')})")
-        if math.isinf(entry["seeds_per_arm"]):
-            continue
-        for seed in (seed for seed in entry["seeds"] if seed not in losses):
-            done = sum(seed in losses for seed in entry["seeds"])
-            elsewhere = [run for run in everyone if run.seed == seed and run not in row.runs
-                         and run.variant == row.runs[0].variant]
-            why = f"; seed {seed} ran with another config ({_differs(elsewhere[0], row.runs[0])})" if elsewhere else ""
-            raise EvalError(f"--planned {plan_csv}: {name} has {done} of its {len(entry['seeds'])} planned seeds "
-                            f"complete (not seed {seed}), and Stein's final test needs them all{why}")
-        left_out += [run for run in row.runs if run.seed not in entry["seeds"]]
-        if not left_out and row.gap is not None and not math.isnan(entry["threshold"]):
-            if (entry["design"] == "paired") == math.isnan(row.gap.p_paired):
-                raise EvalError(f"--planned {plan_csv}: {name} was planned {entry['design']}, and its seeds now "
-                                f"{'do not pair' if entry['design'] == 'paired' else 'pair'} with its baseline's")
-            row.gap = replace(row.gap, stein_threshold=entry["threshold"], planned_gap=entry["gap"])
-    return left_out

@@ -20,8 +20,8 @@ CSV_COLUMNS = ("variant", "n_seeds", "seeds", "diverged", "incomplete", "params_
                "val_loss_mean", "val_loss_std", "gap", "gap_ci_low", "gap_ci_high", "paired_ci_low", "paired_ci_high",
                "p_value", "p_value_paired", "mde", "paired_mde", "seeds_needed", "paired_seeds_needed",
                "seeds_for_target_gap", "paired_seeds_for_target_gap", "training_stability", "tokens_per_s",
-               "final_tokens",
-               "seed_scope")
+               "final_tokens", "seed_scope", "not_compared", "planned_threshold", "stein_verdict", "stein_ci_low",
+               "stein_ci_high")
 METHOD = "docs/comparison.md"  # the method behind each note, at length
 SEED_SCOPES = {
     "init": "init (one data order for every run: a gap holds for that order)",
@@ -30,7 +30,9 @@ SEED_SCOPES = {
 ASSUMPTIONS = ("Assumptions: normal seed effects; MDEs take the observed spreads as true: about 73% (Welch) or "
                "58-69% (paired) power, not 80%.")
 OPTIMISM_NOTE = "--tune chooses on the validation set it reports: optimistic; report fresh seeds at the chosen values."
-STEIN_NOTE = "Stein: a planned row's verdict is the plan's final test (interval gap ± threshold), not p or p paired."
+STEIN_NOTE = ("⁷ Stein: a planned row's verdict is the plan's final test, its gap over exactly the planned seeds "
+              "beyond the plan's threshold (interval gap ± threshold); the t-tests' intervals, p-values, MDEs and seed "
+              "counts are not its test, and are not shown for it.")
 
 
 def _params(n: int | None) -> str:
@@ -62,15 +64,17 @@ def _design(gap: Gap) -> tuple[str, float, float] | None:
     gap resolved when either test rejects would be two tries at ALPHA (a true gap of 0 "resolved" more often than
     ALPHA)."""
     if not math.isnan(threshold := gap.stein_threshold):  # a planned row: its interval is gap +- threshold
-        return ("Stein", gap.gap - threshold, gap.gap + threshold) if stein_resolves(gap.gap, threshold) else None
+        resolves = stein_resolves(gap.gap, threshold, bool(gap.undecided))
+        return ("Stein", gap.gap - threshold, gap.gap + threshold) if resolves else None
     design, p, low, high = (("Welch", gap.p_value, gap.ci_low, gap.ci_high) if math.isnan(gap.p_paired) else
                             ("paired", gap.p_paired, gap.paired_ci_low, gap.paired_ci_high))
     return (design, low, high) if p < ALPHA else None
 
 
 def _resolved(gap: Gap) -> str:
-    if not math.isnan(gap.stein_threshold):  # a planned row has one verdict, Stein's, resolved or not
-        return f"{'resolved' if _design(gap) else 'not resolved'} (Stein)"
+    if not math.isnan(gap.stein_threshold):  # a planned row has one verdict, Stein's: resolved, not, or none
+        return f"not decidable (Stein): {gap.undecided}" if gap.undecided else \
+            f"{'resolved' if _design(gap) else 'not resolved'} (Stein)"
     return f"resolved ({found[0]})" if (found := _design(gap)) else "not resolved" if gap.se > 0 else "n/a"
 
 
@@ -84,14 +88,32 @@ def _seeds(gap: Gap, needed: float, size: float) -> str:
 def _gap_cells(row: VariantSummary, comparison: Comparison) -> list[str]:
     """Gap (Welch's 95% CI), the paired CI, p, p paired, the verdict, MDE, paired MDE, seeds and pairs needed and,
     with a target gap, the seeds and pairs it needs (``llm.eval.stats``)."""
-    target = comparison.target_gap
+    target, stein = comparison.target_gap, _planned(comparison)
+    blank = [""] * (4 if target is None else 6)  # the post-hoc columns: MDEs, seeds needed
     if (gap := row.gap) is None:
-        return ["baseline" if row.variant in comparison.baselines else "n/a", *[""] * (8 if target is None else 10)]
+        return ["baseline" if row.variant in comparison.baselines else
+                f"not compared: {row.not_compared}" if row.not_compared else "n/a", *[""] * (4 + stein), *blank]
+    if not math.isnan(threshold := gap.stein_threshold):  # the planned test alone: the t-tests' figures are not it
+        interval = "n/a" if gap.undecided else _interval(gap.gap - threshold, gap.gap + threshold)
+        return [f"{gap.gap:+.4f}", "", "", "", _resolved(gap), interval, *blank]
     return [_gap(gap), _interval(gap.paired_ci_low, gap.paired_ci_high), _num(gap.p_value, ".3g"),
-            _num(gap.p_paired, ".3g"), _resolved(gap), "zero spread" if gap.se == 0 else _num(gap.mde, ".4f"),
-            _num(gap.paired_mde, ".4f"),
+            _num(gap.p_paired, ".3g"), _resolved(gap), *(["n/a"] if stein else []),
+            "zero spread" if gap.se == 0 else _num(gap.mde, ".4f"), _num(gap.paired_mde, ".4f"),
             *(_seeds(gap, needed, gap.gap) for needed in (gap.seeds_needed, gap.paired_seeds_needed)),
             *([] if target is None else [_seeds(gap, n, target) for n in (gap.target_seeds, gap.paired_target_seeds)])]
+
+
+def _planned(comparison: Comparison) -> bool:
+    """Whether a row is decided by its plan (``compare --planned``): the table then has Stein's interval column."""
+    return any(row.gap and not math.isnan(row.gap.stein_threshold) for row in comparison.rows)
+
+
+def _stein_columns(gap: Gap | None) -> dict[str, object]:
+    """comparison.csv's planned test of a row: the plan's threshold, Stein's verdict and its interval."""
+    if gap is None or math.isnan(threshold := gap.stein_threshold):
+        return {}
+    return {"planned_threshold": threshold, "stein_verdict": _resolved(gap),
+            **({} if gap.undecided else {"stein_ci_low": gap.gap - threshold, "stein_ci_high": gap.gap + threshold})}
 
 
 def _span(values: Sequence[str]) -> str:
@@ -101,6 +123,9 @@ def _span(values: Sequence[str]) -> str:
 def _open(label: str, gap: Gap) -> str:
     """An unresolved gap, which is no tie: the true one may be anything up to about its MDE; a planned row's, what
     its plan established (no post-hoc seed advice: more seeds would be a second look)."""
+    if gap.undecided:
+        return (f"{label} not decidable (Stein): {gap.undecided}; the rest of its planned seeds would be chosen by "
+                "their outcome, so no loss verdict: report how often it diverged")
     if not math.isnan(threshold := gap.stein_threshold):
         return (f"{label} {gap.gap:+.4f} not resolved (Stein) {_interval(gap.gap - threshold, gap.gap + threshold)}, "
                 f"although a true gap of {gap.planned_gap:g} or more would have been resolved with {POWER:.0%} power")
@@ -117,8 +142,9 @@ def _conclusion(comparison: Comparison) -> list[str]:
     none without a baseline."""
     tested = {row.variant: row.gap for row in comparison.rows if row.gap is not None and row.gap.se > 0}
     if not tested:
-        return ["", "Conclusion: no gap can be tested: that needs 2 or more complete seeds in a row and its baseline, "
-                    "and losses that vary."] if comparison.baselines else []
+        return ["", "Conclusion: no gap can be tested: that needs 2 or more complete seeds in a row and in a baseline "
+                    "whose seeds mean what its own do (see the warnings), and losses that vary."] \
+            if comparison.baselines else []
     resolved = [f"{label} {gap.gap:+.4f} resolved ({found[0]}) {_interval(*found[1:])}"
                 for label, gap in tested.items() if (found := _design(gap))]
     rows = [row for row in comparison.rows if row.variant in tested or row.variant in comparison.baselines]
@@ -135,6 +161,9 @@ def _conclusion(comparison: Comparison) -> list[str]:
             "per arm by Welch's test, 58-69% paired; see Assumptions), and a smaller true gap can go unseen")
     if untested := [row.variant for row in comparison.rows if row.gap is not None and row.variant not in tested]:
         parts.append(f"not testable (fewer than 2 seeds, or no spread): {', '.join(untested)}")
+    if apart := [row.variant for row in comparison.rows if row.not_compared]:
+        parts.append(f"not compared (their seeds mean other things than the baseline's: see the warnings): "
+                     f"{', '.join(apart)}")
     if left_out := [f"{run.path.name} ({'diverged' if run.diverged else 'incomplete'})"
                     for row in rows for run in [*row.diverged, *row.incomplete]]:
         parts.append(f"the figures rest on complete seeds only, left out: {', '.join(left_out)}")
@@ -178,7 +207,7 @@ def _scaling(comparison: Comparison) -> list[str]:
     return ["", f"Scaling: final validation loss against non-embedding parameters N, and the gap to "
                 f"{comparison.baseline} at the same size (¹ ⁵ ⁶ as above)", "",
             *_table(["Variant", "Params (non-emb.)", "Val loss (mean ± std)", "n",
-                     *(cell.rstrip(" ¹⁵⁶") for cell in _gap_header(comparison))], rows),
+                     *(cell.rstrip(" ¹⁵⁶⁷") for cell in _gap_header(comparison))], rows),
             "", "Fit L = a · N^b of each variant's mean loss over its sizes (scaling.png; b < 0: the loss falls with "
                 "size)", "",
             *_table(["Variant", "Sizes", "a", "b", "Fit"], fits)]
@@ -187,8 +216,9 @@ def _scaling(comparison: Comparison) -> list[str]:
 def _gap_header(comparison: Comparison) -> list[str]:
     target = [] if comparison.target_gap is None else [f"Seeds for gap {comparison.target_gap:g} ⁶",
                                                        f"Pairs for gap {comparison.target_gap:g} ⁵ ⁶"]
-    return ["Gap (95% CI) ¹", "Paired 95% CI ⁵", f"p vs {comparison.baseline} ¹", "p paired ⁵", f"At p < {ALPHA} ¹ ⁵",
-            "MDE ⁶", "MDE paired ⁵ ⁶", "Seeds needed ⁶", "Pairs needed ⁵ ⁶", *target]
+    stein = [f"At p < {ALPHA} ¹ ⁵ / Stein ⁷", "Stein interval ⁷"] if _planned(comparison) else [f"At p < {ALPHA} ¹ ⁵"]
+    return ["Gap (95% CI) ¹", "Paired 95% CI ⁵", f"p vs {comparison.baseline} ¹", "p paired ⁵", *stein, "MDE ⁶",
+            "MDE paired ⁵ ⁶", "Seeds needed ⁶", "Pairs needed ⁵ ⁶", *target]
 
 
 def _loss_cell(row: VariantSummary, comparison: Comparison) -> str:
@@ -241,7 +271,7 @@ def format_table(comparison: Comparison, full: Path | None = None) -> str:
         "Seed scope: " + "; ".join(SEED_SCOPES[scope] for scope in scopes)
         + ("" if len(scopes) < 2 else " (each row's: seed_scope in comparison.csv)."),
         ASSUMPTIONS, *([OPTIMISM_NOTE] if comparison.tune else []),
-        *([STEIN_NOTE] if any(row.gap and not math.isnan(row.gap.stein_threshold) for row in comparison.rows) else []),
+        *([STEIN_NOTE] if _planned(comparison) else []),
         f"Method: {METHOD}.", *(f"Warning: {w}" for w in comparison.warnings)))]
     if comparison.tune:
         lines += _sensitivity(comparison)
@@ -257,5 +287,5 @@ def write_comparison(comparison: Comparison, out_dir: str | Path) -> tuple[Path,
     with csv_path.open("w", newline="") as f:
         writer = csv.DictWriter(f, fieldnames=[CSV_COLUMNS[0], *comparison.tune, *CSV_COLUMNS[1:]])
         writer.writeheader()
-        writer.writerows(row.as_csv_row() for row in comparison.rows)
+        writer.writerows({**row.as_csv_row(), **_stein_columns(row.gap)} for row in comparison.rows)
     return md_path, csv_path

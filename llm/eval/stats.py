@@ -81,6 +81,8 @@ class Gap:
     (``llm.eval.plan``), not the t-tests above; NaN otherwise."""
     planned_gap: float = math.nan
     """The gap that plan resolves with ``POWER``."""
+    undecided: str = ""
+    """With ``--planned``: why Stein's test cannot decide the row (a planned seed diverged: ``llm.eval.planned``)."""
 
 
 def welch_df(variances: tuple[Array, Array], counts: tuple[int, int]) -> Array:

@@ -174,4 +174,4 @@ def test_planned_rows_are_decided_by_steins_final_test(tmp_path: Path, capsys: p
     assert f"isogmlp+softmax {gaps['isogmlp+softmax']:+.4f} resolved (Stein) " \
            f"[{gaps['isogmlp+softmax'] - threshold:+.4f}, {gaps['isogmlp+softmax'] + threshold:+.4f}]" in table
     assert "| resolved (Stein) |" in table and "| not resolved (Stein) |" in table
-    assert "- Stein: a planned row's verdict is the plan's final test" in table
+    assert "- ⁷ Stein: a planned row's verdict is the plan's final test" in table

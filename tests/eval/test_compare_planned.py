@@ -79,8 +79,8 @@ def test_a_changed_pilot_a_missing_seed_and_a_seed_of_another_config_are_refused
     write_run(runs, "isogmlp+softmax", 7, 5.1, train__lr=1e-2)  # at another lr: a row of its own
     assert _planned(runs, plan, tmp_path / "final") == 2
     error = _error(capsys)
-    assert "isogmlp+softmax has 7 of its 8 planned seeds complete (not seed 7)" in error
-    assert "seed 7 ran with another config (train.lr=0.01)" in error
+    assert "isogmlp+softmax has 7 of its 8 planned seeds complete (seed 7 ran with another config (train.lr=0.01))" \
+        in error
     runs2, plan2 = _pilot_and_plan(tmp_path / "b")
     _train_planned(runs2)
     write_run(runs2, "isogmlp+softmax", 1, 4.0, dirname="isogmlp_softmax_s1b")  # a pilot seed run again: changed
@@ -108,10 +108,10 @@ def test_plan_with_planned_is_refused(tmp_path: Path, capsys: pytest.CaptureFixt
 @pytest.mark.parametrize(("damage", "expected"), [
     (lambda text: "", "no planned rows"),
     (lambda text: "hello world\n", "no planned rows"),
-    (lambda text: text.replace(",threshold,", ",thresh,"), "column threshold: expected a finite threshold > 0"),
+    (lambda text: text.replace(",threshold,", ",thresh,"), "line 2, column threshold: expected empty (what --plan"),
     (lambda text: text.replace(",baseline,", ",base,", 1), "column baseline: expected the baseline's row label"),
-    (lambda text: text.replace(",paired,", ",maybe,"), "column design: expected baseline, paired or Welch"),
-    (lambda text: text.replace(",8,5,", ",eight,5,"), "column seeds_per_arm: expected a number of seeds > 0"),
+    (lambda text: text.replace(",paired,", ",maybe,"), "column design: expected paired (what --plan computes"),
+    (lambda text: text.replace(",8,5,", ",eight,5,"), "column seeds_per_arm: expected 8 (what --plan computes"),
 ])
 def test_a_damaged_plan_csv_is_one_line_naming_file_and_column(tmp_path: Path, capsys: pytest.CaptureFixture[str],
                                                                damage: object, expected: str) -> None:
@@ -130,11 +130,12 @@ def test_a_threshold_that_is_no_threshold_is_refused(tmp_path: Path, capsys: pyt
     _train_planned(runs)
     with plan.open() as f:
         rows = list(csv.reader(f))
-    rows[2][rows[0].index("threshold")] = threshold
+    planned, rows[2][rows[0].index("threshold")] = rows[2][rows[0].index("threshold")], threshold
     with plan.open("w", newline="") as f:
         csv.writer(f).writerows(rows)
     assert _planned(runs, plan, tmp_path / "final") == 2
-    assert f"line 3, column threshold: expected a finite threshold > 0, got '{threshold}'" in _error(capsys)
+    assert f"line 3, column threshold: expected {planned} (what --plan computes from this row's gap and pilot), " \
+        f"got '{threshold}'" in _error(capsys)
 
 
 def test_rows_laid_out_by_directory_get_every_planned_run_with_absolute_data(
