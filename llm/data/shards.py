@@ -43,7 +43,7 @@ from llm.data.sources import data_source, source_fingerprint
 from llm.data.split import epoch_order
 from llm.data.streaming import StreamingTokens
 from llm.data.token_source import State, TokenSource, block_permutation
-from llm.data.tokenizer import TOKENIZATION, encode_documents, tokenizer_identity, top_id
+from llm.data.tokenizer import TOKENIZATION, encode_documents, former_tokenizer_identity, tokenizer_identity, top_id
 
 __all__ = ["FORMAT", "INDEX_FILE", "START", "PreparedTokens", "continue_positions", "node_positions", "prepare"]
 
@@ -153,7 +153,8 @@ class PreparedTokens(TokenSource):
         # read at every start), nor a maximum recorded at prepare time (bytes damaged after it keep the record):
         # the max of each window read (10 us a 2,049-token window on one busy CPU core, 2026-11-26).
         self.top_id = top_id(tokenizer)
-        if self.index["tokenizer"] != tokenizer_identity(tokenizer):
+        # an index prepared before 2026-12-01 records the tokenizer by the former rule
+        if self.index["tokenizer"] not in (tokenizer_identity(tokenizer), former_tokenizer_identity(tokenizer)):
             raise DataError(f"data.prepared: {self.root} was tokenized with another tokenizer than data.tokenizer")
         if self.index.get("tokenization") != TOKENIZATION:  # its held-out documents were cut by another rule
             raise DataError(f"data.prepared: {self.root} was prepared with another document tokenization "

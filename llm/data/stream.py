@@ -116,7 +116,7 @@ class TrainLoader:
         refused); the source's fingerprint is recorded from this resume on."""
         for key, value in expected.items():
             if key in state:
-                if state[key] != value:
+                if state[key] != value and (key, state[key]) != ("tokenizer_fingerprint", self.source.former_tokenizer):
                     raise DataError(f"data loader state: {key} was {state[key]!r}, this loader has "
                                     f"{value!r}; resume with the same data settings and files")
             elif key == "tokenization" and "tokenizer_fingerprint" not in state:

@@ -33,7 +33,7 @@ from llm.data.pieces import Piece, PieceReader
 from llm.data.sources import Source, data_source, source_fingerprint
 from llm.data.split import epoch_order, node_segments
 from llm.data.token_source import State, TokenSource, block_permutation
-from llm.data.tokenizer import encode_documents, eos_id, tokenizer_identity
+from llm.data.tokenizer import encode_documents, eos_id, former_tokenizer_identity, tokenizer_identity
 from llm.data.validation import split_batch
 
 
@@ -49,6 +49,7 @@ class StreamingTokens(TokenSource):
         self.cfg = data_cfg
         self.fingerprints = {"tokenizer": tokenizer_identity(tokenizer), "prepared": None,
                              "source": source_fingerprint(self.source)}
+        self.former_tokenizer = former_tokenizer_identity(tokenizer)
 
     def piece_docs(self, piece: int, start: int, hi: int) -> Iterator[tuple[int, list[str], int]]:
         """(position before the batch, training texts of the batch, how many validation documents it dropped) of a

@@ -30,6 +30,9 @@ class TokenSource(ABC):
     """What the data is beyond its settings: the fingerprint of the tokenizer's definition (``tokenizer_identity``)
     under "tokenizer", a prepared index's under "prepared" (None when streaming), the source's files'
     (``source_fingerprint``; on prepared tokens the one ``prepare`` recorded of what it tokenized) under "source"."""
+    former_tokenizer: str | None = None
+    """The tokenizer's fingerprint by isollm's rule before 2026-12-01 (``former_tokenizer_identity``), which a
+    loader state of that time records in place of today's; None where no such state can exist."""
     resharding = False
     """Whether a position can continue with another number of nodes (``reshard``)."""
 

@@ -23,8 +23,8 @@ if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerFast
 
 __all__ = ["DEFAULT_HUB_TOKENIZER", "EOS_TOKEN", "TOKENIZATION", "as_transformers_tokenizer", "encode_documents",
-           "eos_id", "ids_past", "load_tokenizer", "padded_vocab_size", "special_tokens_as_text",
-           "text_parts", "tokenizer_identity", "top_id", "train_tokenizer"]
+           "eos_id", "former_tokenizer_identity", "ids_past", "load_tokenizer", "padded_vocab_size",
+           "special_tokens_as_text", "text_parts", "tokenizer_identity", "top_id", "train_tokenizer"]
 
 # End-of-document token: Qwen3's, and the one special token our trained BPE gets (same name, so eos_id is
 # one lookup for both).
@@ -127,6 +127,13 @@ def tokenizer_identity(tok: Tokenizer) -> str:
     definition = {key: value for key, value in json.loads(tok.to_str()).items()
                   if key not in ("post_processor", "padding", "truncation")}
     return hashlib.blake2b(json.dumps(definition, sort_keys=True).encode(), digest_size=8).hexdigest()
+
+
+def former_tokenizer_identity(tok: Tokenizer) -> str:
+    """The fingerprint isollm recorded before 2026-12-01, of the whole serialised tokenizer (post-processor included).
+    Loader states and prepared indexes written then hold it; the same tokenizer file still gives it, so such a run
+    resumes and such a directory is read (a resume records ``tokenizer_identity`` from then on)."""
+    return hashlib.blake2b(tok.to_str().encode(), digest_size=8).hexdigest()
 
 
 def text_parts(text: str, max_chars: int) -> list[str]:

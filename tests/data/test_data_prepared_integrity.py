@@ -22,6 +22,7 @@ from llm.data.errors import DataError
 from llm.data.prepared_index import CHECKSUM, INDEX_FILE
 from llm.data.shards import prepare
 from llm.data.stream import build_train_loader
+from llm.data.tokenizer import former_tokenizer_identity, tokenizer_identity
 
 
 @pytest.fixture
@@ -215,3 +216,19 @@ def test_tokens_prepared_under_another_document_rule_are_refused(prepared: Path,
     (prepared / INDEX_FILE).write_text(json.dumps(index))
     with pytest.raises(DataError, match=r"another document tokenization \('not recorded'.*prepare again"):
         loader(data_cfg, bpe, prepared)
+
+
+@pytest.mark.parametrize(("recorded", "loads"), [("former", True), ("other", False)])
+def test_an_index_records_the_tokenizer_by_todays_or_the_former_rule(recorded: str, loads: bool, prepared: Path,
+                                                                      data_cfg: DataConfig, bpe: Tokenizer) -> None:
+    """An index prepared before 2026-12-01 records the tokenizer by the former fingerprint (the whole serialised
+    tokenizer): the same tokenizer still reads it; any other fingerprint is another tokenizer."""
+    index = json.loads((prepared / INDEX_FILE).read_text())
+    assert index["tokenizer"] == tokenizer_identity(bpe)
+    index["tokenizer"] = former_tokenizer_identity(bpe) if recorded == "former" else "0123456789abcdef"
+    (prepared / INDEX_FILE).write_text(json.dumps(index))
+    if loads:
+        next(iter(loader(data_cfg, bpe, prepared)))
+    else:
+        with pytest.raises(DataError, match="tokenized with another tokenizer than data.tokenizer"):
+            loader(data_cfg, bpe, prepared)

@@ -25,7 +25,7 @@ from llm.data.identity import NOT_IDENTITY, READ_TIME
 from llm.data.shards import FORMAT, INDEX_FILE, PreparedTokens, prepare
 from llm.data.stream import build_train_loader
 from llm.data.streaming import StreamingTokens, iter_windows
-from llm.data.tokenizer import eos_id, load_tokenizer, tokenizer_identity
+from llm.data.tokenizer import eos_id, former_tokenizer_identity, load_tokenizer, tokenizer_identity
 from llm.data.validation import is_validation
 
 RANKS, WORKERS = 2, 2
@@ -251,6 +251,13 @@ def test_a_loader_state_from_before_the_fingerprints_still_resumes(data_cfg: Dat
     with pytest.raises(DataError, match=r"^data loader state: tokenizer_fingerprint was 'other', this loader has "
                                         rf"'{tokenizer_identity(bpe)}'; resume with the same data settings and files$"):
         resumed.load_state_dict({**state, "tokenizer_fingerprint": "other"})
+    # a state written before 2026-12-01 records the tokenizer by the former rule, and resumes as the same data
+    assert former_tokenizer_identity(bpe) != tokenizer_identity(bpe)
+    former = build_train_loader(data_cfg, bpe, 2, 0, 1)
+    former.load_state_dict({**state, "tokenizer_fingerprint": former_tokenizer_identity(bpe)})
+    today = build_train_loader(data_cfg, bpe, 2, 0, 1)
+    today.load_state_dict(state)
+    assert torch.equal(next(iter(former)), next(iter(today)))
 
 
 def test_the_data_identity_is_every_data_field_but_the_declared_exemptions(data_cfg: DataConfig, bpe: Tokenizer,
