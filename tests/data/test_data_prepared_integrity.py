@@ -230,5 +230,5 @@ def test_an_index_records_the_tokenizer_by_todays_or_the_former_rule(recorded: s
     if loads:
         next(iter(loader(data_cfg, bpe, prepared)))
     else:
-        with pytest.raises(DataError, match="tokenized with another tokenizer than data.tokenizer"):
+        with pytest.raises(DataError, match=r"tokenized with another tokenizer than data\.tokenizer"):
             loader(data_cfg, bpe, prepared)
