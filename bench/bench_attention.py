@@ -31,11 +31,9 @@ Implementations:
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import sys
 from collections.abc import Callable
-from pathlib import Path
 
 import harness
 import torch
@@ -65,13 +63,9 @@ def attention_fn(impl: str, chunk_size: int) -> Attention:
     def chunked(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         return iso_tanh_chunked(q, k, v, chunk_size)[0]
 
-    return {
-        "sdpa": lambda q, k, v: softmax(q, k, v)[0],
-        "chunked": chunked,
-        "chunked_compiled": torch.compile(chunked, fullgraph=True),
-        "fla": fla_attention,
-        "fla_compiled": torch.compile(fla_attention, fullgraph=True),
-    }[impl]
+    eager = {"sdpa": lambda q, k, v: softmax(q, k, v)[0], "chunked": chunked, "fla": fla_attention}
+    fn = eager[impl.removesuffix("_compiled")]  # an IMPL_compiled is IMPL under torch.compile, graph-break free
+    return torch.compile(fn, fullgraph=True) if impl.endswith("_compiled") else fn
 
 
 def worker(args: argparse.Namespace) -> None:
@@ -83,8 +77,8 @@ def worker(args: argparse.Namespace) -> None:
                for heads in (args.heads, args.kv_heads, args.kv_heads))
     grad_out = torch.randn(args.batch, args.heads, args.t, args.head_dim, dtype=dtype, device=device)
     fn = attention_fn(args.worker, args.chunk_size[0])
-    small = [x[:, :, :16].detach().requires_grad_(True) for x in (q, k, v)]
-    fn(*small).sum().backward()  # one-time costs (kernel set-up, thread pools, fla's autotuning) stay out of it
+    # a tiny pass first: one-time costs (kernel set-up, thread pools, fla's autotuning) stay out of the measurement
+    fn(*(x[:, :, :16].detach().requires_grad_() for x in (q, k, v))).sum().backward()
 
     def step() -> None:
         fn(q, k, v).backward(grad_out)
@@ -116,8 +110,7 @@ def compare(args: argparse.Namespace) -> None:
         times = [f"{r['ms']:.2f} ({paired_ratio(r['seconds'], ref['seconds'])!s})" for r in by_length[t].values()]
         mibs = [f"{r['mib']:.1f} ({ref['mib'] / max(r['mib'], 1e-9):.1f}x)" for r in by_length[t].values()]
         print(" | ".join([f"{t:>6}", *(f"{c:>40}" for c in times), *(f"{c:>18}" for c in mibs)]), flush=True)
-        if args.json:  # after every length, so that a run stopped by a time box keeps what it measured
-            Path(args.json).write_text(json.dumps(by_length, indent=1))
+        harness.write_figures(args, by_length)  # after every length: a run stopped by a time box keeps them
 
 
 def main() -> None:

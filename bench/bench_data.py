@@ -139,8 +139,7 @@ def main() -> None:
         tokenizers["bpe"] = load_tokenizer(args.bpe)
     elif not args.no_bpe:
         start = time.perf_counter()
-        bpe = train_tokenizer([args.source], args.bpe_vocab, tempfile.mkdtemp())
-        tokenizers[f"bpe-{args.bpe_vocab}"] = bpe
+        tokenizers[f"bpe-{args.bpe_vocab}"] = train_tokenizer([args.source], args.bpe_vocab, tempfile.mkdtemp())
         print(f"trained bpe-{args.bpe_vocab} in {time.perf_counter() - start:.1f} s")
 
     steps = "  ".join(f"{t:,.0f}/s" for t in args.step_tokens_per_s)

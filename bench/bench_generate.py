@@ -18,10 +18,8 @@ step reads the whole KV cache."""
 
 from __future__ import annotations
 
-import json
 import statistics
 from dataclasses import asdict, replace
-from pathlib import Path
 
 import harness
 import torch
@@ -87,8 +85,8 @@ def main() -> None:
             row = {"tokens_per_s": tps, "state_bytes": nbytes, "vs_softmax": asdict(vs_softmax),
                    "vs_growing": asdict(vs_growing)}
             figures.setdefault(context, {}).setdefault(scoring, {})[cache] = row
-    if args.json:
-        Path(args.json).write_text(json.dumps(figures, indent=1))
+    harness.write_figures(args, figures)
+
 
 if __name__ == "__main__":
     main()

@@ -47,15 +47,13 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import json
 from collections.abc import Callable
-from pathlib import Path
 
 import harness
 import torch
 from harness import DTYPES, figures, make_step, peak_increase, synchronize, time_rounds, timed
 from omegaconf import OmegaConf
-from paired import PairedRatio, write_csv
+from paired import PairedRatio
 from step_rows import QWEN3_ROWS, Row, Spec, check_compiled, ours, qwen3, saved_bytes, strict_compilation
 
 from llm.config import load_config
@@ -71,6 +69,8 @@ ROOFLINE_MATMUL_N = {"cpu": 1024, "cuda": 8192}
 large enough to reach the tensor cores' rate."""
 ROW_KEYS = ("batch", "packed_docs", "tf32", "activation_checkpointing", "optimizer")
 """``--extra-row`` keys that change the row (``Spec``) rather than the model."""
+VARIANTS = [f"{ffn}+{scoring}" for scoring in ATTN_SCORING_REGISTRY for ffn in FFN_REGISTRY]
+"""Every FFN+SCORING pair: ``--variants``' choices and its default."""
 
 
 def top_kernels(step: Callable[[], None], device: torch.device, steps: int = 3, count: int = 10) -> list[str]:
@@ -86,16 +86,10 @@ def top_kernels(step: Callable[[], None], device: torch.device, steps: int = 3, 
     return [f"{t / total:6.1%} {t / steps / 1e3:8.2f} ms  {name[:110]}" for t, name in times[:count]]
 
 
-def variant_specs(parser: argparse.ArgumentParser, args: argparse.Namespace, base: ModelConfig) -> dict[str, Spec]:
-    """The ``--variants`` to time; swiglu with each scoring (the reference of that scoring's FFNs) and
-    swiglu+softmax always come first."""
-    pairs = []
-    for name in args.variants:
-        ffn, _, scoring = name.partition("+")
-        if ffn not in FFN_REGISTRY or scoring not in ATTN_SCORING_REGISTRY:
-            parser.error(f"--variants: {name!r} is not FFN+SCORING with FFN in {sorted(FFN_REGISTRY)} and "
-                         f"SCORING in {sorted(ATTN_SCORING_REGISTRY)}")
-        pairs.append((ffn, scoring))
+def variant_specs(variants: list[str], base: ModelConfig) -> dict[str, Spec]:
+    """The ``variants`` to time (``VARIANTS``, checked by argparse); swiglu with each scoring (the reference of that
+    scoring's FFNs) and swiglu+softmax always come first."""
+    pairs = [tuple(name.split("+")) for name in variants]
     scorings = ["softmax", *dict.fromkeys(s for _, s in pairs if s != "softmax")]
     pairs = list(dict.fromkeys([*(("swiglu", scoring) for scoring in scorings), *pairs]))
     return {f"{ffn}+{scoring}": Spec(dataclasses.replace(base, ffn=ffn, attn_scoring=scoring,
@@ -127,8 +121,7 @@ def main() -> None:
     parser = harness.parser(__doc__)
     parser.add_argument("--set", nargs="+", default=[], metavar="KEY=VALUE",
                         help="config overrides for every row (e.g. model.max_position_embeddings=32768)")
-    parser.add_argument("--variants", nargs="+", metavar="FFN+SCORING",
-                        default=[f"{ffn}+{scoring}" for scoring in ATTN_SCORING_REGISTRY for ffn in FFN_REGISTRY],
+    parser.add_argument("--variants", nargs="+", metavar="FFN+SCORING", choices=VARIANTS, default=VARIANTS,
                         help="the ffn+scoring pairs to time (default: all; swiglu with each named scoring is added: "
                              "the ratios need it)")
     parser.add_argument("--baseline", default="swiglu+softmax", help="the reference of rows without their own")
@@ -145,11 +138,11 @@ def main() -> None:
     device, dtype = torch.device(args.device), DTYPES[args.dtype]
     base = load_config(f"configs/sizes/{args.preset}.yaml", ["train.max_steps=1", f"data.seq_len={args.seq}",
                                                                    *args.set]).model
-    specs = extra_rows(parser, args.extra_row, variant_specs(parser, args, base))
+    specs = extra_rows(parser, args.extra_row, variant_specs(args.variants, base))
     batch = torch.randint(0, base.vocab_size, (args.batch, args.seq + 1), device=device)
 
     torch.manual_seed(0)
-    builders: dict[str, Callable[[], Row]] = {name: lambda n=name, s=spec: ours(n, s, batch, args.compile)
+    builders: dict[str, Callable[[], Row]] = {name: lambda s=spec: ours(s, batch, args.compile)
                                               for name, spec in specs.items()}
     builders |= {QWEN3_ROWS[kind]: lambda k=kind: qwen3(k, base, batch, args.compile) for kind in args.qwen3}
     if args.baseline not in builders:
@@ -164,8 +157,8 @@ def main() -> None:
             except ImportError as err:  # Liger-Kernel: the gpu extra's, CUDA only
                 print(f"# skipped {name}: {f'{err.name} is not installed' if err.name else err}")
                 continue
-            run = load_config(None, ["train.max_steps=1", f"train.optimizer={specs.get(name, Spec(base)).optimizer}"])
-            steps[name] = make_step(build_optimizer(row.model, run), row.loss, device, dtype, row.tf32)
+            run = load_config(None, ["train.max_steps=1", f"train.optimizer={row.spec.optimizer}"])
+            steps[name] = make_step(build_optimizer(row.model, run), row.loss, device, dtype, row.spec.tf32)
             first_step[name] = timed(steps[name], device)()  # warm-up: allocator, AdamW state, compilation
             check_compiled(steps[name], name)
             saved[name] = None if args.compile else saved_bytes(row) / 2**20  # hooks would recompile the graph
@@ -182,12 +175,10 @@ def time_step_rounds(steps: dict[str, Callable[[], None]], device: torch.device,
     n = ROOFLINE_MATMUL_N.get(device.type, ROOFLINE_MATMUL_N["cpu"])
     a, b = torch.randn(2, n, n, device=device).to(dtype)
 
-    def measured(name: str) -> Callable[[], float]:
-        def call() -> float:
-            peak, seconds = peak_increase(timed(steps[name], device), device)
-            peaks[name] = max(peaks[name], peak / 2**20)  # read on CUDA only (on CPU: the process's, not the step's)
-            return seconds
-        return call
+    def measured(name: str) -> float:
+        peak, seconds = peak_increase(timed(steps[name], device), device)
+        peaks[name] = max(peaks[name], peak / 2**20)  # read on CUDA only (on CPU: the process's, not the step's)
+        return seconds
 
     def matmul() -> float:
         with tf32_matmuls(device):
@@ -195,7 +186,7 @@ def time_step_rounds(steps: dict[str, Callable[[], None]], device: torch.device,
 
     torch.mm(a, b)  # its warm-up
     with torch.compiler.set_stance("fail_on_recompile"):
-        seconds = time_rounds({**{name: measured(name) for name in steps}, None: matmul}, rounds)
+        seconds = time_rounds({**{name: lambda n=name: measured(n) for name in steps}, None: matmul}, rounds)
     return seconds, peaks, 2.0 * n**3 / min(seconds.pop(None))
 
 
@@ -218,9 +209,9 @@ def report(args: argparse.Namespace, rows: dict[str, Row], seconds: dict[str, li
     tokens = {name: row.tokens for name, row in rows.items()}
     table = {}
     for name, row in rows.items():
-        reference = row.reference or (args.baseline if args.baseline in rows else None)
+        reference = row.spec.reference or (args.baseline if args.baseline in rows else None)
         f = table[name] = figures(name, reference, seconds, tokens)
-        fpt = flops_per_token(row.config, args.seq, training=True)
+        fpt = flops_per_token(row.spec.config, args.seq, training=True)
         f |= {"mfu": mfu(f["tokens_per_s"], fpt, gpu_peak) if gpu_peak else None,
               "of_roofline": mfu(f["tokens_per_s"], fpt, matmul), "step_peak_mib": peaks[name] if cuda else None,
               "saved_mib": saved[name], "first_step_s": first_step[name]}
@@ -234,13 +225,10 @@ def report(args: argparse.Namespace, rows: dict[str, Row], seconds: dict[str, li
     for row, lines in kernels.items():
         print(f"# the 10 {'kernels' if cuda else 'ops'} with the most self time in {row}'s step (share, ms per "
               f"step, name):", *(f"#   {line}" for line in lines), sep="\n")
-    if args.csv:
-        write_csv(Path(args.csv), list(table.values()))
-    if args.json:
-        Path(args.json).write_text(json.dumps({
-            "setup": f"{args.preset}, {args.batch} x {args.seq}", "baseline": args.baseline, "rounds": rounds,
-            "matmul_flops": matmul, "variants": table, "seconds": seconds, "tokens": tokens, "top_kernels": kernels,
-        }, indent=1))
+    harness.write_figures(args, {
+        "setup": f"{args.preset}, {args.batch} x {args.seq}", "baseline": args.baseline, "rounds": rounds,
+        "matmul_flops": matmul, "variants": table, "seconds": seconds, "tokens": tokens, "top_kernels": kernels,
+    }, list(table.values()))
 
 
 if __name__ == "__main__":

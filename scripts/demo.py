@@ -68,7 +68,6 @@ def _stream_fineweb(out: Path) -> None:
 
     stream = datasets.load_dataset("HuggingFaceFW/fineweb", name="sample-10BT", split="train", streaming=True)
     rows = [{"text": doc["text"], "id": doc["id"]} for doc in stream.take(HUB_DOCS)]
-    out.parent.mkdir(parents=True, exist_ok=True)
     pq.write_table(pa.Table.from_pylist(rows), out.with_suffix(".tmp"))
     os.replace(out.with_suffix(".tmp"), out)
 
@@ -98,7 +97,6 @@ def _try_hub(out: Path) -> bool:
 
 def _stdlib_corpus(out: Path) -> None:
     """One JSON-lines document per standard-library module: its docstrings (English prose and code)."""
-    out.parent.mkdir(parents=True, exist_ok=True)
     stdlib = Path(sysconfig.get_paths()["stdlib"])
     with open(out.with_suffix(".tmp"), "w") as f:
         for path in sorted(stdlib.rglob("*.py")):
@@ -118,6 +116,7 @@ def _stdlib_corpus(out: Path) -> None:
 
 def choose_source() -> tuple[Path, str, list[str]]:
     """The demo's text, a sentence saying what it is, and config overrides it needs."""
+    DEMO_DATA.mkdir(parents=True, exist_ok=True)  # where the text it makes and the tokenizer go
     hub_file = DEMO_DATA / "fineweb-sample-10BT.parquet"
     if hub_file.is_file() or _try_hub(hub_file):  # streamed by an earlier demo
         return hub_file, f"FineWeb sample-10BT from the hub ({HUB_DOCS} documents, saved in {hub_file})", []

@@ -47,8 +47,7 @@ def run_stage(stage: Stage, mode: Mode, work: Path, data: Path | None, deadline:
         argv = [a.replace("{logs}", str(logs)).replace("{work}", str(work)).replace("{data}", str(data)) for a in argv]
         left = end - time.monotonic()
         with open(logs / f"{label}.log", "w") as out:
-            out.write(f"$ {' '.join(argv)}\n")
-            out.flush()
+            print(f"$ {' '.join(argv)}", file=out, flush=True)
             try:
                 code = subprocess.run(argv, cwd=REPO, env=env, stdout=out, stderr=subprocess.STDOUT,
                                       timeout=max(left, 0.1), check=False).returncode
