@@ -117,8 +117,7 @@ def main() -> None:
     parser = harness.parser(__doc__)
     parser.add_argument("--lengths", type=lambda s: [int(x) for x in s.split(",")],
                         default=[512, 1024, 2048, 4096, 8192])
-    parser.add_argument("--impls", type=lambda s: s.split(","), default=[i for i in IMPLS if "fla" not in i
-                                                                          and "compiled" not in i],
+    parser.add_argument("--impls", type=lambda s: s.split(","), default=["sdpa", "chunked"],
                         help=f"comma-separated, from {','.join(IMPLS)} (default: all but fla, which needs a GPU, "
                              f"and chunked_compiled, which compiles for minutes on CPU)")
     parser.add_argument("--heads", type=int, default=6)

@@ -74,8 +74,7 @@ def main() -> None:
           f"{'state MiB':>11}{'vs softmax [95% interval]':>26}{'vs growing [95% interval]':>26}")
     figures: dict[int, dict[str, dict[str, dict[str, float]]]] = {}
     for context in args.contexts:
-        prompt = torch.randint(0, base.vocab_size, (1, context), device=device)
-        results = decode_rounds(models, prompt, args.new_tokens)
+        results = decode_rounds(models, torch.randint(0, base.vocab_size, (1, context), device=device), args.new_tokens)
         for (scoring, cache), (prefill, seconds, nbytes) in results.items():
             tps = 1 / statistics.median(seconds)
             vs_softmax = paired_ratio(seconds, results["softmax", cache][1])

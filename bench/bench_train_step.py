@@ -147,7 +147,7 @@ def main() -> None:
     builders |= {QWEN3_ROWS[kind]: lambda k=kind: qwen3(k, base, batch, args.compile) for kind in args.qwen3}
     if args.baseline not in builders:
         parser.error(f"--baseline: {args.baseline!r} is not among the rows {list(builders)}")
-    rows, steps, first_step, saved = {}, {}, {}, {}
+    rows, steps, measured = {}, {}, {}
     with strict_compilation(len(builders)):
         for name, build_row in builders.items():
             try:
@@ -159,11 +159,12 @@ def main() -> None:
                 continue
             run = load_config(None, ["train.max_steps=1", f"train.optimizer={row.spec.optimizer}"])
             steps[name] = make_step(build_optimizer(row.model, run), row.loss, device, dtype, row.spec.tf32)
-            first_step[name] = timed(steps[name], device)()  # warm-up: allocator, AdamW state, compilation
+            first_s = timed(steps[name], device)()  # warm-up: allocator, AdamW state, compilation
             check_compiled(steps[name], name)
-            saved[name] = None if args.compile else saved_bytes(row) / 2**20  # hooks would recompile the graph
+            # compiled rows have no saved MiB: the saved-tensor hooks would recompile the graph
+            measured[name] = {"first_step_s": first_s, "saved_mib": None if args.compile else saved_bytes(row) / 2**20}
         seconds, peaks, matmul = time_step_rounds(steps, device, dtype, args.rounds)
-    report(args, rows, seconds, peaks, saved, first_step, matmul, steps, base)
+    report(args, rows, seconds, peaks, measured, matmul, steps, base)
 
 
 def time_step_rounds(steps: dict[str, Callable[[], None]], device: torch.device, dtype: torch.dtype,
@@ -191,9 +192,8 @@ def time_step_rounds(steps: dict[str, Callable[[], None]], device: torch.device,
 
 
 def report(args: argparse.Namespace, rows: dict[str, Row], seconds: dict[str, list[float]], peaks: dict[str, float],
-           saved: dict[str, float | None], first_step: dict[str, float], matmul: float, steps: dict,
-           base: ModelConfig) -> None:
-    """Print the table; write --json and --csv."""
+           measured: dict[str, dict], matmul: float, steps: dict, base: ModelConfig) -> None:
+    """Print the table; write --json and --csv. ``measured``: each row's first step's seconds and saved MiB."""
     device, rounds = torch.device(args.device), args.rounds
     with tf32_matmuls(device):
         gpu_peak = peak_flops(device, DTYPES[args.dtype]) if device.type == "cuda" else None
@@ -212,14 +212,13 @@ def report(args: argparse.Namespace, rows: dict[str, Row], seconds: dict[str, li
         reference = row.spec.reference or (args.baseline if args.baseline in rows else None)
         f = table[name] = figures(name, reference, seconds, tokens)
         fpt = flops_per_token(row.spec.config, args.seq, training=True)
-        f |= {"mfu": mfu(f["tokens_per_s"], fpt, gpu_peak) if gpu_peak else None,
-              "of_roofline": mfu(f["tokens_per_s"], fpt, matmul), "step_peak_mib": peaks[name] if cuda else None,
-              "saved_mib": saved[name], "first_step_s": first_step[name]}
+        f |= {"mfu": mfu(f["tokens_per_s"], fpt, gpu_peak) if gpu_peak else None, **measured[name],
+              "of_roofline": mfu(f["tokens_per_s"], fpt, matmul), "step_peak_mib": peaks[name] if cuda else None}
         ratio = PairedRatio(f["ratio"], f["ratio_ci_low"], f["ratio_ci_high"], f["rounds"])
         memory = (f"{f['mfu']:>8.1%}{peaks[name]:>10.0f}" if cuda else "") + (
-            f"{saved[name]:>10.1f}" if saved[name] is not None else f"{'-':>10}")
+            f"{f['saved_mib']:>10.1f}" if f["saved_mib"] is not None else f"{'-':>10}")
         print(f"{name:<40}{f['tokens_per_s']:>10.0f}{ratio!s:>28}{matmul / fpt:>10.0f}{f['of_roofline']:>11.0%} "
-              f"{memory}{first_step[name]:>9.1f}  {reference}")
+              f"{memory}{f['first_step_s']:>9.1f}  {reference}")
     profiled = ["swiglu+softmax"] if args.profile == [] else args.profile or []
     kernels = {row: top_kernels(steps[row], device) for row in profiled if row in steps}
     for row, lines in kernels.items():

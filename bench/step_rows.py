@@ -102,8 +102,7 @@ def qwen3(kind: str, config: ModelConfig, batch: torch.Tensor, compile_: bool) -
         flce, trunk = LigerFusedLinearCrossEntropyLoss(), torch.compile(model.model) if compile_ else model.model
 
         def loss() -> torch.Tensor:
-            hidden = trunk(inputs).last_hidden_state
-            return flce(model.lm_head.weight, hidden.flatten(0, 1), targets.flatten())
+            return flce(model.lm_head.weight, trunk(inputs).last_hidden_state.flatten(0, 1), targets.flatten())
     else:
         compiled = torch.compile(model) if compile_ else model
         if kind == "loss-inside":
@@ -111,8 +110,7 @@ def qwen3(kind: str, config: ModelConfig, batch: torch.Tensor, compile_: bool) -
                 return compiled(inputs, labels=targets, shift_labels=targets).loss
         else:
             def loss() -> torch.Tensor:
-                logits = compiled(inputs).logits
-                return nn.functional.cross_entropy(logits.flatten(0, 1).float(), targets.flatten())
+                return nn.functional.cross_entropy(compiled(inputs).logits.flatten(0, 1).float(), targets.flatten())
     return Row(model, loss, inputs.numel(), Spec(config))  # over the baseline
 
 
