@@ -142,8 +142,7 @@ def main() -> None:
     batch = torch.randint(0, base.vocab_size, (args.batch, args.seq + 1), device=device)
 
     torch.manual_seed(0)
-    builders: dict[str, Callable[[], Row]] = {name: lambda s=spec: ours(s, batch, args.compile)
-                                              for name, spec in specs.items()}
+    builders = {name: lambda s=spec: ours(s, batch, args.compile) for name, spec in specs.items()}
     builders |= {QWEN3_ROWS[kind]: lambda k=kind: qwen3(k, base, batch, args.compile) for kind in args.qwen3}
     if args.baseline not in builders:
         parser.error(f"--baseline: {args.baseline!r} is not among the rows {list(builders)}")

@@ -25,14 +25,12 @@ from __future__ import annotations
 import ast
 import json
 import os
-import socket
 import subprocess
 import sys
 import sysconfig
 import threading
 import time
 from pathlib import Path
-from urllib.parse import urlparse
 
 REPO = Path(__file__).resolve().parents[1]
 DEMO_DATA = REPO / "data_cache" / "demo"  # beside the validation caches (git-ignored)
@@ -49,17 +47,6 @@ def _offline() -> bool:
                for k in ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE"))
 
 
-def _hub_reachable(timeout_s: float = 3.0) -> bool:
-    """A TCP connection to the hub endpoint: fails in milliseconds without DNS, so an offline machine
-    does not sit through ``datasets``' retries."""
-    url = urlparse(os.environ.get("HF_ENDPOINT", "https://huggingface.co"))
-    try:
-        socket.create_connection((url.hostname, url.port or 443), timeout=timeout_s).close()
-        return True
-    except OSError:
-        return False
-
-
 def _stream_fineweb(out: Path) -> None:
     """Save the first ``HUB_DOCS`` documents of FineWeb's sample-10BT stream as parquet."""
     import datasets
@@ -73,8 +60,12 @@ def _stream_fineweb(out: Path) -> None:
 
 
 def _try_hub(out: Path) -> bool:
-    """Stream FineWeb in a worker thread, giving up after ``HUB_TIMEOUT_S`` (no network: fail fast)."""
-    if _offline() or not _hub_reachable():
+    """Stream FineWeb in a worker thread, giving up after ``HUB_TIMEOUT_S`` (no network: fail fast: one TCP
+    connection to the hub's endpoint first, ``hub_unreachable``, so an offline machine does not sit through
+    ``datasets``' retries)."""
+    from llm.hub_access import hub_unreachable
+
+    if _offline() or hub_unreachable():
         return False
     errors: list[BaseException] = []
 
