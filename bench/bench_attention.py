@@ -47,7 +47,6 @@ from llm.model.iso_tanh import iso_tanh_chunked, iso_tanh_linear_attention
 
 IMPLS = ("sdpa", "chunked", "chunked_compiled", "fla", "fla_compiled")
 CHUNKED = ("chunked", "chunked_compiled")
-Attention = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
 
 
 def fla_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
@@ -57,13 +56,11 @@ def fla_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Te
     return iso_tanh_linear_attention(q, k, v, None, kernel)[0]
 
 
-def attention_fn(impl: str, chunk_size: int) -> Attention:
+def attention_fn(impl: str, chunk_size: int) -> Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]:
     softmax = SoftmaxScoring(ModelConfig())
 
-    def chunked(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-        return iso_tanh_chunked(q, k, v, chunk_size)[0]
-
-    eager = {"sdpa": lambda q, k, v: softmax(q, k, v)[0], "chunked": chunked, "fla": fla_attention}
+    eager = {"sdpa": lambda q, k, v: softmax(q, k, v)[0], "fla": fla_attention,
+             "chunked": lambda q, k, v: iso_tanh_chunked(q, k, v, chunk_size)[0]}
     fn = eager[impl.removesuffix("_compiled")]  # an IMPL_compiled is IMPL under torch.compile, graph-break free
     return torch.compile(fn, fullgraph=True) if impl.endswith("_compiled") else fn
 

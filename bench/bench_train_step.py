@@ -89,9 +89,8 @@ def top_kernels(step: Callable[[], None], device: torch.device, steps: int = 3, 
 def variant_specs(variants: list[str], base: ModelConfig) -> dict[str, Spec]:
     """The ``variants`` to time (``VARIANTS``, checked by argparse); swiglu with each scoring (the reference of that
     scoring's FFNs) and swiglu+softmax always come first."""
-    pairs = [tuple(name.split("+")) for name in variants]
-    scorings = ["softmax", *dict.fromkeys(s for _, s in pairs if s != "softmax")]
-    pairs = list(dict.fromkeys([*(("swiglu", scoring) for scoring in scorings), *pairs]))
+    scorings = dict.fromkeys(["softmax", *(name.split("+")[1] for name in variants)])
+    pairs = [name.split("+") for name in dict.fromkeys([*(f"swiglu+{scoring}" for scoring in scorings), *variants])]
     return {f"{ffn}+{scoring}": Spec(dataclasses.replace(base, ffn=ffn, attn_scoring=scoring,
                                                          ffn_param_match=ffn != "swiglu"),
                                      None if ffn == "swiglu" else f"swiglu+{scoring}") for ffn, scoring in pairs}
@@ -110,10 +109,9 @@ def extra_rows(parser: argparse.ArgumentParser, specs: list[list[str]], rows: di
         changes = OmegaConf.to_container(OmegaConf.from_dotlist(assignments))
         if unknown := [key for key in changes if key not in fields | set(ROW_KEYS)]:
             parser.error(f"--extra-row: {unknown[0]!r} is neither a ModelConfig field (model.*) nor in {ROW_KEYS}")
-        model = {k: v for k, v in changes.items() if k in fields}
-        own = {k: v for k, v in changes.items() if k in ROW_KEYS}
+        own = {key: changes.pop(key) for key in ROW_KEYS if key in changes}  # the rest: ModelConfig fields
         rows[label] = dataclasses.replace(rows[reference], **own, reference=reference,
-                                          config=dataclasses.replace(rows[reference].config, **model).validate())
+                                          config=dataclasses.replace(rows[reference].config, **changes).validate())
     return rows
 
 

@@ -42,11 +42,6 @@ HUB_TIMEOUT_S = 60.0
 VOCAB_SIZE = 4096
 
 
-def _offline() -> bool:
-    return any(os.environ.get(k, "0").lower() in ("1", "true", "yes")
-               for k in ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE"))
-
-
 def _stream_fineweb(out: Path) -> None:
     """Save the first ``HUB_DOCS`` documents of FineWeb's sample-10BT stream as parquet."""
     import datasets
@@ -65,7 +60,9 @@ def _try_hub(out: Path) -> bool:
     ``datasets``' retries)."""
     from llm.hub_access import hub_unreachable
 
-    if _offline() or hub_unreachable():
+    offline = any(os.environ.get(key, "0").lower() in ("1", "true", "yes")
+                  for key in ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE"))
+    if offline or hub_unreachable():
         return False
     errors: list[BaseException] = []
 
