@@ -31,11 +31,9 @@ Implementations:
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import sys
 from collections.abc import Callable
-from pathlib import Path
 
 import harness
 import torch
@@ -49,7 +47,6 @@ from llm.model.iso_tanh import iso_tanh_chunked, iso_tanh_linear_attention
 
 IMPLS = ("sdpa", "chunked", "chunked_compiled", "fla", "fla_compiled")
 CHUNKED = ("chunked", "chunked_compiled")
-Attention = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
 
 
 def fla_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
@@ -59,19 +56,13 @@ def fla_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Te
     return iso_tanh_linear_attention(q, k, v, None, kernel)[0]
 
 
-def attention_fn(impl: str, chunk_size: int) -> Attention:
+def attention_fn(impl: str, chunk_size: int) -> Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]:
     softmax = SoftmaxScoring(ModelConfig())
 
-    def chunked(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-        return iso_tanh_chunked(q, k, v, chunk_size)[0]
-
-    return {
-        "sdpa": lambda q, k, v: softmax(q, k, v)[0],
-        "chunked": chunked,
-        "chunked_compiled": torch.compile(chunked, fullgraph=True),
-        "fla": fla_attention,
-        "fla_compiled": torch.compile(fla_attention, fullgraph=True),
-    }[impl]
+    eager = {"sdpa": lambda q, k, v: softmax(q, k, v)[0], "fla": fla_attention,
+             "chunked": lambda q, k, v: iso_tanh_chunked(q, k, v, chunk_size)[0]}
+    fn = eager[impl.removesuffix("_compiled")]  # an IMPL_compiled is IMPL under torch.compile, graph-break free
+    return torch.compile(fn, fullgraph=True) if impl.endswith("_compiled") else fn
 
 
 def worker(args: argparse.Namespace) -> None:
@@ -83,8 +74,8 @@ def worker(args: argparse.Namespace) -> None:
                for heads in (args.heads, args.kv_heads, args.kv_heads))
     grad_out = torch.randn(args.batch, args.heads, args.t, args.head_dim, dtype=dtype, device=device)
     fn = attention_fn(args.worker, args.chunk_size[0])
-    small = [x[:, :, :16].detach().requires_grad_(True) for x in (q, k, v)]
-    fn(*small).sum().backward()  # one-time costs (kernel set-up, thread pools, fla's autotuning) stay out of it
+    # a tiny pass first: one-time costs (kernel set-up, thread pools, fla's autotuning) stay out of the measurement
+    fn(*(x[:, :, :16].detach().requires_grad_() for x in (q, k, v))).sum().backward()
 
     def step() -> None:
         fn(q, k, v).backward(grad_out)
@@ -116,16 +107,14 @@ def compare(args: argparse.Namespace) -> None:
         times = [f"{r['ms']:.2f} ({paired_ratio(r['seconds'], ref['seconds'])!s})" for r in by_length[t].values()]
         mibs = [f"{r['mib']:.1f} ({ref['mib'] / max(r['mib'], 1e-9):.1f}x)" for r in by_length[t].values()]
         print(" | ".join([f"{t:>6}", *(f"{c:>40}" for c in times), *(f"{c:>18}" for c in mibs)]), flush=True)
-        if args.json:  # after every length, so that a run stopped by a time box keeps what it measured
-            Path(args.json).write_text(json.dumps(by_length, indent=1))
+        harness.write_figures(args, by_length)  # after every length: a run stopped by a time box keeps them
 
 
 def main() -> None:
     parser = harness.parser(__doc__)
     parser.add_argument("--lengths", type=lambda s: [int(x) for x in s.split(",")],
                         default=[512, 1024, 2048, 4096, 8192])
-    parser.add_argument("--impls", type=lambda s: s.split(","), default=[i for i in IMPLS if "fla" not in i
-                                                                          and "compiled" not in i],
+    parser.add_argument("--impls", type=lambda s: s.split(","), default=["sdpa", "chunked"],
                         help=f"comma-separated, from {','.join(IMPLS)} (default: all but fla, which needs a GPU, "
                              f"and chunked_compiled, which compiles for minutes on CPU)")
     parser.add_argument("--heads", type=int, default=6)

@@ -139,8 +139,7 @@ def main() -> None:
         tokenizers["bpe"] = load_tokenizer(args.bpe)
     elif not args.no_bpe:
         start = time.perf_counter()
-        bpe = train_tokenizer([args.source], args.bpe_vocab, tempfile.mkdtemp())
-        tokenizers[f"bpe-{args.bpe_vocab}"] = bpe
+        tokenizers[f"bpe-{args.bpe_vocab}"] = train_tokenizer([args.source], args.bpe_vocab, tempfile.mkdtemp())
         print(f"trained bpe-{args.bpe_vocab} in {time.perf_counter() - start:.1f} s")
 
     steps = "  ".join(f"{t:,.0f}/s" for t in args.step_tokens_per_s)
@@ -149,9 +148,8 @@ def main() -> None:
           f"loader / training ({steps})   workers per GPU at {args.gpu_tokens_per_s:,.0f}/s")
     for name, tok in tokenizers.items():
         for workers in args.workers:
-            cfg = DataConfig(source=args.source, seq_len=args.seq_len, num_workers=workers,
-                             shuffle_block=args.shuffle_block)
-            first, rate = measure(cfg, tok, args.micro_batch_size, args.tokens)
+            first, rate = measure(DataConfig(source=args.source, seq_len=args.seq_len, num_workers=workers,
+                                             shuffle_block=args.shuffle_block), tok, args.micro_batch_size, args.tokens)
             ratios = "  ".join(f"{rate / t:>8.1f}x" for t in args.step_tokens_per_s)
             per_gpu = f"{math.ceil(args.gpu_tokens_per_s / rate):>6}" if workers == 1 else ""
             print(f"{name:<12}{workers:>8}{first:>15.2f}{rate:>12,.0f}   {ratios}   {per_gpu}")

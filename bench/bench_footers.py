@@ -16,13 +16,12 @@ the dataset's published sizes, not read off its metadata here (no network).
 
 from __future__ import annotations
 
-import argparse
 import statistics
 import tempfile
 from pathlib import Path
 
+import harness
 import torch
-from harness import timed
 
 from llm.data.footers import Footer, read_cache, write_cache
 
@@ -40,7 +39,7 @@ def synthetic_listing(files: int, row_groups: int) -> tuple[list[str], list[dict
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = harness.parser(__doc__)
     parser.add_argument("--files", type=int, default=25_000)
     parser.add_argument("--row-groups", type=int, default=20, help="per file")
     parser.add_argument("--ranks", type=int, default=3, help="loads timed (each as one rank's start would)")
@@ -49,8 +48,8 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "footers.json"
         cpu = torch.device("cpu")
-        written = timed(lambda: write_cache(path, names, prints, found), cpu)()
-        loads = [timed(lambda: read_cache(path), cpu)() for _ in range(args.ranks)]
+        written = harness.timed(lambda: write_cache(path, names, prints, found), cpu)()
+        loads = [harness.timed(lambda: read_cache(path), cpu)() for _ in range(args.ranks)]
         assert len(read_cache(path)) == args.files
         size = path.stat().st_size
     groups = args.files * args.row_groups

@@ -18,10 +18,8 @@ step reads the whole KV cache."""
 
 from __future__ import annotations
 
-import json
 import statistics
 from dataclasses import asdict, replace
-from pathlib import Path
 
 import harness
 import torch
@@ -76,8 +74,7 @@ def main() -> None:
           f"{'state MiB':>11}{'vs softmax [95% interval]':>26}{'vs growing [95% interval]':>26}")
     figures: dict[int, dict[str, dict[str, dict[str, float]]]] = {}
     for context in args.contexts:
-        prompt = torch.randint(0, base.vocab_size, (1, context), device=device)
-        results = decode_rounds(models, prompt, args.new_tokens)
+        results = decode_rounds(models, torch.randint(0, base.vocab_size, (1, context), device=device), args.new_tokens)
         for (scoring, cache), (prefill, seconds, nbytes) in results.items():
             tps = 1 / statistics.median(seconds)
             vs_softmax = paired_ratio(seconds, results["softmax", cache][1])
@@ -87,8 +84,8 @@ def main() -> None:
             row = {"tokens_per_s": tps, "state_bytes": nbytes, "vs_softmax": asdict(vs_softmax),
                    "vs_growing": asdict(vs_growing)}
             figures.setdefault(context, {}).setdefault(scoring, {})[cache] = row
-    if args.json:
-        Path(args.json).write_text(json.dumps(figures, indent=1))
+    harness.write_figures(args, figures)
+
 
 if __name__ == "__main__":
     main()

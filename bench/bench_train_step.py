@@ -47,15 +47,13 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import json
 from collections.abc import Callable
-from pathlib import Path
 
 import harness
 import torch
 from harness import DTYPES, figures, make_step, peak_increase, synchronize, time_rounds, timed
 from omegaconf import OmegaConf
-from paired import PairedRatio, write_csv
+from paired import PairedRatio
 from step_rows import QWEN3_ROWS, Row, Spec, check_compiled, ours, qwen3, saved_bytes, strict_compilation
 
 from llm.config import load_config
@@ -71,6 +69,8 @@ ROOFLINE_MATMUL_N = {"cpu": 1024, "cuda": 8192}
 large enough to reach the tensor cores' rate."""
 ROW_KEYS = ("batch", "packed_docs", "tf32", "activation_checkpointing", "optimizer")
 """``--extra-row`` keys that change the row (``Spec``) rather than the model."""
+VARIANTS = [f"{ffn}+{scoring}" for scoring in ATTN_SCORING_REGISTRY for ffn in FFN_REGISTRY]
+"""Every FFN+SCORING pair: ``--variants``' choices and its default."""
 
 
 def top_kernels(step: Callable[[], None], device: torch.device, steps: int = 3, count: int = 10) -> list[str]:
@@ -86,18 +86,11 @@ def top_kernels(step: Callable[[], None], device: torch.device, steps: int = 3, 
     return [f"{t / total:6.1%} {t / steps / 1e3:8.2f} ms  {name[:110]}" for t, name in times[:count]]
 
 
-def variant_specs(parser: argparse.ArgumentParser, args: argparse.Namespace, base: ModelConfig) -> dict[str, Spec]:
-    """The ``--variants`` to time; swiglu with each scoring (the reference of that scoring's FFNs) and
-    swiglu+softmax always come first."""
-    pairs = []
-    for name in args.variants:
-        ffn, _, scoring = name.partition("+")
-        if ffn not in FFN_REGISTRY or scoring not in ATTN_SCORING_REGISTRY:
-            parser.error(f"--variants: {name!r} is not FFN+SCORING with FFN in {sorted(FFN_REGISTRY)} and "
-                         f"SCORING in {sorted(ATTN_SCORING_REGISTRY)}")
-        pairs.append((ffn, scoring))
-    scorings = ["softmax", *dict.fromkeys(s for _, s in pairs if s != "softmax")]
-    pairs = list(dict.fromkeys([*(("swiglu", scoring) for scoring in scorings), *pairs]))
+def variant_specs(variants: list[str], base: ModelConfig) -> dict[str, Spec]:
+    """The ``variants`` to time (``VARIANTS``, checked by argparse); swiglu with each scoring (the reference of that
+    scoring's FFNs) and swiglu+softmax always come first."""
+    scorings = dict.fromkeys(["softmax", *(name.split("+")[1] for name in variants)])
+    pairs = [name.split("+") for name in dict.fromkeys([*(f"swiglu+{scoring}" for scoring in scorings), *variants])]
     return {f"{ffn}+{scoring}": Spec(dataclasses.replace(base, ffn=ffn, attn_scoring=scoring,
                                                          ffn_param_match=ffn != "swiglu"),
                                      None if ffn == "swiglu" else f"swiglu+{scoring}") for ffn, scoring in pairs}
@@ -116,10 +109,9 @@ def extra_rows(parser: argparse.ArgumentParser, specs: list[list[str]], rows: di
         changes = OmegaConf.to_container(OmegaConf.from_dotlist(assignments))
         if unknown := [key for key in changes if key not in fields | set(ROW_KEYS)]:
             parser.error(f"--extra-row: {unknown[0]!r} is neither a ModelConfig field (model.*) nor in {ROW_KEYS}")
-        model = {k: v for k, v in changes.items() if k in fields}
-        own = {k: v for k, v in changes.items() if k in ROW_KEYS}
+        own = {key: changes.pop(key) for key in ROW_KEYS if key in changes}  # the rest: ModelConfig fields
         rows[label] = dataclasses.replace(rows[reference], **own, reference=reference,
-                                          config=dataclasses.replace(rows[reference].config, **model).validate())
+                                          config=dataclasses.replace(rows[reference].config, **changes).validate())
     return rows
 
 
@@ -127,8 +119,7 @@ def main() -> None:
     parser = harness.parser(__doc__)
     parser.add_argument("--set", nargs="+", default=[], metavar="KEY=VALUE",
                         help="config overrides for every row (e.g. model.max_position_embeddings=32768)")
-    parser.add_argument("--variants", nargs="+", metavar="FFN+SCORING",
-                        default=[f"{ffn}+{scoring}" for scoring in ATTN_SCORING_REGISTRY for ffn in FFN_REGISTRY],
+    parser.add_argument("--variants", nargs="+", metavar="FFN+SCORING", choices=VARIANTS, default=VARIANTS,
                         help="the ffn+scoring pairs to time (default: all; swiglu with each named scoring is added: "
                              "the ratios need it)")
     parser.add_argument("--baseline", default="swiglu+softmax", help="the reference of rows without their own")
@@ -145,16 +136,15 @@ def main() -> None:
     device, dtype = torch.device(args.device), DTYPES[args.dtype]
     base = load_config(f"configs/sizes/{args.preset}.yaml", ["train.max_steps=1", f"data.seq_len={args.seq}",
                                                                    *args.set]).model
-    specs = extra_rows(parser, args.extra_row, variant_specs(parser, args, base))
+    specs = extra_rows(parser, args.extra_row, variant_specs(args.variants, base))
     batch = torch.randint(0, base.vocab_size, (args.batch, args.seq + 1), device=device)
 
     torch.manual_seed(0)
-    builders: dict[str, Callable[[], Row]] = {name: lambda n=name, s=spec: ours(n, s, batch, args.compile)
-                                              for name, spec in specs.items()}
+    builders = {name: lambda s=spec: ours(s, batch, args.compile) for name, spec in specs.items()}
     builders |= {QWEN3_ROWS[kind]: lambda k=kind: qwen3(k, base, batch, args.compile) for kind in args.qwen3}
     if args.baseline not in builders:
         parser.error(f"--baseline: {args.baseline!r} is not among the rows {list(builders)}")
-    rows, steps, first_step, saved = {}, {}, {}, {}
+    rows, steps, measured = {}, {}, {}
     with strict_compilation(len(builders)):
         for name, build_row in builders.items():
             try:
@@ -164,13 +154,14 @@ def main() -> None:
             except ImportError as err:  # Liger-Kernel: the gpu extra's, CUDA only
                 print(f"# skipped {name}: {f'{err.name} is not installed' if err.name else err}")
                 continue
-            run = load_config(None, ["train.max_steps=1", f"train.optimizer={specs.get(name, Spec(base)).optimizer}"])
-            steps[name] = make_step(build_optimizer(row.model, run), row.loss, device, dtype, row.tf32)
-            first_step[name] = timed(steps[name], device)()  # warm-up: allocator, AdamW state, compilation
+            run = load_config(None, ["train.max_steps=1", f"train.optimizer={row.spec.optimizer}"])
+            steps[name] = make_step(build_optimizer(row.model, run), row.loss, device, dtype, row.spec.tf32)
+            first_s = timed(steps[name], device)()  # warm-up: allocator, AdamW state, compilation
             check_compiled(steps[name], name)
-            saved[name] = None if args.compile else saved_bytes(row) / 2**20  # hooks would recompile the graph
+            # compiled rows have no saved MiB: the saved-tensor hooks would recompile the graph
+            measured[name] = {"first_step_s": first_s, "saved_mib": None if args.compile else saved_bytes(row) / 2**20}
         seconds, peaks, matmul = time_step_rounds(steps, device, dtype, args.rounds)
-    report(args, rows, seconds, peaks, saved, first_step, matmul, steps, base)
+    report(args, rows, seconds, peaks, measured, matmul, steps, base)
 
 
 def time_step_rounds(steps: dict[str, Callable[[], None]], device: torch.device, dtype: torch.dtype,
@@ -182,12 +173,10 @@ def time_step_rounds(steps: dict[str, Callable[[], None]], device: torch.device,
     n = ROOFLINE_MATMUL_N.get(device.type, ROOFLINE_MATMUL_N["cpu"])
     a, b = torch.randn(2, n, n, device=device).to(dtype)
 
-    def measured(name: str) -> Callable[[], float]:
-        def call() -> float:
-            peak, seconds = peak_increase(timed(steps[name], device), device)
-            peaks[name] = max(peaks[name], peak / 2**20)  # read on CUDA only (on CPU: the process's, not the step's)
-            return seconds
-        return call
+    def measured(name: str) -> float:
+        peak, seconds = peak_increase(timed(steps[name], device), device)
+        peaks[name] = max(peaks[name], peak / 2**20)  # read on CUDA only (on CPU: the process's, not the step's)
+        return seconds
 
     def matmul() -> float:
         with tf32_matmuls(device):
@@ -195,14 +184,13 @@ def time_step_rounds(steps: dict[str, Callable[[], None]], device: torch.device,
 
     torch.mm(a, b)  # its warm-up
     with torch.compiler.set_stance("fail_on_recompile"):
-        seconds = time_rounds({**{name: measured(name) for name in steps}, None: matmul}, rounds)
+        seconds = time_rounds({**{name: lambda n=name: measured(n) for name in steps}, None: matmul}, rounds)
     return seconds, peaks, 2.0 * n**3 / min(seconds.pop(None))
 
 
 def report(args: argparse.Namespace, rows: dict[str, Row], seconds: dict[str, list[float]], peaks: dict[str, float],
-           saved: dict[str, float | None], first_step: dict[str, float], matmul: float, steps: dict,
-           base: ModelConfig) -> None:
-    """Print the table; write --json and --csv."""
+           measured: dict[str, dict], matmul: float, steps: dict, base: ModelConfig) -> None:
+    """Print the table; write --json and --csv. ``measured``: each row's first step's seconds and saved MiB."""
     device, rounds = torch.device(args.device), args.rounds
     with tf32_matmuls(device):
         gpu_peak = peak_flops(device, DTYPES[args.dtype]) if device.type == "cuda" else None
@@ -218,29 +206,25 @@ def report(args: argparse.Namespace, rows: dict[str, Row], seconds: dict[str, li
     tokens = {name: row.tokens for name, row in rows.items()}
     table = {}
     for name, row in rows.items():
-        reference = row.reference or (args.baseline if args.baseline in rows else None)
+        reference = row.spec.reference or (args.baseline if args.baseline in rows else None)
         f = table[name] = figures(name, reference, seconds, tokens)
-        fpt = flops_per_token(row.config, args.seq, training=True)
-        f |= {"mfu": mfu(f["tokens_per_s"], fpt, gpu_peak) if gpu_peak else None,
-              "of_roofline": mfu(f["tokens_per_s"], fpt, matmul), "step_peak_mib": peaks[name] if cuda else None,
-              "saved_mib": saved[name], "first_step_s": first_step[name]}
+        fpt = flops_per_token(row.spec.config, args.seq, training=True)
+        f |= {"mfu": mfu(f["tokens_per_s"], fpt, gpu_peak) if gpu_peak else None, **measured[name],
+              "of_roofline": mfu(f["tokens_per_s"], fpt, matmul), "step_peak_mib": peaks[name] if cuda else None}
         ratio = PairedRatio(f["ratio"], f["ratio_ci_low"], f["ratio_ci_high"], f["rounds"])
         memory = (f"{f['mfu']:>8.1%}{peaks[name]:>10.0f}" if cuda else "") + (
-            f"{saved[name]:>10.1f}" if saved[name] is not None else f"{'-':>10}")
+            f"{f['saved_mib']:>10.1f}" if f["saved_mib"] is not None else f"{'-':>10}")
         print(f"{name:<40}{f['tokens_per_s']:>10.0f}{ratio!s:>28}{matmul / fpt:>10.0f}{f['of_roofline']:>11.0%} "
-              f"{memory}{first_step[name]:>9.1f}  {reference}")
+              f"{memory}{f['first_step_s']:>9.1f}  {reference}")
     profiled = ["swiglu+softmax"] if args.profile == [] else args.profile or []
     kernels = {row: top_kernels(steps[row], device) for row in profiled if row in steps}
     for row, lines in kernels.items():
         print(f"# the 10 {'kernels' if cuda else 'ops'} with the most self time in {row}'s step (share, ms per "
               f"step, name):", *(f"#   {line}" for line in lines), sep="\n")
-    if args.csv:
-        write_csv(Path(args.csv), list(table.values()))
-    if args.json:
-        Path(args.json).write_text(json.dumps({
-            "setup": f"{args.preset}, {args.batch} x {args.seq}", "baseline": args.baseline, "rounds": rounds,
-            "matmul_flops": matmul, "variants": table, "seconds": seconds, "tokens": tokens, "top_kernels": kernels,
-        }, indent=1))
+    harness.write_figures(args, {
+        "setup": f"{args.preset}, {args.batch} x {args.seq}", "baseline": args.baseline, "rounds": rounds,
+        "matmul_flops": matmul, "variants": table, "seconds": seconds, "tokens": tokens, "top_kernels": kernels,
+    }, list(table.values()))
 
 
 if __name__ == "__main__":

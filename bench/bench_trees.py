@@ -34,7 +34,7 @@ from pathlib import Path
 
 import harness
 from harness import DTYPES, Worker, make_step, positive_int, serve, timed, worker_rounds
-from paired import csv_row, grouped_interval, round_ratios, write_csv
+from paired import csv_row, grouped_interval, round_ratios
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -65,8 +65,8 @@ def worker(args: argparse.Namespace) -> None:
     base = load_config(f"configs/sizes/{args.preset}.yaml", ["train.max_steps=1", f"data.seq_len={args.seq}"]).model
     config = dataclasses.replace(base, ffn=ffn, attn_scoring=scoring, ffn_param_match=ffn != "swiglu")
     torch.manual_seed(0)
-    row = ours(args.worker, Spec(config), torch.randint(0, config.vocab_size, (args.batch, args.seq + 1),
-                                                         device=device), args.compile)
+    row = ours(Spec(config), torch.randint(0, config.vocab_size, (args.batch, args.seq + 1), device=device),
+               args.compile)
     step = timed(make_step(row.model.parameters(), row.loss, device, DTYPES[args.dtype]), device)
     serve(step, {"first_step_s": step()})
 
@@ -81,8 +81,7 @@ def main() -> None:
     args = harness.parse(parser, "--preset", "--batch", "--seq", "--compile", "--rounds", "--device", "--dtype",
                          "--threads", "--csv")
     if args.worker:
-        worker(args)
-        return
+        return worker(args)
     baseline = args.baseline_tree.resolve()
     if not (baseline / "llm" / "__init__.py").is_file():
         parser.error(f"--baseline-tree: {args.baseline_tree} holds no llm/ package (give a checkout of this repo)")
@@ -109,8 +108,7 @@ def main() -> None:
             first = statistics.mean(info[variant, tree, p]["first_step_s"] for p in range(args.processes))
             print(f"{name:<40}{value:>10.0f}{ratio!s:>26}{first:>9.1f}")
             figures.append(csv_row(name, f"{variant} @ {labels[baseline]}", value, ratio))
-    if args.csv:
-        write_csv(Path(args.csv), figures)
+    harness.write_figures(args, rows=figures)
 
 
 if __name__ == "__main__":

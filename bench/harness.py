@@ -23,10 +23,11 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable, Hashable, Iterable
+from pathlib import Path
 from typing import TypeVar
 
 import torch
-from paired import csv_row, paired_ratio
+from paired import csv_row, paired_ratio, write_csv
 
 from llm.train.step import tf32_matmuls
 
@@ -72,6 +73,15 @@ def parse(parser: argparse.ArgumentParser, *common: str, **defaults: object) -> 
     if getattr(args, "threads", 0):
         torch.set_num_threads(args.threads)
     return args
+
+
+def write_figures(args: argparse.Namespace, figures: object = None, rows: list[dict] | None = None) -> None:
+    """``figures`` to ``--json`` and ``rows`` to ``--csv`` (bench/paired.py ``write_csv``), each where it was asked
+    for (a bench without the option never is)."""
+    if getattr(args, "json", None):
+        Path(args.json).write_text(json.dumps(figures, indent=1))
+    if getattr(args, "csv", None):
+        write_csv(Path(args.csv), rows)
 
 
 def synchronize(device: torch.device) -> None:

@@ -70,18 +70,18 @@ def round_ratios(row_seconds: Sequence[float], reference_seconds: Sequence[float
 
 
 @functools.cache
-def order_statistic(n: int, confidence: float = CONFIDENCE) -> int:
+def order_statistic(n: int) -> int:
     """The k of the interval [k-th smallest, k-th largest] of n values (module docstring); 0 where there is none.
     (A binomial table once per n: ``scipy.stats.quantile_test`` gives the same interval at 6 ms a call.)"""
-    return int((stats.binom.cdf(range(n), n, 0.5) <= (1 - confidence) / 2).sum())
+    return int((stats.binom.cdf(range(n), n, 0.5) <= (1 - CONFIDENCE) / 2).sum())
 
 
-def median_interval(values: Sequence[float], confidence: float = CONFIDENCE) -> PairedRatio:
-    """The median of ``values`` and its distribution-free order-statistic ``confidence`` interval (module
+def median_interval(values: Sequence[float]) -> PairedRatio:
+    """The median of ``values`` and its distribution-free order-statistic ``CONFIDENCE`` interval (module
     docstring); no interval where there are too few values for one."""
     if not values:
         raise ValueError("no rounds to summarise")
-    ordered, k = sorted(values), order_statistic(len(values), confidence)
+    ordered, k = sorted(values), order_statistic(len(values))
     low, high = (ordered[k - 1], ordered[-k]) if k else (None, None)
     return PairedRatio(statistics.median(values), low, high, len(values))
 
@@ -91,8 +91,7 @@ def paired_ratio(row_seconds: Sequence[float], reference_seconds: Sequence[float
     return median_interval(round_ratios(row_seconds, reference_seconds))
 
 
-def grouped_interval(groups: Sequence[Sequence[float]], confidence: float = CONFIDENCE, resamples: int = RESAMPLES,
-                     seed: int = SEED) -> PairedRatio:
+def grouped_interval(groups: Sequence[Sequence[float]]) -> PairedRatio:
     """The median of every group's values pooled, and a two-stage percentile-bootstrap interval of it: each
     resample draws the groups with replacement, then each drawn group's values with replacement (a cluster
     bootstrap, which scipy lacks).
@@ -112,12 +111,12 @@ def grouped_interval(groups: Sequence[Sequence[float]], confidence: float = CONF
     pooled = [v for group in groups for v in group]
     if len(pooled) < MIN_ROUNDS:
         return PairedRatio(statistics.median(pooled), None, None, len(pooled))
-    rng = random.Random(seed)
+    rng = random.Random(SEED)
     medians = sorted(statistics.median([v for group in rng.choices(groups, k=len(groups))
-                                        for v in rng.choices(group, k=len(group))]) for _ in range(resamples))
-    tail = (1 - confidence) / 2
-    return PairedRatio(statistics.median(pooled), medians[int(tail * resamples)],
-                       medians[min(resamples - 1, int((1 - tail) * resamples))], len(pooled))
+                                        for v in rng.choices(group, k=len(group))]) for _ in range(RESAMPLES))
+    tail = (1 - CONFIDENCE) / 2
+    return PairedRatio(statistics.median(pooled), medians[int(tail * RESAMPLES)],
+                       medians[min(RESAMPLES - 1, int((1 - tail) * RESAMPLES))], len(pooled))
 
 
 def verdict(ratio: PairedRatio, target: float, low_floor: float | None = None) -> str:

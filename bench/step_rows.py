@@ -39,22 +39,6 @@ that transformers' own fp32 loss (``ForCausalLMLoss``) is traced into the compil
 trunk, then Liger-Kernel's fused linear cross-entropy on the last hidden states (no logits kept; CUDA only)."""
 
 
-@dataclass
-class Row:
-    """A timed row: the module whose parameters train, a closure computing the loss of the bench's batch, the
-    model config its FLOPs are counted from, and the row its ratio is over."""
-
-    name: str
-    model: nn.Module
-    loss: Callable[[], torch.Tensor]
-    config: ModelConfig
-    tokens: int
-    """Tokens a step trains on (rows may differ in batch size: their ratios compare tokens/s)."""
-    reference: str | None = None
-    """The row this one's ratio is over (None: the bench's baseline row, or this row where it is the baseline)."""
-    tf32: bool = True
-
-
 @dataclass(frozen=True)
 class Spec:
     """A row of our model to build: its config, what changes its step, and the row its ratio is over."""
@@ -71,16 +55,21 @@ class Spec:
     """``train.optimizer`` of the row's step (the trainer's ``build_optimizer``)."""
 
 
-def qwen3_twin(config: ModelConfig) -> Qwen3ForCausalLM:
-    """transformers' own Qwen3 at our shape (SDPA attention, as ours)."""
-    shared = ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
-              "num_key_value_heads", "max_position_embeddings", "rms_norm_eps", "tie_word_embeddings")
-    return Qwen3ForCausalLM(Qwen3Config(**{key: getattr(config, key) for key in shared},
-                                        head_dim=config.resolved_head_dim, attn_implementation="sdpa",
-                                        rope_parameters={"rope_type": "default", "rope_theta": config.rope_theta}))
+@dataclass
+class Row:
+    """A timed row: the module whose parameters train, a closure computing the loss of the bench's batch, and the
+    spec it was built from (transformers' Qwen3 rows: ``Spec(config)``, over the bench's baseline)."""
+
+    model: nn.Module
+    loss: Callable[[], torch.Tensor]
+    tokens: int
+    """Tokens a step trains on (rows may differ in batch size: their ratios compare tokens/s)."""
+    spec: Spec
+    """The model config its FLOPs are counted from, what changes its step, and the row its ratio is over (None:
+    the bench's baseline row, or this row where it is the baseline)."""
 
 
-def ours(name: str, spec: Spec, batch: torch.Tensor, compile_: bool) -> Row:
+def ours(spec: Spec, batch: torch.Tensor, compile_: bool) -> Row:
     """Our model's row of ``spec`` on ``batch`` (a fresh random one where ``spec.batch`` names another size); the
     loss fused with the LM head (``shift_labels``, as the trainer calls it); with ``activation_checkpointing`` = N
     every N-th layer recomputed in the backward (``train.activation_checkpointing``, set before compilation as the
@@ -94,13 +83,19 @@ def ours(name: str, spec: Spec, batch: torch.Tensor, compile_: bool) -> Row:
         compile_decoder_layers(model)
     inputs, targets = batch[:, :-1], batch[:, 1:]
     positions = packed_positions(*inputs.shape, spec.packed_docs, batch.device) if spec.packed_docs else None
-    return Row(name, model, lambda: model(inputs, position_ids=positions, shift_labels=targets, fused_loss=True).loss,
-               spec.config, inputs.numel(), spec.reference, spec.tf32)
+    return Row(model, lambda: model(inputs, position_ids=positions, shift_labels=targets, fused_loss=True).loss,
+               inputs.numel(), spec)
 
 
 def qwen3(kind: str, config: ModelConfig, batch: torch.Tensor, compile_: bool) -> Row:
-    """transformers' Qwen3 row of ``kind`` (``QWEN3_ROWS``); ImportError where Liger-Kernel is absent."""
-    model = qwen3_twin(config).to(batch.device).train()
+    """transformers' Qwen3 row of ``kind`` (``QWEN3_ROWS``): transformers' own Qwen3 at our shape (SDPA
+    attention, as ours); ImportError where Liger-Kernel is absent."""
+    shared = ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
+              "num_key_value_heads", "max_position_embeddings", "rms_norm_eps", "tie_word_embeddings")
+    rope = {"rope_type": "default", "rope_theta": config.rope_theta}
+    model = Qwen3ForCausalLM(Qwen3Config(**{key: getattr(config, key) for key in shared}, rope_parameters=rope,
+                                         head_dim=config.resolved_head_dim, attn_implementation="sdpa"))
+    model.to(batch.device).train()
     inputs, targets = batch[:, :-1], batch[:, 1:].contiguous()  # its loss views the labels flat
     if kind == "liger":
         from liger_kernel.transformers import LigerFusedLinearCrossEntropyLoss  # the gpu extra's, CUDA only
@@ -108,8 +103,7 @@ def qwen3(kind: str, config: ModelConfig, batch: torch.Tensor, compile_: bool) -
         flce, trunk = LigerFusedLinearCrossEntropyLoss(), torch.compile(model.model) if compile_ else model.model
 
         def loss() -> torch.Tensor:
-            hidden = trunk(inputs).last_hidden_state
-            return flce(model.lm_head.weight, hidden.flatten(0, 1), targets.flatten())
+            return flce(model.lm_head.weight, trunk(inputs).last_hidden_state.flatten(0, 1), targets.flatten())
     else:
         compiled = torch.compile(model) if compile_ else model
         if kind == "loss-inside":
@@ -117,9 +111,8 @@ def qwen3(kind: str, config: ModelConfig, batch: torch.Tensor, compile_: bool) -
                 return compiled(inputs, labels=targets, shift_labels=targets).loss
         else:
             def loss() -> torch.Tensor:
-                logits = compiled(inputs).logits
-                return nn.functional.cross_entropy(logits.flatten(0, 1).float(), targets.flatten())
-    return Row(QWEN3_ROWS[kind], model, loss, config, inputs.numel())  # over the baseline
+                return nn.functional.cross_entropy(compiled(inputs).logits.flatten(0, 1).float(), targets.flatten())
+    return Row(model, loss, inputs.numel(), Spec(config))  # over the baseline
 
 
 def saved_bytes(row: Row) -> int:

@@ -25,14 +25,12 @@ from __future__ import annotations
 import ast
 import json
 import os
-import socket
 import subprocess
 import sys
 import sysconfig
 import threading
 import time
 from pathlib import Path
-from urllib.parse import urlparse
 
 REPO = Path(__file__).resolve().parents[1]
 DEMO_DATA = REPO / "data_cache" / "demo"  # beside the validation caches (git-ignored)
@@ -44,22 +42,6 @@ HUB_TIMEOUT_S = 60.0
 VOCAB_SIZE = 4096
 
 
-def _offline() -> bool:
-    return any(os.environ.get(k, "0").lower() in ("1", "true", "yes")
-               for k in ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE"))
-
-
-def _hub_reachable(timeout_s: float = 3.0) -> bool:
-    """A TCP connection to the hub endpoint: fails in milliseconds without DNS, so an offline machine
-    does not sit through ``datasets``' retries."""
-    url = urlparse(os.environ.get("HF_ENDPOINT", "https://huggingface.co"))
-    try:
-        socket.create_connection((url.hostname, url.port or 443), timeout=timeout_s).close()
-        return True
-    except OSError:
-        return False
-
-
 def _stream_fineweb(out: Path) -> None:
     """Save the first ``HUB_DOCS`` documents of FineWeb's sample-10BT stream as parquet."""
     import datasets
@@ -68,14 +50,19 @@ def _stream_fineweb(out: Path) -> None:
 
     stream = datasets.load_dataset("HuggingFaceFW/fineweb", name="sample-10BT", split="train", streaming=True)
     rows = [{"text": doc["text"], "id": doc["id"]} for doc in stream.take(HUB_DOCS)]
-    out.parent.mkdir(parents=True, exist_ok=True)
     pq.write_table(pa.Table.from_pylist(rows), out.with_suffix(".tmp"))
     os.replace(out.with_suffix(".tmp"), out)
 
 
 def _try_hub(out: Path) -> bool:
-    """Stream FineWeb in a worker thread, giving up after ``HUB_TIMEOUT_S`` (no network: fail fast)."""
-    if _offline() or not _hub_reachable():
+    """Stream FineWeb in a worker thread, giving up after ``HUB_TIMEOUT_S`` (no network: fail fast: one TCP
+    connection to the hub's endpoint first, ``hub_unreachable``, so an offline machine does not sit through
+    ``datasets``' retries)."""
+    from llm.hub_access import hub_unreachable
+
+    offline = any(os.environ.get(key, "0").lower() in ("1", "true", "yes")
+                  for key in ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE"))
+    if offline or hub_unreachable():
         return False
     errors: list[BaseException] = []
 
@@ -98,7 +85,6 @@ def _try_hub(out: Path) -> bool:
 
 def _stdlib_corpus(out: Path) -> None:
     """One JSON-lines document per standard-library module: its docstrings (English prose and code)."""
-    out.parent.mkdir(parents=True, exist_ok=True)
     stdlib = Path(sysconfig.get_paths()["stdlib"])
     with open(out.with_suffix(".tmp"), "w") as f:
         for path in sorted(stdlib.rglob("*.py")):
@@ -118,6 +104,7 @@ def _stdlib_corpus(out: Path) -> None:
 
 def choose_source() -> tuple[Path, str, list[str]]:
     """The demo's text, a sentence saying what it is, and config overrides it needs."""
+    DEMO_DATA.mkdir(parents=True, exist_ok=True)  # where the text it makes and the tokenizer go
     hub_file = DEMO_DATA / "fineweb-sample-10BT.parquet"
     if hub_file.is_file() or _try_hub(hub_file):  # streamed by an earlier demo
         return hub_file, f"FineWeb sample-10BT from the hub ({HUB_DOCS} documents, saved in {hub_file})", []

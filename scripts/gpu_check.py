@@ -47,8 +47,7 @@ def run_stage(stage: Stage, mode: Mode, work: Path, data: Path | None, deadline:
         argv = [a.replace("{logs}", str(logs)).replace("{work}", str(work)).replace("{data}", str(data)) for a in argv]
         left = end - time.monotonic()
         with open(logs / f"{label}.log", "w") as out:
-            out.write(f"$ {' '.join(argv)}\n")
-            out.flush()
+            print(f"$ {' '.join(argv)}", file=out, flush=True)
             try:
                 code = subprocess.run(argv, cwd=REPO, env=env, stdout=out, stderr=subprocess.STDOUT,
                                       timeout=max(left, 0.1), check=False).returncode
@@ -71,7 +70,7 @@ def run_stage(stage: Stage, mode: Mode, work: Path, data: Path | None, deadline:
 
 
 def write_report(out: Path, mode: Mode, results: list[tuple[Stage, str, float, list[str]]], logs: Path,
-                 data: Path | None, started: float, part: int | None) -> Path:
+                 data: Path | None, started: float, part: int | None) -> None:
     """report.md: the stages (what each measures and decides) with their status, the targets, each stage's notes."""
     now = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True, text=True,
@@ -90,7 +89,6 @@ def write_report(out: Path, mode: Mode, results: list[tuple[Stage, str, float, l
         lines += ["", f"## {s.name}: {status}", "", *notes]
     lines += ["", "Raw output of every stage and each training run's metrics.jsonl: logs.tar.gz."]
     (out / "report.md").write_text("\n".join(lines) + "\n")
-    return out / "report.md"
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -141,10 +139,10 @@ def main(argv: list[str] | None = None) -> int:
         results.append((stage, status, time.monotonic() - start, notes))
         print(f"gpu_check: {stage.name}: {status} ({results[-1][2]:.0f} s)", flush=True)
     args.out.mkdir(parents=True, exist_ok=True)
-    report = write_report(args.out, mode, results, work / "logs", data, started, args.part)
+    write_report(args.out, mode, results, work / "logs", data, started, args.part)
     with tarfile.open(args.out / "logs.tar.gz", "w:gz") as tar:
         tar.add(work / "logs", arcname="logs")
-    print(f"gpu_check: report {report}; logs {args.out / 'logs.tar.gz'}")
+    print(f"gpu_check: report {args.out / 'report.md'}; logs {args.out / 'logs.tar.gz'}")
     return 0 if all(status in ("ok", "skipped") for _, status, _, _ in results) else 1  # a skip says why
 
 

@@ -32,7 +32,7 @@ def test_the_bench_step_moves_the_hidden_matrices_by_muon() -> None:
 
     config = ModelConfig(vocab_size=64, hidden_size=16, intermediate_size=32, num_hidden_layers=1,
                          num_attention_heads=2, num_key_value_heads=1)
-    row = ours("muon", Spec(config, optimizer="muon"), torch.randint(0, 64, (2, 9)), compile_=False)
+    row = ours(Spec(config, optimizer="muon"), torch.randint(0, 64, (2, 9)), compile_=False)
     optimizer = bench_train_step.build_optimizer(row.model, load_config(None, ["train.max_steps=1",
                                                                                "train.optimizer=muon"]))
     harness.make_step(optimizer, row.loss, torch.device("cpu"), torch.float32)()
