@@ -78,40 +78,32 @@ def test_a_checkpoint_that_holds_a_scheduler_state_resumes(tiny_config) -> None:
     assert metrics_rows(config.run_dir, "meta")[-1]["resumed_from"] == str(ckpt)
 
 
-def test_failed_write_keeps_previous_checkpoint(tiny_config, monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.mark.parametrize("pointer_garbled", [False, True], ids=["pointer", "pointer-garbled"])
+def test_failed_write_keeps_previous_checkpoint(pointer_garbled: bool, tiny_config,
+                                                monkeypatch: pytest.MonkeyPatch) -> None:
+    """A write that fails keeps the previous checkpoint and names it; with the pointer made unreadable as well
+    (resume scans the directories then), the newest directory: before, "the previous checkpoint is intact: none",
+    though step_2 was there."""
     real = checkpoint.save_config
 
     def save_config(config, path):
         if "step_00000004" in str(path):
+            if pointer_garbled:
+                (config.run_dir / "checkpoints" / "latest").write_bytes(b"\xff garbage")
             raise OSError(errno.ENOSPC, "No space left on device")
         real(config, path)
 
     monkeypatch.setattr(checkpoint, "save_config", save_config)
     config = tiny_config("train.max_steps=6", "train.checkpoint_every=2")
-    with pytest.raises(CheckpointError, match=r"step_00000004\.tmp.*No space left.*intact: .*step_00000002"):
+    message = r"step_00000004\.tmp.*No space left.*intact: .*checkpoints/step_00000002$"
+    with pytest.raises(CheckpointError, match=message):
         fit(config)
+    if pointer_garbled:
+        return
     ckpts = config.run_dir / "checkpoints"
     assert sorted(p.name for p in ckpts.iterdir()) == ["latest", "step_00000002"]  # no partial directory
     assert (ckpts / "latest").read_text().strip() == "step_00000002"
     verify_checkpoint(ckpts / "step_00000002")
-
-
-def test_a_failed_write_names_the_previous_checkpoint_when_the_pointer_does_not(
-        tiny_config, monkeypatch: pytest.MonkeyPatch) -> None:
-    """A pointer made unreadable (resume scans the directories then): before, "the previous checkpoint is intact:
-    none", though step_2 was there."""
-    real = checkpoint.save_config
-
-    def save_config(config, path):
-        if "step_00000004" in str(path):
-            (config.run_dir / "checkpoints" / "latest").write_bytes(b"\xff garbage")
-            raise OSError(errno.ENOSPC, "No space left on device")
-        real(config, path)
-
-    monkeypatch.setattr(checkpoint, "save_config", save_config)
-    config = tiny_config("train.max_steps=6", "train.checkpoint_every=2")
-    with pytest.raises(CheckpointError, match=r"No space left.*intact: .*checkpoints/step_00000002$"):
-        fit(config)
 
 
 def test_model_directory_loads_with_transformers(tiny_config, bpe: Path) -> None:
