@@ -249,8 +249,9 @@ def compare_runs(runs: Sequence[RunRecord], baseline: str | None = None, tune: S
             warnings.append(f"row {label}: no complete run; compared without it")
         summary = Summary.of([r.final_val_loss for r in done])
         at_size = [] if label in baselines or not done else [b for b in baselines if sizes[b] == sizes[label]]
-        base = next((b for b in at_size if not incomparable(done, baseline_runs[b])), None)
-        if why := incomparable(done, baseline_runs[at_size[0]]) if at_size and base is None else "":
+        reasons = {b: incomparable(done, baseline_runs[b]) for b in at_size}  # each baseline's, once
+        base = next((b for b in at_size if not reasons[b]), None)
+        if why := reasons[at_size[0]] if at_size and base is None else "":
             warnings.append(f"row {label}: not compared with {at_size[0]}: their seeds mean different things "
                             f"({why}); no gap, p-value or plan")
         rows.append(VariantSummary(
