@@ -49,12 +49,16 @@ def _rope_warnings() -> Iterator[list[str]]:
     handler = logging.Handler(logging.WARNING)
     handler.emit = lambda record: messages.append(record.getMessage())  # type: ignore[method-assign]
     level, propagate = logger.level, logger.propagate
+    # warning_once (YaRN's factor mismatch, Phi3's original length) caches its message per process: a second config
+    # with the same mistake would pass unseen. Within this check the logger's own warning_once is the plain warning.
+    logger.warning_once = logger.warning  # type: ignore[attr-defined]
     logger.addHandler(handler)
     logger.setLevel(logging.WARNING)
     logger.propagate = False
     try:
         yield messages
     finally:
+        del logger.warning_once  # type: ignore[attr-defined]
         logger.removeHandler(handler)
         logger.setLevel(level)
         logger.propagate = propagate

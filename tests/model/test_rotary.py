@@ -100,6 +100,15 @@ def test_bad_rope_parameters_in_a_run_config_fail_in_one_line_naming_the_field(v
     assert info.value.field == f"model.{field}" and "\n" not in str(info.value)
 
 
+def test_a_mistake_transformers_warns_of_once_per_process_is_refused_every_time():
+    """YaRN's factor against max_position_embeddings / original length: transformers' warning_once prints it for
+    the first config of a process only (compare reads many), and each config must still be refused."""
+    mismatch = "model.rope_parameters={rope_type: yarn, factor: 4.0, original_max_position_embeddings: 16}"
+    for _ in range(2):
+        with pytest.raises(ConfigError, match="does not match"):
+            load_config([], ["train.max_steps=1", "model.max_position_embeddings=256", mismatch])
+
+
 def test_a_run_config_sets_the_scaling_the_model_computes():
     config = load_config([], ["train.max_steps=1", "model.rope_parameters={rope_type: yarn, factor: 4.0}"]).model
     rotary = IsoLLMRotaryEmbedding(IsoLLMConfig.from_model_config(config))
