@@ -189,13 +189,13 @@ def load_checkpoint(path: str | Path, *, accelerator: Accelerator, loader: Any, 
     reads."""
     path = Path(path)
     saved_config = load_config(str(path / "config.yaml"), saved_run=True)
-    recorded, current_run = run_identity(saved_config), run_identity(config)
-    if diffs := [key for key, value in current_run.items() if recorded[key] != value]:
-        raise ConfigError(", ".join(diffs), f"checkpoint {path} was trained with other run settings: "
-                          f"{', '.join(f'{k} (checkpoint {recorded[k]!r}, config {current_run[k]!r})' for k in diffs)}"
-                          f"; a resume "
-                          f"changes only what llm.train.run_identity.RESUMABLE lists: resume with the checkpoint's "
-                          f"values, or start another run (name=)")
+    recorded = run_identity(saved_config)
+    if changed := {key: f"{key} (checkpoint {recorded[key]!r}, config {value!r})"
+                   for key, value in run_identity(config).items() if recorded[key] != value}:
+        raise ConfigError(", ".join(changed), f"checkpoint {path} was trained with other run settings: "
+                          f"{', '.join(changed.values())}; a resume changes only what "
+                          f"llm.train.run_identity.RESUMABLE lists: resume with the checkpoint's values, or start "
+                          f"another run (name=)")
     saved = asdict(saved_config.model)  # schema fills newer fields
     current = asdict(config.model)
     if diffs := [f"{k} (checkpoint {saved.get(k)!r}, config {current.get(k)!r})"

@@ -10,7 +10,10 @@ updates, up to rounding, the same values at the steps it logs), or be exactly wh
 say (a later end). So the schedule's fields are identity: ``train.lr``, ``min_lr_ratio`` and ``warmup_steps`` set
 the lr of every step before the resume too, and a run trained on one schedule and continued on another is neither.
 The optimizer's hyperparameters are identity twice over: ``beta1``, ``beta2`` and ``eps`` are saved with the
-optimizer state, which a resume loads over the config's, so a changed value would be logged and not used.
+optimizer state, which a resume loads over the config's, so a changed value would be logged and not used. So are
+the batch (``global_batch_tokens``: the tokens of every step, and under ``max_tokens`` the number of steps), the
+clipping, ``precision`` and ``tf32`` (the arithmetic of every update), the ``seed`` (the weights and RNG state are
+that seed's) and ``planned_by`` (the plan that added the seed, which ``compare --plan`` and ``--planned`` read).
 """
 
 from __future__ import annotations
