@@ -282,12 +282,15 @@ def read_yaml(path: Path, seen: tuple[Path, ...] = ()) -> DictConfig:
 def _read_back_saved(node: DictConfig) -> DictConfig:
     """A config a run saved, with its ``model`` section as today's ``ModelConfig`` reads a saved one
     (``llm.model.config.upgrade_saved``: a run from before ``ffn_init`` existed trained with the papers' raw
-    scales and holds the option defaults of its time) and a ``data`` section from before document masking read
-    as unmasked; the schema then fills fields added since."""
+    scales and holds the option defaults of its time), a ``data`` section from before document masking read
+    as unmasked and a ``train`` section from before ``tf32`` as without it; the schema then fills fields added
+    since."""
     if isinstance(node.get("model"), DictConfig):
         node.model = OmegaConf.create(upgrade_saved(OmegaConf.to_container(node.model)))
     if isinstance(node.get("data"), DictConfig) and "document_masking" not in node.data:
         node.data.document_masking = False
+    if isinstance(node.get("train"), DictConfig) and "tf32" not in node.train:  # before it, the step ran full fp32
+        node.train.tf32 = False
     return node
 
 

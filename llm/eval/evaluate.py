@@ -83,10 +83,24 @@ def _verify(checkpoint: Path) -> None:
             raise EvalError(str(err)) from None
 
 
+def _named_by_its_step(resolved: ResolvedModel) -> ResolvedModel:
+    """Refuse a checkpoint directory named for another step than its trainer.json records (renamed by hand), as a
+    resume does: the newest of a run is chosen by name, and its name is the step it is taken for. A checkpoint
+    copied under a name of its own (``best/``) is taken for what it records."""
+    from llm.train.checkpoint_files import PREFIX, checkpoint_name
+
+    name, step = resolved.checkpoint_dir.name if resolved.checkpoint_dir else "", resolved.step
+    if step is not None and name.startswith(PREFIX) and name != checkpoint_name(step):
+        raise EvalError(f"{resolved.checkpoint_dir} holds step {step} (its trainer.json): a directory renamed by "
+                        f"hand; rename it {checkpoint_name(step)}, or move it out of {resolved.checkpoint_dir.parent}")
+    return resolved
+
+
 def resolve_checkpoint(target: str) -> ResolvedModel:
     """A run directory (-> its newest complete checkpoint), a checkpoint directory (checked against its
     manifest), its ``model/`` directory, or a hub id. Raise FileNotFoundError naming ``target`` for a local
-    path that is none."""
+    path that is none; a checkpoint whose name is another step than it holds is an ``EvalError``
+    (``_named_by_its_step``)."""
     path = Path(target).expanduser()
     if path.is_dir():
         if (path / "checkpoints").is_dir() or (path / "metrics.jsonl").is_file():
@@ -96,15 +110,15 @@ def resolve_checkpoint(target: str) -> ResolvedModel:
             if checkpoint is None:
                 raise FileNotFoundError(f"{target}: run directory without a complete checkpoint "
                                         f"(nothing verifiable in {path / 'checkpoints'})")
-            return ResolvedModel(str(checkpoint / "model"), checkpoint)
+            return _named_by_its_step(ResolvedModel(str(checkpoint / "model"), checkpoint))
         if (path / "model" / "config.json").is_file():
             _verify(path)
-            return ResolvedModel(str(path / "model"), path)
+            return _named_by_its_step(ResolvedModel(str(path / "model"), path))
         if (path / "config.json").is_file():
             parent = path.parent if (path.parent / "config.yaml").is_file() else None
             if parent is not None:
                 _verify(parent)  # a checkpoint's model/ named directly is checked as the checkpoint is
-            return ResolvedModel(str(path), parent)
+            return _named_by_its_step(ResolvedModel(str(path), parent))
         raise FileNotFoundError(f"{target}: not a run, checkpoint or model directory "
                                 "(no checkpoints/, model/config.json or config.json)")
     # A hub id is "name" or "owner/name"; anything else that does not exist is a mistyped path. So is

@@ -63,6 +63,7 @@ from llm.train.checkpoint_files import (
 )
 from llm.train.distributed import all_ranks_agree, gather_messages, is_main_process, rank_and_world_size
 from llm.train.model_dir import save_model_dir
+from llm.train.run_identity import run_identity
 
 __all__ = ["load_checkpoint", "resume_checkpoint", "save_checkpoint"]
 
@@ -176,26 +177,25 @@ def save_checkpoint(ckpt_dir: str | Path, step: int, *, accelerator: Accelerator
 
 def load_checkpoint(path: str | Path, *, accelerator: Accelerator, loader: Any, config: RunConfig,
                     tokenizer: Tokenizer) -> dict:
-    """Restore model, optimizer, RNG and this rank's data-loader state from ``path`` (after checking the seed, the
-    model config and the tokenizer match: a ``ConfigError`` names every model field that differs); return the saved
-    ``trainer.json`` dict. A checkpoint from before the schedule was a function of the step (llm/train/optim.py) also
-    holds a scheduler.bin, which nothing reads."""
+    """Restore model, optimizer, RNG and this rank's data-loader state from ``path``; return the saved ``trainer.json``
+    dict. First, before anything is read or written, the checkpoint's config.yaml is checked against ``config``: the
+    run's identity (``llm.train.run_identity``: every field but the model, the data and a declared few, the seed and
+    the schedule among them), the model config (every field) and the data's identity (``llm.data.identity``), each a
+    ``ConfigError`` naming every field that differs with both values; then the tokenizer. A field the checkpoint
+    predates is read as ``load_config`` reads a saved run: as runs had it before the field existed (``train.tf32``
+    false, ``data.document_masking`` false), else its default, which was the behaviour then (``train.optimizer``
+    adamw): an old checkpoint is refused only where this run would train otherwise than it did. A checkpoint from
+    before the schedule was a function of the step (llm/train/optim.py) also holds a scheduler.bin, which nothing
+    reads."""
     path = Path(path)
     saved_config = load_config(str(path / "config.yaml"), saved_run=True)
-    # the weights and RNG state continue the seed's run whatever the config says: under another seed the run
-    # would be counted as a sample of that seed
-    if saved_config.seed != config.seed:
-        raise ConfigError("seed", f"checkpoint {path} was trained with seed {saved_config.seed}, this run has seed "
-                                  f"{config.seed}: the seed cannot change mid-run; start another run (name=) for it")
-    batch, was = config.train.global_batch_tokens, saved_config.train.global_batch_tokens
-    if not config.train.max_steps and batch != was:  # max_steps = ceil(max_tokens / batch) would change mid-run
-        raise ConfigError("train.global_batch_tokens", f"checkpoint {path} was trained at {was} tokens a step toward "
-                          f"train.max_tokens: at {batch} the run would end short of or past its budget, its lr "
-                          f"schedule jumping; resume with train.global_batch_tokens={was}")
-    if (was := saved_config.train.optimizer) != config.train.optimizer:  # its state is the other optimizer's
-        raise ConfigError("train.optimizer", f"checkpoint {path} was trained with {was}, this run has "
-                                             f"{config.train.optimizer}: the optimizer cannot change mid-run (its "
-                                             f"state is {was}'s); start another run (name=) for it")
+    recorded = run_identity(saved_config)
+    if changed := {key: f"{key} (checkpoint {recorded[key]!r}, config {value!r})"
+                   for key, value in run_identity(config).items() if recorded[key] != value}:
+        raise ConfigError(", ".join(changed), f"checkpoint {path} was trained with other run settings: "
+                          f"{', '.join(changed.values())}; a resume changes only what "
+                          f"llm.train.run_identity.RESUMABLE lists: resume with the checkpoint's values, or start "
+                          f"another run (name=)")
     saved = asdict(saved_config.model)  # schema fills newer fields
     current = asdict(config.model)
     if diffs := [f"{k} (checkpoint {saved.get(k)!r}, config {current.get(k)!r})"

@@ -97,6 +97,24 @@ def test_another_baseline_is_refused(tmp_path: Path, capsys: pytest.CaptureFixtu
     assert "was planned against swiglu+softmax, and is compared against isogmlp+softmax" in _error(capsys)
 
 
+def test_a_row_whose_seeds_now_mean_other_things_than_its_baselines_is_refused(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """The variant's runs, its pilot's included (same losses), trained again on another data order (data.seed 1): its
+    row is no longer compared with the baseline (``incomparable``), so the plan made against it cannot decide it;
+    the line names why, not only that the baseline is gone."""
+    runs, plan = _pilot_and_plan(tmp_path)
+    for seed in range(3):
+        (runs / f"isogmlp_softmax_s{seed}" / "metrics.jsonl").unlink()
+        (runs / f"isogmlp_softmax_s{seed}").rmdir()
+        write_run(runs, "isogmlp+softmax", seed, SPREAD[seed], data__seed=1)
+    for seed in range(3, 8):
+        write_run(runs, "swiglu+softmax", seed, 4.9)
+        write_run(runs, "isogmlp+softmax", seed, 5.1, data__seed=1)
+    assert _planned(runs, plan, tmp_path / "final") == 2
+    assert _error(capsys) == (f"error: --planned {plan}: isogmlp+softmax was planned against swiglu+softmax, and its "
+                              f"seeds now mean other things than its baseline's (data.seed 1, its baseline's 0)")
+
+
 def test_plan_with_planned_is_refused(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     runs, plan = _pilot_and_plan(tmp_path)
     with pytest.raises(SystemExit) as refused:

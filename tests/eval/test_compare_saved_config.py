@@ -84,7 +84,7 @@ def test_a_field_a_run_did_not_record_is_not_todays_default(tmp_path: Path) -> N
     runs += [load_run(write_run(tmp_path, "swiglu+softmax", s, 4.0 + 0.01 * s, dirname=f"{tf32}_s{s}",
                                 config=saved_config(s) | {"train": {**saved_config(s)["train"], "tf32": tf32}}))
              for s in range(2) for tf32 in (True, False)]
-    assert runs[0].config.train.tf32 is TrainConfig.tf32  # what today's code would run it at
+    assert runs[0].config.train.tf32 is False  # what today's code resumes it at: as it trained (no TF32 before it)
     rows = group_runs(runs)
     assert {label: [r.path.name for r in members] for label, members in rows.items()} == {
         "swiglu+softmax (data.max_doc_chars=not recorded, train.tf32=not recorded)": ["old_s0", "old_s1"],

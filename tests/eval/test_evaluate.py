@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -211,6 +212,25 @@ def test_run_dir_without_checkpoint(tmp_path: Path, capsys: pytest.CaptureFixtur
     (tmp_path / "run" / "checkpoints").mkdir(parents=True)
     assert main([str(tmp_path / "run")]) == 2
     assert "run directory without a complete checkpoint" in capsys.readouterr().err
+
+
+def test_a_checkpoint_renamed_to_another_step_is_refused(trained_run: Path, tmp_path: Path,
+                                                         capsys: pytest.CaptureFixture[str]) -> None:
+    """step_00000002 renamed step_00000006: before, it was the run's newest by name, evaluated in place of step 4,
+    under a path that says step 6. Refused in one line, as a resume refuses it; a copy under a name of its own is
+    evaluated at the step it records."""
+    run = tmp_path / "tiny"
+    shutil.copytree(trained_run, run)
+    renamed = run / "checkpoints" / "step_00000006"
+    (run / "checkpoints" / "step_00000002").rename(renamed)
+    capsys.readouterr()
+    for target in (run, renamed, renamed / "model"):
+        assert main([str(target), "--samples", "0"]) == 2
+        assert capsys.readouterr().err == (
+            f"error: {renamed} holds step 2 (its trainer.json): a directory renamed by hand; rename it step_00000002, "
+            f"or move it out of {run / 'checkpoints'}\n")
+    best = renamed.rename(tmp_path / "best")
+    assert resolve_checkpoint(str(best)).step == 2
 
 
 def test_compare_cli_on_trained_run(trained_run: Path, tmp_path: Path,

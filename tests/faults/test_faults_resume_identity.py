@@ -11,20 +11,30 @@ import re
 import resource
 import subprocess
 import sys
+from dataclasses import fields, is_dataclass, replace
 from pathlib import Path
+from typing import Any
 
 import pytest
 from tiny import metrics_rows
 from tokenizers import Tokenizer
 
 from llm.cli.train import main
+from llm.config import RunConfig, load_config
 from llm.data import train_tokenizer
 from llm.data.shards import prepare
 from llm.data.tokenizer import tokenizer_identity
 from llm.eval.runs import load_run
+from llm.model.config import ConfigError
+from llm.train.checkpoint import load_checkpoint
+from llm.train.checkpoint_files import write_manifest
 from llm.train.lock import LOCK_FILE
+from llm.train.run_identity import CHECKED_APART, RESUMABLE
+from llm.train.trainer import fit
 
 SAVE = ["train.max_steps=2", "train.checkpoint_every=2"]
+RESUME_ADVICE = ("a resume changes only what llm.train.run_identity.RESUMABLE lists: resume with the checkpoint's "
+                 "values, or start another run (name=)")
 
 
 def _files(run_dir: Path) -> dict[str, bytes]:
@@ -44,8 +54,8 @@ def test_resume_with_another_seed_is_refused(run_overrides: list[str], tmp_path:
     capsys.readouterr()
     assert main([*run_overrides, "name=s", "seed=2", "train.max_steps=4", "resume=true"]) == 2
     assert _error_lines(capsys.readouterr().err) == [
-        f"error: seed: checkpoint {run_dir / 'checkpoints' / 'step_00000002'} was trained with seed 1, this run has "
-        f"seed 2: the seed cannot change mid-run; start another run (name=) for it"]
+        f"error: seed: checkpoint {run_dir / 'checkpoints' / 'step_00000002'} was trained with other run settings: "
+        f"seed (checkpoint 1, config 2); {RESUME_ADVICE}"]
     assert _files(run_dir) == before
 
 
@@ -197,9 +207,8 @@ def test_a_token_budget_resumed_with_another_global_batch_is_refused(run_overrid
     capsys.readouterr()
     assert main([*run_overrides, "name=b", *budget, "train.global_batch_tokens=512", "resume=true"]) == 2
     assert _error_lines(capsys.readouterr().err) == [
-        f"error: train.global_batch_tokens: checkpoint {run_dir / 'checkpoints' / 'step_00000002'} was trained at "
-        f"256 tokens a step toward train.max_tokens: at 512 the run would end short of or past its budget, its lr "
-        f"schedule jumping; resume with train.global_batch_tokens=256"]
+        f"error: train.global_batch_tokens: checkpoint {run_dir / 'checkpoints' / 'step_00000002'} was trained with "
+        f"other run settings: train.global_batch_tokens (checkpoint 256, config 512); {RESUME_ADVICE}"]
     assert _files(run_dir) == before
     assert main([*run_overrides, "name=b", *budget, "train.global_batch_tokens=256", "resume=true"]) == 0
     assert metrics_rows(run_dir, "train")[-1]["tokens"] == 2048
@@ -233,3 +242,109 @@ def test_a_resume_with_fields_that_cannot_change_a_token_continues(run_overrides
     assert main([*run_overrides, "name=e", "data.tokenize_batch=7", "data.read_retries=1", "data.retry_backoff_s=0.5",
                  "train.max_steps=4", "resume=true"]) == 0
     assert [row["step"] for row in metrics_rows(tmp_path / "runs" / "e", "train")] == [1, 2, 3, 4]
+
+
+def test_a_resume_with_another_optimizer_setting_is_refused(run_overrides: list[str], tmp_path: Path,
+                                                            capsys) -> None:
+    """Before: exit 0, config.yaml and the meta row saying beta1 0.8, while the optimizer state loaded over it kept
+    training at 0.9 (torch's ``load_state_dict`` restores each group's betas); and another lr resumed on a schedule
+    that no uninterrupted run has. ``RESUMABLE``'s train fields changed at once (but ``compile``, slow on CPU, and
+    ``micro_batch_size``, which the streamed loader's state holds with its topology) continue to the new end."""
+    assert main([*run_overrides, "name=o", *SAVE]) == 0
+    run_dir = tmp_path / "runs" / "o"
+    before = _files(run_dir)
+    capsys.readouterr()
+    assert main([*run_overrides, "name=o", "train.beta1=0.8", "train.lr=0.01", "train.max_steps=4",
+                 "resume=true"]) == 2
+    assert _error_lines(capsys.readouterr().err) == [
+        f"error: train.lr, train.beta1: checkpoint {run_dir / 'checkpoints' / 'step_00000002'} was trained with other "
+        f"run settings: train.lr (checkpoint 0.003, config 0.01), train.beta1 (checkpoint 0.9, config 0.8); "
+        f"{RESUME_ADVICE}"]
+    assert _files(run_dir) == before
+    resumable = ["train.max_steps=5", "train.log_every=2", "train.eval_every=3", "train.checkpoint_every=3",
+                 "train.keep_checkpoints=1", "train.activation_checkpointing=1", "train.isotropy_samples=64",
+                 "train.grad_norm_window=3", "train.max_bad_steps=2", "train.collective_timeout_s=600",
+                 "train.stop_grace_s=60", "wandb_project=other"]
+    assert main([*run_overrides, "name=o", *resumable, "resume=true"]) == 0
+    assert [row["step"] for row in metrics_rows(run_dir, "train")] == [1, 2, 4, 5]
+    assert [p.name for p in (run_dir / "checkpoints").glob("step_*")] == ["step_00000005"]
+
+
+def _other_value(key: str, value: Any) -> Any:
+    """A valid value of field ``key`` other than ``value``: the other choice, the other truth value, twice the integer,
+    half the number, a longer string."""
+    choices = {"train.optimizer": "muon", "train.precision": "bf16", "trackers": ["tensorboard"]}
+    if key in choices:
+        return choices[key]
+    if isinstance(value, bool):
+        return not value
+    if isinstance(value, int | float):
+        return value * 2 or 1 if isinstance(value, int) else value / 2
+    if isinstance(value, str):
+        return f"{value}x"
+    raise TypeError(f"{key}: no other value of {value!r} known here; add one to the choices above")
+
+
+def _run_fields() -> list[str]:
+    """Every field of ``RunConfig`` outside ``CHECKED_APART``, a section's (``TrainConfig``'s) by dotted name."""
+    keys, default = [], RunConfig()
+    for top in (f for f in fields(RunConfig) if f.name not in CHECKED_APART):
+        section = getattr(default, top.name)
+        keys += [f"{top.name}.{f.name}" for f in fields(section)] if is_dataclass(section) else [top.name]
+    return keys
+
+
+class _ChecksPassed(Exception):
+    """Raised by the stand-in loader: every check of ``load_checkpoint`` before the loader state passed."""
+
+
+class _Loader:
+    def load_state_dicts(self, states: list[dict]) -> None:
+        raise _ChecksPassed
+
+
+@pytest.fixture(scope="module")
+def checkpoint(overrides_under, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    config = load_config([], [*overrides_under(tmp_path_factory.mktemp("identity")), "name=i", "train.max_steps=1"])
+    return fit(config).last_checkpoint
+
+
+@pytest.mark.parametrize("key", _run_fields())
+def test_a_resume_changing_any_run_field_is_refused_unless_declared_resumable(key: str, checkpoint: Path) -> None:
+    """Every field of ``TrainConfig`` and the top-level ``RunConfig`` fields, a new one included, changed alone: refused
+    naming it with both values, or, declared ``RESUMABLE``, through every check to the loader state. Before, a list
+    of three (the seed, the global batch under max_tokens, the optimizer): the lr, the schedule, the betas, the
+    clipping, the precision and planned_by resumed without a line."""
+    saved = load_config(str(checkpoint / "config.yaml"), saved_run=True)
+    section, _, name = key.rpartition(".")
+    old = getattr(getattr(saved, section) if section else saved, name)
+    new = _other_value(key, old)
+    config = (replace(saved, **{section: replace(getattr(saved, section), **{name: new})}) if section
+              else replace(saved, **{name: new})).validate()
+    tokenizer = Tokenizer.from_file(str(checkpoint / "model" / "tokenizer.json"))
+    if key in RESUMABLE:
+        with pytest.raises(_ChecksPassed):
+            load_checkpoint(checkpoint, accelerator=None, loader=_Loader(), config=config, tokenizer=tokenizer)
+        return
+    with pytest.raises(ConfigError) as refused:
+        load_checkpoint(checkpoint, accelerator=None, loader=_Loader(), config=config, tokenizer=tokenizer)
+    assert str(refused.value) == (f"{key}: checkpoint {checkpoint} was trained with other run settings: {key} "
+                                  f"(checkpoint {old!r}, config {new!r}); {RESUME_ADVICE}")
+
+
+def test_a_checkpoint_from_before_a_train_field_resumes_as_it_trained(run_overrides: list[str], tmp_path: Path) -> None:
+    """A run saved before ``train.optimizer`` and ``train.tf32`` existed (each config.yaml without them) resumes by
+    name, not refused for predating them, and trains on as it did: AdamW, no TF32. Before, it resumed under TF32
+    (today's default) on CUDA, its config and meta row saying so."""
+    assert main([*run_overrides, "name=old", *SAVE]) == 0
+    run_dir = tmp_path / "runs" / "old"
+    checkpoint = run_dir / "checkpoints" / "step_00000002"
+    for saved in (run_dir / "config.yaml", checkpoint / "config.yaml"):
+        lines = saved.read_text().splitlines(keepends=True)
+        saved.write_text("".join(line for line in lines if line.strip().split(":")[0] not in ("optimizer", "tf32")))
+    (checkpoint / "manifest.json").unlink()
+    write_manifest(checkpoint)  # the checkpoint as its code wrote it, checksums included
+    assert main([f"out_dir={tmp_path / 'runs'}", "name=old", "train.max_steps=4", "resume=true"]) == 0
+    meta = metrics_rows(run_dir, "meta")[-1]
+    assert meta["resumed_from"] == str(checkpoint)
+    assert (meta["config"]["train"]["optimizer"], meta["config"]["train"]["tf32"]) == ("adamw", False)

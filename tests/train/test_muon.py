@@ -151,8 +151,8 @@ def test_muon_stop_and_resume_equals_uninterrupted_run(tiny_config, monkeypatch:
 def test_resuming_with_the_other_optimizer_is_refused_in_one_line(tiny_config) -> None:
     first = fit(tiny_config("train.max_steps=2", "train.optimizer=muon"))
     checkpoints = sorted(p.name for p in (first.run_dir / "checkpoints").iterdir())
-    with pytest.raises(ConfigError, match=r"^train.optimizer: checkpoint \S+ was trained with muon, this run has "
-                                          r"adamw: [^\n]*$"):
+    with pytest.raises(ConfigError, match=r"^train.optimizer: checkpoint \S+ was trained with other run settings: "
+                                          r"train.optimizer \(checkpoint 'muon', config 'adamw'\); [^\n]*$"):
         fit(tiny_config("train.max_steps=4", "resume=true"))
     assert sorted(p.name for p in (first.run_dir / "checkpoints").iterdir()) == checkpoints
 
