@@ -102,9 +102,9 @@ class GradNormTracker:
         """Continue the statistics of a saved tracker exactly.
 
         A resumed run keeps its configured ``window``: when it differs from the saved one, the newest ``window``
-        saved norms seed the rolling statistics. A tracker of another ``warmup_steps`` (a resumed run keeps its own:
-        llm.train.run_identity) would find run statistics of another set of steps than its warmup defines, so they
-        restart empty, counting the norms after its warmup from the resumed step on.
+        saved norms seed the rolling statistics. A resumed run may change the schedule, ``warmup_steps`` included
+        (llm/train/optim.py); the saved run statistics then hold another set of steps than this warmup defines,
+        so they restart empty, counting the norms after this warmup from the resumed step on (the trainer says so).
         """
         self._recent = deque((float(x) for x in state["recent"]), maxlen=self.window)
         self.nonfinite = int(state["nonfinite"])

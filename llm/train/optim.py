@@ -3,9 +3,8 @@ learning-rate schedule.
 
 The schedule is a function, not an object (as OLMo-core computes it): before every optimizer step ``set_schedule``
 gives each group the lr and weight decay that the config in force assigns to the number of updates applied so
-far. Nothing of it is saved in a checkpoint, so a run resumed with a later end (``max_steps`` or ``max_tokens``)
-trains on the schedule of that end from its first step, by construction; a resume that changes another schedule
-field (``train.lr``, ``min_lr_ratio``, ``warmup_steps``, ``weight_decay``) is refused (``llm.train.run_identity``).
+far. Nothing of it is saved in a checkpoint, so a run resumed with another ``train.lr``, ``max_steps`` or
+``warmup_steps`` trains on the new schedule from its first step, by construction.
 
 Weight decay (decoupled, AdamW) is applied to projection matrices only. Norm gains, biases and the
 embeddings (hence also a tied LM head) are not decayed: decaying them pulls gains towards 0 and

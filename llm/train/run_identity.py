@@ -7,10 +7,12 @@ leaving one out takes an entry in ``RESUMABLE``, with why.
 What decides an entry is what the code does with the field, not what it is called: a resume that changes it must
 give the run an uninterrupted run with the new config would be from the resumed step on (the same tokens and
 updates, up to rounding, the same values at the steps it logs), or be exactly what the user asks for and the docs
-say (a later end). So the schedule's fields are identity: ``train.lr``, ``min_lr_ratio`` and ``warmup_steps`` set
-the lr of every step before the resume too, and a run trained on one schedule and continued on another is neither.
-The optimizer's hyperparameters are identity twice over: ``beta1``, ``beta2`` and ``eps`` are saved with the
-optimizer state, which a resume loads over the config's, so a changed value would be logged and not used. So are
+say, and compare labels the run with (a later end, another schedule). The schedule's fields (``train.lr``,
+``min_lr_ratio``, ``warmup_steps``, ``weight_decay``) may change: the schedule is a function of the step and the
+config in force (``llm.train.optim.set_schedule``), applied from the resumed step on, and compare keeps such a run
+in a row of its own labelled with the change (``train.lr=0.003 -> 0.0015@500``), the documented way to lower the lr
+after a spike. The optimizer's other hyperparameters are identity: ``beta1``, ``beta2`` and ``eps`` are saved with
+the optimizer state, which a resume loads over the config's, so a changed value would be logged and not used. So are
 the batch (``global_batch_tokens``: the tokens of every step, and under ``max_tokens`` the number of steps), the
 clipping, ``precision`` and ``tf32`` (the arithmetic of every update), the ``seed`` (the weights and RNG state are
 that seed's) and ``planned_by`` (the plan that added the seed, which ``compare --plan`` and ``--planned`` read).
@@ -36,6 +38,11 @@ RESUMABLE = {
     # the purpose of a later end; the schedule is a function of the step and the end in force (llm.train.optim), so
     # the cosine is laid out to the new end from the resumed step on, and compare labels the run with the change
     **dict.fromkeys(("train.max_steps", "train.max_tokens"), "the run's end: a resume may extend (or shorten) it"),
+    # set_schedule gives every group its lr and weight decay from the config in force before each step; a changed
+    # warmup restarts the run-level grad-norm statistics at the resumed step, said in one line (llm.train.setup)
+    **dict.fromkeys(("train.lr", "train.min_lr_ratio", "train.warmup_steps", "train.weight_decay"),
+                    "the schedule from the resumed step on, as the config in force gives it: compare labels the "
+                    "change"),
     # the data loader's state holds micro_batch_size with its topology, and the loader decides when it may change
     # (llm.data.stream: with another number of processes, on prepared tokens); it also sizes the fixed isotropy
     # batch, as in an uninterrupted run with it

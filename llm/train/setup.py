@@ -323,6 +323,9 @@ def setup_run(config: RunConfig, teardown: ExitStack) -> Run:
                                      f"the run is past that end; pass a later end to extend it")
         grad_norms.load_state_dict(saved["grad_norm_tracker"])
         group_grad_norms.load_state_dict(saved.get("group_grad_norms", {}))
+        if (saved_warmup := saved["grad_norm_tracker"]["warmup_steps"]) != config.train.warmup_steps:
+            main_print(f"train.warmup_steps changed from {saved_warmup} to {config.train.warmup_steps}: the run-level "
+                       f"grad-norm statistics (*_var_run, *_cv_run) restart at step {state.step}")
     _prepare_run_dir(config, state.step)
     try:  # on the main process alone: a failure there must not leave the other ranks waiting
         accelerator.init_trackers(config.wandb_project, config=_flat_hparams(config),

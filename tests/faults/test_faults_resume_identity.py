@@ -247,21 +247,22 @@ def test_a_resume_with_fields_that_cannot_change_a_token_continues(run_overrides
 def test_a_resume_with_another_optimizer_setting_is_refused(run_overrides: list[str], tmp_path: Path,
                                                             capsys) -> None:
     """Before: exit 0, config.yaml and the meta row saying beta1 0.8, while the optimizer state loaded over it kept
-    training at 0.9 (torch's ``load_state_dict`` restores each group's betas); and another lr resumed on a schedule
-    that no uninterrupted run has. ``RESUMABLE``'s train fields changed at once (but ``compile``, slow on CPU, and
-    ``micro_batch_size``, which the streamed loader's state holds with its topology) continue to the new end."""
+    training at 0.9 (torch's ``load_state_dict`` restores each group's betas). ``RESUMABLE``'s train fields changed
+    at once (but ``compile``, slow on CPU, and ``micro_batch_size``, which the streamed loader's state holds with its
+    topology) continue to the new end."""
     assert main([*run_overrides, "name=o", *SAVE]) == 0
     run_dir = tmp_path / "runs" / "o"
     before = _files(run_dir)
     capsys.readouterr()
-    assert main([*run_overrides, "name=o", "train.beta1=0.8", "train.lr=0.01", "train.max_steps=4",
+    assert main([*run_overrides, "name=o", "train.beta1=0.8", "train.eps=1e-6", "train.max_steps=4",
                  "resume=true"]) == 2
     assert _error_lines(capsys.readouterr().err) == [
-        f"error: train.lr, train.beta1: checkpoint {run_dir / 'checkpoints' / 'step_00000002'} was trained with other "
-        f"run settings: train.lr (checkpoint 0.003, config 0.01), train.beta1 (checkpoint 0.9, config 0.8); "
+        f"error: train.beta1, train.eps: checkpoint {run_dir / 'checkpoints' / 'step_00000002'} was trained with "
+        f"other run settings: train.beta1 (checkpoint 0.9, config 0.8), train.eps (checkpoint 1e-08, config 1e-06); "
         f"{RESUME_ADVICE}"]
     assert _files(run_dir) == before
-    resumable = ["train.max_steps=5", "train.log_every=2", "train.eval_every=3", "train.checkpoint_every=3",
+    resumable = ["train.max_steps=5", "train.lr=0.0015", "train.min_lr_ratio=0.5", "train.weight_decay=0.05",
+                 "train.log_every=2", "train.eval_every=3", "train.checkpoint_every=3",
                  "train.keep_checkpoints=1", "train.activation_checkpointing=1", "train.isotropy_samples=64",
                  "train.grad_norm_window=3", "train.max_bad_steps=2", "train.collective_timeout_s=600",
                  "train.stop_grace_s=60", "wandb_project=other"]
@@ -313,8 +314,8 @@ def checkpoint(overrides_under, tmp_path_factory: pytest.TempPathFactory) -> Pat
 def test_a_resume_changing_any_run_field_is_refused_unless_declared_resumable(key: str, checkpoint: Path) -> None:
     """Every field of ``TrainConfig`` and the top-level ``RunConfig`` fields, a new one included, changed alone: refused
     naming it with both values, or, declared ``RESUMABLE``, through every check to the loader state. Before, a list
-    of three (the seed, the global batch under max_tokens, the optimizer): the lr, the schedule, the betas, the
-    clipping, the precision and planned_by resumed without a line."""
+    of three (the seed, the global batch under max_tokens, the optimizer): the betas, eps, the clipping, the
+    precision and planned_by resumed without a line."""
     saved = load_config(str(checkpoint / "config.yaml"), saved_run=True)
     section, _, name = key.rpartition(".")
     old = getattr(getattr(saved, section) if section else saved, name)

@@ -272,6 +272,26 @@ def test_resuming_past_the_runs_end_is_refused_in_one_line_and_writes_nothing(ru
     assert {name: (run_dir / name).read_bytes() for name in before} == before
 
 
+def test_a_changed_warmup_on_resume_restarts_the_run_statistics_and_says_so(tiny_config, capsys) -> None:
+    """The schedule is a function of the step and the config in force, train.warmup_steps included: a resume that
+    changes it trains on the new warmup, and the run-level grad-norm statistics, which count the norms after the
+    warmup, restart from the resumed step (here steps 5 and 6, after warmup 3 and the resume at 4)."""
+    overrides = ("train.log_every=1", "train.checkpoint_every=100", "train.eval_every=100")
+    fit(tiny_config(*overrides, "train.warmup_steps=2", "train.max_steps=4"))
+    capsys.readouterr()
+    resumed = fit(tiny_config(*overrides, "train.warmup_steps=3", "train.max_steps=6", "resume=true"))
+    assert ("train.warmup_steps changed from 2 to 3: the run-level grad-norm statistics (*_var_run, *_cv_run) "
+            "restart at step 4") in capsys.readouterr().out
+    rows = metrics_rows(resumed.run_dir, "train")
+    assert [r["step"] for r in rows] == [1, 2, 3, 4, 5, 6]
+    norms = [r["grad_norm"] for r in rows[4:]]
+    mean = sum(norms) / 2
+    assert rows[4]["grad_norm_var_run"] == 0.0  # one norm since the restart
+    assert rows[5]["grad_norm_var_run"] == pytest.approx(sum((n - mean) ** 2 for n in norms) / 2, rel=1e-12)
+    # step 5 is update 4: a third of the way from the new warmup's end (3) to the end (6)
+    assert rows[4]["lr"] == pytest.approx(3e-3 * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi / 3))), rel=1e-12)
+
+
 def test_the_stop_watchdog_line_starts_a_line_of_its_own_below_the_progress_bar(monkeypatch, capsys) -> None:
     exits: list[int] = []
     monkeypatch.setattr(signals.os, "_exit", exits.append)  # the watchdog's exit, recorded
