@@ -58,8 +58,8 @@ from llm.config import RunConfig
 from llm.model.config import ConfigError
 from llm.model.modeling_isollm import mup_scaled_parameters
 
-__all__ = ["MuonWithAdamW", "build_optimizer", "check_engine", "lr_multiplier", "multiplier_of", "param_groups",
-           "schedule_warnings", "set_schedule"]
+__all__ = ["MuonWithAdamW", "build_optimizer", "check_engine", "lr_multiplier", "multiplier_of", "muon_matrices",
+           "param_groups", "schedule_warnings", "set_schedule"]
 
 # ``ModelConfig`` multiplier field -> optimizer group name, in group order.
 MULTIPLIER_GROUPS = {"mixing_lr_mult": "mixing", "focus_mu_lr_mult": "focus_mu", "focus_sigma_lr_mult": "focus_sigma"}
@@ -78,6 +78,13 @@ def multiplier_of(model: nn.Module) -> dict[int, str]:
     return fields
 
 
+def muon_matrices(model: nn.Module) -> list[nn.Parameter]:
+    """The matrices ``train.optimizer=muon`` moves to Muon: the hidden matrices (``mup_scaled_parameters``) that are
+    no mixing parameter (isogmlp's gate stays on AdamW); ``param_groups`` puts exactly these in ``MUON_GROUPS``."""
+    multipliers = multiplier_of(model)
+    return [p for p in mup_scaled_parameters(model) if id(p) not in multipliers]
+
+
 def param_groups(model: nn.Module, config: RunConfig) -> list[dict]:
     """AdamW groups (their lr and weight decay: ``group_settings``), in a fixed order so optimizer state lines up
     on resume.
@@ -92,6 +99,7 @@ def param_groups(model: nn.Module, config: RunConfig) -> list[dict]:
     embeddings = {id(m.weight) for m in model.modules() if isinstance(m, nn.Embedding)}
     multipliers = multiplier_of(model)
     hidden, mup = {id(p) for p in mup_scaled_parameters(model)}, config.model.parametrization == "mup"
+    muon = {id(p) for p in muon_matrices(model)} if config.train.optimizer == "muon" else set()
     scaled = hidden if mup else set()
     settings = group_settings(config)
     buckets: dict[str, list[nn.Parameter]] = {name: [] for name in settings}  # in the groups' order
@@ -101,7 +109,7 @@ def param_groups(model: nn.Module, config: RunConfig) -> list[dict]:
         if id(p) in multipliers:
             group = MULTIPLIER_GROUPS[multipliers[id(p)]]
             buckets[f"{group}_mup" if id(p) in scaled else group].append(p)
-        elif id(p) in hidden and config.train.optimizer == "muon":
+        elif id(p) in muon:
             buckets["muon_mup" if mup else "muon"].append(p)
         elif id(p) in scaled:
             buckets["mup_hidden"].append(p)
