@@ -155,15 +155,21 @@ class MuonWithAdamW(torch.optim.Optimizer):
         muon_defaults = torch.optim.Muon(muon_groups, adjust_lr_fn="match_rms_adamw").defaults
         super().__init__([*adamw.param_groups, *muon_groups], {})
         self.adamw, self.fused_parts, self.muon_settings = adamw, fused_parts, tuple(muon_defaults)
+        self.split_groups()
+        # load_state_dict (a resume, Accelerate's prepare) replaces the group dicts and the state
+        self.register_load_state_dict_post_hook(MuonWithAdamW.split_groups)
+
+    def split_groups(self) -> None:
+        """Hand AdamW its groups and the shared state, and keep the Muon groups, once per set of group dicts (the
+        schedule's lr reaches both, as they are the same dicts), not at every step."""
+        self.adamw.param_groups = [g for g in self.param_groups if g["name"] not in MUON_GROUPS]
+        self.adamw.state = self.state
+        self.muon_groups = [g for g in self.param_groups if g["name"] in MUON_GROUPS]
 
     @torch.no_grad()
     def step(self, closure: None = None) -> None:
-        # load_state_dict (a resume, Accelerate's prepare) replaces the group dicts and the state: AdamW is given
-        # today's at every step
-        self.adamw.param_groups = [g for g in self.param_groups if g["name"] not in MUON_GROUPS]
-        self.adamw.state = self.state
         self.adamw.step()
-        for group in (g for g in self.param_groups if g["name"] in MUON_GROUPS):
+        for group in self.muon_groups:
             settings = {key: group[key] for key in self.muon_settings}
             for p in (p for p in group["params"] if p.grad is not None):
                 rows = self.fused_parts.get(id(p), len(p))
