@@ -1,6 +1,9 @@
 """Memory per GPU of a training run, by launch mode, and the largest micro batch that fits (``isollm-params --plan``).
 
-Static parts, with ``P`` parameters, ``N`` GPUs and AdamW (two fp32 moments):
+Static parts, with ``P`` parameters, ``N`` GPUs and AdamW (two fp32 moments, ``8P`` below). Under
+``train.optimizer=muon`` the ``M`` elements of the Muon matrices (``llm.train.optim.muon_matrices``) hold one fp32
+momentum buffer each and the rest AdamW's two moments: ``8P - 4M`` (Muon runs on single and ddp only). AdamW's
+per-tensor step counters (a scalar each) are left out.
 
 ==========  ===========================================  ======================  ==================
 mode        weights                                      gradients               optimizer state
@@ -36,6 +39,8 @@ from dataclasses import dataclass
 from llm.model import ModelConfig, param_counts
 from llm.model.ffn import resolve_intermediate_size
 from llm.model.lm_head import LOGITS_PER_CHUNK, MIN_CHUNK_ROWS
+from llm.model.modeling_isollm import meta_model
+from llm.train.optim import muon_matrices
 
 __all__ = ["MODES", "MemoryPlan", "activation_bytes", "checkpointed_layers", "largest_micro_batch", "plan_memory",
            "recompute_bytes"]
@@ -99,9 +104,9 @@ class MemoryPlan:
 
 
 def plan_memory(config: ModelConfig, mode: str, gpus: int, micro_batch: int, seq_len: int,
-                precision: str = "bf16", checkpoint_every: int = 0) -> MemoryPlan:
+                precision: str = "bf16", checkpoint_every: int = 0, optimizer: str = "adamw") -> MemoryPlan:
     """Estimated bytes per GPU of training ``config`` with ``mode`` over ``gpus`` GPUs (``checkpoint_every``:
-    ``train.activation_checkpointing``)."""
+    ``train.activation_checkpointing``; ``optimizer``: ``train.optimizer``)."""
     if mode not in MODES:
         raise ValueError(f"mode: expected one of {', '.join(MODES)}, got {mode!r}")
     p, non_embedding = param_counts(config)  # builds the model on the meta device: once per plan
@@ -109,21 +114,23 @@ def plan_memory(config: ModelConfig, mode: str, gpus: int, micro_batch: int, seq
     bucket = 2 * REDUCE_BUCKET_ELEMENTS if half else 4 * REDUCE_BUCKET_ELEMENTS
     # what FSDP2 / ZeRO-3 hold unsharded at once: the root (embedding) and two decoder layers
     gathered = (2 if half else 4) * ((p - non_embedding) + 2 * non_embedding // config.num_hidden_layers)
-    weights, gradients, optimizer = {
-        "single": (4 * p, 4 * p, 8 * p),
-        "ddp": (4 * p, 8 * p, 8 * p),
-        "fsdp2": (4 * p / gpus + gathered, 4 * p / gpus, 8 * p / gpus),
-        "zero2": ((2 * p + 4 * p / gpus) if half else 4 * p, 4 * p / gpus + bucket, 8 * p / gpus),
-        "zero3": ((6 * p / gpus if half else 4 * p / gpus) + gathered, 4 * p / gpus + bucket, 8 * p / gpus)}[mode]
+    muon = sum(m.numel() for m in muon_matrices(meta_model(config))) if optimizer == "muon" else 0
+    state = 8 * p - 4 * muon
+    weights, gradients, state = {
+        "single": (4 * p, 4 * p, state),
+        "ddp": (4 * p, 8 * p, state),
+        "fsdp2": (4 * p / gpus + gathered, 4 * p / gpus, state / gpus),
+        "zero2": ((2 * p + 4 * p / gpus) if half else 4 * p, 4 * p / gpus + bucket, state / gpus),
+        "zero3": ((6 * p / gpus if half else 4 * p / gpus) + gathered, 4 * p / gpus + bucket, state / gpus)}[mode]
     rows = max(MIN_CHUNK_ROWS, LOGITS_PER_CHUNK["cuda"] // config.vocab_size)
     logits = 2 * 4 * rows * config.vocab_size + 4 * config.vocab_size * config.hidden_size
-    return MemoryPlan(weights, gradients, optimizer,
+    return MemoryPlan(weights, gradients, state,
                       activation_bytes(config, micro_batch, seq_len, precision, checkpoint_every), logits)
 
 
 def largest_micro_batch(config: ModelConfig, mode: str, gpus: int, gpu_bytes: float, seq_len: int,
-                        precision: str = "bf16", checkpoint_every: int = 0) -> int:
+                        precision: str = "bf16", checkpoint_every: int = 0, optimizer: str = "adamw") -> int:
     """The largest micro batch whose plan fits in ``(1 - RESERVED_FRACTION) * gpu_bytes``; 0 if none does."""
-    fixed = plan_memory(config, mode, gpus, 0, seq_len, precision, checkpoint_every).total
+    fixed = plan_memory(config, mode, gpus, 0, seq_len, precision, checkpoint_every, optimizer).total
     per_sequence = activation_bytes(config, 1, seq_len, precision, checkpoint_every)
     return max(0, int(((1 - RESERVED_FRACTION) * gpu_bytes - fixed) // per_sequence))

@@ -83,7 +83,8 @@ def planned_mib(run: Run) -> str:
     config = run.meta["config"]
     plan = plan_memory(ModelConfig(**config["model"]), mode, run.meta["world_size"],
                        config["train"]["micro_batch_size"], config["data"]["seq_len"],
-                       "bf16" if run.meta["mixed_precision"] == "bf16" else "fp32")
+                       "bf16" if run.meta["mixed_precision"] == "bf16" else "fp32",
+                       optimizer=config["train"].get("optimizer", "adamw"))
     return f"{plan.total / 2**20:.0f} MiB"
 
 

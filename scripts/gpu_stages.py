@@ -286,7 +286,7 @@ def attention_commands(m: Mode) -> list[Command]:
 
 
 # 70 s (H100, 2026-11-26)
-@stage("generate", 3, 200, tail=12, targets=json_targets("generate.json", gpu_runs.generate_targets, 16384))
+@stage("generate", 3, 170, tail=12, targets=json_targets("generate.json", gpu_runs.generate_targets, 16384))
 def generate_commands(m: Mode) -> list[Command]:
     """bench/bench_generate.py: 134m, decode tokens/s (paired per token) and state, softmax's KV cache against
     iso_tanh's state, each growing and static (one CUDA graph per token), context 4k-32k. Decides: iso_tanh
@@ -298,22 +298,24 @@ def generate_commands(m: Mode) -> list[Command]:
 
 
 def batch_targets(logs: Path) -> list[Row]:
-    """Each micro batch's row over swiglu+softmax at 32 (reported: the fastest that fits is the finding); at 8,
-    swiglu+softmax over each Qwen3 row."""
+    """Each micro batch's row and the Muon row over swiglu+softmax at 32 (reported: the fastest micro batch that
+    fits is the finding, and Muon's cost); at 8, swiglu+softmax over each Qwen3 row."""
     return [*json_targets("batch-0.json", gpu_runs.reference_rows)(logs),
             *json_targets("batch-1.json", gpu_runs.bench_targets, QWEN3)(logs)]
 
 
-# not run yet: 3 compiled rows at 32-64 x 2048, then 4 at 8 x 2048 with Qwen3 compiled whole (44-63 s each)
-@stage("batch", 3, 300, tail=20, targets=batch_targets)
+# not run yet: 4 compiled rows at 32-64 x 2048 (Muon's at 32), then 4 at 8 x 2048 with Qwen3 compiled whole (44-63 s
+# each); the box took 30 s of generate's
+@stage("batch", 3, 330, tail=20, targets=batch_targets)
 def batch_commands(m: Mode) -> list[Command]:
-    """swiglu+softmax at micro batch 32, 48 and 64 x 2048 (tokens/s paired, step peak); then at 8 x 2048 against
+    """swiglu+softmax at micro batch 32, 48 and 64 x 2048 and with `train.optimizer=muon` at 32 (tokens/s paired,
+    step peak: Muon's step against AdamW's, one optimizer step per micro batch); then at 8 x 2048 against
     transformers' Qwen3 with its loss outside its graph, inside it, and Liger FLCE. Decides: >= 1.2x each fair
-    Qwen3 row (the micro batches: reported)."""
+    Qwen3 row (the micro batches and Muon: reported)."""
     batches = [a for n in m.pick([48, 64], [3, 4]) for a in ("--extra-row", f"swiglu+softmax batch {n}",
                                                               "swiglu+softmax", f"batch={n}")]
     return [bench_step("batch-0", m, *sized(m, "134m", 2048, 32, 32, 2), "--qwen3", "--variants", "swiglu+softmax",
-                       *batches),
+                       *batches, "--extra-row", "swiglu+softmax muon", "swiglu+softmax", "optimizer=muon"),
             bench_step("batch-1", m, *sized(m, "134m", 2048, 8, 32, 2), "--variants", "swiglu+softmax",
                        *m.pick([], ["--qwen3", "loss-outside", "loss-inside"]))]
 

@@ -19,6 +19,7 @@ from llm.memory_plan import MODES, RESERVED_FRACTION, checkpointed_layers, large
 from llm.model import ModelConfig, param_counts
 from llm.model.ffn import resolve_intermediate_size
 from llm.model.modeling_isollm import meta_model, mup_scaled_parameters
+from llm.train.optim import check_engine
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -39,6 +40,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         run = load_config([args.size, *args.config], [PLACEHOLDER_BUDGET, *args.overrides])
+        if args.plan:
+            check_engine(run, args.mode)  # a muon run under a sharding mode: refused as train.py refuses it
     except ConfigError as err:
         parser.exit(2, f"isollm-params: error: {err}\n")
     config = run.model
@@ -55,7 +58,8 @@ def main(argv: list[str] | None = None) -> int:
         if args.gpus < 1 or args.gpu_mem <= 0:
             parser.exit(2, "isollm-params: error: --gpus and --gpu-mem: expected positive numbers\n")
         print_plan(config, args.mode, args.gpus, args.gpu_mem * 2**30, args.seq_len or run.data.seq_len,
-                   args.micro_batch or run.train.micro_batch_size, args.precision, run.train.activation_checkpointing)
+                   args.micro_batch or run.train.micro_batch_size, args.precision, run.train.activation_checkpointing,
+                   run.train.optimizer)
     return 0
 
 
@@ -75,11 +79,11 @@ def print_parametrization(config: ModelConfig) -> None:
 
 
 def print_plan(config: ModelConfig, mode: str, gpus: int, gpu_bytes: float, seq_len: int, micro_batch: int,
-               precision: str, checkpoint_every: int = 0) -> None:
-    plan = plan_memory(config, mode, gpus, micro_batch, seq_len, precision, checkpoint_every)
+               precision: str, checkpoint_every: int = 0, optimizer: str = "adamw") -> None:
+    plan = plan_memory(config, mode, gpus, micro_batch, seq_len, precision, checkpoint_every, optimizer)
     gib = 2**30
     layers = checkpointed_layers(config.num_hidden_layers, checkpoint_every)
-    print(f"memory plan:           {mode} over {gpus} GPU(s) of {gpu_bytes / gib:.0f} GiB, {precision}, "
+    print(f"memory plan:           {mode} over {gpus} GPU(s) of {gpu_bytes / gib:.0f} GiB, {precision}, {optimizer}, "
           f"seq_len {seq_len}, micro batch {micro_batch}, activation checkpointing "
           f"{f'{layers} of {config.num_hidden_layers} layers' if layers else 'off'} (estimates, GiB per GPU)")
     for part in ("weights", "gradients", "optimizer", "activations", "logits"):
@@ -88,7 +92,7 @@ def print_plan(config: ModelConfig, mode: str, gpus: int, gpu_bytes: float, seq_
     print(f"  {'total:':<20} {plan.total / gib:8.2f} of {usable / gib:.1f} usable "
           f"({'fits' if plan.total <= usable else 'does NOT fit'})")
     print(f"largest micro batch:   "
-          f"{largest_micro_batch(config, mode, gpus, gpu_bytes, seq_len, precision, checkpoint_every)} "
+          f"{largest_micro_batch(config, mode, gpus, gpu_bytes, seq_len, precision, checkpoint_every, optimizer)} "
           f"at seq_len {seq_len}")
 
 

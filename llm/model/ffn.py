@@ -148,6 +148,37 @@ def mixing_diagnostics(alpha: Tensor, beta: Tensor, weighted_gated: Tensor,
     return stats
 
 
+class GateReadout(nn.Module):
+    """``w_a . s + b_a``: ``weight`` ``[1, n]`` and ``bias`` ``[1]``, nn.Linear's layout and state-dict keys, weight
+    normal(0, ``init_std``) and bias 0.
+
+    Not an nn.Linear, so that PEFT's ``target_modules="all-linear"`` adapts exactly what it adapts in a Qwen3 of the
+    same shape, which has no such readout (``TokenGate`` reads ``weight`` in one vecdot, so an adapter on it would
+    never train). Naming it in ``target_modules`` is PEFT's "Target module GateReadout(..., no LoRA: ...) is not
+    supported". transformers' init draws every nn.Linear again after construction; so does this readout's
+    (``drew_at_construction`` False, see ``IsoLLMPreTrainedModel._init_weights``), so that a seed gives the weights it
+    gave when the readout was an nn.Linear."""
+
+    drew_at_construction = False
+
+    def __init__(self, in_features: int, init_std: float) -> None:
+        super().__init__()
+        self.init_std = init_std
+        self.weight = nn.Parameter(torch.empty(1, in_features))
+        self.bias = nn.Parameter(torch.empty(1))
+        self.reset_parameters()
+
+    def reset_parameters(self) -> None:
+        nn.init.normal_(self.weight, std=self.init_std)
+        nn.init.zeros_(self.bias)
+
+    def forward(self, s: Tensor) -> Tensor:
+        return F.linear(s, self.weight, self.bias)
+
+    def extra_repr(self) -> str:
+        return f"in_features={self.weight.shape[1]}, no LoRA: the alpha gate's 1-output readout, absent from Qwen3"
+
+
 class AlphaGate(nn.Module):
     """IsoGMLP's mixing weight ``alpha = sigmoid(logit)`` per token, ``[B, T, 1]`` (isogmlp eq. 3).
 
@@ -157,13 +188,10 @@ class AlphaGate(nn.Module):
 
     def __init__(self, config: ModelConfig, summary_size: int) -> None:
         super().__init__()
-        self.init_std = config.initializer_range
-        self.proj = nn.Linear(summary_size, 1)
-        self.reset_parameters()
+        self.proj = GateReadout(summary_size, config.initializer_range)
 
     def reset_parameters(self) -> None:
-        nn.init.normal_(self.proj.weight, std=self.init_std)
-        nn.init.zeros_(self.proj.bias)
+        self.proj.reset_parameters()
 
     def logit(self, x: Tensor, cache: Cache | None, padding_mask: Tensor | None = None,
               doc_starts: Tensor | None = None) -> Tensor:

@@ -58,8 +58,8 @@ from llm.config import RunConfig
 from llm.model.config import ConfigError
 from llm.model.modeling_isollm import mup_scaled_parameters
 
-__all__ = ["MuonWithAdamW", "build_optimizer", "check_engine", "lr_multiplier", "multiplier_of", "param_groups",
-           "schedule_warnings", "set_schedule"]
+__all__ = ["MuonWithAdamW", "build_optimizer", "check_engine", "lr_multiplier", "multiplier_of", "muon_matrices",
+           "param_groups", "schedule_warnings", "set_schedule"]
 
 # ``ModelConfig`` multiplier field -> optimizer group name, in group order.
 MULTIPLIER_GROUPS = {"mixing_lr_mult": "mixing", "focus_mu_lr_mult": "focus_mu", "focus_sigma_lr_mult": "focus_sigma"}
@@ -78,6 +78,13 @@ def multiplier_of(model: nn.Module) -> dict[int, str]:
     return fields
 
 
+def muon_matrices(model: nn.Module) -> list[nn.Parameter]:
+    """The matrices ``train.optimizer=muon`` moves to Muon: the hidden matrices (``mup_scaled_parameters``) that are
+    no mixing parameter (isogmlp's gate stays on AdamW); ``param_groups`` puts exactly these in ``MUON_GROUPS``."""
+    multipliers = multiplier_of(model)
+    return [p for p in mup_scaled_parameters(model) if id(p) not in multipliers]
+
+
 def param_groups(model: nn.Module, config: RunConfig) -> list[dict]:
     """AdamW groups (their lr and weight decay: ``group_settings``), in a fixed order so optimizer state lines up
     on resume.
@@ -92,6 +99,7 @@ def param_groups(model: nn.Module, config: RunConfig) -> list[dict]:
     embeddings = {id(m.weight) for m in model.modules() if isinstance(m, nn.Embedding)}
     multipliers = multiplier_of(model)
     hidden, mup = {id(p) for p in mup_scaled_parameters(model)}, config.model.parametrization == "mup"
+    muon = {id(p) for p in muon_matrices(model)} if config.train.optimizer == "muon" else set()
     scaled = hidden if mup else set()
     settings = group_settings(config)
     buckets: dict[str, list[nn.Parameter]] = {name: [] for name in settings}  # in the groups' order
@@ -101,7 +109,7 @@ def param_groups(model: nn.Module, config: RunConfig) -> list[dict]:
         if id(p) in multipliers:
             group = MULTIPLIER_GROUPS[multipliers[id(p)]]
             buckets[f"{group}_mup" if id(p) in scaled else group].append(p)
-        elif id(p) in hidden and config.train.optimizer == "muon":
+        elif id(p) in muon:
             buckets["muon_mup" if mup else "muon"].append(p)
         elif id(p) in scaled:
             buckets["mup_hidden"].append(p)
@@ -147,15 +155,21 @@ class MuonWithAdamW(torch.optim.Optimizer):
         muon_defaults = torch.optim.Muon(muon_groups, adjust_lr_fn="match_rms_adamw").defaults
         super().__init__([*adamw.param_groups, *muon_groups], {})
         self.adamw, self.fused_parts, self.muon_settings = adamw, fused_parts, tuple(muon_defaults)
+        self.split_groups()
+        # load_state_dict (a resume, Accelerate's prepare) replaces the group dicts and the state
+        self.register_load_state_dict_post_hook(MuonWithAdamW.split_groups)
+
+    def split_groups(self) -> None:
+        """Hand AdamW its groups and the shared state, and keep the Muon groups, once per set of group dicts (the
+        schedule's lr reaches both, as they are the same dicts), not at every step."""
+        self.adamw.param_groups = [g for g in self.param_groups if g["name"] not in MUON_GROUPS]
+        self.adamw.state = self.state
+        self.muon_groups = [g for g in self.param_groups if g["name"] in MUON_GROUPS]
 
     @torch.no_grad()
     def step(self, closure: None = None) -> None:
-        # load_state_dict (a resume, Accelerate's prepare) replaces the group dicts and the state: AdamW is given
-        # today's at every step
-        self.adamw.param_groups = [g for g in self.param_groups if g["name"] not in MUON_GROUPS]
-        self.adamw.state = self.state
         self.adamw.step()
-        for group in (g for g in self.param_groups if g["name"] in MUON_GROUPS):
+        for group in self.muon_groups:
             settings = {key: group[key] for key in self.muon_settings}
             for p in (p for p in group["params"] if p.grad is not None):
                 rows = self.fused_parts.get(id(p), len(p))

@@ -30,14 +30,15 @@ TRUST_PROMPT = "Do you wish to run the custom code?"
 """transformers' interactive question when remote code is met without ``trust_remote_code``."""
 
 
-def run_without_llm(script: str, *args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
-    """``script`` after ``WITHOUT_LLM``, offline, stdin closed (a batch job); fails with its output."""
+def run_without_llm(script: str, *args: str, cwd: Path, asks: bool = False) -> subprocess.CompletedProcess[str]:
+    """``script`` after ``WITHOUT_LLM``, offline, stdin closed (a batch job); fails with its output, or if it asks
+    transformers' remote-code question (``TRUST_PROMPT``) where ``asks`` is False or does not where it is True."""
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
     env.update(HF_MODULES_CACHE=str(cwd / "modules"), HF_HUB_OFFLINE="1")
     done = subprocess.run([sys.executable, "-c", WITHOUT_LLM + textwrap.dedent(script), *args], cwd=cwd, env=env,
                           stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-6000:]
-    assert TRUST_PROMPT not in done.stdout + done.stderr
+    assert (TRUST_PROMPT in done.stdout + done.stderr) == asks, done.stdout[-3000:] + done.stderr[-3000:]
     return done
 
 

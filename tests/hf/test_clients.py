@@ -119,6 +119,7 @@ PEFT = """
             model = get_peft_model(load(), LoraConfig(task_type=task, target_modules="all-linear", r=4))
             adapted = sorted({name.split(".lora_A")[0].split("model.layers.")[-1]
                               for name, _ in model.named_parameters() if ".lora_A." in name})
+            initial = {name: p.detach().clone() for name, p in model.named_parameters() if ".lora_" in name}
             optimizer = torch.optim.SGD([p for p in model.parameters() if p.requires_grad], lr=0.5)
             model.train()
             for step in range(3):
@@ -127,6 +128,7 @@ PEFT = """
                 optimizer.step()
                 optimizer.zero_grad()
             model.eval()
+            unchanged = [name for name, p in model.named_parameters() if name in initial and p.equal(initial[name])]
             adapter = f"{directory}-{head}-adapter"
             model.save_pretrained(adapter)
             with torch.no_grad():
@@ -135,40 +137,58 @@ PEFT = """
                 again = reloaded(probe).logits
                 merged = reloaded.merge_and_unload()(probe).logits
             report[f"{directory} {head}"] = {
-                "adapted": adapted, "trained": (trained - base).abs().max().item(),
+                "adapted": adapted, "unchanged": unchanged, "trained": (trained - base).abs().max().item(),
                 "reloaded": (again - trained).abs().max().item(), "merged": (merged - trained).abs().max().item()}
     print(json.dumps(report))
 """
 FFNS = ("swiglu", "isogmlp", "iso_ln", "iso_mlp")
 
 
+FUSED_IN = {"q_proj": "qkv_proj", "k_proj": "qkv_proj", "v_proj": "qkv_proj", "gate_proj": "in_proj",
+            "up_proj": "in_proj"}
+"""A stock Qwen3 module -> the isollm projection that fuses it."""
+
+
+def fused_names(adapted: list[str]) -> set[str]:
+    """Adapted module names with Qwen3's separate projections named as the isollm projection fusing them."""
+    return {".".join(FUSED_IN.get(part, part) for part in name.split(".")) for name in adapted}
+
+
 @pytest.mark.slow
 def test_peft_all_linear_adapts_every_projection_and_trains_saves_reloads_and_merges_for_every_ffn(tmp_path):
-    """``target_modules="all-linear"`` adapts what it adapts in a Qwen3 (attention's and both FFN sides'
-    projections, the fused ones included) in every layer, on the causal LM and a classification head; the adapter
-    trains, and reloaded or merged gives the trained outputs."""
+    """``target_modules="all-linear"`` adapts exactly what it adapts in the stock Qwen3 export of the same shape
+    (attention's and both FFN sides' projections, Qwen3's separate ones named by the isollm projection fusing them;
+    isogmlp's alpha-gate readout not) in every layer, on the causal LM and a classification head; every adapter
+    weight trains, and reloaded or merged gives the trained outputs."""
     directories = [tmp_path / ffn for ffn in FFNS]
     for ffn, directory in zip(FFNS, directories, strict=True):
-        trained_checkpoint(directory, ffn=ffn)
-    done = run_without_llm(PEFT, *map(str, directories), cwd=tmp_path)
+        model = trained_checkpoint(directory, ffn=ffn)
+        if ffn == "swiglu":
+            export_qwen3(model, tmp_path / "qwen3", tokenizer=word_tokenizer())
+    done = run_without_llm(PEFT, *map(str, directories), str(tmp_path / "qwen3"), cwd=tmp_path)
     report = json.loads(done.stdout.strip().splitlines()[-1])
-    every_projection = {f"{layer}.{name}" for layer in range(TINY["num_hidden_layers"])
-                        for name in ("self_attn.qkv_proj", "self_attn.o_proj", "mlp.in_proj", "mlp.down_proj")}
-    for directory in directories:
-        for head in ("causal", "classification"):
+    for head in ("causal", "classification"):
+        qwen3 = report[f"{tmp_path / 'qwen3'} {head}"]
+        assert {"0.self_attn.qkv_proj", "0.mlp.in_proj", "0.mlp.down_proj"} <= fused_names(qwen3["adapted"]), qwen3
+        for directory in [*directories, tmp_path / "qwen3"]:
             got = report[f"{directory} {head}"]
-            assert every_projection <= set(got["adapted"]), (directory, head, got["adapted"])
+            assert fused_names(got["adapted"]) == fused_names(qwen3["adapted"]), (directory, head, got["adapted"])
+            assert not got["unchanged"], (directory, head, got["unchanged"])
             assert got["trained"] > 1e-3, (directory, head, got)
             assert got["reloaded"] < 1e-5 and got["merged"] < 1e-5, (directory, head, got)
 
 
-@pytest.mark.parametrize("form", ["affine_like", "focus"])
-def test_lora_on_an_input_projection_that_is_not_linear_is_refused_naming_it_and_why(form):
+@pytest.mark.parametrize(("variant", "target"), [({"ffn_linear": "affine_like"}, "in_proj"),
+                                                 ({"ffn_linear": "focus"}, "in_proj"),
+                                                 ({"ffn": "isogmlp"}, "alpha_gate.proj")])
+def test_lora_on_a_module_that_is_not_a_linear_projection_is_refused_naming_it_and_why(variant, target):
+    """An input projection that is not linear in x, or isogmlp's 1-output gate readout (read in one vecdot)."""
     from peft import LoraConfig, get_peft_model
 
-    model = IsoLLMForCausalLM(IsoLLMConfig(**TINY, ffn_linear=form))
-    with pytest.raises(ValueError, match=r"Target module (AffineLike|Focus)\(.*no LoRA: .*\) is not supported") as err:
-        get_peft_model(model, LoraConfig(target_modules=["in_proj"]))
+    model = IsoLLMForCausalLM(IsoLLMConfig(**TINY, **variant))
+    with pytest.raises(ValueError, match=r"Target module (AffineLike|Focus|GateReadout)\(.*no LoRA: .*\) is not "
+                                         r"supported") as err:
+        get_peft_model(model, LoraConfig(target_modules=[target]))
     assert "\n" not in str(err.value)
     adapted = get_peft_model(model, LoraConfig(target_modules="all-linear"))  # the linear projections only
     assert {"qkv_proj", "o_proj", "down_proj"} <= {n.split(".")[-4] for n, _ in adapted.named_parameters()

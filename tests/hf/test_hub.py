@@ -132,6 +132,40 @@ def word_tokenizer() -> Tokenizer:
     return tokenizer
 
 
+TOKENIZE = """
+    import json
+    import transformers
+
+    tokenizer = getattr(transformers, sys.argv[2]).from_pretrained(sys.argv[1])
+    # on a line of its own: the question (``input``'s prompt) ends with no newline
+    got = [type(tokenizer).__name__, tokenizer("w5 w9 w14 w300")["input_ids"], tokenizer.eos_token_id]
+    print()
+    print(json.dumps(got))
+"""
+
+
+@pytest.mark.slow
+def test_auto_tokenizer_without_trust_remote_code_asks_then_falls_back_and_the_fast_class_does_not_ask(tmp_path):
+    """Pins transformers 5.23's behaviour (docs/hub.md, "Fine-tuning with TRL"), so that the day it changes a test
+    says so. ``AutoTokenizer.from_pretrained(directory)`` reads config.json first (``AutoConfig``), whose auto_map
+    names remote code for a model type it does not know: it asks the remote-code question, and with stdin closed
+    (``input`` meets EOF: a ValueError) falls back to a bare ``PreTrainedConfig``, warns of "a model of type ``",
+    and loads the stock fast tokenizer from tokenizer_config.json, the project tokenizer's ids. No checkpoint
+    layout avoids it: the question comes from config.json's ``AutoConfig`` entry, which
+    ``AutoModelForCausalLM.from_pretrained(directory, trust_remote_code=True)`` needs (without it: "does not
+    recognize this architecture"), and nothing of the tokenizer's is read before config.json.
+    ``PreTrainedTokenizerFast.from_pretrained(directory)`` reads no model config: the same ids, no question."""
+    directory = save_for_hub(IsoLLMForCausalLM(IsoLLMConfig(**TINY)), tmp_path / "model", tokenizer=word_tokenizer())
+    expected = word_tokenizer().encode("w5 w9 w14 w300").ids
+    assert expected == [5, 9, 14, 0]
+    auto = run_without_llm(TOKENIZE, str(directory), "AutoTokenizer", cwd=tmp_path, asks=True)
+    assert "You are using a model of type `isollm` to instantiate a model of type ``" in auto.stderr
+    fast = run_without_llm(TOKENIZE, str(directory), "PreTrainedTokenizerFast", cwd=tmp_path)
+    assert stderr_besides_progress(fast) == []
+    for done in (auto, fast):
+        assert json.loads(done.stdout.strip().splitlines()[-1]) == ["TokenizersBackend", expected, 1]
+
+
 COMPLETE_DIRECTORY = """
     import json
     from transformers import AutoModelForCausalLM, AutoTokenizer, pipeline

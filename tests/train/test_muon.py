@@ -34,11 +34,12 @@ def random_grads(model: torch.nn.Module, seed: int) -> list[torch.Tensor]:
 
 
 def train_steps(model: torch.nn.Module, optimizer: torch.optim.Optimizer, grads: list[list[torch.Tensor]],
-                config) -> None:
-    for step, step_grads in enumerate(grads):
+                config, first: int = 0, total: int | None = None) -> None:
+    """Updates ``first``, ``first + 1``, ... of a run of ``total`` (default: ``len(grads)``) with these gradients."""
+    for step, step_grads in enumerate(grads, start=first):
         for p, g in zip(model.parameters(), step_grads, strict=True):
             p.grad = g.clone()
-        set_schedule(optimizer, config, len(grads), step)
+        set_schedule(optimizer, config, total or len(grads), step)
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
 
@@ -118,6 +119,26 @@ def test_the_adamw_half_of_a_muon_run_steps_exactly_as_an_adamw_run(config_of) -
     train_steps(twin, build_optimizer(twin, adamw_config), grads, adamw_config)
     for (name, p), q in zip(model.named_parameters(), twin.parameters(), strict=True):
         assert torch.equal(p, q) != name.endswith(HIDDEN), name
+
+
+def test_a_loaded_state_reaches_both_halves_once_and_resumes_exactly(config_of) -> None:
+    """``load_state_dict`` (a resume, Accelerate's ``prepare``) hands AdamW the loaded group dicts and state at once
+    (the groups are no longer rebuilt at every step), and 2 steps, a state-dict round trip and a third step give
+    the weights of 3 steps bitwise."""
+    config = config_of("model.ffn=isogmlp", "train.optimizer=muon")
+    model = build_model(config.model)
+    twin = copy.deepcopy(model)
+    grads = [random_grads(model, seed) for seed in range(3)]
+    train_steps(model, build_optimizer(model, config), grads, config)
+    first = build_optimizer(twin, config)
+    train_steps(twin, first, grads[:2], config, total=3)
+    resumed = build_optimizer(twin, config)
+    resumed.load_state_dict(copy.deepcopy(first.state_dict()))
+    assert resumed.adamw.state is resumed.state
+    assert [id(g) for g in resumed.adamw.param_groups + resumed.muon_groups] == [id(g) for g in resumed.param_groups]
+    train_steps(twin, resumed, grads[2:], config, first=2, total=3)
+    for (name, p), q in zip(model.named_parameters(), twin.parameters(), strict=True):
+        assert torch.equal(p, q), name
 
 
 @pytest.mark.parametrize("engine", ["fsdp2-full_shard", "fsdp2-shard_grad_op", "fsdp1-full_shard", "deepspeed-zero2",
