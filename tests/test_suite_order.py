@@ -20,13 +20,22 @@ class Item:
 
 
 def test_the_longest_tests_start_first_then_the_slow_ones_then_the_rest() -> None:
-    items = [Item("tests/bench/test_a.py::test_fast"), Item("tests/launch/test_gpu_check.py::test_dry_run[a]", True),
-             Item("tests/launch/test_gpu_check.py::test_fast"), Item("tests/data/test_b.py::test_slow", True),
-             Item("tests/launch/test_gpu_check.py::test_dry_run[b]", True),
-             Item("tests/test_readme.py::test_every_command", True), Item("tests/train/test_c.py::test_fast")]
+    items = [
+        Item("tests/bench/test_a.py::test_fast"),
+        Item("tests/launch/test_gpu_check.py::test_dry_run[a]", True),
+        Item("tests/launch/test_gpu_check.py::test_fast"),
+        Item("tests/data/test_b.py::test_slow", True),
+        Item("tests/launch/test_gpu_check.py::test_dry_run[b]", True),
+        Item("tests/test_readme.py::test_every_command", True),
+        Item("tests/train/test_c.py::test_fast"),
+    ]
     conftest.pytest_collection_modifyitems(items)
     assert [item.nodeid for item in items] == [
-        "tests/test_readme.py::test_every_command", "tests/launch/test_gpu_check.py::test_dry_run[a]",
-        "tests/launch/test_gpu_check.py::test_dry_run[b]", "tests/data/test_b.py::test_slow",
-        "tests/bench/test_a.py::test_fast", "tests/launch/test_gpu_check.py::test_fast",
-        "tests/train/test_c.py::test_fast"]
+        "tests/test_readme.py::test_every_command",
+        "tests/launch/test_gpu_check.py::test_dry_run[a]",
+        "tests/launch/test_gpu_check.py::test_dry_run[b]",
+        "tests/data/test_b.py::test_slow",
+        "tests/bench/test_a.py::test_fast",
+        "tests/launch/test_gpu_check.py::test_fast",
+        "tests/train/test_c.py::test_fast",
+    ]
