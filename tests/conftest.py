@@ -7,23 +7,11 @@ from pathlib import Path
 
 import pytest
 import torch
-from tiny import FINEWEB, fineweb_files
-
-LONGEST = ("tests/test_readme.py", "tests/launch/test_gpu_check.py")
-"""The files of the longest single tests (``--durations``, 2026-12-01: the README's commands ~3.5 minutes, each third
-of the GPU check's dry run ~2): their ``slow`` tests start first, in this order."""
+from tiny import FINEWEB, fineweb_files, longest_first
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """The longest tests first, then the other ``slow`` ones, then the rest, each in collection order: xdist
-    (``make test``'s ``-n 2 --dist loadgroup``) hands tests out in this order, so the short ones fill the end on both
-    workers instead of one long test started last keeping a worker busy alone (the README's test, collected near the
-    end, could start last and run its ~3.5 minutes alone)."""
-    def rank(item: pytest.Item) -> tuple[int, bool]:
-        slow, path = item.get_closest_marker("slow") is not None, item.nodeid.split("::")[0]
-        return LONGEST.index(path) if slow and path in LONGEST else len(LONGEST), not slow
-
-    items.sort(key=rank)
+    longest_first(items)
 
 
 @pytest.fixture(scope="session", autouse=True)

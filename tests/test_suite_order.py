@@ -1,11 +1,12 @@
-"""The suite's order (tests/conftest.py ``pytest_collection_modifyitems``): the longest tests first, then the other
-slow ones, then the rest, each group in collection order, so that xdist's two workers end together."""
+"""The suite's order (tests/tiny.py ``longest_first``, which tests/conftest.py's ``pytest_collection_modifyitems``
+applies): the longest tests first, then the other slow ones, then the rest, each group in collection order, so that
+xdist's two workers end together."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-import conftest
+from tiny import longest_first
 
 
 @dataclass
@@ -29,7 +30,7 @@ def test_the_longest_tests_start_first_then_the_slow_ones_then_the_rest() -> Non
         Item("tests/test_readme.py::test_every_command", True),
         Item("tests/train/test_c.py::test_fast"),
     ]
-    conftest.pytest_collection_modifyitems(items)
+    longest_first(items)
     assert [item.nodeid for item in items] == [
         "tests/test_readme.py::test_every_command",
         "tests/launch/test_gpu_check.py::test_dry_run[a]",
