@@ -167,8 +167,8 @@ def forget_sources() -> None:
 
 
 LONGEST = ("tests/test_readme.py", "tests/launch/test_gpu_check.py")
-"""The files of the longest single tests (``--durations``, 2026-12-01: the README's commands ~3.5 minutes, each third
-of the GPU check's dry run ~2): their ``slow`` tests start first, in this order."""
+"""The files of the longest single tests (``--durations`` on a quiet 2-core machine: the README's commands ~3.5
+minutes; the GPU check's dry run ~5.5, in three parts): their ``slow`` tests start first, in this order."""
 
 
 def longest_first(items: list[pytest.Item]) -> None:

@@ -22,9 +22,10 @@ PARTS = {
     "train+batch": ("train", "batch"),
     "the_rest": ("env", "pytest", "headline", "step", "long", "generate", "fp8_loss", "step_more"),
 }
-"""The dry run's stages in three runs of about equal time (a third of the ~6 minutes each on a quiet 2-core machine,
-measured 2026-12-01: compile's inductor build and train's four launches the longest), one test each, so that the
-two workers of ``make test`` share them; together every stage of the table (checked below)."""
+"""The dry run's stages in three runs of about equal time (whole, ~5.5 minutes on a quiet 2-core machine; on
+2026-12-01 under load these took 1051, 1142 and 1182 s, compile's inductor build and train's four launches the
+longest stages), one test each, so that the two workers of ``make test`` share them; together every stage of the
+table once (checked below)."""
 PASSES = {"compile": 2, "train": 3, "fp8_loss": 1}
 """``| pass |`` rows of the report, per stage: the compiled DDP run and the FP8 head vs eager DDP; fsdp2 and zero3 vs
 ddp and the resume; the FP8 head's losses vs bf16's (6 in all)."""
