@@ -134,25 +134,29 @@ def main() -> None:
     if args.startup:
         return startup(args)
 
-    tokenizers = {"qwen3": load_tokenizer(None)}
-    if args.bpe:
-        tokenizers["bpe"] = load_tokenizer(args.bpe)
-    elif not args.no_bpe:
-        start = time.perf_counter()
-        tokenizers[f"bpe-{args.bpe_vocab}"] = train_tokenizer([args.source], args.bpe_vocab, tempfile.mkdtemp())
-        print(f"trained bpe-{args.bpe_vocab} in {time.perf_counter() - start:.1f} s")
+    # the trained BPE and the loaders' data caches (footers, digests): a fresh folder, removed after, never the
+    # repository's data_cache/ (DataConfig's default), which a test suite running beside this checks stays absent
+    with tempfile.TemporaryDirectory() as scratch:
+        tokenizers = {"qwen3": load_tokenizer(None)}
+        if args.bpe:
+            tokenizers["bpe"] = load_tokenizer(args.bpe)
+        elif not args.no_bpe:
+            start = time.perf_counter()
+            tokenizers[f"bpe-{args.bpe_vocab}"] = train_tokenizer([args.source], args.bpe_vocab, scratch)
+            print(f"trained bpe-{args.bpe_vocab} in {time.perf_counter() - start:.1f} s")
 
-    steps = "  ".join(f"{t:,.0f}/s" for t in args.step_tokens_per_s)
-    print(f"seq_len {args.seq_len}, micro batch {args.micro_batch_size}, {args.tokens:,} tokens per row")
-    print(f"{'tokenizer':<12}{'workers':>8}{'first batch s':>15}{'tokens/s':>12}   "
-          f"loader / training ({steps})   workers per GPU at {args.gpu_tokens_per_s:,.0f}/s")
-    for name, tok in tokenizers.items():
-        for workers in args.workers:
-            first, rate = measure(DataConfig(source=args.source, seq_len=args.seq_len, num_workers=workers,
-                                             shuffle_block=args.shuffle_block), tok, args.micro_batch_size, args.tokens)
-            ratios = "  ".join(f"{rate / t:>8.1f}x" for t in args.step_tokens_per_s)
-            per_gpu = f"{math.ceil(args.gpu_tokens_per_s / rate):>6}" if workers == 1 else ""
-            print(f"{name:<12}{workers:>8}{first:>15.2f}{rate:>12,.0f}   {ratios}   {per_gpu}")
+        steps = "  ".join(f"{t:,.0f}/s" for t in args.step_tokens_per_s)
+        print(f"seq_len {args.seq_len}, micro batch {args.micro_batch_size}, {args.tokens:,} tokens per row")
+        print(f"{'tokenizer':<12}{'workers':>8}{'first batch s':>15}{'tokens/s':>12}   "
+              f"loader / training ({steps})   workers per GPU at {args.gpu_tokens_per_s:,.0f}/s")
+        for name, tok in tokenizers.items():
+            for workers in args.workers:
+                cfg = DataConfig(source=args.source, seq_len=args.seq_len, num_workers=workers,
+                                 shuffle_block=args.shuffle_block, cache_dir=scratch)
+                first, rate = measure(cfg, tok, args.micro_batch_size, args.tokens)
+                ratios = "  ".join(f"{rate / t:>8.1f}x" for t in args.step_tokens_per_s)
+                per_gpu = f"{math.ceil(args.gpu_tokens_per_s / rate):>6}" if workers == 1 else ""
+                print(f"{name:<12}{workers:>8}{first:>15.2f}{rate:>12,.0f}   {ratios}   {per_gpu}")
 
 
 if __name__ == "__main__":

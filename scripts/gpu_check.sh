@@ -9,6 +9,7 @@
 # `make gpu-wheels` fills .whl/ (carry it); see docs/performance.md, "On a GPU machine".
 #   scripts/gpu_check.sh --part N [OUTDIR]    N in 1 2 3 4 5; OUTDIR: default $OUT
 #   scripts/gpu_check.sh --dry-run [OUTDIR]   every stage at tiny size on CPU (fp32, no fla, no wheels)
+# After OUTDIR, scripts/gpu_check.py's other options, e.g. --stage compile --stage train (only those stages).
 # Environment: PYTHON (default python3), SITE (wheel install target, default /tmp/isollm-site).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -18,6 +19,7 @@ if [[ "${1:-}" == "--dry-run" ]]; then mode=(--dry-run); shift
 elif [[ "${1:-}" == "--part" ]]; then mode=(--part "${2:-}"); shift 2
 else echo "gpu_check.sh: error: give --part 1|2|3|4|5 (one device call each) or --dry-run" >&2; exit 2; fi
 OUTDIR=${1:-${OUT:-}}
+shift $(( $# > 0 ))
 if [[ -z "$OUTDIR" ]]; then echo "gpu_check.sh: error: give OUTDIR or set \$OUT" >&2; exit 2; fi
 
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
@@ -33,4 +35,4 @@ if [[ "${mode[0]}" == "--part" ]]; then
         export PYTHONPATH="$SITE:$PYTHONPATH"
     fi
 fi
-exec "$PYTHON" scripts/gpu_check.py "${mode[@]}" "$OUTDIR"
+exec "$PYTHON" scripts/gpu_check.py "${mode[@]}" "$OUTDIR" "$@"

@@ -18,7 +18,6 @@ from pathlib import Path
 # root that holds bench and llm: without this, they would need PYTHONPATH (or import another checkout's llm).
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from bench.paired import PairedRatio, median_interval, paired_ratio, verdict
-from llm.model.attention import FLA_MIN_LENGTH
 
 Row = tuple[str, str, str]
 """A line of the report's targets table: what, the figure, the verdict ("-" where the row has no target)."""
@@ -191,6 +190,8 @@ def reference_rows(run: dict) -> list[Row]:
 def attention_targets(by_length: dict, from_t: int) -> list[Row]:
     """From ``from_t`` on, every iso_tanh form faster than SDPA (paired per round) with no more memory; at every
     length, whether ``FLA_MIN_LENGTH`` picks the faster of the compiled forms (paired)."""
+    from llm.model.attention import FLA_MIN_LENGTH  # here: llm imports torch and transformers, ~10 s of each check run
+
     rows = []
     for t, impls in by_length.items():
         for linear in [impl for impl in impls if impl != "sdpa" and int(t) >= from_t]:

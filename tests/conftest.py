@@ -7,7 +7,11 @@ from pathlib import Path
 
 import pytest
 import torch
-from tiny import FINEWEB, fineweb_files
+from tiny import FINEWEB, fineweb_files, longest_first
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    longest_first(items)
 
 
 @pytest.fixture(scope="session", autouse=True)

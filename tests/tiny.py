@@ -164,3 +164,21 @@ def forget_sources() -> None:
     for cached in (sources._resolve_once, sources.source_fingerprint, sources._repository_files,
                    footers.parquet_metadata, files.file_size):
         cached.cache_clear()
+
+
+LONGEST = ("tests/test_readme.py", "tests/launch/test_gpu_check.py")
+"""The files of the longest single tests (``--durations`` on a quiet 2-core machine: the README's commands ~3.5
+minutes; the GPU check's dry run ~5.5, in three parts): their ``slow`` tests start first, in this order."""
+
+
+def longest_first(items: list[pytest.Item]) -> None:
+    """The suite's order (tests/conftest.py's ``pytest_collection_modifyitems``), in place: the longest tests first,
+    then the other ``slow`` ones, then the rest, each in collection order. xdist (``make test``'s ``-n 2 --dist
+    loadgroup``) hands tests out in this order, so the short ones fill the end on both workers instead of one long
+    test started last keeping a worker busy alone (the README's test, collected near the end, could start last and
+    run its ~3.5 minutes alone)."""
+    def rank(item: pytest.Item) -> tuple[int, bool]:
+        slow, path = item.get_closest_marker("slow") is not None, item.nodeid.split("::")[0]
+        return LONGEST.index(path) if slow and path in LONGEST else len(LONGEST), not slow
+
+    items.sort(key=rank)
