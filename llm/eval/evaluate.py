@@ -99,8 +99,7 @@ def _named_by_its_step(resolved: ResolvedModel) -> ResolvedModel:
 def resolve_checkpoint(target: str) -> ResolvedModel:
     """A run directory (-> its newest complete checkpoint), a checkpoint directory (checked against its
     manifest), its ``model/`` directory, or a hub id. Raise FileNotFoundError naming ``target`` for a local
-    path that is none; a checkpoint whose name is another step than it holds is an ``EvalError``
-    (``_named_by_its_step``)."""
+    path that is none, EvalError for a checkpoint named for another step than it holds (``_named_by_its_step``)."""
     path = Path(target).expanduser()
     if path.is_dir():
         if (path / "checkpoints").is_dir() or (path / "metrics.jsonl").is_file():
