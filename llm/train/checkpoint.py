@@ -182,11 +182,11 @@ def load_checkpoint(path: str | Path, *, accelerator: Accelerator, loader: Any, 
     run's identity (``llm.train.run_identity``: every field but the model, the data and a declared few, the seed
     and the optimizer's betas among them), the model config (every field) and the data's identity
     (``llm.data.identity``), each a ``ConfigError`` naming every field that differs with both values; then the
-    tokenizer. A field the checkpoint predates is read as ``load_config`` reads a saved run: as runs had it before the field existed (``train.tf32``
-    false, ``data.document_masking`` false), else its default, which was the behaviour then (``train.optimizer``
-    adamw): an old checkpoint is refused only where this run would train otherwise than it did. A checkpoint from
-    before the schedule was a function of the step (llm/train/optim.py) also holds a scheduler.bin, which nothing
-    reads."""
+    tokenizer. A field the checkpoint predates is read as ``load_config`` reads a saved run: as runs had it before
+    the field existed (``train.tf32`` false, ``data.document_masking`` false), else its default, which was the
+    behaviour then (``train.optimizer`` adamw): an old checkpoint is refused only where this run would train
+    otherwise than it did. A checkpoint from before the schedule was a function of the step (llm/train/optim.py)
+    also holds a scheduler.bin, which nothing reads."""
     path = Path(path)
     saved_config = load_config(str(path / "config.yaml"), saved_run=True)
     recorded = run_identity(saved_config)
