@@ -151,7 +151,7 @@ def _compare(argv: list[str]) -> int:
     from llm.eval.runs import expand_run_dirs, load_run
     from llm.eval.scaling import scaling_series
 
-    args = _compare_parser().parse_args(argv)
+    args = _compare_parser().parse_intermixed_args(argv)  # run directories may follow options
     runs, unreadable = [], []
     for run_dir in expand_run_dirs(args.runs):
         try:

@@ -37,7 +37,7 @@ def main(argv: list[str] | None = None) -> int:
     plan.add_argument("--seq-len", type=int, default=None, help="default: the config's data.seq_len")
     plan.add_argument("--micro-batch", type=int, default=None, help="default: the config's train.micro_batch_size")
     plan.add_argument("--precision", choices=("bf16", "fp32"), default="bf16")
-    args = parser.parse_args(argv)
+    args = parser.parse_intermixed_args(argv)  # overrides may follow options (--plan key=value)
     try:
         run = load_config([args.size, *args.config], [PLACEHOLDER_BUDGET, *args.overrides])
         if args.plan:

@@ -100,7 +100,7 @@ def _load(files: list[str], overrides: list[str]) -> RunConfig:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = _parser().parse_args(argv)
+    args = _parser().parse_intermixed_args(argv)  # overrides may follow options
     try:
         config = _load(args.config, args.overrides)
     except (ConfigError, FileNotFoundError) as err:

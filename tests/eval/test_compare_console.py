@@ -23,7 +23,8 @@ def test_the_console_table_drops_the_columns_no_row_fills_and_names_the_full_tab
         tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     runs = [write_run(tmp_path / "runs", variant, 0, loss) for variant, loss in
             (("swiglu+softmax", 4.93), ("isogmlp+softmax", 4.95))]
-    assert main(["compare", *map(str, runs), "--out", str(tmp_path / "out"), "--no-plots"]) == 0
+    # a run directory may follow the options (both rows below)
+    assert main(["compare", str(runs[0]), "--out", str(tmp_path / "out"), "--no-plots", str(runs[1])]) == 0
     printed = capsys.readouterr().out
     assert _header(printed) == ONE_SEED
     assert f"every column: {tmp_path / 'out' / 'comparison.md'}, and comparison.csv beside it" in printed

@@ -101,8 +101,11 @@ def test_cpu_sizes_load_and_state_their_counts(name):
     assert set(asdict(config)) == {f.name for f in fields(ModelConfig)}
 
 
-def test_params_cli_prints_counts_and_resolved_intermediate_size(capsys):
-    assert params_main([str(SIZES / "83m.yaml"), "model.ffn=isogmlp", "model.ffn_param_match=true"]) == 0
+@pytest.mark.parametrize("argv", [["model.ffn=isogmlp", "model.ffn_param_match=true"],
+                                  ["--plan", "model.ffn=isogmlp", "model.ffn_param_match=true"]])
+def test_params_cli_prints_counts_and_resolved_intermediate_size(argv: list[str], capsys):
+    """Overrides are read before or after the flags (``isollm-params SIZE --plan key=value``)."""
+    assert params_main([str(SIZES / "83m.yaml"), *argv]) == 0
     out = capsys.readouterr().out
     total, non_embedding = param_counts(ModelConfig(**{**asdict(load_config(
         [str(SIZES / "83m.yaml")], ["train.max_steps=1"]).model), "ffn": "isogmlp", "ffn_param_match": True}))

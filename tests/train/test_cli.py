@@ -43,6 +43,14 @@ def test_a_list_for_a_mapping_in_a_config_file_is_one_line(tmp_path: Path, capsy
                                        "reverse\n")
 
 
+def test_overrides_may_follow_an_option(tmp_path: Path, capsys) -> None:
+    """``train.py model.ffn=swiglu --config FILE model.ffn=nope``: every override is read, wherever it stands
+    (argparse's plain parse stops filling a positional list at the first option and refuses the rest)."""
+    (path := tmp_path / "run.yaml").write_text("train:\n  max_steps: 1\n")
+    assert main([f"out_dir={tmp_path / 'runs'}", "--config", str(path), "model.ffn=nope"]) == 2
+    assert capsys.readouterr().err.startswith("error: model.ffn: unknown value 'nope'")
+
+
 def test_missing_config_file(tmp_path: Path, capsys) -> None:
     assert main(["--config", str(tmp_path / "nope.yaml")]) == 2
     assert capsys.readouterr().err.startswith("error: config: no such config file")
