@@ -86,7 +86,7 @@ def _compare_parser() -> argparse.ArgumentParser:
     parser.add_argument("--tune", action="append", default=[], metavar="KEY",
                         help="config key tuned per variant (repeatable, e.g. --tune train.lr): runs differing only in "
                         "it and the seed are one variant, reported at the value with the lowest mean final val "
-                        "loss; adds the sensitivity table and <key>_sensitivity.png")
+                        "loss over the seeds the values share; adds the sensitivity table and <key>_sensitivity.png")
     parser.add_argument("--target-gap", type=_gap_nats, default=None, metavar="NATS",
                         help="the smallest gap worth detecting, chosen before the runs: adds the seeds per arm it "
                         "needs at each row's and its baseline's observed spreads (choosing seeds: docs/comparison.md)")

@@ -257,7 +257,8 @@ def format_table(comparison: Comparison, full: Path | None = None) -> str:
         *(["[key]: a short name of the row's configuration (less its size), which --baseline accepts."]
           if any(row.key for row in comparison.rows) else []),
         "Val loss: mean ± sample std (ddof=1) over the n complete seeds."
-        + (f" Each row at the value of {', '.join(comparison.tune)} with the lowest mean." if comparison.tune else ""),
+        + (f" Each row at the value of {', '.join(comparison.tune)} with the lowest mean over the seeds its "
+           "values share." if comparison.tune else ""),
         f"¹ Gap: the row's mean minus {comparison.baseline}'s"
         f"{' at the same model size' if len(comparison.baselines) > 1 else ''}; Welch's 95% interval and t-test.",
         "² Pre-clip gradient-norm variance after warmup, in squared norm units (isogmlp 4.3), mean over seeds.",

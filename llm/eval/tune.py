@@ -4,7 +4,9 @@ The runs of one variant (a row of ``llm.eval.grouping.group_runs`` with KEY left
 points, one per value of the tuned keys. A point's loss is the mean final validation loss of its complete runs
 (``RunRecord.complete``: a diverged or incomplete run never counts); the row takes the point with the lowest mean
 among those where no run diverged (an lr that diverged for one seed is not a value to recommend, whatever its
-other seeds reached). A best value at the edge of the grid (its smallest or largest
+other seeds reached), the means taken over the seeds those points share where they share any: like for like, so
+that a value confirmed on more seeds, as the warnings below ask, is not judged on another draw of initialisations
+than the values beside it. A best value at the edge of the grid (its smallest or largest
 value) is only a bound, and is warned about. So is a best value that may sit at the edge of stability: one chosen
 on a single seed, or one where a run spiked after warmup (``RunRecord.grad_norm_spike``). In the tuned replication
 (docs/results/replicate-cpu-tuned) a one-seed grid chose lrs whose fresh seeds spiked, one grid step too high.
@@ -13,6 +15,7 @@ A key at one value in every run is no choice, and is warned about too.
 
 from __future__ import annotations
 
+import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -38,6 +41,10 @@ class TunePoint:
     @property
     def summary(self) -> Summary:
         return Summary.of(self.losses)
+
+    def mean_over(self, seeds: set[int]) -> float:
+        """The mean final validation loss of its complete runs of ``seeds``."""
+        return statistics.fmean(run.final_val_loss for run in self.runs if run.complete and run.seed in seeds)
 
     @property
     def diverged(self) -> int:
@@ -68,9 +75,13 @@ def tune_points(runs: Sequence[RunRecord], keys: Sequence[str]) -> list[TunePoin
 
 
 def choose(points: Sequence[TunePoint]) -> TunePoint | None:
-    """The point with the lowest mean final validation loss where no run diverged; None when there is none."""
+    """The point with the lowest mean final validation loss where no run diverged, over the seeds all such points
+    share (over each point's own where they share none); None when there is none."""
     scored = [point for point in points if point.losses and not point.diverged]
-    return min(scored, key=lambda point: point.summary.mean) if scored else None
+    if not scored:
+        return None
+    shared = set.intersection(*({run.seed for run in point.runs if run.complete} for point in scored))
+    return min(scored, key=lambda point: point.mean_over(shared) if shared else point.summary.mean)
 
 
 def choice_warnings(label: str, points: Sequence[TunePoint], best: TunePoint | None, keys: Sequence[str]
