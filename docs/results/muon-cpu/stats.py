@@ -1,6 +1,6 @@
 """The optimizer-by-FFN statistics of docs/results/muon-cpu/README.md, which ``eval.py compare`` does not print.
 
-    python docs/results/muon-cpu/stats.py 'runs/muon-*-s[0-9]' > docs/results/muon-cpu/stats.md
+    python docs/results/muon-cpu/stats.py 'runs/muon-*-s[0-9]' 'runs/muonlr-*' > docs/results/muon-cpu/stats.md
 
 Every run of the study shares its data order, validation set, lr and budget; a run's seed fixes its
 initialisation, which the two optimizers share exactly (the optimizer draws no random numbers), so every
@@ -11,10 +11,16 @@ two-sided paired t 95% interval (n - 1 degrees of freedom: with 2 seeds the inte
 1. the final validation loss of each (FFN, optimizer) cell, mean ± SD over seeds;
 2. Muon - AdamW for each FFN (same init, same data: the optimizer's effect alone);
 3. each isotropic FFN's gap to SwiGLU under each optimizer, and the interaction (the gap under Muon minus the
-   gap under AdamW): does the gap change size or sign when the optimizer stops privileging the basis?
+   gap under AdamW): does the gap change size or sign when the optimizer stops privileging the basis? With the
+   interaction's SD over seeds, its minimum detectable effect and the seeds the observed one would need;
 4. per layer (the residual stream after each block, ``llm.metrics.layers``) at the last evaluation:
    ``basis_alignment`` (1 = no preferred basis; > 1 = mass on a few standard-basis coordinates) and IsoScore
    (rotation invariant), each cell's mean and Muon - AdamW per FFN, paired.
+5. the lr check: runs at another ``train.lr`` than the study's (the lr most runs have), SwiGLU under each
+   optimizer. Per optimizer the loss at each lr and the change from the study's lr, paired; and Muon - AdamW with
+   each at its best lr tried (chosen on the same seeds it is reported on: optimistic where the lrs are close);
+6. the other FFNs at another lr (one seed each here): each gap to SwiGLU at that lr and optimizer, beside the
+   same seed's gap under AdamW at the study's lr, and their difference (the interaction at Muon's better lr).
 """
 
 from __future__ import annotations
@@ -28,6 +34,7 @@ from collections.abc import Sequence
 from scipy import stats
 
 from llm.eval.runs import RunRecord, expand_run_dirs, load_run
+from llm.eval.stats import paired_mde, pairs_needed
 
 BASELINE_FFN = "swiglu"
 OPTIMIZERS = ("adamw", "muon")
@@ -54,16 +61,21 @@ def last_eval(run: RunRecord) -> dict:
 
 
 def main(patterns: Sequence[str]) -> None:
-    cells: dict[tuple[str, str], dict[int, RunRecord]] = defaultdict(dict)
+    by_lr: dict[float, dict[tuple[str, str], dict[int, RunRecord]]] = defaultdict(lambda: defaultdict(dict))
     for path in expand_run_dirs(patterns):
         run = load_run(path)
-        cells[(run.config.model.ffn, run.config.train.optimizer)][run.seed] = run
+        if not run.complete:  # a run still going (or killed) would enter with an earlier step's loss
+            sys.exit(f"{path}: {run.status} (last evaluation at step {last_eval(run)['step'] if run.evals else None} "
+                     f"of {run.last_step}): only complete runs are compared")
+        by_lr[run.config.train.lr][(run.config.model.ffn, run.config.train.optimizer)][run.seed] = run
+    study_lr = max(by_lr, key=lambda lr: sum(map(len, by_lr[lr].values())))
+    cells = by_lr[study_lr]
     ffns = sorted({ffn for ffn, _ in cells}, key=lambda f: (f != BASELINE_FFN, f))
     seeds = sorted(set.intersection(*(set(runs) for runs in cells.values())))
     loss = {cell: {s: last_eval(runs[s])["val_loss"] for s in seeds} for cell, runs in cells.items()}
     steps = {last_eval(run)["step"] for runs in cells.values() for run in runs.values()}
-    print(f"Runs: {sum(map(len, cells.values()))}; seeds in every cell: {seeds}; last evaluation at step(s) "
-          f"{sorted(steps)}.\n")
+    print(f"Runs at the study's train.lr = {study_lr:g}: {sum(map(len, cells.values()))}; seeds in every cell: "
+          f"{seeds}; last evaluation at step(s) {sorted(steps)}.\n")
 
     print("## 1. Final validation loss (mean ± SD over seeds)\n")
     print("| FFN | " + " | ".join(OPTIMIZERS) + " |\n|---|" + "---|" * len(OPTIMIZERS))
@@ -76,11 +88,16 @@ def main(patterns: Sequence[str]) -> None:
         print(f"| {ffn} | {paired([loss[(ffn, 'muon')][s] - loss[(ffn, 'adamw')][s] for s in seeds])} |")
 
     print(f"\n## 3. Gap to {BASELINE_FFN} under each optimizer, and the interaction (paired by seed)\n")
-    print("| FFN | gap, AdamW | gap, Muon | gap under Muon - gap under AdamW |\n|---|---|---|---|")
+    print("| FFN | gap, AdamW | gap, Muon | gap under Muon - gap under AdamW | its SD over seeds | MDE | seeds for "
+          "it |\n|---|---|---|---|---|---|---|")
     for ffn in ffns[1:]:
         gap = {opt: [loss[(ffn, opt)][s] - loss[(BASELINE_FFN, opt)][s] for s in seeds] for opt in OPTIMIZERS}
         interaction = [m - a for m, a in zip(gap["muon"], gap["adamw"], strict=True)]
-        print(f"| {ffn} | {paired(gap['adamw'])} | {paired(gap['muon'])} | {paired(interaction)} |")
+        sd = statistics.stdev(interaction) if len(seeds) > 1 else math.nan
+        print(f"| {ffn} | {paired(gap['adamw'])} | {paired(gap['muon'])} | {paired(interaction)} | {sd:.4f} | "
+              f"{paired_mde(sd, len(seeds)):.4f} | {pairs_needed(abs(statistics.fmean(interaction)), sd):g} |")
+    print("\nMDE: the interaction these seeds resolve with 80% power (paired t at p < 0.05, if the SD over seeds is "
+          "the true one); seeds for it: the fewest that resolve the observed interaction so (llm.eval.stats).")
 
     for metric in ("basis_alignment", "isoscore"):
         print(f"\n## 4. `{metric}` per layer at the last evaluation (mean over seeds; Muon - AdamW paired)\n")
@@ -92,10 +109,51 @@ def main(patterns: Sequence[str]) -> None:
         for ffn in ffns:
             for opt in OPTIMIZERS:
                 means = [statistics.fmean(value[(ffn, opt)][s][i] for s in seeds) for i in range(len(layers))]
-                print(f"| {ffn} | {opt} | " + " | ".join(f"{m:.4g}" for m in means) + " |")
+                print(f"| {ffn} | {opt} | " + " | ".join(f"{m:#.4g}" for m in means) + " |")
             diffs = [paired([value[(ffn, "muon")][s][i] - value[(ffn, "adamw")][s][i] for s in seeds])
                      for i in range(len(layers))]
             print(f"| {ffn} | Muon - AdamW | " + " | ".join(diffs) + " |")
+
+    if len(by_lr) > 1:
+        lr_check(by_lr, study_lr)
+
+
+def lr_check(by_lr: dict[float, dict[tuple[str, str], dict[int, RunRecord]]], study_lr: float) -> None:
+    """Sections 5 and 6: every lr each optimizer ran SwiGLU at, and the other FFNs at another lr than the study's."""
+    loss = {(lr, ffn, opt): {s: last_eval(run)["val_loss"] for s, run in runs.items()}
+            for lr, cells in by_lr.items() for (ffn, opt), runs in cells.items()}
+    print(f"\n## 5. The lr check: {BASELINE_FFN} at every lr (changes paired by seed, on the seeds both lrs have)\n")
+    print(f"| optimizer | train.lr | final val loss (mean ± SD) | seeds | change from lr {study_lr:g} |\n"
+          "|---|---|---|---|---|")
+    best = {}
+    for opt in OPTIMIZERS:
+        lrs = sorted(lr for lr, ffn, o in loss if (ffn, o) == (BASELINE_FFN, opt))
+        for lr in lrs:
+            here, study = loss[(lr, BASELINE_FFN, opt)], loss[(study_lr, BASELINE_FFN, opt)]
+            shared = sorted(set(here) & set(study))
+            change = "" if lr == study_lr else paired([here[s] - study[s] for s in shared]) + f" (seeds {shared})"
+            print(f"| {opt} | {lr:g} | {mean_sd(list(here.values()))} | {sorted(here)} | {change} |")
+        # the better lr on the seeds every lr of this optimizer has (the choice compare --tune makes)
+        shared = set.intersection(*(set(loss[(lr, BASELINE_FFN, opt)]) for lr in lrs))
+        best[opt] = min(lrs, key=lambda lr: statistics.fmean(loss[(lr, BASELINE_FFN, opt)][s] for s in shared))
+    seeds = sorted(set(loss[(best["muon"], BASELINE_FFN, "muon")]) & set(loss[(best["adamw"], BASELINE_FFN, "adamw")]))
+    at_best = paired([loss[(best["muon"], BASELINE_FFN, "muon")][s] - loss[(best["adamw"], BASELINE_FFN, "adamw")][s]
+                      for s in seeds])
+    print(f"\nEach at its best lr tried (chosen on the seeds all its lrs share, then reported on them too: "
+          f"optimistic): AdamW at {best['adamw']:g}, Muon at {best['muon']:g}; Muon - AdamW {at_best} "
+          f"(seeds {seeds}).")
+    others = sorted((lr, ffn, opt) for lr, ffn, opt in loss if lr != study_lr and ffn != BASELINE_FFN)
+    if not others:
+        return
+    print(f"\n## 6. The other FFNs at another lr: gap to {BASELINE_FFN} at the same lr and optimizer, per seed, beside "
+          f"the gap under AdamW at lr {study_lr:g}\n")
+    print(f"| FFN | optimizer | train.lr | seed | gap | gap, AdamW at lr {study_lr:g} | interaction |\n"
+          "|---|---|---|---|---|---|---|")
+    for lr, ffn, opt in others:
+        for s in sorted(loss[(lr, ffn, opt)]):
+            gap = loss[(lr, ffn, opt)][s] - loss[(lr, BASELINE_FFN, opt)][s]
+            adamw = loss[(study_lr, ffn, "adamw")][s] - loss[(study_lr, BASELINE_FFN, "adamw")][s]
+            print(f"| {ffn} | {opt} | {lr:g} | {s} | {gap:+.4f} | {adamw:+.4f} | {gap - adamw:+.4f} |")
 
 
 if __name__ == "__main__":
