@@ -1,6 +1,6 @@
 """The optimizer-by-FFN statistics of docs/results/muon-cpu/README.md, which ``eval.py compare`` does not print.
 
-    python docs/results/muon-cpu/stats.py 'runs/muon-*-s[0-9]' 'runs/muonlr-swiglu-*' > docs/results/muon-cpu/stats.md
+    python docs/results/muon-cpu/stats.py 'runs/muon-*-s[0-9]' 'runs/muonlr-*' > docs/results/muon-cpu/stats.md
 
 Every run of the study shares its data order, validation set, lr and budget; a run's seed fixes its
 initialisation, which the two optimizers share exactly (the optimizer draws no random numbers), so every
