@@ -33,6 +33,8 @@ class TunePoint:
 
     values: tuple[Any, ...]
     runs: list[RunRecord]
+    chosen_on: int = 0
+    """The number of seeds ``choose`` compared it on, once chosen (those every scored point shares)."""
 
     @property
     def losses(self) -> list[float]:
@@ -81,7 +83,9 @@ def choose(points: Sequence[TunePoint]) -> TunePoint | None:
     if not scored:
         return None
     shared = set.intersection(*({run.seed for run in point.runs if run.complete} for point in scored))
-    return min(scored, key=lambda point: point.mean_over(shared) if shared else point.summary.mean)
+    best = min(scored, key=lambda point: point.mean_over(shared) if shared else point.summary.mean)
+    best.chosen_on = len(shared) or len(best.losses)
+    return best
 
 
 def choice_warnings(label: str, points: Sequence[TunePoint], best: TunePoint | None, keys: Sequence[str]
@@ -108,8 +112,9 @@ def edge_warning(label: str, points: Sequence[TunePoint], best: TunePoint, keys:
 
 
 def one_seed_warning(chosen: dict[str, TunePoint | None], keys: Sequence[str]) -> str | None:
-    """One warning naming the rows whose chosen value rests on a single complete run (row label -> its choice)."""
-    rows = [label for label, best in chosen.items() if best is not None and len(best.losses) == 1]
+    """One warning naming the rows whose chosen value rests on a single seed: one complete run, or one seed shared
+    with the other values (row label -> its choice)."""
+    rows = [label for label, best in chosen.items() if best is not None and best.chosen_on == 1]
     if not rows:
         return None
     return (f"{'row' if len(rows) == 1 else 'rows'} {', '.join(rows)}: the chosen {', '.join(keys)} rests on one "

@@ -58,7 +58,7 @@ def test_each_variant_at_its_best_lr(lr_sweep: Path, tmp_path: Path, capsys: pyt
     assert png[:8] == b"\x89PNG\r\n\x1a\n" and len(png) > 10_000
 
 
-def test_values_are_chosen_on_the_seeds_they_share(tmp_path: Path) -> None:
+def test_values_are_chosen_on_the_seeds_they_share(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """A value confirmed on a third seed (as the one-seed warning asks) is judged on the seeds the other values
     have: over all of its seeds 1e-3's mean (4.807) is below 2e-3's (4.855), over seeds 0 and 1 it is above
     (4.91); the table still reports 1e-3's mean over its three seeds."""
@@ -72,6 +72,10 @@ def test_values_are_chosen_on_the_seeds_they_share(tmp_path: Path) -> None:
     assert float(row["train.lr"]) == 2e-3
     table = (tmp_path / "out" / "comparison.md").read_text()
     assert "| swiglu+softmax | 0.001 | 4.8067 ± 0.1793 | 3 | 0 / 0 |" in table
+    # a probe of one seed at another value leaves one shared seed to choose on: said, whatever the chosen value has
+    write_run(root, "swiglu+softmax", 0, 5.5, train__lr=4e-3, dirname="lr0.004-s0")
+    assert main(["compare", str(root / "*"), "--tune", "train.lr", "--out", str(tmp_path / "out"), "--no-plots"]) == 0
+    assert "rests on one seed" in capsys.readouterr().err
 
 
 def test_a_value_where_every_run_diverged_is_marked(lr_sweep: Path, tmp_path: Path) -> None:
