@@ -35,6 +35,7 @@ from scipy import stats
 
 from llm.eval.runs import RunRecord, expand_run_dirs, load_run
 from llm.eval.stats import paired_mde, pairs_needed
+from llm.eval.tune import choose, tune_points
 
 BASELINE_FFN = "swiglu"
 OPTIMIZERS = ("adamw", "muon")
@@ -133,9 +134,9 @@ def lr_check(by_lr: dict[float, dict[tuple[str, str], dict[int, RunRecord]]], st
             shared = sorted(set(here) & set(study))
             change = "" if lr == study_lr else paired([here[s] - study[s] for s in shared]) + f" (seeds {shared})"
             print(f"| {opt} | {lr:g} | {mean_sd(list(here.values()))} | {sorted(here)} | {change} |")
-        # the better lr on the seeds every lr of this optimizer has (the choice compare --tune makes)
-        shared = set.intersection(*(set(loss[(lr, BASELINE_FFN, opt)]) for lr in lrs))
-        best[opt] = min(lrs, key=lambda lr: statistics.fmean(loss[(lr, BASELINE_FFN, opt)][s] for s in shared))
+        # the choice compare --tune makes (on the seeds every lr of this optimizer has)
+        runs = [run for lr in lrs for run in by_lr[lr][(BASELINE_FFN, opt)].values()]
+        best[opt] = choose(tune_points(runs, ["train.lr"])).values[0]
     seeds = sorted(set(loss[(best["muon"], BASELINE_FFN, "muon")]) & set(loss[(best["adamw"], BASELINE_FFN, "adamw")]))
     at_best = paired([loss[(best["muon"], BASELINE_FFN, "muon")][s] - loss[(best["adamw"], BASELINE_FFN, "adamw")][s]
                       for s in seeds])
