@@ -167,7 +167,7 @@ def _at_chosen_values(groups: dict[str, list[RunRecord]], tune: Sequence[str], w
         warnings += choice_warnings(label, points, best, tune)
         chosen[label] = ([r for r in members if not r.complete], {}) if best is None else \
             (best.runs, dict(zip(tune, best.values, strict=True)))  # no value to choose: its runs are listed
-    if (one_seed := one_seed_warning(bests, tune)) is not None:
+    if (one_seed := one_seed_warning(sensitivity, bests, tune)) is not None:
         warnings.append(one_seed)
     return chosen, sensitivity
 

@@ -24,7 +24,7 @@ from llm.eval.runs import RunRecord
 from llm.eval.stats import Summary
 
 __all__ = ["TunePoint", "at_values", "choice_warnings", "choose", "edge_warning", "one_seed_warning",
-           "spike_warnings", "tune_points", "values_of"]
+           "scored", "shared_seeds", "spike_warnings", "tune_points", "values_of"]
 
 
 @dataclass
@@ -33,8 +33,6 @@ class TunePoint:
 
     values: tuple[Any, ...]
     runs: list[RunRecord]
-    chosen_on: int = 0
-    """The number of seeds ``choose`` compared it on, once chosen (those every scored point shares)."""
 
     @property
     def losses(self) -> list[float]:
@@ -76,16 +74,23 @@ def tune_points(runs: Sequence[RunRecord], keys: Sequence[str]) -> list[TunePoin
     return [TunePoint(values, points[values]) for values in sorted(points)]
 
 
+def scored(points: Sequence[TunePoint]) -> list[TunePoint]:
+    """The points ``choose`` chooses among: those with a complete run and no diverged one."""
+    return [point for point in points if point.losses and not point.diverged]
+
+
+def shared_seeds(points: Sequence[TunePoint]) -> set[int]:
+    """The seeds with a complete run at every scored point: those ``choose`` compares the points on."""
+    return set.intersection(*({run.seed for run in point.runs if run.complete} for point in scored(points)))
+
+
 def choose(points: Sequence[TunePoint]) -> TunePoint | None:
     """The point with the lowest mean final validation loss where no run diverged, over the seeds all such points
     share (over each point's own where they share none); None when there is none."""
-    scored = [point for point in points if point.losses and not point.diverged]
-    if not scored:
+    if not scored(points):
         return None
-    shared = set.intersection(*({run.seed for run in point.runs if run.complete} for point in scored))
-    best = min(scored, key=lambda point: point.mean_over(shared) if shared else point.summary.mean)
-    best.chosen_on = len(shared) or len(best.losses)
-    return best
+    shared = shared_seeds(points)
+    return min(scored(points), key=lambda point: point.mean_over(shared) if shared else point.summary.mean)
 
 
 def choice_warnings(label: str, points: Sequence[TunePoint], best: TunePoint | None, keys: Sequence[str]
@@ -111,10 +116,12 @@ def edge_warning(label: str, points: Sequence[TunePoint], best: TunePoint, keys:
     return None
 
 
-def one_seed_warning(chosen: dict[str, TunePoint | None], keys: Sequence[str]) -> str | None:
+def one_seed_warning(points: dict[str, list[TunePoint]], chosen: dict[str, TunePoint | None], keys: Sequence[str]
+                     ) -> str | None:
     """One warning naming the rows whose chosen value rests on a single seed: one complete run, or one seed shared
-    with the other values (row label -> its choice)."""
-    rows = [label for label, best in chosen.items() if best is not None and best.chosen_on == 1]
+    with the other values (row label -> its points, and its choice)."""
+    rows = [label for label, best in chosen.items()
+            if best is not None and len(shared_seeds(points[label]) or best.losses) == 1]
     if not rows:
         return None
     return (f"{'row' if len(rows) == 1 else 'rows'} {', '.join(rows)}: the chosen {', '.join(keys)} rests on one "
