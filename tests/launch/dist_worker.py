@@ -6,12 +6,13 @@ bit-identical full parameters, and writes ``batches_rank<r>.pt`` plus ``result.p
 final full parameters). Run as one plain process with ``--reference DIR`` it replays the batches of the
 2-process run in DIR as gradient-accumulation micro-batches through the trainer's ``train_step``: the
 same global batch, so the losses, the per-group gradient norms and the parameters must agree to fp32
-round-off. ``--bf16`` runs each engine's bf16 mode as on a GPU (Accelerate's autocast, FSDP2's bf16
-``param_dtype``, DeepSpeed's bf16). ``--focus`` gives the FFN focusing-neuron input projections whose
-apertures start at the top of their clip range, so the clipping after each step decides their values.
+round-off. ``--runs`` names the runs one launch makes in turn (``RUNS``), each into its own folder: ``bf16`` runs
+each engine's bf16 mode as on a GPU (Accelerate's autocast, FSDP2's bf16 ``param_dtype``, DeepSpeed's bf16);
+``focus`` gives the FFN focusing-neuron input projections whose apertures start at the top of their clip range, so
+the clipping after each step decides their values.
 
-    torchrun --nproc_per_node 2 dist_worker.py --mode fsdp2 --out DIR --data SRC --tokenizer TOK
-    python dist_worker.py --mode fsdp2 --out REF --data SRC --tokenizer TOK --reference DIR
+    torchrun --nproc_per_node 2 dist_worker.py --mode fsdp2 --runs plain bf16 --out DIR --data SRC --tokenizer TOK
+    python dist_worker.py --mode fsdp2 --out REF --data SRC --tokenizer TOK --reference DIR/plain
 
 Why not Accelerate for FSDP2 / ZeRO: on CPU Accelerate ignores its FSDP plugin and reports rank 0 of
 1 under DeepSpeed (verified on CPU with accelerate 1.15), so the engines are used directly; DDP goes through Accelerate
@@ -131,74 +132,76 @@ def measured_group_norms(grad_groups: GroupGradNorms, step: int) -> dict[str, fl
     return {name: fields[f"grad_norm_{name}"] for name in grad_groups.groups}
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--mode", choices=("ddp", "fsdp2", "zero2", "zero3"), required=True)
-    parser.add_argument("--out", type=Path, required=True)
-    parser.add_argument("--data", required=True)
-    parser.add_argument("--tokenizer", required=True)
-    parser.add_argument("--reference", type=Path, help="replay this 2-process run's batches in one process")
-    parser.add_argument("--bf16", action="store_true", help="bf16 as each engine runs it on a GPU")
-    parser.add_argument("--activation-checkpointing", type=int, default=0, metavar="N",
-                        help="recompute every N-th layer (train.activation_checkpointing), applied before wrapping")
-    parser.add_argument("--focus", action="store_true", help="focusing-neuron FFN inputs, clipped after each step")
-    parser.add_argument("--optimizer", default="adamw", help="train.optimizer")
-    args = parser.parse_args()
-    config = load_config(None, [*TINY, f"data.source={args.data}", f"data.tokenizer={args.tokenizer}",
-                                f"data.cache_dir={args.out / 'data_cache'}", f"train.optimizer={args.optimizer}",
-                                f"train.precision={'bf16' if args.bf16 else 'fp32'}", *(FOCUS if args.focus else [])])
-    args.out.mkdir(parents=True, exist_ok=True)
+RUNS = {
+    "plain": [],
+    "activation_checkpointing": ["train.activation_checkpointing=1"],  # every layer recomputed in the backward
+    "bf16": ["train.precision=bf16"],
+    "focus": FOCUS,
+    "muon": ["train.optimizer=muon"],
+}
+"""The runs one launch can make, each on the same batches (the data settings are ``TINY``'s in all): name -> its
+overrides. One launch runs several in turn (the process group, imports and engine set up once; each run builds its
+model afresh from the seed), so that the suite pays a 2-process start-up per engine, not per run."""
 
-    zero_stage = {"zero2": 2, "zero3": 3}.get(args.mode)
-    if zero_stage and args.reference is None:
-        import importlib
 
-        import deepspeed
+def init_distributed(zero: bool, ddp_bf16: bool) -> Accelerator | None:
+    """The process group: DeepSpeed's for ZeRO, else Accelerate's (from torchrun's environment, as train.py does;
+    bf16 autocast for DDP's bf16 run, which Accelerate fixes per process)."""
+    if not zero:
+        return Accelerator(cpu=True, mixed_precision="bf16" if ddp_bf16 else "no")
+    import importlib
 
-        # DeepSpeed's CPU accelerator JIT-compiles a shared-memory all-reduce op at init (a C++ build,
-        # minutes on a busy machine); without it DeepSpeed uses gloo's all-reduce, the same numbers.
-        # (``deepspeed.comm.torch`` as an attribute is the torch package: patch the module itself.)
-        importlib.import_module("deepspeed.comm.torch").build_shm_op = lambda: None
-        deepspeed.init_distributed(dist_backend="gloo")
-        accelerator = None
-    else:  # initialises gloo from torchrun's environment, as train.py does
-        accelerator = Accelerator(cpu=True, mixed_precision="bf16" if args.bf16 and args.mode == "ddp" else "no")
+    import deepspeed
+
+    # DeepSpeed's CPU accelerator JIT-compiles a shared-memory all-reduce op at init (a C++ build,
+    # minutes on a busy machine); without it DeepSpeed uses gloo's all-reduce, the same numbers.
+    # (``deepspeed.comm.torch`` as an attribute is the torch package: patch the module itself.)
+    importlib.import_module("deepspeed.comm.torch").build_shm_op = lambda: None
+    deepspeed.init_distributed(dist_backend="gloo")
+    return None
+
+
+def run_one(mode: str, config: RunConfig, out: Path, reference: Path | None, accelerator: Accelerator | None) -> None:
+    """One run of ``STEPS`` steps into ``out`` (``result.pt``; its batches unless replaying ``reference``'s)."""
+    out.mkdir(parents=True, exist_ok=True)
+    bf16 = config.train.precision == "bf16"
+    zero_stage = {"zero2": 2, "zero3": 3}.get(mode) if reference is None else None
     rank, world = rank_and_world_size()
     accum = gradient_accumulation_steps(config, world)
     torch.manual_seed(config.seed)
     model = build_model(config.model)
-    if args.activation_checkpointing:  # as fit() does it: before DDP / fully_shard / deepspeed.initialize
-        model.activation_checkpointing_enable(every_n_layers=args.activation_checkpointing)
-    if args.mode == "fsdp2" and world > 1:
+    if config.train.activation_checkpointing:  # as the trainer does it: before DDP / fully_shard / deepspeed
+        model.activation_checkpointing_enable(every_n_layers=config.train.activation_checkpointing)
+    if mode == "fsdp2" and world > 1:
         from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
         # bf16: FSDP2 casts the gathered weights to bf16 and reduces the gradients in fp32
-        policy = MixedPrecisionPolicy(param_dtype=torch.bfloat16 if args.bf16 else None,
-                                      reduce_dtype=torch.float32 if args.bf16 else None)
+        policy = MixedPrecisionPolicy(param_dtype=torch.bfloat16 if bf16 else None,
+                                      reduce_dtype=torch.float32 if bf16 else None)
         for layer in model.model.layers:  # the wrap unit of launch/accelerate/fsdp2.yaml
             fully_shard(layer, mp_policy=policy)
         fully_shard(model, mp_policy=policy)
     # after fully_shard, which replaces the parameters with DTensor ones (the trainer builds it after prepare)
     grad_groups = GroupGradNorms(grad_norm_groups(model, multiplier_of(model).keys()), window=STEPS, warmup_steps=1)
 
-    if args.reference is not None:
-        per_rank = [torch.load(args.reference / f"batches_rank{r}.pt") for r in range(2)]
+    if reference is not None:
+        per_rank = [torch.load(reference / f"batches_rank{r}.pt") for r in range(2)]
         steps = [[per_rank[r][i] for r in range(2)] for i in range(STEPS)]
     else:
-        loader = iter(build_train_loader(config.data, load_tokenizer(args.tokenizer),
+        loader = iter(build_train_loader(config.data, load_tokenizer(config.data.tokenizer),
                                          config.train.micro_batch_size, rank, world))
         steps = [[next(loader) for _ in range(accum)] for _ in range(STEPS)]
         mine = torch.stack([b for step in steps for b in step])
-        torch.save(mine, args.out / f"batches_rank{rank}.pt")
+        torch.save(mine, out / f"batches_rank{rank}.pt")
         assert_disjoint(mine)
 
-    if zero_stage and args.reference is None:
+    if zero_stage:
         engine = deepspeed_engine(model, config, accum, zero_stage)
         run_step = lambda batches: deepspeed_step(engine, batches, grad_groups)  # noqa: E731
         module, optimizer = engine.module, engine.optimizer
     else:
         optimizer = build_optimizer(model, config)
-        if args.mode == "ddp":
+        if mode == "ddp":
             model, optimizer = accelerator.prepare(model, optimizer)
         accelerator.gradient_accumulation_steps = accum
         run_step = lambda batches: train_step(model, batches, optimizer, accelerator,  # noqa: E731
@@ -215,13 +218,39 @@ def main() -> None:
             assert_ranks_identical(params, i + 1)
     if rank == 0:
         torch.save({"losses": losses, "group_norms": group_norms, "params": params, "world_size": world,
-                    "accum": accum}, args.out / "result.pt")
-    if args.mode == "fsdp2" and world > 1:
+                    "accum": accum}, out / "result.pt")
+    if mode == "fsdp2" and world > 1:
         import torch.distributed.checkpoint as dcp
 
         # Sharded save (each rank writes its shards), as accelerator.save_state does under FSDP2.
-        dcp.save({"model": model.state_dict()}, checkpoint_id=str(args.out / "dcp"))
-    if world > 1:  # avoids gloo's abort at interpreter exit (verified on CPU)
+        dcp.save({"model": model.state_dict()}, checkpoint_id=str(out / "dcp"))
+    if zero_stage:
+        engine.destroy()  # ZeRO-3's hooks on the module and its partitioned parameters go with it
+    elif accelerator is not None:
+        accelerator.free_memory()  # the prepared model and optimizer, before the next run's
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--mode", choices=("ddp", "fsdp2", "zero2", "zero3"), required=True)
+    parser.add_argument("--runs", nargs="+", choices=RUNS, default=["plain"], help="in turn, each into OUT/<run>")
+    parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--data", required=True)
+    parser.add_argument("--tokenizer", required=True)
+    parser.add_argument("--reference", type=Path, help="replay the batches of the 2-process run in this folder in "
+                                                       "one process")
+    args = parser.parse_args()
+    configs = {name: load_config(None, [*TINY, f"data.source={args.data}", f"data.tokenizer={args.tokenizer}",
+                                        f"data.cache_dir={args.out / 'data_cache'}", *RUNS[name]])
+               for name in args.runs}
+    zero = args.mode in ("zero2", "zero3") and args.reference is None
+    ddp_bf16 = args.mode == "ddp" and {c.train.precision for c in configs.values()} == {"bf16"}
+    if args.mode == "ddp" and "bf16" in args.runs and not ddp_bf16:
+        parser.error("DDP's bf16 run needs a launch of its own (Accelerate fixes the precision per process)")
+    accelerator = init_distributed(zero, ddp_bf16)
+    for name, config in configs.items():
+        run_one(args.mode, config, args.out / name, args.reference, accelerator)
+    if rank_and_world_size()[1] > 1:  # avoids gloo's abort at interpreter exit (verified on CPU)
         dist.barrier()
         dist.destroy_process_group()
         sys.stdout.flush()

@@ -1,10 +1,12 @@
 """Multi-process CPU (gloo) runs: DDP through `accelerate launch` + train.py with our config, and DDP /
 FSDP2 / DeepSpeed ZeRO-2 and ZeRO-3 (tests/launch/dist_worker.py under torchrun) against one process that
-accumulates the same global batch. Each 2-process run costs 10-20 s on an idle 2-core machine."""
+accumulates the same global batch. Each 2-process launch costs 10-20 s on an idle 2-core machine, so dist_worker.py
+makes all of an engine's runs in one (``LAUNCHES``)."""
 
 from __future__ import annotations
 
 import shutil
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -31,22 +33,51 @@ def train_py_args(corpus: Path, tokenizer_file: Path, tmp_path: Path, out_dir: P
             f"data.cache_dir={tmp_path / 'cache'}", f"out_dir={out_dir}", "name=ddp", *extra]
 
 
-@pytest.fixture(scope="module")
-def ddp_run(corpus: Path, tokenizer_file: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    out = tmp_path_factory.mktemp("ddp")
-    run(torchrun(2, *worker("ddp", out, corpus, tokenizer_file)))
-    return out
+LAUNCHES = {
+    "ddp": ("plain", "activation_checkpointing", "muon"),
+    "ddp-bf16": ("bf16",),  # Accelerate fixes the precision per process: DDP's bf16 run launches on its own
+    "fsdp2": ("plain", "activation_checkpointing", "bf16"),
+    "zero2": ("plain", "activation_checkpointing", "bf16", "focus"),
+    "zero3": ("plain", "activation_checkpointing", "bf16", "focus"),
+}
+"""Each torchrun launch of dist_worker.py and the runs it makes in turn (its ``RUNS``): one 2-process start-up per
+engine, not per run."""
+ONE_WORKER = pytest.mark.xdist_group("torchrun-engines")
+"""The tests that read the launches: on one pytest-xdist worker, so that each launch is made once."""
 
 
 @pytest.fixture(scope="module")
-def reference(ddp_run: Path, corpus: Path, tokenizer_file: Path,
-              tmp_path_factory: pytest.TempPathFactory) -> dict:
-    """One process, gradient accumulation over the 2-process run's micro-batches (the same global batch)."""
+def launched(corpus: Path, tokenizer_file: Path, tmp_path_factory: pytest.TempPathFactory
+             ) -> Callable[[str, str], Path]:
+    """(engine, run) -> that run's folder, from its engine's one launch (``LAUNCHES``), made when first asked."""
+    folders: dict[str, Path] = {}
+
+    def folder(mode: str, name: str) -> Path:
+        launch = "ddp-bf16" if (mode, name) == ("ddp", "bf16") else mode
+        if launch not in folders:
+            out = tmp_path_factory.mktemp(launch)
+            run(torchrun(2, *worker(mode, out, corpus, tokenizer_file, "--runs", *LAUNCHES[launch])))
+            folders[launch] = out
+        return folders[launch] / name
+    return folder
+
+
+@pytest.fixture(scope="module")
+def references(launched: Callable[[str, str], Path], corpus: Path, tokenizer_file: Path,
+               tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict]:
+    """Run -> its one-process result: gradient accumulation over the 2-process DDP run's micro-batches (the same
+    global batch; every run of ``LAUNCHES`` draws the same ones), for the plain, focus and muon runs."""
     out = tmp_path_factory.mktemp("reference")
-    run([PYTHON, *worker("ddp", out, corpus, tokenizer_file, "--reference", str(ddp_run))])
-    result = torch.load(out / "result.pt")
-    assert (result["world_size"], result["accum"]) == (1, 2)
-    return result
+    runs = ("plain", "focus", "muon")
+    run([PYTHON, *worker("ddp", out, corpus, tokenizer_file, "--runs", *runs, "--reference",
+                         str(launched("ddp", "plain")))])
+    results = {name: torch.load(out / name / "result.pt") for name in runs}
+    assert {(r["world_size"], r["accum"]) for r in results.values()} == {(1, 2)}
+    return results
+
+
+def result_of(folder: Path) -> dict:
+    return torch.load(folder / "result.pt")
 
 
 def assert_matches_reference(result: dict, reference: dict) -> None:
@@ -64,77 +95,73 @@ def assert_matches_reference(result: dict, reference: dict) -> None:
 
 
 @pytest.mark.slow
-def test_ddp_matches_one_process_with_accumulation(ddp_run: Path, reference: dict) -> None:
+@ONE_WORKER
+def test_ddp_matches_one_process_with_accumulation(launched: Callable[[str, str], Path], references: dict) -> None:
     # The worker itself asserted, on every rank, that no window went to both ranks and that the full
     # parameters were bit-identical across ranks after every step.
-    assert_matches_reference(torch.load(ddp_run / "result.pt"), reference)
+    assert_matches_reference(result_of(launched("ddp", "plain")), references["plain"])
 
 
 @pytest.mark.slow
-def test_fsdp2_matches_one_process(ddp_run: Path, reference: dict, corpus: Path, tokenizer_file: Path,
-                                   tmp_path: Path) -> None:
+@ONE_WORKER
+def test_fsdp2_matches_one_process(launched: Callable[[str, str], Path], references: dict, tmp_path: Path) -> None:
     from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
 
-    run(torchrun(2, *worker("fsdp2", tmp_path, corpus, tokenizer_file)))
+    fsdp2 = launched("fsdp2", "plain")
     for r in range(2):  # the same loader gives the same batches whatever the engine
         name = f"batches_rank{r}.pt"
-        assert torch.equal(torch.load(tmp_path / name), torch.load(ddp_run / name))
-    result = torch.load(tmp_path / "result.pt")
-    assert_matches_reference(result, reference)
+        assert torch.equal(torch.load(fsdp2 / name), torch.load(launched("ddp", "plain") / name))
+    fsdp2_result = result_of(fsdp2)
+    assert_matches_reference(fsdp2_result, references["plain"])
     # The sharded (DCP) checkpoint consolidates offline into one file that loads in one CPU process.
-    dcp_to_torch_save(tmp_path / "dcp", tmp_path / "consolidated.pt")
+    dcp_to_torch_save(fsdp2 / "dcp", tmp_path / "consolidated.pt")
     consolidated = torch.load(tmp_path / "consolidated.pt")["model"]
-    for name, value in result["params"].items():
+    for name, value in fsdp2_result["params"].items():
         assert torch.equal(consolidated[name], value), name
 
 
 @pytest.mark.slow
+@ONE_WORKER
 @pytest.mark.parametrize("mode", ["zero2", "zero3"])
-def test_deepspeed_zero_matches_one_process(mode: str, ddp_run: Path, reference: dict, corpus: Path,
-                                            tokenizer_file: Path, tmp_path: Path) -> None:
+def test_deepspeed_zero_matches_one_process(mode: str, launched: Callable[[str, str], Path], references: dict
+                                            ) -> None:
     """ZeRO-3 partitions every weight (the worker sets the persistence threshold to 0), so each forward
     gathers them, the tied LM head's inside the fused loss included."""
-    run(torchrun(2, *worker(mode, tmp_path, corpus, tokenizer_file)))
-    assert_matches_reference(torch.load(tmp_path / "result.pt"), reference)
+    assert_matches_reference(result_of(launched(mode, "plain")), references["plain"])
 
 
 @pytest.mark.slow
+@ONE_WORKER
 @pytest.mark.parametrize("mode", ["zero2", "zero3"])
-def test_deepspeed_focus_clipping_matches_one_process(mode: str, ddp_run: Path, corpus: Path, tokenizer_file: Path,
-                                                      tmp_path: Path) -> None:
+def test_deepspeed_focus_clipping_matches_one_process(mode: str, launched: Callable[[str, str], Path],
+                                                      references: dict) -> None:
     """Focusing-neuron inputs under ZeRO: DeepSpeed updates its own fp32 copies of the weights, so Algorithm 3's
     clip after each step has to reach them (llm/train/deepspeed_step.py). The apertures start at the top of
     their range and step above it at once: only the clip decides where they end, so a lost clip would leave
     them at 1 + lr, beyond the tolerance."""
-    reference_dir = tmp_path / "reference"
-    run([PYTHON, *worker("ddp", reference_dir, corpus, tokenizer_file, "--focus", "--reference", str(ddp_run))])
-    reference = torch.load(reference_dir / "result.pt")
+    reference = references["focus"]
     sigmas = torch.cat([v for name, v in reference["params"].items() if name.endswith("focus_sigma")])
     assert (sigmas == 1.0).sum() > sigmas.numel() // 4, "the clip did not bite: the test would prove nothing"
-    run(torchrun(2, *worker(mode, tmp_path / mode, corpus, tokenizer_file, "--focus")))
-    assert_matches_reference(torch.load(tmp_path / mode / "result.pt"), reference)
+    assert_matches_reference(result_of(launched(mode, "focus")), reference)
 
 
 @pytest.mark.slow
-def test_ddp_with_muon_matches_one_process(corpus: Path, tokenizer_file: Path, tmp_path: Path) -> None:
+@ONE_WORKER
+def test_ddp_with_muon_matches_one_process(launched: Callable[[str, str], Path], references: dict) -> None:
     """``train.optimizer=muon`` under DDP: every rank orthogonalises the same all-reduced momentum, so the ranks stay
     bit-identical (the worker checks) and the run follows one process accumulating the same global batch; the
     sharding engines refuse muon before their first step (tests/train/test_muon.py)."""
-    run(torchrun(2, *worker("ddp", tmp_path / "ddp", corpus, tokenizer_file, "--optimizer", "muon")))
-    run([PYTHON, *worker("ddp", tmp_path / "one", corpus, tokenizer_file, "--optimizer", "muon", "--reference",
-                         str(tmp_path / "ddp"))])
-    result, reference = (torch.load(tmp_path / run_dir / "result.pt") for run_dir in ("ddp", "one"))
-    assert_matches_reference(result, reference)
+    assert_matches_reference(result_of(launched("ddp", "muon")), references["muon"])
 
 
 @pytest.mark.slow
+@ONE_WORKER
 @pytest.mark.parametrize("mode", ["ddp", "fsdp2", "zero2", "zero3"])
-def test_activation_checkpointing_matches_one_process(mode: str, reference: dict, corpus: Path,
-                                                      tokenizer_file: Path, tmp_path: Path) -> None:
+def test_activation_checkpointing_matches_one_process(mode: str, launched: Callable[[str, str], Path],
+                                                      references: dict) -> None:
     """``train.activation_checkpointing = 1`` under each engine: every layer recomputed in the backward pass (inside
     FSDP2's and ZeRO-3's gather of its weights) gives the losses and parameters of the plain one-process run."""
-    run(torchrun(2, *worker(mode, tmp_path, corpus, tokenizer_file, "--activation-checkpointing", "1")))
-    assert_matches_reference(torch.load(tmp_path / "result.pt"), reference)
+    assert_matches_reference(result_of(launched(mode, "activation_checkpointing")), references["plain"])
 
 
 @pytest.mark.slow
@@ -191,17 +218,17 @@ def test_train_py_ddp_resume_equals_uninterrupted_run(corpus: Path, tokenizer_fi
 
 
 @pytest.mark.slow
+@ONE_WORKER
 @pytest.mark.parametrize("mode", ["ddp", "fsdp2", "zero2", "zero3"])
-def test_bf16_follows_fp32(mode: str, reference: dict, corpus: Path, tokenizer_file: Path, tmp_path: Path) -> None:
+def test_bf16_follows_fp32(mode: str, launched: Callable[[str, str], Path], references: dict) -> None:
     """bf16 as each engine runs it on a GPU: DDP under Accelerate's bf16 autocast; FSDP2 gathering bf16
     weights and reducing fp32 gradients; ZeRO-2 and ZeRO-3 in DeepSpeed's bf16 mode. Three steps on 2 CPU processes
     follow the fp32 reference to bf16 precision (the worker checked that the ranks stay identical)."""
-    run(torchrun(2, *worker(mode, tmp_path, corpus, tokenizer_file, "--bf16")))
-    result = torch.load(tmp_path / "result.pt")
-    torch.testing.assert_close(torch.tensor(result["losses"]), torch.tensor(reference["losses"]), rtol=1e-3, atol=0)
+    bf16, reference = result_of(launched(mode, "bf16")), references["plain"]
+    torch.testing.assert_close(torch.tensor(bf16["losses"]), torch.tensor(reference["losses"]), rtol=1e-3, atol=0)
     # Adam moves a weight by at most ~lr a step, and a rounding difference can flip a tiny gradient's
     # sign: two runs part by at most 2 lr per step, plus bf16's rounding of the weights ZeRO holds in bf16
-    for name, value in result["params"].items():
+    for name, value in bf16["params"].items():
         expected = reference["params"][name]
         bound = 2 * LR * STEPS + 2**-8 * expected.abs().max().item()
         assert (value.float() - expected).abs().max().item() <= bound, name
