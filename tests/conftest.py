@@ -2,12 +2,17 @@
 
 from __future__ import annotations
 
+import os
 import shutil
 from pathlib import Path
 
 import pytest
 import torch
 from tiny import FINEWEB, fineweb_files, longest_first
+
+os.environ["OMP_NUM_THREADS"] = "1"
+"""Inherited by every process the suite starts (train.py, torchrun's ranks, the hub and lock contenders), also
+those started without ``tiny.run``: one thread each, for the reason ``one_thread`` gives."""
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
