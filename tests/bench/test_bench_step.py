@@ -130,7 +130,8 @@ def test_the_bench_writes_one_csv_line_per_row_with_its_reference_and_paired_rat
     assert 0 < low <= ratio <= high and rows["swiglu+softmax"][7] == ""  # no datasheet MFU on CPU
 
 
-def test_too_few_rounds_give_no_interval_and_no_rounds_are_refused_before_building(tmp_path) -> None:
+def test_too_few_rounds_give_no_interval_and_no_rounds_are_refused_before_building(
+        tmp_path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
     out = tmp_path / "step.csv"
     done = run_bench("--rounds", "3", "--variants", "swiglu+softmax", "--qwen3", "--extra-row", "copy",
                      "swiglu+softmax", "tie_word_embeddings=true", "--csv", str(out))
@@ -139,10 +140,16 @@ def test_too_few_rounds_give_no_interval_and_no_rounds_are_refused_before_buildi
     with open(out, newline="") as f:
         copy = {line[0]: line for line in csv.reader(f)}["copy"]
     assert copy[4:7] == ["", "", "3"]
+    import bench_train_step  # in this process: a refusal needs no process of its own
+
     for rounds in ("0", "-1", "x"):
-        refused = run_bench("--rounds", rounds, "--variants", "swiglu+softmax")
-        assert refused.returncode == 2 and "--rounds" in refused.stderr and "whole number" in refused.stderr
-        assert "training step" not in refused.stdout
+        monkeypatch.setattr(sys, "argv", ["bench_train_step.py", "--preset", "tiny", "--rounds", rounds,
+                                          "--variants", "swiglu+softmax"])
+        with pytest.raises(SystemExit) as refused:
+            bench_train_step.main()
+        stdout, stderr = capsys.readouterr()
+        assert refused.value.code == 2 and "--rounds" in stderr and "whole number" in stderr
+        assert "training step" not in stdout
 
 
 def test_bench_trees_refuses_this_tree_as_its_baseline() -> None:

@@ -19,8 +19,10 @@ two-sided paired t 95% interval (n - 1 degrees of freedom: with 2 seeds the inte
 5. the lr check: runs at another ``train.lr`` than the study's (the lr most runs have), SwiGLU under each
    optimizer. Per optimizer the loss at each lr and the change from the study's lr, paired; and Muon - AdamW with
    each at its best lr tried (chosen on the same seeds it is reported on: optimistic where the lrs are close);
-6. the other FFNs at another lr (one seed each here): each gap to SwiGLU at that lr and optimizer, beside the
-   same seed's gap under AdamW at the study's lr, and their difference (the interaction at Muon's better lr).
+6. the other FFNs at another lr: each gap to SwiGLU at that lr and optimizer, per seed, beside the same seed's
+   gap under AdamW at the study's lr, and their difference (the interaction at that lr, seed by seed);
+7-10. sections 1-4 again with each optimizer at its best lr of section 5, where every FFN has runs there: the
+   question the study asks, since the shared lr is not Muon's best.
 """
 
 from __future__ import annotations
@@ -71,24 +73,41 @@ def main(patterns: Sequence[str]) -> None:
         by_lr[run.config.train.lr][(run.config.model.ffn, run.config.train.optimizer)][run.seed] = run
     study_lr = max(by_lr, key=lambda lr: sum(map(len, by_lr[lr].values())))
     cells = by_lr[study_lr]
+    print(f"Runs at the study's train.lr = {study_lr:g}: {sum(map(len, cells.values()))}.\n")
+    cell_sections(cells, 1, f"at the shared lr {study_lr:g}")
+    if len(by_lr) == 1:
+        return
+    best = lr_check(by_lr, study_lr)
+    tuned = {(ffn, opt): by_lr[best[opt]].get((ffn, opt), {}) for ffn, opt in cells}
+    if all(tuned.values()) and any(best[opt] != study_lr for opt in OPTIMIZERS):
+        print(f"\n# At each optimizer's tuned lr: AdamW at {best['adamw']:g}, Muon at {best['muon']:g}\n\n"
+              "The lrs section 5 chose on SwiGLU's seed(s) every lr has; sections 7-10 repeat 1-4 on them, on the "
+              "seeds every cell has at its optimizer's lr (the choosing seed among them: optimistic for SwiGLU's "
+              "rows by as much as the lrs' noise).\n")
+        cell_sections(tuned, 7, "at each optimizer's tuned lr")
+
+
+def cell_sections(cells: dict[tuple[str, str], dict[int, RunRecord]], first: int, where: str) -> None:
+    """Sections ``first`` to ``first + 3``: the loss of each (FFN, optimizer) cell, Muon - AdamW, the gaps to
+    SwiGLU and their interaction, and the per-layer metrics, on the seeds every cell has."""
     ffns = sorted({ffn for ffn, _ in cells}, key=lambda f: (f != BASELINE_FFN, f))
     seeds = sorted(set.intersection(*(set(runs) for runs in cells.values())))
     loss = {cell: {s: last_eval(runs[s])["val_loss"] for s in seeds} for cell, runs in cells.items()}
     steps = {last_eval(run)["step"] for runs in cells.values() for run in runs.values()}
-    print(f"Runs at the study's train.lr = {study_lr:g}: {sum(map(len, cells.values()))}; seeds in every cell: "
-          f"{seeds}; last evaluation at step(s) {sorted(steps)}.\n")
+    print(f"Seeds in every cell {where}: {seeds}; last evaluation at step(s) {sorted(steps)}.\n")
 
-    print("## 1. Final validation loss (mean ± SD over seeds)\n")
+    print(f"## {first}. Final validation loss {where} (mean ± SD over seeds)\n")
     print("| FFN | " + " | ".join(OPTIMIZERS) + " |\n|---|" + "---|" * len(OPTIMIZERS))
     for ffn in ffns:
         print(f"| {ffn} | " + " | ".join(mean_sd(list(loss[(ffn, opt)].values())) for opt in OPTIMIZERS) + " |")
 
-    print("\n## 2. Muon - AdamW, final validation loss (paired by seed, 95% interval)\n")
+    print(f"\n## {first + 1}. Muon - AdamW {where}, final validation loss (paired by seed, 95% interval)\n")
     print("| FFN | Muon - AdamW |\n|---|---|")
     for ffn in ffns:
         print(f"| {ffn} | {paired([loss[(ffn, 'muon')][s] - loss[(ffn, 'adamw')][s] for s in seeds])} |")
 
-    print(f"\n## 3. Gap to {BASELINE_FFN} under each optimizer, and the interaction (paired by seed)\n")
+    print(f"\n## {first + 2}. Gap to {BASELINE_FFN} under each optimizer {where}, and the interaction (paired by "
+          "seed)\n")
     print("| FFN | gap, AdamW | gap, Muon | gap under Muon - gap under AdamW | its SD over seeds | MDE | seeds for "
           "it |\n|---|---|---|---|---|---|---|")
     for ffn in ffns[1:]:
@@ -101,7 +120,8 @@ def main(patterns: Sequence[str]) -> None:
           "the true one); seeds for it: the fewest that resolve the observed interaction so (llm.eval.stats).")
 
     for metric in ("basis_alignment", "isoscore"):
-        print(f"\n## 4. `{metric}` per layer at the last evaluation (mean over seeds; Muon - AdamW paired)\n")
+        print(f"\n## {first + 3}. `{metric}` per layer at the last evaluation {where} (mean over seeds; Muon - AdamW "
+              "paired)\n")
         layers = [entry["layer"] for entry in last_eval(next(iter(cells.values()))[seeds[0]])["layers"]]
         print("| FFN | optimizer | " + " | ".join(f"layer {i}" for i in layers) + " |\n|---|---|"
               + "---|" * len(layers))
@@ -115,12 +135,10 @@ def main(patterns: Sequence[str]) -> None:
                      for i in range(len(layers))]
             print(f"| {ffn} | Muon - AdamW | " + " | ".join(diffs) + " |")
 
-    if len(by_lr) > 1:
-        lr_check(by_lr, study_lr)
 
-
-def lr_check(by_lr: dict[float, dict[tuple[str, str], dict[int, RunRecord]]], study_lr: float) -> None:
-    """Sections 5 and 6: every lr each optimizer ran SwiGLU at, and the other FFNs at another lr than the study's."""
+def lr_check(by_lr: dict[float, dict[tuple[str, str], dict[int, RunRecord]]], study_lr: float) -> dict[str, float]:
+    """Sections 5 and 6: every lr each optimizer ran SwiGLU at, and the other FFNs at another lr than the study's;
+    returns each optimizer's best lr (``compare --tune``'s choice)."""
     loss = {(lr, ffn, opt): {s: last_eval(run)["val_loss"] for s, run in runs.items()}
             for lr, cells in by_lr.items() for (ffn, opt), runs in cells.items()}
     print(f"\n## 5. The lr check: {BASELINE_FFN} at every lr (changes paired by seed, on the seeds both lrs have)\n")
@@ -145,7 +163,7 @@ def lr_check(by_lr: dict[float, dict[tuple[str, str], dict[int, RunRecord]]], st
           f"(seeds {seeds}).")
     others = sorted((lr, ffn, opt) for lr, ffn, opt in loss if lr != study_lr and ffn != BASELINE_FFN)
     if not others:
-        return
+        return best
     print(f"\n## 6. The other FFNs at another lr: gap to {BASELINE_FFN} at the same lr and optimizer, per seed, beside "
           f"the gap under AdamW at lr {study_lr:g}\n")
     print(f"| FFN | optimizer | train.lr | seed | gap | gap, AdamW at lr {study_lr:g} | interaction |\n"
@@ -155,6 +173,7 @@ def lr_check(by_lr: dict[float, dict[tuple[str, str], dict[int, RunRecord]]], st
             gap = loss[(lr, ffn, opt)][s] - loss[(lr, BASELINE_FFN, opt)][s]
             adamw = loss[(study_lr, ffn, "adamw")][s] - loss[(study_lr, BASELINE_FFN, "adamw")][s]
             print(f"| {ffn} | {opt} | {lr:g} | {s} | {gap:+.4f} | {adamw:+.4f} | {gap - adamw:+.4f} |")
+    return best
 
 
 if __name__ == "__main__":
