@@ -152,13 +152,19 @@ def test_too_few_rounds_give_no_interval_and_no_rounds_are_refused_before_buildi
         assert "training step" not in stdout
 
 
-def test_bench_trees_refuses_this_tree_as_its_baseline() -> None:
+def test_bench_trees_refuses_this_tree_as_its_baseline(monkeypatch: pytest.MonkeyPatch,
+                                                       capsys: pytest.CaptureFixture[str]) -> None:
     """Both sides of every pair would be the same worker process: an exact 1.000x [1.000, 1.000], which reads as a
     noise floor of zero. It is refused before any worker starts."""
-    done = subprocess.run([sys.executable, "bench/bench_trees.py", "--baseline-tree", ".", "--preset", "tiny"],
-                          cwd=REPO, capture_output=True, text=True, timeout=120, check=False)
-    assert done.returncode == 2 and "--baseline-tree: . is this tree" in done.stderr
-    assert "training step" not in done.stdout
+    import bench_trees
+
+    monkeypatch.chdir(REPO)
+    monkeypatch.setattr(sys, "argv", ["bench_trees.py", "--baseline-tree", ".", "--preset", "tiny"])
+    with pytest.raises(SystemExit) as refused:
+        bench_trees.main()
+    stdout, stderr = capsys.readouterr()
+    assert refused.value.code == 2 and "--baseline-tree: . is this tree" in stderr
+    assert "training step" not in stdout
 
 
 def test_dynamo_options_the_bench_relies_on_exist() -> None:
