@@ -97,7 +97,8 @@ def main(root: Path) -> None:
 
     test = stats.ttest_ind(differences["init"], differences["run"], equal_var=False)
     shift = float(np.mean(differences["init"])) - float(np.mean(differences["run"]))
-    print(f"\nThe pair's gap itself, init scope minus run scope: {shift:+.4f} (Welch p = {test.pvalue:.3f}): the one data order of the init scope is one draw of the run scope's.")
+    print(f"\nThe pair's gap itself, init scope minus run scope: {shift:+.4f} (Welch p = {test.pvalue:.3f}): "
+          "the one data order of the init scope is one draw of the run scope's.")
 
     print("\n## Seeds per arm each design needs (80% power, p < 0.05)\n")
     print("At the observed SDs taken as true; in brackets at the low and high ends of their 95% intervals (Welch: both "
