@@ -13,6 +13,7 @@ from llm.eval.compare import Comparison, VariantSummary
 from llm.eval.plan import stein_resolves
 from llm.eval.scaling import scaling_series
 from llm.eval.stats import ALPHA, MAX_SEEDS, POWER, Gap
+from llm.eval.tune import scored, shared_seeds
 
 __all__ = ["CSV_COLUMNS", "OPTIMISM_NOTE", "format_table", "write_comparison"]
 
@@ -176,19 +177,26 @@ def _table(header: Sequence[str], rows: Sequence[Sequence[object]]) -> list[str]
 
 
 def _sensitivity(comparison: Comparison) -> list[str]:
-    """Each row's loss at every value of the tuned keys, with its complete seeds and broken runs."""
+    """Each row's loss at every value of the tuned keys, with its complete seeds and broken runs, and the mean the
+    choice compared: over the seeds the values share (``llm.eval.tune.choose``), which can order the values
+    otherwise than their means over all their seeds do."""
     rows = []
     for row in comparison.rows:
         chosen = tuple(row.tuned.get(key) for key in comparison.tune)
         points = comparison.sensitivity.get(row.variant, [])
+        shared = shared_seeds(points) if scored(points) else set()
         for point in points:
             loss = "diverged" if not point.losses and point.diverged else _loss(point.summary.mean, point.summary.std)
             star = " *" if point.values == chosen and len(points) > 1 else ""
-            rows.append([row.variant, *point.values, loss + star, len(point.losses),
+            compared = (f"{point.mean_over(shared):.4f} (seeds {', '.join(map(str, sorted(shared)))})"
+                        if shared and point in scored(points) else "")
+            rows.append([row.variant, *point.values, loss + star, len(point.losses), compared,
                          f"{point.diverged} / {point.incomplete}"])
     return ["", f"Sensitivity to {', '.join(comparison.tune)}: final validation loss at every value "
-                "(mean ± std over complete seeds; * the chosen value, where a row ran at more than one)", "",
-            *_table(["Variant", *comparison.tune, "Val loss (mean ± std)", "n", "Diverged / incomplete"], rows)]
+                "(mean ± std over complete seeds; * the chosen value, where a row ran at more than one; compared: "
+                "the mean the choice compares, over the seeds the row's values share)", "",
+            *_table(["Variant", *comparison.tune, "Val loss (mean ± std)", "n", "Compared",
+                     "Diverged / incomplete"], rows)]
 
 
 def _scaling(comparison: Comparison) -> list[str]:
