@@ -230,5 +230,6 @@ def test_a_tuned_key_every_run_shares_is_no_choice(tmp_path: Path, capsys: pytes
     assert f"warning: {warning}" in capsys.readouterr().err
     table = (out / "comparison.md").read_text()
     assert f"Warning: {warning}" in table
-    assert "| swiglu+softmax | 0.003 | 4.9267 ± 0.0015 | 3 | 4.9267 (seeds 0, 1, 2) | 0 / 0 |" in table  # not starred as chosen
+    # not starred as chosen
+    assert "| swiglu+softmax | 0.003 | 4.9267 ± 0.0015 | 3 | 4.9267 (seeds 0, 1, 2) | 0 / 0 |" in table
     assert " * |" not in table
