@@ -36,10 +36,8 @@ import sys
 from collections import defaultdict
 from collections.abc import Sequence
 
-from scipy import stats
-
 from llm.eval.runs import RunRecord, expand_run_dirs, load_run
-from llm.eval.stats import paired_mde, pairs_needed
+from llm.eval.stats import Summary, paired_interval, paired_mde, pairs_needed
 from llm.eval.tune import choose, tune_points
 
 BASELINE_FFN = "swiglu"
@@ -47,19 +45,18 @@ OPTIMIZERS = ("adamw", "muon")
 
 
 def paired(differences: Sequence[float]) -> str:
-    """Mean of per-seed differences with its paired t 95% interval (n - 1 degrees of freedom)."""
-    n = len(differences)
+    """Mean of per-seed differences with its paired t 95% interval (``llm.eval.stats.paired_interval``, as compare's
+    paired column: n - 1 degrees of freedom)."""
     mean = statistics.fmean(differences)
-    if n < 2:
+    if len(differences) < 2:
         return f"{mean:+.4f} (1 seed: no interval)"
-    half = stats.t.ppf(0.975, n - 1) * statistics.stdev(differences) / math.sqrt(n)
-    return f"{mean:+.4f} [{mean - half:+.4f}, {mean + half:+.4f}]"
+    low, high = paired_interval(differences, [0.0] * len(differences))
+    return f"{mean:+.4f} [{low:+.4f}, {high:+.4f}]"
 
 
 def mean_sd(values: Sequence[float]) -> str:
-    if len(values) < 2:
-        return f"{values[0]:.4f}"
-    return f"{statistics.fmean(values):.4f} ± {statistics.stdev(values):.4f}"
+    summary = Summary.of(values)
+    return f"{summary.mean:.4f}" if summary.n < 2 else f"{summary.mean:.4f} ± {summary.std:.4f}"
 
 
 def last_eval(run: RunRecord) -> dict:
