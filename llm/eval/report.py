@@ -184,12 +184,12 @@ def _sensitivity(comparison: Comparison) -> list[str]:
     for row in comparison.rows:
         chosen = tuple(row.tuned.get(key) for key in comparison.tune)
         points = comparison.sensitivity.get(row.variant, [])
-        shared = shared_seeds(points) if scored(points) else set()
+        candidates, shared = scored(points), shared_seeds(points)
         for point in points:
             loss = "diverged" if not point.losses and point.diverged else _loss(point.summary.mean, point.summary.std)
             star = " *" if point.values == chosen and len(points) > 1 else ""
             compared = (f"{point.mean_over(shared):.4f} (seeds {', '.join(map(str, sorted(shared)))})"
-                        if shared and point in scored(points) else "")
+                        if shared and point in candidates else "")
             rows.append([row.variant, *point.values, loss + star, len(point.losses), compared,
                          f"{point.diverged} / {point.incomplete}"])
     return ["", f"Sensitivity to {', '.join(comparison.tune)}: final validation loss at every value "

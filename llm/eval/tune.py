@@ -80,17 +80,18 @@ def scored(points: Sequence[TunePoint]) -> list[TunePoint]:
 
 
 def shared_seeds(points: Sequence[TunePoint]) -> set[int]:
-    """The seeds with a complete run at every scored point: those ``choose`` compares the points on."""
-    return set.intersection(*({run.seed for run in point.runs if run.complete} for point in scored(points)))
+    """The seeds with a complete run at every scored point: those ``choose`` compares the points on (none where no
+    point is scored)."""
+    seeds = [{run.seed for run in point.runs if run.complete} for point in scored(points)]
+    return set.intersection(*seeds) if seeds else set()
 
 
 def choose(points: Sequence[TunePoint]) -> TunePoint | None:
     """The point with the lowest mean final validation loss where no run diverged, over the seeds all such points
     share (over each point's own where they share none); None when there is none."""
-    if not scored(points):
-        return None
-    shared = shared_seeds(points)
-    return min(scored(points), key=lambda point: point.mean_over(shared) if shared else point.summary.mean)
+    candidates, shared = scored(points), shared_seeds(points)
+    return min(candidates, key=lambda point: point.mean_over(shared) if shared else point.summary.mean,
+               default=None)
 
 
 def choice_warnings(label: str, points: Sequence[TunePoint], best: TunePoint | None, keys: Sequence[str]
