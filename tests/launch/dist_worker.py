@@ -144,10 +144,10 @@ overrides. One launch runs several in turn (the process group, imports and engin
 model afresh from the seed), so that the suite pays a 2-process start-up per engine, not per run."""
 
 
-def init_distributed(zero: bool, ddp_bf16: bool) -> Accelerator | None:
+def init_distributed(zero_stage: int | None, ddp_bf16: bool) -> Accelerator | None:
     """The process group: DeepSpeed's for ZeRO, else Accelerate's (from torchrun's environment, as train.py does;
     bf16 autocast for DDP's bf16 run, which Accelerate fixes per process)."""
-    if not zero:
+    if zero_stage is None:
         return Accelerator(cpu=True, mixed_precision="bf16" if ddp_bf16 else "no")
     import importlib
 
@@ -161,11 +161,11 @@ def init_distributed(zero: bool, ddp_bf16: bool) -> Accelerator | None:
     return None
 
 
-def run_one(mode: str, config: RunConfig, out: Path, reference: Path | None, accelerator: Accelerator | None) -> None:
+def run_one(mode: str, zero_stage: int | None, config: RunConfig, out: Path, reference: Path | None,
+            accelerator: Accelerator | None) -> None:
     """One run of ``STEPS`` steps into ``out`` (``result.pt``; its batches unless replaying ``reference``'s)."""
     out.mkdir(parents=True, exist_ok=True)
     bf16 = config.train.precision == "bf16"
-    zero_stage = {"zero2": 2, "zero3": 3}.get(mode) if reference is None else None
     rank, world = rank_and_world_size()
     accum = gradient_accumulation_steps(config, world)
     torch.manual_seed(config.seed)
@@ -243,13 +243,14 @@ def main() -> None:
     configs = {name: load_config(None, [*TINY, f"data.source={args.data}", f"data.tokenizer={args.tokenizer}",
                                         f"data.cache_dir={args.out / 'data_cache'}", *RUNS[name]])
                for name in args.runs}
-    zero = args.mode in ("zero2", "zero3") and args.reference is None
-    ddp_bf16 = args.mode == "ddp" and {c.train.precision for c in configs.values()} == {"bf16"}
-    if args.mode == "ddp" and "bf16" in args.runs and not ddp_bf16:
+    # the one-process reference replays the batches through the trainer's step, whatever the engine
+    zero_stage = {"zero2": 2, "zero3": 3}.get(args.mode) if args.reference is None else None
+    ddp_bf16 = args.mode == "ddp" and "bf16" in args.runs
+    if ddp_bf16 and len(args.runs) > 1:
         parser.error("DDP's bf16 run needs a launch of its own (Accelerate fixes the precision per process)")
-    accelerator = init_distributed(zero, ddp_bf16)
+    accelerator = init_distributed(zero_stage, ddp_bf16)
     for name, config in configs.items():
-        run_one(args.mode, config, args.out / name, args.reference, accelerator)
+        run_one(args.mode, zero_stage, config, args.out / name, args.reference, accelerator)
     if rank_and_world_size()[1] > 1:  # avoids gloo's abort at interpreter exit (verified on CPU)
         dist.barrier()
         dist.destroy_process_group()

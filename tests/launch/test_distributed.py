@@ -33,13 +33,13 @@ def train_py_args(corpus: Path, tokenizer_file: Path, tmp_path: Path, out_dir: P
             f"data.cache_dir={tmp_path / 'cache'}", f"out_dir={out_dir}", "name=ddp", *extra]
 
 
-LAUNCHES = {
-    "ddp": ("plain", "activation_checkpointing", "muon"),
-    "ddp-bf16": ("bf16",),  # Accelerate fixes the precision per process: DDP's bf16 run launches on its own
-    "fsdp2": ("plain", "activation_checkpointing", "bf16"),
-    "zero2": ("plain", "activation_checkpointing", "bf16", "focus"),
-    "zero3": ("plain", "activation_checkpointing", "bf16", "focus"),
-}
+LAUNCHES = [
+    ("ddp", ("plain", "activation_checkpointing", "muon")),
+    ("ddp", ("bf16",)),  # Accelerate fixes the precision per process: DDP's bf16 run launches on its own
+    ("fsdp2", ("plain", "activation_checkpointing", "bf16")),
+    ("zero2", ("plain", "activation_checkpointing", "bf16", "focus")),
+    ("zero3", ("plain", "activation_checkpointing", "bf16", "focus")),
+]
 """Each torchrun launch of dist_worker.py and the runs it makes in turn (its ``RUNS``): one 2-process start-up per
 engine, not per run."""
 ONE_WORKER = pytest.mark.xdist_group("torchrun-engines")
@@ -49,14 +49,14 @@ ONE_WORKER = pytest.mark.xdist_group("torchrun-engines")
 @pytest.fixture(scope="module")
 def launched(corpus: Path, tokenizer_file: Path, tmp_path_factory: pytest.TempPathFactory
              ) -> Callable[[str, str], Path]:
-    """(engine, run) -> that run's folder, from its engine's one launch (``LAUNCHES``), made when first asked."""
-    folders: dict[str, Path] = {}
+    """(engine, run) -> that run's folder, from the launch of ``LAUNCHES`` that makes it, made when first asked."""
+    folders: dict[int, Path] = {}
 
     def folder(mode: str, name: str) -> Path:
-        launch = "ddp-bf16" if (mode, name) == ("ddp", "bf16") else mode
+        launch = next(i for i, (engine, runs) in enumerate(LAUNCHES) if engine == mode and name in runs)
         if launch not in folders:
-            out = tmp_path_factory.mktemp(launch)
-            run(torchrun(2, *worker(mode, out, corpus, tokenizer_file, "--runs", *LAUNCHES[launch])))
+            out = tmp_path_factory.mktemp(f"{mode}-{launch}")
+            run(torchrun(2, *worker(mode, out, corpus, tokenizer_file, "--runs", *LAUNCHES[launch][1])))
             folders[launch] = out
         return folders[launch] / name
     return folder
