@@ -94,35 +94,49 @@ def matched_loss(cells: dict[tuple[str, str], dict[int, RunRecord]]) -> None:
     the same steps (at its tuned lr Muon is far ahead, and the metrics move as training goes on)."""
     print("\n## 11. Per-layer metrics at matched loss: each Muon run at its first evaluation at or below the same "
           "seed's final AdamW loss, beside that AdamW evaluation (paired by seed)\n")
+    evals: dict[tuple[str, str], dict[int, dict]] = {}
+    for ffn in ffn_order(cells):
+        adamw, muon = cells[(ffn, "adamw")], cells[(ffn, "muon")]
+        ends = {s: last_eval(adamw[s]) for s in set(adamw) & set(muon)}
+        matched = {s: next((e for e in muon[s].evals if e["val_loss"] <= end["val_loss"]), None)
+                   for s, end in ends.items()}
+        evals[(ffn, "muon")] = {s: e for s, e in matched.items() if e is not None}
+        evals[(ffn, "adamw")] = {s: ends[s] for s in evals[(ffn, "muon")]}
     for metric in ("basis_alignment", "isoscore"):
         print(f"\n`{metric}`:\n")
-        ffns = sorted({ffn for ffn, _ in cells}, key=lambda f: (f != BASELINE_FFN, f))
-        header = None
-        for ffn in ffns:
-            adamw, muon = cells[(ffn, "adamw")], cells[(ffn, "muon")]
-            seeds = sorted(set(adamw) & set(muon))
-            ends = {s: last_eval(adamw[s]) for s in seeds}
-            matched = {s: next((e for e in muon[s].evals if e["val_loss"] <= ends[s]["val_loss"]), None) for s in seeds}
-            seeds = [s for s in seeds if matched[s] is not None]
-            if not seeds:
-                continue
-            layers = [entry["layer"] for entry in ends[seeds[0]]["layers"]]
-            if header is None:
-                header = "| FFN | optimizer | step, val loss per seed | " + " | ".join(f"layer {i}" for i in layers)
-                print(header + " |\n|---|---|---|" + "---|" * len(layers))
-            for opt, at in (("adamw", ends), ("muon", matched)):
-                where = ", ".join(f"{at[s]['step']}: {at[s]['val_loss']:.3f}" for s in seeds)
-                means = [statistics.fmean(at[s]["layers"][i][metric] for s in seeds) for i in range(len(layers))]
-                print(f"| {ffn} | {opt} | {where} | " + " | ".join(f"{m:#.4g}" for m in means) + " |")
-            diffs = [paired([matched[s]["layers"][i][metric] - ends[s]["layers"][i][metric] for s in seeds])
-                     for i in range(len(layers))]
-            print(f"| {ffn} | Muon - AdamW | | " + " | ".join(diffs) + " |")
+        layer_table(evals, metric, with_steps=True)
+
+
+def ffn_order(cells: dict[tuple[str, str], object]) -> list[str]:
+    """The FFNs of ``cells``, SwiGLU first."""
+    return sorted({ffn for ffn, _ in cells}, key=lambda f: (f != BASELINE_FFN, f))
+
+
+def layer_table(evals: dict[tuple[str, str], dict[int, dict]], metric: str, with_steps: bool = False) -> None:
+    """Per FFN, ``metric`` at every layer of the given evaluations (cell -> seed -> evaluation), each optimizer's mean
+    over the seeds both optimizers have, and Muon - AdamW paired by seed; ``with_steps``: each evaluation's step and
+    loss too."""
+    ffns = [ffn for ffn in ffn_order(evals) if set(evals[(ffn, "adamw")]) & set(evals[(ffn, "muon")])]
+    layers = [entry["layer"] for entry in next(iter(evals[(ffns[0], "adamw")].values()))["layers"]]
+    steps = "step, val loss per seed | " if with_steps else ""
+    print(f"| FFN | optimizer | {steps}" + " | ".join(f"layer {i}" for i in layers) + " |\n|---|---|"
+          + "---|" * (len(layers) + with_steps))
+    for ffn in ffns:
+        seeds = sorted(set(evals[(ffn, "adamw")]) & set(evals[(ffn, "muon")]))
+        value = {opt: {s: [e[metric] for e in evals[(ffn, opt)][s]["layers"]] for s in seeds} for opt in OPTIMIZERS}
+        for opt in OPTIMIZERS:
+            at = evals[(ffn, opt)]
+            where = ", ".join(f"{at[s]['step']}: {at[s]['val_loss']:.3f}" for s in seeds) + " | " if with_steps else ""
+            means = [statistics.fmean(value[opt][s][i] for s in seeds) for i in range(len(layers))]
+            print(f"| {ffn} | {opt} | {where}" + " | ".join(f"{m:#.4g}" for m in means) + " |")
+        diffs = [paired([value["muon"][s][i] - value["adamw"][s][i] for s in seeds]) for i in range(len(layers))]
+        print(f"| {ffn} | Muon - AdamW | {'| ' if with_steps else ''}" + " | ".join(diffs) + " |")
 
 
 def cell_sections(cells: dict[tuple[str, str], dict[int, RunRecord]], first: int, where: str) -> None:
     """Sections ``first`` to ``first + 3``: the loss of each (FFN, optimizer) cell, Muon - AdamW, the gaps to
     SwiGLU and their interaction, and the per-layer metrics, on the seeds every cell has."""
-    ffns = sorted({ffn for ffn, _ in cells}, key=lambda f: (f != BASELINE_FFN, f))
+    ffns = ffn_order(cells)
     seeds = sorted(set.intersection(*(set(runs) for runs in cells.values())))
     loss = {cell: {s: last_eval(runs[s])["val_loss"] for s in seeds} for cell, runs in cells.items()}
     steps = {last_eval(run)["step"] for runs in cells.values() for run in runs.values()}
@@ -154,18 +168,7 @@ def cell_sections(cells: dict[tuple[str, str], dict[int, RunRecord]], first: int
     for metric in ("basis_alignment", "isoscore"):
         print(f"\n## {first + 3}. `{metric}` per layer at the last evaluation {where} (mean over seeds; Muon - AdamW "
               "paired)\n")
-        layers = [entry["layer"] for entry in last_eval(next(iter(cells.values()))[seeds[0]])["layers"]]
-        print("| FFN | optimizer | " + " | ".join(f"layer {i}" for i in layers) + " |\n|---|---|"
-              + "---|" * len(layers))
-        value = {cell: {s: [e[metric] for e in last_eval(runs[s])["layers"]] for s in seeds}
-                 for cell, runs in cells.items()}
-        for ffn in ffns:
-            for opt in OPTIMIZERS:
-                means = [statistics.fmean(value[(ffn, opt)][s][i] for s in seeds) for i in range(len(layers))]
-                print(f"| {ffn} | {opt} | " + " | ".join(f"{m:#.4g}" for m in means) + " |")
-            diffs = [paired([value[(ffn, "muon")][s][i] - value[(ffn, "adamw")][s][i] for s in seeds])
-                     for i in range(len(layers))]
-            print(f"| {ffn} | Muon - AdamW | " + " | ".join(diffs) + " |")
+        layer_table({cell: {s: last_eval(runs[s]) for s in seeds} for cell, runs in cells.items()}, metric)
 
 
 def lr_check(by_lr: dict[float, dict[tuple[str, str], dict[int, RunRecord]]], study_lr: float) -> dict[str, float]:
